@@ -1,0 +1,53 @@
+"""Tile configurations for the fused sampling kernel, picked by problem shape.
+
+Decode is memory bound for B <= ~64: the weight [V, D] must stream through once,
+so a program covers the whole batch (one batch tile) and enough vocabulary rows
+to keep many loads in flight. Past that, the batch is split into tiles and the
+grid orders them so that programs sharing a weight tile run together (the tile
+comes from L2 the second time). Configs are a pure function of the shape so
+that every tensor-parallel rank picks the same one.
+"""
+from dataclasses import dataclass
+
+import triton
+
+from .._runtime import interpreting
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_b: int
+    block_v: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def __post_init__(self):
+        for name in ("block_b", "block_v", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"TileConfig.{name} must be a power of two >= 16, got {v}")
+
+
+def _block_k(hidden_size: int, cap: int) -> int:
+    return max(16, min(cap, triton.next_power_of_2(hidden_size)))
+
+
+def default_block_v(device_type: str) -> int:
+    """The vocabulary tile: fixes the candidate buffer layout, so it depends on nothing per call."""
+    return 512 if (device_type == "cpu" and interpreting()) else 128
+
+
+def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = None) -> TileConfig:
+    block_v = block_v or default_block_v(device_type)
+    if device_type == "cpu":
+        # Interpreter: every program costs Python overhead, so use few, large ones.
+        return TileConfig(block_b=max(16, min(512, triton.next_power_of_2(batch))), block_v=block_v,
+                          block_k=_block_k(hidden_size, 128), num_warps=4, num_stages=1)
+    if batch <= 16:
+        return TileConfig(16, block_v, _block_k(hidden_size, 128), num_warps=4, num_stages=5)
+    if batch <= 32:
+        return TileConfig(32, block_v, _block_k(hidden_size, 128), num_warps=4, num_stages=4)
+    if batch <= 64:
+        return TileConfig(64, block_v, _block_k(hidden_size, 64), num_warps=4, num_stages=4)
+    return TileConfig(64, block_v, _block_k(hidden_size, 64), num_warps=4, num_stages=4)

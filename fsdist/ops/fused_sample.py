@@ -1,0 +1,140 @@
+"""Stage 1 of FlashSampling: LM-head GEMM with a sampling epilogue.
+
+One program owns a (batch tile, vocabulary tile). It computes the logits tile
+``hidden[BB, D] @ weight[BV, D]^T`` in fp32 registers, scales it by the row's
+1/T, masks ids >= vocab_size, adds Gumbel noise keyed by the global vocabulary
+id and keeps one (score, index) candidate per row. The [B, V] logits never leave
+the chip.
+
+Candidates live in a struct-of-arrays buffer ``cand_f[group, field, tile, b]``
+(fp32) and ``cand_i[group, tile, b]`` (int32 global id), batch innermost so one
+program's stores are contiguous (see ``fsdist.ops.sampler.CandidateLayout``).
+With tensor parallelism, group = rank: the host passes ``buf_offset`` pointing
+at this rank's group, in the parity half of the buffer it is using.
+When PEER_TABLE is set, ``cand_f``/``cand_i`` are int64 tables of NPEERS base
+addresses and the epilogue stores the candidates into every one of them; this is
+how a rank writes straight into its peers' symmetric buffers. The kernel knows
+nothing about how those addresses were obtained.
+"""
+import triton
+import triton.language as tl
+
+from .noise import STREAM_VOCAB, gumbel
+
+# Fields of the fp32 candidate buffer. Only F_SCORE is written unless LOGPROBS.
+F_SCORE = 0  # max over the tile of (logit / T + Gumbel); NaN marks a poisoned row
+F_LOGIT = 1  # logit / T of that winner (no noise), for its log-probability
+F_TMAX = 2  # max over the tile of logit / T (online log-sum-exp state)
+F_TSUM = 3  # sum over the tile of exp(logit / T - tile max)
+N_FIELDS_SAMPLE = 1
+N_FIELDS_LOGPROBS = 4
+
+
+@triton.jit
+def _load_row_param(ptr, scalar, offs_b, mask_b, DTYPE: tl.constexpr, PER_ROW: tl.constexpr):
+    if PER_ROW:
+        return tl.load(ptr + offs_b, mask=mask_b, other=0).to(DTYPE)
+    else:
+        return tl.full(offs_b.shape, 0, DTYPE) + scalar
+
+
+@triton.jit
+def _store_candidates(base_f, base_i, dst, dst_i, stride_field, score, idx, logit, tmax, tsum, mask_b,
+                      LOGPROBS: tl.constexpr):
+    tl.store(base_f + dst, score, mask=mask_b)
+    tl.store(base_i + dst_i, idx, mask=mask_b)
+    if LOGPROBS:
+        tl.store(base_f + 1 * stride_field + dst, logit, mask=mask_b)
+        tl.store(base_f + 2 * stride_field + dst, tmax, mask=mask_b)
+        tl.store(base_f + 3 * stride_field + dst, tsum, mask=mask_b)
+
+
+@triton.jit
+def fused_sample_kernel(
+    h_ptr, w_ptr,
+    seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
+    cand_f, cand_i,
+    B, D, V_rows, vocab_size, vocab_start,
+    stride_hb,
+    buf_offset, buf_offset_i, stride_field, stride_slot,
+    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_V: tl.constexpr,
+    SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
+    NOISE: tl.constexpr, LOGPROBS: tl.constexpr,
+    PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # Batch tiles vary fastest so programs sharing a weight tile run together and
+    # the tile is read from HBM once, then from L2.
+    pid_b = tl.program_id(0)
+    pid_v = tl.program_id(1)
+
+    offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_b = offs_b < B
+    mask_v = offs_v < V_rows
+
+    h_ptrs = h_ptr + offs_b[:, None] * stride_hb + offs_k[None, :]
+    w_ptrs = w_ptr + offs_v[:, None].to(tl.int64) * D + offs_k[None, :]
+    acc = tl.zeros([BLOCK_B, BLOCK_V], dtype=tl.float32)
+    for k in range(0, D, BLOCK_K):
+        if EVEN_K:
+            h = tl.load(h_ptrs, mask=mask_b[:, None], other=0.0)
+            if EVEN_V:
+                w = tl.load(w_ptrs)
+            else:
+                w = tl.load(w_ptrs, mask=mask_v[:, None], other=0.0)
+        else:
+            mask_k = (k + offs_k) < D
+            h = tl.load(h_ptrs, mask=mask_b[:, None] & mask_k[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=mask_v[:, None] & mask_k[None, :], other=0.0)
+        acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        h_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+
+    # ---- epilogue: temperature, padding mask, noise, tile-local argmax ----
+    temp = _load_row_param(temp_ptr, temp_val, offs_b, mask_b, tl.float32, TEMP_PER_ROW)
+    greedy = temp == 0.0
+    # A negative or NaN temperature poisons the row (token -1) rather than sampling wrongly.
+    bad_temp = (temp < 0.0) | (temp != temp)
+    inv_t = tl.where(greedy | bad_temp, 1.0, 1.0 / temp)
+    gid = vocab_start + offs_v  # global vocabulary id
+    valid = (gid < vocab_size) & mask_v
+    scaled = tl.where(valid[None, :], acc * inv_t[:, None], float("-inf"))
+    if NOISE:
+        seed = _load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
+        offset = _load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
+        g = gumbel(seed[:, None], offset[:, None], gid[None, :], STREAM_VOCAB)
+        score = tl.where(greedy[:, None], scaled, scaled + g)
+    else:
+        score = scaled
+    has_nan = tl.max((scaled != scaled).to(tl.int32), axis=1) > 0
+    poisoned = has_nan | bad_temp
+    best = tl.argmax(score, axis=1)
+    best_score = tl.where(poisoned, float("nan"), tl.max(score, axis=1))
+    best_idx = tl.where(poisoned, -1, vocab_start + pid_v * BLOCK_V + best).to(tl.int32)
+
+    if LOGPROBS:
+        tmax = tl.max(scaled, axis=1)
+        shifted = tl.where(valid[None, :], tl.exp(scaled - tmax[:, None]), 0.0)
+        tsum = tl.sum(shifted, axis=1)
+        is_best = tl.arange(0, BLOCK_V)[None, :] == best[:, None]
+        best_logit = tl.max(tl.where(is_best, scaled, float("-inf")), axis=1)
+    else:
+        tmax = best_score
+        tsum = best_score
+        best_logit = best_score
+
+    dst = buf_offset + pid_v * stride_slot + offs_b
+    dst_i = buf_offset_i + pid_v * stride_slot + offs_b
+    if PEER_TABLE:
+        # Fan-out: the same candidates go to this rank's slot in every peer's buffer.
+        for p in tl.static_range(NPEERS):
+            base_f = tl.load(cand_f + p).to(tl.pointer_type(tl.float32))
+            base_i = tl.load(cand_i + p).to(tl.pointer_type(tl.int32))
+            _store_candidates(base_f, base_i, dst, dst_i, stride_field, best_score, best_idx, best_logit,
+                              tmax, tsum, mask_b, LOGPROBS)
+    else:
+        _store_candidates(cand_f, cand_i, dst, dst_i, stride_field, best_score, best_idx, best_logit,
+                          tmax, tsum, mask_b, LOGPROBS)

@@ -1,0 +1,72 @@
+"""Stage 2 of FlashSampling: reduce per-tile candidates to one token per row.
+
+The winner is the slot with the largest perturbed score (the argmax over tiles
+equals the argmax over the whole row, so this is exact pathwise). Ties go to the
+lowest slot, i.e. the lowest vocabulary id, matching ``torch.argmax``. With
+LOGPROBS the per-tile (max, sum of exp) pairs are merged into the row's
+log-sum-exp and the winner's log-probability is its scaled logit minus that.
+
+Slots are numbered group * n_local + tile, groups being the tensor-parallel
+ranks' blocks of the buffer (one group on a single GPU); the slot order is the
+vocabulary order, so "lowest slot" is "lowest id" across ranks too.
+
+A program owns BLOCK_R rows and walks the slots in chunks of BLOCK_S, keeping a
+running best and a running (max, sum) pair, so any number of slots fits in
+registers; rows are innermost in the buffer, so every chunk load is coalesced.
+
+A row returns token -1 (and NaN log-probability) when any tile saw a NaN logit or
+a bad temperature, or when no id had a finite score.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def reduce_candidates_kernel(
+    cand_f, cand_i, tokens_ptr, logprob_ptr, lse_ptr,
+    B, n_slots, n_local, buf_offset, buf_offset_i, stride_group, stride_group_i, stride_field, stride_slot,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, LOGPROBS: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    mask_r = rows < B
+    best = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    best_slot = tl.zeros([BLOCK_R], tl.int32)
+    poisoned = tl.zeros([BLOCK_R], tl.int32)
+    run_max = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    run_sum = tl.zeros([BLOCK_R], tl.float32)
+    for s0 in range(0, n_slots, BLOCK_S):
+        slots = s0 + tl.arange(0, BLOCK_S)
+        mask = (slots < n_slots)[:, None] & mask_r[None, :]
+        # slot = group * n_local + tile; groups (ranks) are blocks of the buffer.
+        offs = (buf_offset + (slots // n_local) * stride_group + (slots % n_local) * stride_slot)[:, None] \
+            + rows[None, :]
+        score = tl.load(cand_f + offs, mask=mask, other=float("-inf"))
+        poisoned = poisoned | tl.max((score != score).to(tl.int32), axis=0)
+        c_best = tl.max(score, axis=0)
+        c_slot = s0 + tl.argmax(score, axis=0)
+        # Strictly greater: an earlier chunk keeps ties (lowest vocabulary id wins).
+        take = c_best > best
+        best = tl.where(take, c_best, best)
+        best_slot = tl.where(take, c_slot, best_slot)
+        if LOGPROBS:
+            tmax = tl.load(cand_f + stride_field * 2 + offs, mask=mask, other=float("-inf"))
+            tsum = tl.load(cand_f + stride_field * 3 + offs, mask=mask, other=0.0)
+            c_max = tl.max(tmax, axis=0)
+            new_max = tl.maximum(run_max, c_max)
+            # Tiles (and running state) with no valid id carry max = -inf and add nothing.
+            safe = tl.where(new_max == float("-inf"), 0.0, new_max)
+            c_sum = tl.sum(tl.where(tmax > float("-inf"), tsum * tl.exp(tmax - safe[None, :]), 0.0), axis=0)
+            old = tl.where(run_max > float("-inf"), run_sum * tl.exp(run_max - safe), 0.0)
+            run_sum = old + c_sum
+            run_max = new_max
+    failed = (poisoned > 0) | (best == float("-inf"))
+    g = best_slot // n_local
+    t = best_slot % n_local
+    win = buf_offset + g * stride_group + t * stride_slot + rows
+    idx = tl.load(cand_i + buf_offset_i + g * stride_group_i + t * stride_slot + rows, mask=mask_r, other=-1)
+    tl.store(tokens_ptr + rows, tl.where(failed, -1, idx).to(tl.int64), mask=mask_r)
+    if LOGPROBS:
+        lse = run_max + tl.log(run_sum)
+        logit = tl.load(cand_f + stride_field + win, mask=mask_r, other=0.0)
+        tl.store(lse_ptr + rows, tl.where(poisoned > 0, float("nan"), lse), mask=mask_r)
+        tl.store(logprob_ptr + rows, tl.where(failed, float("nan"), logit - lse), mask=mask_r)

@@ -1,0 +1,133 @@
+"""Host wrappers that launch the two FlashSampling stages on a candidate buffer.
+
+Used by fsdist.sample (one GPU) and by the tensor-parallel head, which hands in
+buffers it got from a transport. Nothing here knows about process groups.
+"""
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+import triton
+
+from .configs import TileConfig
+from .fused_sample import N_FIELDS_LOGPROBS, N_FIELDS_SAMPLE, fused_sample_kernel
+from .reduce_candidates import reduce_candidates_kernel
+from .._validation import RowParams
+
+
+@dataclass(frozen=True)
+class CandidateLayout:
+    """Candidate buffer: fp32 [n_groups, n_fields, n_local, batch_cap], int32 [n_groups, n_local, batch_cap].
+
+    n_local vocabulary tiles per group; a group is one tensor-parallel rank's block
+    (n_groups = 1 on a single GPU). Batch is innermost so stores and loads coalesce.
+    Group-major order lets an all-gather of per-rank blocks land in this layout as is.
+    """
+
+    n_fields: int
+    n_local: int
+    batch_cap: int
+    n_groups: int = 1
+
+    @staticmethod
+    def fields(logprobs: bool) -> int:
+        return N_FIELDS_LOGPROBS if logprobs else N_FIELDS_SAMPLE
+
+    @property
+    def n_slots(self) -> int:
+        return self.n_groups * self.n_local
+
+    @property
+    def stride_slot(self) -> int:
+        return self.batch_cap
+
+    @property
+    def stride_field(self) -> int:
+        return self.n_local * self.batch_cap
+
+    @property
+    def stride_group(self) -> int:
+        return self.n_fields * self.n_local * self.batch_cap
+
+    @property
+    def stride_group_i(self) -> int:
+        return self.n_local * self.batch_cap
+
+    @property
+    def float_numel(self) -> int:
+        return self.n_groups * self.stride_group
+
+    @property
+    def int_numel(self) -> int:
+        return self.n_groups * self.stride_group_i
+
+    def alloc(self, device) -> Tuple[torch.Tensor, torch.Tensor]:
+        return (torch.empty(self.float_numel, dtype=torch.float32, device=device),
+                torch.empty(self.int_numel, dtype=torch.int32, device=device))
+
+
+def _param_args(x, dummy: torch.Tensor):
+    """(pointer, scalar, per_row) kernel arguments for a scalar-or-tensor row parameter."""
+    if isinstance(x, torch.Tensor):
+        return x, 0, True
+    return dummy, x, False
+
+
+def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
+                 layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, *,
+                 vocab_size: int, vocab_start: int = 0, group: int = 0, base_f: int = 0, base_i: int = 0,
+                 npeers: Optional[int] = None, logprobs: bool = False):
+    """Stage 1: write this weight's candidates into `group` of the buffer.
+
+    base_f / base_i: element offsets of the buffer inside cand_f / cand_i (the parity
+    half of a double buffer). With npeers set, cand_f / cand_i are int64 tables of the
+    peers' buffer base addresses and every peer receives the candidates.
+    """
+    B, D = hidden.shape
+    V_rows = weight.shape[0]
+    if layout.batch_cap < B:
+        raise ValueError(f"batch {B} exceeds the candidate buffer's capacity {layout.batch_cap}")
+    n_vtiles = triton.cdiv(V_rows, cfg.block_v)
+    if n_vtiles != layout.n_local or not 0 <= group < layout.n_groups:
+        raise ValueError(f"candidate layout {layout} does not fit {V_rows} rows in tiles of "
+                         f"{cfg.block_v} (group {group})")
+    dummy = cand_i  # any tensor: ignored by the kernel when the parameter is a scalar
+    seed_p, seed_v, seed_row = _param_args(params.seed, dummy)
+    off_p, off_v, off_row = _param_args(params.offset, dummy)
+    temp_p, temp_v, temp_row = _param_args(params.temperature, dummy)
+    grid = (triton.cdiv(B, cfg.block_b), n_vtiles)
+    fused_sample_kernel[grid](
+        hidden, weight,
+        seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
+        cand_f, cand_i,
+        B, D, V_rows, vocab_size, vocab_start,
+        hidden.stride(0),
+        base_f + group * layout.stride_group, base_i + group * layout.stride_group_i,
+        layout.stride_field, layout.stride_slot,
+        BLOCK_B=cfg.block_b, BLOCK_V=cfg.block_v, BLOCK_K=cfg.block_k,
+        EVEN_K=D % cfg.block_k == 0, EVEN_V=V_rows % cfg.block_v == 0,
+        SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
+        NOISE=not params.all_greedy, LOGPROBS=logprobs,
+        PEER_TABLE=npeers is not None, NPEERS=npeers or 1,
+        DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def launch_reduce(layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, batch: int, *,
+                  base_f: int = 0, base_i: int = 0, logprobs: bool = False):
+    """Stage 2: tokens int64 [B], and logprobs / logsumexp fp32 [B] (or None)."""
+    device = cand_f.device
+    tokens = torch.empty(batch, dtype=torch.int64, device=device)
+    lp = torch.empty(batch, dtype=torch.float32, device=device) if logprobs else tokens
+    lse = torch.empty(batch, dtype=torch.float32, device=device) if logprobs else tokens
+    if batch:
+        block_r = min(128, max(16, triton.next_power_of_2(batch))) if device.type == "cpu" else 16
+        block_s = min(triton.next_power_of_2(layout.n_slots), 2048 if device.type == "cpu" else 128)
+        reduce_candidates_kernel[(triton.cdiv(batch, block_r),)](
+            cand_f, cand_i, tokens, lp, lse,
+            batch, layout.n_slots, layout.n_local, base_f, base_i, layout.stride_group, layout.stride_group_i,
+            layout.stride_field, layout.stride_slot,
+            BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs, num_warps=4,
+        )
+    return tokens, (lp if logprobs else None), (lse if logprobs else None)

@@ -1,0 +1,107 @@
+"""Plain PyTorch samplers: the materialize-then-sample baseline and test oracles.
+
+``reference_sample`` is what serving stacks do today: logits = hidden @ W.T in
+HBM, softmax, multinomial. ``reference_gumbel`` materializes the logits too but
+draws fsdist's own counter-based noise (a torch mirror of ``fsdist.ops.noise``),
+so tests can check the fused kernel token by token, not only in distribution.
+"""
+from typing import Optional, Union
+
+import torch
+
+from .types import SampleOutput
+
+_M32 = 0xFFFFFFFF
+_KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
+_ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
+
+
+def _mul32(a: int, b: torch.Tensor):
+    """(hi, lo) 32-bit words of a * b for a constant a and b in [0, 2**32), in int64 without overflow."""
+    a_lo, a_hi = a & 0xFFFF, a >> 16
+    b_lo, b_hi = b & 0xFFFF, b >> 16
+    lo_lo = a_lo * b_lo
+    mid = a_hi * b_lo + a_lo * b_hi + (lo_lo >> 16)
+    hi = a_hi * b_hi + (mid >> 16)
+    lo = ((mid & 0xFFFF) << 16) | (lo_lo & 0xFFFF)
+    return hi & _M32, lo & _M32
+
+
+def philox_uniform_bits(seed, offset, vocab_id, stream: int = 0) -> torch.Tensor:
+    """First word of Philox-4x32-10 as fsdist.ops.noise.philox_bits computes it (int64 in [0, 2**32))."""
+    seed, offset, vocab_id = (torch.as_tensor(x, dtype=torch.int64) for x in (seed, offset, vocab_id))
+    seed, offset, vocab_id = torch.broadcast_tensors(seed, offset, vocab_id)
+    k0, k1 = seed & _M32, (seed >> 32) & _M32
+    c0, c1, c2 = vocab_id & _M32, offset & _M32, (offset >> 32) & _M32
+    c3 = torch.full_like(c0, stream)
+    for _ in range(10):
+        hi_b, lo_b = _mul32(_ROUND_B, c2)
+        hi_a, lo_a = _mul32(_ROUND_A, c0)
+        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+        k0, k1 = (k0 + _KEY_A) & _M32, (k1 + _KEY_B) & _M32
+    return c0
+
+
+def gumbel_noise(seed, offset, vocab_id, stream: int = 0) -> torch.Tensor:
+    """fsdist's Gumbel noise in float64: -log(-log(u)), u = (bits + 0.5) / 2**32."""
+    bits = philox_uniform_bits(seed, offset, vocab_id, stream).double()
+    u = (bits + 0.5) / 2.0**32
+    one_minus_u = (float(_M32) - bits + 0.5) / 2.0**32
+    e = torch.where(u < 0.5, -torch.log(u), -torch.log1p(-one_minus_u))
+    return -torch.log(e)
+
+
+def _as_rows(x, batch: int, dtype, device) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=dtype)
+    return torch.full((batch,), x, dtype=dtype, device=device)
+
+
+def materialize_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: Optional[int] = None,
+                       dtype=torch.float64) -> torch.Tensor:
+    """[B, V] logits in `dtype`, ids >= vocab_size set to -inf."""
+    logits = hidden.to(dtype) @ weight.to(dtype).T
+    if vocab_size is not None and vocab_size < logits.shape[1]:
+        logits[:, vocab_size:] = float("-inf")
+    return logits
+
+
+def _scaled(logits: torch.Tensor, temperature) -> torch.Tensor:
+    t = _as_rows(temperature, logits.shape[0], logits.dtype, logits.device)
+    return logits / torch.where(t == 0, torch.ones_like(t), t)[:, None], t == 0
+
+
+def reference_sample(hidden: torch.Tensor, weight: torch.Tensor, *,
+                     temperature: Union[float, torch.Tensor] = 1.0, vocab_size: Optional[int] = None,
+                     generator: Optional[torch.Generator] = None, return_logprobs: bool = False,
+                     logits_dtype=torch.float32) -> SampleOutput:
+    """Materialize logits, softmax, multinomial; greedy rows take the argmax."""
+    scaled, greedy = _scaled(materialize_logits(hidden, weight, vocab_size, logits_dtype), temperature)
+    probs = torch.softmax(scaled, dim=-1)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    tokens = torch.where(greedy, scaled.argmax(dim=-1), tokens)
+    if not return_logprobs:
+        return SampleOutput(tokens)
+    logp = torch.log_softmax(scaled, dim=-1)
+    return SampleOutput(tokens, logp.gather(1, tokens[:, None]).squeeze(1).float(),
+                        torch.logsumexp(scaled, dim=-1).float())
+
+
+def reference_gumbel(hidden: torch.Tensor, weight: torch.Tensor, *,
+                     temperature: Union[float, torch.Tensor] = 1.0, seed=0, offset=0,
+                     vocab_size: Optional[int] = None):
+    """argmax(logits / T + fsdist's noise) in float64; returns (tokens, margin).
+
+    margin is the gap between the best and second-best perturbed score: rows with a
+    margin far above fp32 rounding must match the fused kernel exactly.
+    """
+    logits = materialize_logits(hidden, weight, vocab_size)
+    B, V = logits.shape
+    scaled, greedy = _scaled(logits, temperature)
+    ids = torch.arange(V, device=logits.device)[None, :]
+    seeds = _as_rows(seed, B, torch.int64, logits.device)[:, None]
+    offsets = _as_rows(offset, B, torch.int64, logits.device)[:, None]
+    noise = gumbel_noise(seeds, offsets, ids)
+    score = torch.where(greedy[:, None], scaled, scaled + noise)
+    top2 = score.topk(2, dim=-1).values if V > 1 else torch.cat([score, score - float("inf")], -1)
+    return score.argmax(dim=-1), top2[:, 0] - top2[:, 1]

@@ -1,0 +1,47 @@
+"""fsdist.sample: exact sampling fused into the LM-head matmul, on one device."""
+from typing import Optional, Union
+
+import torch
+import triton
+
+from . import _validation as V
+from .ops.configs import TileConfig, pick_config
+from .ops.sampler import CandidateLayout, launch_fused, launch_reduce
+from .types import SampleOutput
+
+
+def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
+           temperature: Union[float, torch.Tensor] = 1.0,
+           seed: Union[int, torch.Tensor] = 0,
+           offset: Union[int, torch.Tensor] = 0,
+           vocab_size: Optional[int] = None,
+           return_logprobs: bool = False,
+           config: Optional[TileConfig] = None) -> SampleOutput:
+    """Draw one token per row from softmax(hidden @ weight.T / T) without materializing logits.
+
+    hidden: [B, D]; weight: [V, D] (nn.Linear layout, contiguous); same dtype, bf16/fp16/fp32.
+    temperature: float or [B] float tensor; 0 means greedy (argmax) for that row.
+    seed, offset: int or [B] int64 tensors. The noise for (row, vocabulary id v) is a pure
+        function of (seed, offset, v), so the same pair gives the same token whatever the
+        tile sizes or the row's batch position; use a new offset (e.g. the decode step) for
+        a fresh draw.
+    vocab_size: true vocabulary size; ids >= vocab_size (padding rows of weight) are never sampled.
+    return_logprobs: also return log_softmax(logits / T)[token] and logsumexp(logits / T).
+    config: override the tile configuration (benchmarks and tests).
+    """
+    V.check_hidden(hidden)
+    V.check_weight(weight, hidden)
+    V.check_device_runnable(hidden.device)
+    vocab_size = V.check_vocab_size(vocab_size, weight.shape[0])
+    B, D = hidden.shape
+    params = V.row_params(temperature, seed, offset, B, hidden.device)
+    if hidden.stride(1) != 1:
+        hidden = hidden.contiguous()
+    cfg = config or pick_config(B, D, hidden.device.type)
+    layout = CandidateLayout(CandidateLayout.fields(return_logprobs),
+                             triton.cdiv(weight.shape[0], cfg.block_v), max(B, 1))
+    cand_f, cand_i = layout.alloc(hidden.device)
+    if B:
+        launch_fused(hidden, weight, params, cfg, layout, cand_f, cand_i,
+                     vocab_size=vocab_size, logprobs=return_logprobs)
+    return SampleOutput(*launch_reduce(layout, cand_f, cand_i, B, logprobs=return_logprobs))
