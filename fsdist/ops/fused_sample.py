@@ -62,7 +62,7 @@ def fused_sample_kernel(
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
     NOISE: tl.constexpr, LOGPROBS: tl.constexpr,
     PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
@@ -89,6 +89,11 @@ def fused_sample_kernel(
             mask_k = (k + offs_k) < D
             h = tl.load(h_ptrs, mask=mask_b[:, None] & mask_k[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=mask_v[:, None] & mask_k[None, :], other=0.0)
+        if DOT_UPCAST:
+            # Triton 3.6's interpreter multiplies bf16 as raw uint16 bits; fp32 operands
+            # give the same products (bf16 x bf16 is exact in fp32) and fp32 accumulation.
+            h = h.to(tl.float32)
+            w = w.to(tl.float32)
         acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
         h_ptrs += BLOCK_K
         w_ptrs += BLOCK_K

@@ -110,6 +110,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         NOISE=not params.all_greedy, LOGPROBS=logprobs,
         PEER_TABLE=npeers is not None, NPEERS=npeers or 1,
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
+        DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 

@@ -1,0 +1,274 @@
+"""fsdist.sample: exactness, the RNG contract, edge cases and input validation.
+
+Runs under Triton's interpreter on CPU and unchanged on CUDA. Distribution tests
+use the threshold in statcheck.P_MIN with fixed seeds.
+"""
+import math
+
+import pytest
+import torch
+
+import fsdist
+from fsdist.ops.configs import TileConfig
+from fsdist.ops.sampler import CandidateLayout, launch_fused, launch_reduce
+from fsdist._validation import RowParams
+from fsdist.reference import materialize_logits, reference_gumbel
+from statcheck import P_MIN, assert_samples_match, chi2_gof, pairs_independence, top_tokens_pvalue
+from scipy import stats
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def make_problem(B, D, V, dtype, device, scale=3.0, seed=0):
+    """Random hidden [B, D] and weight [V, D] whose logits have std ~ `scale`."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(B, D, generator=g)
+    weight = torch.randn(V, D, generator=g) * (scale / math.sqrt(D))
+    return hidden.to(device=device, dtype=dtype), weight.to(device=device, dtype=dtype)
+
+
+def exact_logits(hidden, weight, vocab_size=None):
+    """float64 logits of the *quantized* inputs: what the kernel is meant to compute."""
+    return materialize_logits(hidden.cpu(), weight.cpu(), vocab_size)
+
+
+# --------------------------------------------------------------------------- distribution
+
+
+@pytest.mark.parametrize("V", [1000, 4099])
+@pytest.mark.parametrize("T", [0.5, 1.0, 2.0])
+def test_chi_squared_goodness_of_fit(device, V, T):
+    n = 20_000
+    h, w = make_problem(1, 32, V, torch.float32, device, seed=V)
+    hidden = h.expand(n, -1).contiguous()
+    # Half the draws vary the seed at a fixed offset, half vary the offset at a fixed seed.
+    half = n // 2
+    seeds = torch.cat([torch.arange(half) + 1000, torch.full((n - half,), 77)]).to(device)
+    offsets = torch.cat([torch.full((half,), 5), torch.arange(n - half) + 10**9]).to(device)
+    out = fsdist.sample(hidden, w, temperature=T, seed=seeds, offset=offsets)
+    probs = torch.softmax(exact_logits(h, w)[0] / T, dim=-1)
+    assert_samples_match(out.tokens, probs, f"V={V} T={T}")
+
+
+def test_chi_squared_detects_a_one_percent_bias(device):
+    """Power check: moving 1% of mass between the two likeliest tokens must fail the checks above."""
+    V, n, T = 1000, 20_000, 1.0
+    h, w = make_problem(1, 32, V, torch.float32, device, seed=V)
+    out = fsdist.sample(h.expand(n, -1).contiguous(), w, temperature=T, seed=torch.arange(n, device=device))
+    probs = torch.softmax(exact_logits(h, w)[0] / T, dim=-1)
+    top = probs.argsort(descending=True)[:2]
+    biased = probs.clone()
+    biased[top[0]] -= 0.01
+    biased[top[1]] += 0.01
+    assert_samples_match(out.tokens, probs, "unbiased")
+    assert top_tokens_pvalue(out.tokens, biased) < P_MIN
+    with pytest.raises(AssertionError):
+        assert_samples_match(out.tokens, biased)
+
+
+# --------------------------------------------------------------------------- pathwise exactness
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tokens_match_materialized_gumbel_argmax(device, dtype):
+    # Sizes off every tile boundary: B, D and V are not multiples of any block.
+    B, D, V, vocab = 37, 40, 4099, 4000
+    h, w = make_problem(B, D, V, dtype, device, seed=3)
+    temp = torch.rand(B, generator=torch.Generator().manual_seed(1)) * 2 + 0.25
+    temp[::5] = 0.0  # greedy rows mixed into the batch
+    seeds = torch.arange(B) * 7919 + 3
+    offsets = torch.arange(B) + 2**33
+    out = fsdist.sample(h, w, temperature=temp.to(device), seed=seeds.to(device), offset=offsets.to(device),
+                        vocab_size=vocab)
+    ref, margin = reference_gumbel(h.cpu(), w.cpu(), temperature=temp, seed=seeds, offset=offsets,
+                                   vocab_size=vocab)
+    # Rows whose best and second-best perturbed scores are far apart compared with fp32
+    # accumulation error must pick exactly the reference token.
+    clear = margin > 1e-3
+    assert clear.float().mean() > 0.9
+    assert torch.equal(out.tokens.cpu()[clear], ref[clear])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_greedy_rows_are_argmax(device, dtype):
+    B, D, V = 24, 64, 1500
+    h, w = make_problem(B, D, V, dtype, device, seed=4)
+    temp = torch.where(torch.arange(B) % 2 == 0, 0.0, 1.0)
+    out = fsdist.sample(h, w, temperature=temp.to(device), seed=1)
+    logits = exact_logits(h, w)
+    top2 = logits.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 1e-3
+    greedy = temp == 0
+    assert torch.equal(out.tokens.cpu()[greedy & clear], logits.argmax(-1)[greedy & clear])
+    # Scalar temperature 0 takes the no-noise kernel variant: same answer.
+    all_greedy = fsdist.sample(h, w, temperature=0.0).tokens.cpu()
+    assert torch.equal(all_greedy[clear], logits.argmax(-1)[clear])
+
+
+def test_padding_ids_never_sampled(device):
+    B, D, V, vocab = 64, 32, 1024, 1000
+    h, w = make_problem(B, D, V, torch.float32, device, seed=5)
+    # Padding rows aligned with every hidden row: they would win every draw if unmasked.
+    w[vocab:] = h.mean(0, keepdim=True) * 1000
+    for T in (0.0, 1.0, 5.0):
+        out = fsdist.sample(h, w, temperature=T, seed=torch.arange(B, device=device), vocab_size=vocab,
+                            return_logprobs=True)
+        assert int(out.tokens.max()) < vocab
+        ref = torch.logsumexp(exact_logits(h, w, vocab) / (T or 1.0), dim=-1)
+        torch.testing.assert_close(out.logsumexp.cpu().double(), ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_logprobs_and_logsumexp(device, dtype):
+    B, D, V = 33, 48, 4099
+    h, w = make_problem(B, D, V, dtype, device, seed=6)
+    temp = torch.linspace(0, 2, B)
+    out = fsdist.sample(h, w, temperature=temp.to(device), seed=9, return_logprobs=True)
+    scaled = exact_logits(h, w) / torch.where(temp == 0, 1.0, temp).double()[:, None]
+    logp = torch.log_softmax(scaled, dim=-1)
+    got_lp = out.logprobs.cpu().double()
+    want_lp = logp.gather(1, out.tokens.cpu()[:, None]).squeeze(1)
+    torch.testing.assert_close(got_lp, want_lp, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(out.logsumexp.cpu().double(), torch.logsumexp(scaled, -1), rtol=1e-5, atol=1e-4)
+    assert out.tokens.dtype == torch.int64 and out.logprobs.dtype == torch.float32
+
+
+# --------------------------------------------------------------------------- RNG contract
+
+
+def test_same_key_same_token_across_tile_configs_and_positions(device):
+    B, D, V = 48, 32, 2100
+    h, w = make_problem(B, D, V, torch.float32, device, seed=7)
+    seeds = torch.arange(B, device=device) * 3 + 1
+    offsets = torch.arange(B, device=device) % 5
+    configs = [TileConfig(16, 128, 16, num_stages=1), TileConfig(64, 512, 32, num_stages=1)]
+    outs = [fsdist.sample(h, w, seed=seeds, offset=offsets, config=c).tokens for c in configs]
+    assert torch.equal(outs[0], outs[1])
+    perm = torch.randperm(B, generator=torch.Generator().manual_seed(0)).to(device)
+    shuffled = fsdist.sample(h[perm], w, seed=seeds[perm], offset=offsets[perm]).tokens
+    assert torch.equal(shuffled, outs[0][perm])
+    # A row alone gives the same token as inside the batch.
+    single = fsdist.sample(h[5:6], w, seed=int(seeds[5]), offset=int(offsets[5])).tokens
+    assert int(single) == int(outs[0][5])
+
+
+def test_new_offset_gives_independent_draw(device):
+    n, V = 20_000, 1000
+    h, w = make_problem(1, 32, V, torch.float32, device, seed=8, scale=2.0)
+    hidden = h.expand(n, -1).contiguous()
+    seeds = torch.arange(n, device=device)
+    a = fsdist.sample(hidden, w, seed=seeds, offset=0).tokens
+    b = fsdist.sample(hidden, w, seed=seeds, offset=1).tokens
+    c = fsdist.sample(hidden, w, seed=seeds + n, offset=0).tokens
+    probs = torch.softmax(exact_logits(h, w)[0], -1)
+    collide = float((probs**2).sum())  # P(two independent draws agree)
+    for other in (b, c):
+        assert pairs_independence(a, other) > P_MIN
+        same = int((a == other).sum())
+        assert stats.binomtest(same, n, collide).pvalue > P_MIN, (same, n * collide)
+    # And re-running a key reproduces it exactly.
+    assert torch.equal(a, fsdist.sample(hidden, w, seed=seeds, offset=0).tokens)
+
+
+def test_scalar_and_tensor_parameters_agree(device):
+    B, D, V = 16, 32, 700
+    h, w = make_problem(B, D, V, torch.float32, device, seed=9)
+    full = lambda x, dt: torch.full((B,), x, dtype=dt, device=device)  # noqa: E731
+    a = fsdist.sample(h, w, temperature=0.7, seed=2**40 + 3, offset=2**35)
+    b = fsdist.sample(h, w, temperature=full(0.7, torch.float32), seed=full(2**40 + 3, torch.int64),
+                      offset=full(2**35, torch.int64))
+    assert torch.equal(a.tokens, b.tokens)
+
+
+# --------------------------------------------------------------------------- degenerate rows
+
+
+def test_nan_rows_return_minus_one(device):
+    B, D, V = 8, 32, 600
+    h, w = make_problem(B, D, V, torch.float32, device, seed=10)
+    h[3, 0] = float("nan")
+    out = fsdist.sample(h, w, seed=1, return_logprobs=True)
+    assert int(out.tokens[3]) == -1 and math.isnan(float(out.logprobs[3]))
+    ok = torch.arange(B) != 3
+    assert (out.tokens.cpu()[ok] >= 0).all() and torch.isfinite(out.logprobs.cpu()[ok]).all()
+    clean = fsdist.sample(h[ok.to(device)], w, seed=torch.full((B - 1,), 1, device=device)).tokens
+    assert torch.equal(out.tokens[ok.to(device)], clean)
+
+
+def test_all_masked_row_returns_minus_one(device):
+    h, w = make_problem(1, 16, 300, torch.float32, device, seed=11)
+    h = torch.zeros_like(h)
+    h[0, 0] = 1.0
+    w[:, 0] = float("-inf")  # every logit is -inf: no id has probability mass
+    for T in (0.0, 1.0):
+        assert int(fsdist.sample(h, w, temperature=T).tokens[0]) == -1
+
+
+def test_bad_temperature_inside_kernel_poisons_row(device):
+    """When host checks are skipped (CUDA-graph capture) the kernel must still not sample wrongly."""
+    B, D, V = 4, 32, 300
+    h, w = make_problem(B, D, V, torch.float32, device, seed=12)
+    temp = torch.tensor([1.0, -1.0, float("nan"), 0.0], device=device)
+    cfg = fsdist.ops.configs.pick_config(B, D, device.type)
+    layout = CandidateLayout(1, -(-V // cfg.block_v), B)
+    cand_f, cand_i = layout.alloc(device)
+    launch_fused(h, w, RowParams(temp, 0, 0), cfg, layout, cand_f, cand_i, vocab_size=V)
+    tokens = launch_reduce(layout, cand_f, cand_i, B)[0].cpu()
+    assert tokens[1] == -1 and tokens[2] == -1 and tokens[0] >= 0 and tokens[3] >= 0
+
+
+def test_empty_batch(device):
+    h, w = make_problem(0, 32, 100, torch.float32, device)
+    out = fsdist.sample(h, w, return_logprobs=True)
+    assert out.tokens.shape == (0,) and out.logprobs.shape == (0,)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _bad_inputs(device):
+    h, w = make_problem(4, 32, 100, torch.float32, device)
+    hb, wb = h.bfloat16(), w.bfloat16()
+    other = torch.device("meta")
+    return [
+        ("hidden-not-tensor", dict(hidden=h.tolist(), weight=w), TypeError, "hidden must be a torch.Tensor"),
+        ("hidden-1d", dict(hidden=h[0], weight=w), ValueError, "hidden must be 2-D"),
+        ("hidden-int", dict(hidden=h.long(), weight=w.long()), TypeError, "hidden dtype"),
+        ("dtype-mismatch", dict(hidden=hb, weight=w), TypeError, "weight dtype"),
+        ("weight-3d", dict(hidden=h, weight=w[None]), ValueError, "weight must be 2-D"),
+        ("D-mismatch", dict(hidden=h, weight=w[:, :16].contiguous()), ValueError, "weight has D=16"),
+        ("weight-transposed", dict(hidden=h[:, :32], weight=torch.randn(32, 100, device=device).T),
+         ValueError, "weight must be contiguous"),
+        ("device-mismatch", dict(hidden=h, weight=torch.empty(100, 32, device=other)), ValueError, "is on meta"),
+        ("temperature-negative", dict(hidden=h, weight=w, temperature=-0.5), ValueError, "temperature must be >= 0"),
+        ("temperature-nan", dict(hidden=h, weight=w, temperature=float("nan")), ValueError, "temperature"),
+        ("temperature-row-nan", dict(hidden=h, weight=w,
+                                     temperature=torch.tensor([1.0, float("nan"), 1.0, 1.0], device=device)),
+         ValueError, "bad rows: [1]"),
+        ("temperature-shape", dict(hidden=h, weight=w, temperature=torch.ones(3, device=device)),
+         ValueError, "temperature tensor must have shape [4]"),
+        ("temperature-type", dict(hidden=h, weight=w, temperature="hot"), TypeError, "temperature"),
+        ("seed-shape", dict(hidden=h, weight=w, seed=torch.zeros(4, 1, dtype=torch.int64, device=device)),
+         ValueError, "seed tensor must have shape [4]"),
+        ("seed-dtype", dict(hidden=h, weight=w, seed=torch.zeros(4, dtype=torch.int32, device=device)),
+         TypeError, "seed tensor must be int64"),
+        ("seed-float", dict(hidden=h, weight=w, seed=1.5), TypeError, "seed must be an int"),
+        ("seed-range", dict(hidden=h, weight=w, seed=2**64), ValueError, "seed must fit in int64"),
+        ("offset-shape", dict(hidden=h, weight=w, offset=torch.zeros(5, dtype=torch.int64, device=device)),
+         ValueError, "offset tensor must have shape [4]"),
+        ("offset-device", dict(hidden=h, weight=w, offset=torch.zeros(4, dtype=torch.int64, device=other)),
+         ValueError, "offset is on meta"),
+        ("vocab-too-big", dict(hidden=h, weight=w, vocab_size=101), ValueError, "vocab_size must be in [1, 100]"),
+        ("vocab-zero", dict(hidden=h, weight=w, vocab_size=0), ValueError, "vocab_size must be in"),
+        ("vocab-type", dict(hidden=h, weight=w, vocab_size=10.0), TypeError, "vocab_size must be an int"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(22))
+def test_validation_errors(device, case):
+    cases = _bad_inputs(device)
+    assert len(cases) == 22
+    name, kwargs, exc, match = cases[case]
+    with pytest.raises(exc) as info:
+        fsdist.sample(**kwargs)
+    assert match in str(info.value), f"{name}: {info.value}"
