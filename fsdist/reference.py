@@ -29,6 +29,7 @@ def _mul32(a: int, b: torch.Tensor):
 
 def philox_uniform_bits(seed, offset, vocab_id, stream: int = 0) -> torch.Tensor:
     """First word of Philox-4x32-10 as fsdist.ops.noise.philox_bits computes it (int64 in [0, 2**32))."""
+    stream = int(getattr(stream, "value", stream))  # accepts fsdist.ops.noise's tl.constexpr ids
     seed, offset, vocab_id = (torch.as_tensor(x, dtype=torch.int64) for x in (seed, offset, vocab_id))
     seed, offset, vocab_id = torch.broadcast_tensors(seed, offset, vocab_id)
     k0, k1 = seed & _M32, (seed >> 32) & _M32

@@ -16,10 +16,9 @@ import triton
 import triton.language as tl
 
 # Streams separate independent uses of the same (seed, offset) key.
-STREAM_VOCAB = 0  # per-vocabulary-id noise of the sampler
-STREAM_GROUP = 1  # per-rank noise of the group-log-mass reduction
-
-_TWO_M32 = 2.3283064365386963e-10  # 2**-32
+# (tl.constexpr so that kernels may read them as globals.)
+STREAM_VOCAB = tl.constexpr(0)  # per-vocabulary-id noise of the sampler
+STREAM_GROUP = tl.constexpr(1)  # per-rank noise of the group-log-mass reduction
 
 
 @triton.jit
