@@ -27,29 +27,55 @@ def _mul32(a: int, b: torch.Tensor):
     return hi & _M32, lo & _M32
 
 
-def philox_uniform_bits(seed, offset, vocab_id, stream: int = 0) -> torch.Tensor:
-    """First word of Philox-4x32-10 as fsdist.ops.noise.philox_bits computes it (int64 in [0, 2**32))."""
+def philox_words(seed, offset, counter, stream: int = 0):
+    """The four words of Philox-4x32-10 as fsdist.ops.noise.philox_words computes them.
+
+    Each an int64 tensor with values in [0, 2**32).
+    """
     stream = int(getattr(stream, "value", stream))  # accepts fsdist.ops.noise's tl.constexpr ids
-    seed, offset, vocab_id = (torch.as_tensor(x, dtype=torch.int64) for x in (seed, offset, vocab_id))
-    seed, offset, vocab_id = torch.broadcast_tensors(seed, offset, vocab_id)
+    seed, offset, counter = (torch.as_tensor(x, dtype=torch.int64) for x in (seed, offset, counter))
+    seed, offset, counter = torch.broadcast_tensors(seed, offset, counter)
     k0, k1 = seed & _M32, (seed >> 32) & _M32
-    c0, c1, c2 = vocab_id & _M32, offset & _M32, (offset >> 32) & _M32
+    c0, c1, c2 = counter & _M32, offset & _M32, (offset >> 32) & _M32
     c3 = torch.full_like(c0, stream)
     for _ in range(10):
         hi_b, lo_b = _mul32(_ROUND_B, c2)
         hi_a, lo_a = _mul32(_ROUND_A, c0)
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
         k0, k1 = (k0 + _KEY_A) & _M32, (k1 + _KEY_B) & _M32
-    return c0
+    return c0, c1, c2, c3
 
 
-def gumbel_noise(seed, offset, vocab_id, stream: int = 0) -> torch.Tensor:
-    """fsdist's Gumbel noise in float64: -log(-log(u)), u = (bits + 0.5) / 2**32."""
-    bits = philox_uniform_bits(seed, offset, vocab_id, stream).double()
+def philox_uniform_bits(seed, offset, counter, stream: int = 0) -> torch.Tensor:
+    """Word 0 of Philox (fsdist.ops.noise.philox_bits): the noise of non-vocabulary uses."""
+    return philox_words(seed, offset, counter, stream)[0]
+
+
+def vocab_uniform_bits(seed, offset, vocab_id) -> torch.Tensor:
+    """The sampler's bits for a vocabulary id: word id & 3 of counter id >> 2 (fsdist.ops.noise.vocab_bits)."""
+    vocab_id = torch.as_tensor(vocab_id, dtype=torch.int64)
+    words = torch.stack(torch.broadcast_tensors(*philox_words(seed, offset, vocab_id >> 2, 0)))
+    lane = torch.broadcast_to(vocab_id & 3, words.shape[1:])
+    return words.gather(0, lane[None]).squeeze(0)
+
+
+def gumbel_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    """-log(-log(u)) in float64 for u = (bits + 0.5) / 2**32, as fsdist.ops.noise.gumbel_from_bits."""
+    bits = bits.double()
     u = (bits + 0.5) / 2.0**32
     one_minus_u = (float(_M32) - bits + 0.5) / 2.0**32
     e = torch.where(u < 0.5, -torch.log(u), -torch.log1p(-one_minus_u))
     return -torch.log(e)
+
+
+def gumbel_noise(seed, offset, counter, stream: int = 0) -> torch.Tensor:
+    """Gumbel noise from word 0 of Philox at (counter, offset, stream): fsdist.ops.noise.gumbel."""
+    return gumbel_from_bits(philox_uniform_bits(seed, offset, counter, stream))
+
+
+def vocab_gumbel(seed, offset, vocab_id) -> torch.Tensor:
+    """The sampler's Gumbel noise for (seed, offset, vocabulary id), in float64."""
+    return gumbel_from_bits(vocab_uniform_bits(seed, offset, vocab_id))
 
 
 def _as_rows(x, batch: int, dtype, device) -> torch.Tensor:
@@ -102,7 +128,7 @@ def reference_gumbel(hidden: torch.Tensor, weight: torch.Tensor, *,
     ids = torch.arange(V, device=logits.device)[None, :]
     seeds = _as_rows(seed, B, torch.int64, logits.device)[:, None]
     offsets = _as_rows(offset, B, torch.int64, logits.device)[:, None]
-    noise = gumbel_noise(seeds, offsets, ids)
+    noise = vocab_gumbel(seeds, offsets, ids)
     score = torch.where(greedy[:, None], scaled, scaled + noise)
     top2 = score.topk(2, dim=-1).values if V > 1 else torch.cat([score, score - float("inf")], -1)
     return score.argmax(dim=-1), top2[:, 0] - top2[:, 1]

@@ -19,7 +19,7 @@ nothing about how those addresses were obtained.
 import triton
 import triton.language as tl
 
-from .noise import STREAM_VOCAB, gumbel
+from .noise import gumbel_from_bits, vocab_bits_tile
 
 # Fields of the fp32 candidate buffer. Only F_SCORE is written unless LOGPROBS.
 F_SCORE = 0  # max over the tile of (logit / T + Gumbel); NaN marks a poisoned row
@@ -110,7 +110,10 @@ def fused_sample_kernel(
     if NOISE:
         seed = _load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
         offset = _load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
-        g = gumbel(seed[:, None], offset[:, None], gid[None, :], STREAM_VOCAB)
+        # Tiles start at multiples of BLOCK_V (and vocab_start at a multiple of 4), so the
+        # tile's ids are whole Philox quads: one evaluation per 4 ids.
+        bits = vocab_bits_tile(seed[:, None], offset[:, None], vocab_start + pid_v * BLOCK_V, BLOCK_B, BLOCK_V)
+        g = gumbel_from_bits(bits)
         score = tl.where(greedy[:, None], scaled, scaled + g)
     else:
         score = scaled

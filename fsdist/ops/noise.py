@@ -1,10 +1,13 @@
 """Counter-based Gumbel noise: the single definition of fsdist's RNG contract.
 
-The uniform for (row b, vocabulary id v) is Philox-4x32-10 keyed by the row's
-64-bit seed, with counter (v, offset_lo, offset_hi, stream). Nothing here depends
-on tile sizes, the batch position of the row or the tensor-parallel rank, so every
-kernel that calls :func:`gumbel` with a *global* vocabulary id draws the same
-noise. ``fsdist.reference.philox_uniform_bits`` mirrors this bit for bit in torch.
+The uniform for (row b, vocabulary id v) is word ``v & 3`` of Philox-4x32-10 keyed by
+the row's 64-bit seed, with counter (v >> 2, offset_lo, offset_hi, STREAM_VOCAB): one
+Philox evaluation feeds four consecutive ids, a quarter of the integer work of one
+call per id (the epilogue's largest cost once B grows). Nothing here depends on tile
+sizes, the batch position of the row or the tensor-parallel rank, so every kernel
+that asks for a *global* vocabulary id draws the same noise. Other uses (the
+group-log-mass rank choice) take word 0 at their own counter and stream through
+:func:`gumbel`. ``fsdist.reference`` mirrors both bit for bit in torch.
 
 Precision matters at the top of the Gumbel distribution: the winning score sits
 where ``u`` is within ~1/V of 1, and a 24-bit uniform would put a V/2**24 ~ 1%
@@ -22,16 +25,43 @@ STREAM_GROUP = tl.constexpr(1)  # per-rank noise of the group-log-mass reduction
 
 
 @triton.jit
-def philox_bits(seed, offset, counter, stream: tl.constexpr):
-    """One 32-bit Philox output for key `seed` (int64) and counter (counter, offset, stream)."""
+def philox_words(seed, offset, counter, stream: tl.constexpr):
+    """The four 32-bit Philox outputs for key `seed` (int64) and counter (counter, offset, stream)."""
     off = offset.to(tl.uint64, bitcast=True)
     off_lo = (off & 0xFFFFFFFF).to(tl.uint32)
     off_hi = (off >> 32).to(tl.uint32)
     c0 = counter.to(tl.uint32, bitcast=True)
-    # Broadcast every word to the counter's shape so the rounds stay elementwise.
-    zero = tl.zeros_like(c0)
-    r0, _r1, _r2, _r3 = tl.philox(seed.to(tl.int64), c0, off_lo + zero, off_hi + zero, zero + stream)
+    # Broadcast every word to one shape so the rounds stay elementwise.
+    zero = tl.zeros_like(c0) + tl.zeros_like(off_lo)
+    return tl.philox(seed.to(tl.int64), c0 + zero, off_lo + zero, off_hi + zero, zero + stream)
+
+
+@triton.jit
+def philox_bits(seed, offset, counter, stream: tl.constexpr):
+    """Word 0 of Philox for (seed; counter, offset, stream)."""
+    r0, _r1, _r2, _r3 = philox_words(seed, offset, counter, stream)
     return r0
+
+
+@triton.jit
+def vocab_bits(seed, offset, vocab_id):
+    """The sampler's 32 random bits for arbitrary (broadcastable) ids: word id & 3 of counter id >> 2."""
+    r0, r1, r2, r3 = philox_words(seed, offset, vocab_id >> 2, STREAM_VOCAB)
+    lane = vocab_id & 3
+    return tl.where(lane == 0, r0, tl.where(lane == 1, r1, tl.where(lane == 2, r2, r3)))
+
+
+@triton.jit
+def vocab_bits_tile(seed, offset, first_id, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
+    """vocab_bits for ids first_id + [0, BLOCK_V) of BLOCK_B rows, one Philox per 4 ids.
+
+    seed, offset: [BLOCK_B, 1]; first_id must be a multiple of 4. Returns [BLOCK_B, BLOCK_V].
+    """
+    quad = (first_id >> 2) + tl.arange(0, BLOCK_V // 4)
+    r0, r1, r2, r3 = philox_words(seed, offset, quad[None, :], STREAM_VOCAB)
+    # join(join(r0, r2), join(r1, r3))[b, q, i, j] = r_(2i + j): flattening (q, i, j)
+    # gives column 4q + 2i + j, the id whose lane is 2i + j.
+    return tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK_B, BLOCK_V])
 
 
 @triton.jit
@@ -48,6 +78,12 @@ def exponential_from_bits(r):
 
 
 @triton.jit
-def gumbel(seed, offset, vocab_id, stream: tl.constexpr):
-    """Standard Gumbel noise for (seed, offset, vocab_id); finite for every input."""
-    return -tl.log(exponential_from_bits(philox_bits(seed, offset, vocab_id, stream)))
+def gumbel_from_bits(bits):
+    """Standard Gumbel variate from 32 uniform bits; finite for every input."""
+    return -tl.log(exponential_from_bits(bits))
+
+
+@triton.jit
+def gumbel(seed, offset, counter, stream: tl.constexpr):
+    """Gumbel noise from word 0 of Philox at (counter, offset, stream); used outside the vocabulary."""
+    return gumbel_from_bits(philox_bits(seed, offset, counter, stream))

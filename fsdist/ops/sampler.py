@@ -87,6 +87,8 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     V_rows = weight.shape[0]
     if layout.batch_cap < B:
         raise ValueError(f"batch {B} exceeds the candidate buffer's capacity {layout.batch_cap}")
+    if vocab_start % 4:
+        raise ValueError(f"vocab_start must be a multiple of 4 (the noise is drawn in quads), got {vocab_start}")
     n_vtiles = triton.cdiv(V_rows, cfg.block_v)
     if n_vtiles != layout.n_local or not 0 <= group < layout.n_groups:
         raise ValueError(f"candidate layout {layout} does not fit {V_rows} rows in tiles of "

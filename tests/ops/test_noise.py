@@ -6,8 +6,9 @@ import triton
 import triton.language as tl
 from scipy import stats
 
-from fsdist.ops.noise import STREAM_GROUP, STREAM_VOCAB, exponential_from_bits, gumbel, philox_bits
-from fsdist.reference import gumbel_noise, philox_uniform_bits
+from fsdist.ops.noise import (STREAM_GROUP, STREAM_VOCAB, exponential_from_bits, gumbel, gumbel_from_bits, philox_bits,
+                              vocab_bits, vocab_bits_tile)
+from fsdist.reference import gumbel_noise, philox_uniform_bits, philox_words, vocab_gumbel, vocab_uniform_bits
 from statcheck import P_MIN
 
 
@@ -20,6 +21,27 @@ def _noise_probe(seed_ptr, off_ptr, id_ptr, bits_ptr, g_ptr, n, STREAM: tl.const
     vid = tl.load(id_ptr + i, mask=m, other=0).to(tl.int32)  # ids are int32 in the sampler
     tl.store(bits_ptr + i, philox_bits(seed, off, vid, STREAM).to(tl.int64), mask=m)
     tl.store(g_ptr + i, gumbel(seed, off, vid, STREAM), mask=m)
+
+
+@triton.jit
+def _vocab_probe(seed_ptr, off_ptr, id_ptr, bits_ptr, g_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    seed = tl.load(seed_ptr + i, mask=m, other=0)
+    off = tl.load(off_ptr + i, mask=m, other=0)
+    vid = tl.load(id_ptr + i, mask=m, other=0).to(tl.int32)
+    bits = vocab_bits(seed, off, vid)
+    tl.store(bits_ptr + i, bits.to(tl.int64), mask=m)
+    tl.store(g_ptr + i, gumbel_from_bits(bits), mask=m)
+
+
+@triton.jit
+def _tile_probe(seed_ptr, off_ptr, bits_ptr, first_id, BB: tl.constexpr, BV: tl.constexpr):
+    b = tl.arange(0, BB)
+    seed = tl.load(seed_ptr + b)[:, None]
+    off = tl.load(off_ptr + b)[:, None]
+    bits = vocab_bits_tile(seed, off, first_id, BB, BV)
+    tl.store(bits_ptr + b[:, None] * BV + tl.arange(0, BV)[None, :], bits.to(tl.int64))
 
 
 @triton.jit
@@ -51,6 +73,32 @@ def test_kernel_philox_matches_torch_mirror(device, stream):
     bits, g = _run(seed, off, vid, device, stream)
     torch.testing.assert_close(bits, philox_uniform_bits(seed, off, vid, stream), rtol=0, atol=0)
     torch.testing.assert_close(g.double(), gumbel_noise(seed, off, vid, stream), rtol=2e-6, atol=2e-6)
+
+
+def test_vocab_noise_matches_torch_mirror(device):
+    gen = torch.Generator().manual_seed(2)
+    n = 4096
+    seed = torch.randint(-(2**62), 2**62, (n,), generator=gen)
+    off = torch.randint(0, 2**40, (n,), generator=gen)
+    vid = torch.randint(0, 2**31 - 1, (n,), generator=gen)
+    bits = torch.empty(n, dtype=torch.int64, device=device)
+    g = torch.empty(n, dtype=torch.float32, device=device)
+    _vocab_probe[(triton.cdiv(n, 1024),)](seed.to(device), off.to(device), vid.to(device), bits, g, n, BLOCK=1024)
+    torch.testing.assert_close(bits.cpu(), vocab_uniform_bits(seed, off, vid), rtol=0, atol=0)
+    torch.testing.assert_close(g.cpu().double(), vocab_gumbel(seed, off, vid), rtol=2e-6, atol=2e-6)
+    # The four ids of a quad use four different words of one Philox evaluation.
+    quad = vocab_uniform_bits(5, 9, torch.arange(8, 12))
+    assert torch.equal(quad, torch.stack(philox_words(5, 9, 2, 0)))
+
+
+@pytest.mark.parametrize("BB,BV,first", [(16, 64, 0), (4, 128, 4 * 12345), (2, 16, 2**30)])
+def test_vocab_tile_noise_equals_per_id_noise(device, BB, BV, first):
+    seed = torch.arange(BB, dtype=torch.int64) * 31 - 7
+    off = torch.arange(BB, dtype=torch.int64) + 2**34
+    bits = torch.empty(BB, BV, dtype=torch.int64, device=device)
+    _tile_probe[(1,)](seed.to(device), off.to(device), bits, first, BB=BB, BV=BV)
+    ids = first + torch.arange(BV)[None, :]
+    torch.testing.assert_close(bits.cpu(), vocab_uniform_bits(seed[:, None], off[:, None], ids), rtol=0, atol=0)
 
 
 def test_streams_differ(device):

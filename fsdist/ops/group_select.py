@@ -1,0 +1,215 @@
+"""Group-log-mass reduction kernels (paper Algorithm I.4): choose the rank, then its sample.
+
+Every tensor-parallel rank k has, per row, an exact local sample z_k from its shard,
+the shard's log-mass L_k = logsumexp(logits_k / T) and log p_k(z_k) (from the fused
+kernel run locally with logprobs). Lemma D.2 of the paper: drawing the shard K with
+P(K = k) = exp(L_k) / sum_j exp(L_j) and returning z_K is an exact sample of the full
+softmax. K is drawn by Gumbel-max over the L_k with noise
+``gumbel(seed_b, offset_b, k, STREAM_GROUP)``: counter-based, keyed by the rank and a
+stream of its own, so every rank draws the same K without communicating, the draw is
+independent of the in-shard noise (stream STREAM_VOCAB) and there is no host RNG (CUDA
+graph safe). Greedy rows (T = 0) pick the shard with the largest maximum logit, i.e.
+logprob + lse of its local argmax (T = 1 for greedy rows); ties go to the lowest
+rank, i.e. the lowest vocabulary id, like torch.argmax.
+
+The exchange buffer holds, per step, fp32 [n_ranks, 2, batch_cap] (LSE, LOGPROB) and
+int32 [n_ranks, batch_cap] (token), batch innermost. ``group_publish_kernel`` writes
+this rank's triple into its slot of every peer's buffer (peer table) or of its own;
+``group_select_kernel`` reads all ranks' slots and writes the global token, global
+log-sum-exp and the token's global log-probability
+``logprob_k + lse_k - lse_global``.
+
+Rows that any rank poisoned (NaN logit or bad temperature: lse NaN) return token -1
+with NaN lse and logprob. Ranks whose shard has no valid id for the row (padding only:
+lse = -inf) carry no mass and are skipped; a row with no mass anywhere returns -1.
+Nothing here knows about process groups.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .._validation import RowParams
+from .fused_sample import _load_row_param
+from .noise import STREAM_GROUP, gumbel
+from .sampler import _param_args
+
+X_LSE = 0  # fp32 field: the rank's log-mass for the row
+X_LOGPROB = 1  # fp32 field: log-probability of the rank's local sample within its shard
+N_X_FIELDS = 2
+# The rank-choice noise stream, handed to the kernel as a constexpr argument.
+_STREAM_GROUP = int(getattr(STREAM_GROUP, "value", STREAM_GROUP))
+
+
+@dataclass(frozen=True)
+class ExchangeLayout:
+    """One step's exchange buffer: fp32 [n_ranks, 2, batch_cap], int32 [n_ranks, batch_cap]."""
+
+    n_ranks: int
+    batch_cap: int
+
+    @property
+    def stride_field(self) -> int:
+        return self.batch_cap
+
+    @property
+    def stride_rank(self) -> int:
+        return N_X_FIELDS * self.batch_cap
+
+    @property
+    def stride_rank_i(self) -> int:
+        return self.batch_cap
+
+    @property
+    def float_numel(self) -> int:
+        return self.n_ranks * self.stride_rank
+
+    @property
+    def int_numel(self) -> int:
+        return self.n_ranks * self.stride_rank_i
+
+    def alloc(self, device):
+        return (torch.empty(self.float_numel, dtype=torch.float32, device=device),
+                torch.empty(self.int_numel, dtype=torch.int32, device=device))
+
+
+# Kernels spell the field numbers out (0 = X_LSE, 1 = X_LOGPROB): Triton's compiler rejects
+# non-constexpr module globals inside @triton.jit code (the interpreter does not notice).
+@triton.jit
+def _publish_store(base_f, base_i, off_f, off_i, stride_field, rows, tok, lp, lse, mask):
+    tl.store(base_f + off_f + rows, lse, mask=mask)  # X_LSE
+    tl.store(base_f + off_f + stride_field + rows, lp, mask=mask)  # X_LOGPROB
+    tl.store(base_i + off_i + rows, tok, mask=mask)
+
+
+@triton.jit
+def group_publish_kernel(tok_ptr, lp_ptr, lse_ptr, dst_f, dst_i, off_f, off_i, stride_field, B,
+                         BLOCK: tl.constexpr, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr):
+    """Store (token, logprob, lse) of rows [0, B) at element offsets off_f / off_i."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = rows < B
+    tok = tl.load(tok_ptr + rows, mask=mask, other=-1).to(tl.int32)
+    lp = tl.load(lp_ptr + rows, mask=mask, other=0.0)
+    lse = tl.load(lse_ptr + rows, mask=mask, other=0.0)
+    if PEER_TABLE:
+        # Fan-out: the same triple goes to this rank's slot in every peer's buffer.
+        for p in tl.static_range(NPEERS):
+            base_f = tl.load(dst_f + p).to(tl.pointer_type(tl.float32))
+            base_i = tl.load(dst_i + p).to(tl.pointer_type(tl.int32))
+            _publish_store(base_f, base_i, off_f, off_i, stride_field, rows, tok, lp, lse, mask)
+    else:
+        _publish_store(dst_f, dst_i, off_f, off_i, stride_field, rows, tok, lp, lse, mask)
+
+
+@triton.jit
+def group_select_kernel(
+    ex_f, ex_i, base_f, base_i, stride_rank, stride_field, stride_rank_i, n_ranks,
+    seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
+    tokens_ptr, logprob_ptr, lse_ptr, B,
+    BLOCK_R: tl.constexpr, SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr,
+    TEMP_PER_ROW: tl.constexpr, NOISE: tl.constexpr, STREAM: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    mask = rows < B
+    temp = _load_row_param(temp_ptr, temp_val, rows, mask, tl.float32, TEMP_PER_ROW)
+    greedy = temp == 0.0
+    if NOISE:
+        seed = _load_row_param(seed_ptr, seed_val, rows, mask, tl.int64, SEED_PER_ROW)
+        offset = _load_row_param(offset_ptr, offset_val, rows, mask, tl.int64, OFFSET_PER_ROW)
+    best_key = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    best_tok = tl.full([BLOCK_R], -1, tl.int32)
+    best_logit = tl.zeros([BLOCK_R], tl.float32)
+    poisoned = tl.zeros([BLOCK_R], tl.int32)
+    run_max = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    run_sum = tl.zeros([BLOCK_R], tl.float32)
+    for k in range(0, n_ranks):
+        slot = base_f + k * stride_rank + rows
+        lse_k = tl.load(ex_f + slot, mask=mask, other=float("-inf"))  # X_LSE
+        lp_k = tl.load(ex_f + slot + stride_field, mask=mask, other=0.0)  # X_LOGPROB
+        tok_k = tl.load(ex_i + base_i + k * stride_rank_i + rows, mask=mask, other=-1)
+        poisoned = poisoned | (lse_k != lse_k).to(tl.int32)
+        alive = lse_k > float("-inf")  # False for NaN too
+        logit_k = lp_k + lse_k  # the local sample's scaled logit
+        if NOISE:
+            g = gumbel(seed, offset, tl.zeros([BLOCK_R], tl.int32) + k, STREAM)
+            key = tl.where(greedy, logit_k, lse_k + g)
+        else:
+            key = logit_k
+        key = tl.where(alive, key, float("-inf"))
+        # Strictly greater: the lowest rank keeps ties (lowest vocabulary id).
+        take = key > best_key
+        best_key = tl.where(take, key, best_key)
+        best_tok = tl.where(take, tok_k, best_tok)
+        best_logit = tl.where(take, logit_k, best_logit)
+        # Online log-sum-exp of the live ranks' log-masses.
+        m_k = tl.where(alive, lse_k, float("-inf"))
+        new_max = tl.maximum(run_max, m_k)
+        safe = tl.where(new_max == float("-inf"), 0.0, new_max)
+        run_sum = tl.where(run_max > float("-inf"), run_sum * tl.exp(run_max - safe), 0.0) \
+            + tl.where(alive, tl.exp(m_k - safe), 0.0)
+        run_max = new_max
+    bad = poisoned > 0
+    failed = bad | (best_key == float("-inf"))
+    # No live rank: lse = -inf (log of an empty sum), without evaluating log(0).
+    lse = tl.where(run_sum > 0.0, run_max + tl.log(tl.where(run_sum > 0.0, run_sum, 1.0)), float("-inf"))
+    tl.store(tokens_ptr + rows, tl.where(failed, -1, best_tok).to(tl.int64), mask=mask)
+    tl.store(lse_ptr + rows, tl.where(bad, float("nan"), lse), mask=mask)
+    tl.store(logprob_ptr + rows, tl.where(failed, float("nan"), best_logit - lse), mask=mask)
+
+
+def _block_rows(batch: int, device: torch.device) -> int:
+    if device.type == "cpu":  # interpreter: few, large programs
+        return min(1024, max(16, triton.next_power_of_2(batch)))
+    return 128
+
+
+def launch_group_publish(tokens: torch.Tensor, logprobs: torch.Tensor, lse: torch.Tensor,
+                         layout: ExchangeLayout, dst_f: torch.Tensor, dst_i: torch.Tensor, *,
+                         rank: int, base_f: int = 0, base_i: int = 0, npeers: Optional[int] = None):
+    """Write rows [0, B) of (tokens, logprobs, lse) into slot `rank` of the exchange buffer.
+
+    base_f / base_i: element offsets of the step's buffer inside dst_f / dst_i. With
+    npeers set, dst_f / dst_i are int64 tables of the peers' buffer base addresses and
+    every peer receives the triple.
+    """
+    B = tokens.shape[0]
+    if B > layout.batch_cap:
+        raise ValueError(f"batch {B} exceeds the exchange buffer's capacity {layout.batch_cap}")
+    if not 0 <= rank < layout.n_ranks:
+        raise ValueError(f"rank {rank} outside the exchange layout's {layout.n_ranks} ranks")
+    if B == 0:
+        return
+    block = _block_rows(B, tokens.device)
+    group_publish_kernel[(triton.cdiv(B, block),)](
+        tokens, logprobs, lse, dst_f, dst_i,
+        base_f + rank * layout.stride_rank, base_i + rank * layout.stride_rank_i, layout.stride_field, B,
+        BLOCK=block, PEER_TABLE=npeers is not None, NPEERS=npeers or 1, num_warps=4,
+    )
+
+
+def launch_group_select(layout: ExchangeLayout, ex_f: torch.Tensor, ex_i: torch.Tensor, batch: int,
+                        params: RowParams, *, base_f: int = 0, base_i: int = 0):
+    """Pick each row's rank and return (tokens int64 [B], logprobs fp32 [B], lse fp32 [B])."""
+    device = ex_f.device
+    tokens = torch.empty(batch, dtype=torch.int64, device=device)
+    lp = torch.empty(batch, dtype=torch.float32, device=device)
+    lse = torch.empty(batch, dtype=torch.float32, device=device)
+    if batch > layout.batch_cap:
+        raise ValueError(f"batch {batch} exceeds the exchange buffer's capacity {layout.batch_cap}")
+    if batch:
+        dummy = ex_i
+        seed_p, seed_v, seed_row = _param_args(params.seed, dummy)
+        off_p, off_v, off_row = _param_args(params.offset, dummy)
+        temp_p, temp_v, temp_row = _param_args(params.temperature, dummy)
+        block = _block_rows(batch, device)
+        group_select_kernel[(triton.cdiv(batch, block),)](
+            ex_f, ex_i, base_f, base_i, layout.stride_rank, layout.stride_field, layout.stride_rank_i,
+            layout.n_ranks,
+            seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
+            tokens, lp, lse, batch,
+            BLOCK_R=block, SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
+            NOISE=not params.all_greedy, STREAM=_STREAM_GROUP, num_warps=4,
+        )
+    return tokens, lp, lse
