@@ -5,8 +5,8 @@ import torch
 import triton
 
 from . import _validation as V
-from .ops.configs import TileConfig, pick_config
-from .ops.sampler import CandidateLayout, launch_fused, launch_reduce
+from .ops.configs import TileConfig, choose_path, pick_config
+from .ops.sampler import CandidateLayout, launch_chunked, launch_fused, launch_reduce
 from .types import SampleOutput
 
 
@@ -16,7 +16,8 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
            offset: Union[int, torch.Tensor] = 0,
            vocab_size: Optional[int] = None,
            return_logprobs: bool = False,
-           config: Optional[TileConfig] = None) -> SampleOutput:
+           config: Optional[TileConfig] = None,
+           path: Optional[str] = None) -> SampleOutput:
     """Draw one token per row from softmax(hidden @ weight.T / T) without materializing logits.
 
     hidden: [B, D]; weight: [V, D] (nn.Linear layout, contiguous); same dtype, bf16/fp16/fp32.
@@ -28,6 +29,10 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     vocab_size: true vocabulary size; ids >= vocab_size (padding rows of weight) are never sampled.
     return_logprobs: also return log_softmax(logits / T)[token] and logsumexp(logits / T).
     config: override the tile configuration (benchmarks and tests).
+    path: "fused" (logits tiles computed in the kernel), "chunked" (cuBLAS fp32 logits per
+        L2-sized vocabulary chunk, then the same sampling epilogue: faster once the matmul
+        is compute bound), or None to choose by batch size (see ops/configs.choose_path).
+        Both draw the same noise, so they return the same tokens up to near-exact ties.
     """
     V.check_hidden(hidden)
     V.check_weight(weight, hidden)
@@ -38,10 +43,13 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     if hidden.stride(1) != 1:
         hidden = hidden.contiguous()
     cfg = config or pick_config(B, D, hidden.device.type)
+    path = path or choose_path(B, D, hidden.device.type)
+    if path not in ("fused", "chunked"):
+        raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
     layout = CandidateLayout(CandidateLayout.fields(return_logprobs),
                              triton.cdiv(weight.shape[0], cfg.block_v), max(B, 1))
     cand_f, cand_i = layout.alloc(hidden.device)
     if B:
-        launch_fused(hidden, weight, params, cfg, layout, cand_f, cand_i,
-                     vocab_size=vocab_size, logprobs=return_logprobs)
+        launch = launch_fused if path == "fused" else launch_chunked
+        launch(hidden, weight, params, cfg, layout, cand_f, cand_i, vocab_size=vocab_size, logprobs=return_logprobs)
     return SampleOutput(*launch_reduce(layout, cand_f, cand_i, B, logprobs=return_logprobs))

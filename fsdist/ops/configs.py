@@ -53,3 +53,15 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
     if batch <= 64:
         return TileConfig(64, block_v, _block_k(hidden_size, 128), num_warps=8, num_stages=4)
     return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5)
+
+
+# Batch size from which sample() computes logits with cuBLAS in L2-sized chunks instead of
+# the fused Triton GEMM (set from bench/kernel_bench.py; see docs/performance.md).
+CHUNKED_MIN_BATCH = 128
+
+
+def choose_path(batch: int, hidden_size: int, device_type: str) -> str:
+    """'fused' while the op is memory bound, 'chunked' once cuBLAS's GEMM beats ours."""
+    if device_type == "cuda" and batch >= CHUNKED_MIN_BATCH:
+        return "chunked"
+    return "fused"

@@ -73,33 +73,31 @@ def _param_args(x, dummy: torch.Tensor):
     return dummy, x, False
 
 
-def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
-                 layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, *,
-                 vocab_size: int, vocab_start: int = 0, group: int = 0, base_f: int = 0, base_i: int = 0,
-                 npeers: Optional[int] = None, logprobs: bool = False):
-    """Stage 1: write this weight's candidates into `group` of the buffer.
-
-    base_f / base_i: element offsets of the buffer inside cand_f / cand_i (the parity
-    half of a double buffer). With npeers set, cand_f / cand_i are int64 tables of the
-    peers' buffer base addresses and every peer receives the candidates.
-    """
-    B, D = hidden.shape
-    V_rows = weight.shape[0]
+def _check_fit(hidden, weight, cfg, layout, group, vocab_start):
+    B = hidden.shape[0]
     if layout.batch_cap < B:
         raise ValueError(f"batch {B} exceeds the candidate buffer's capacity {layout.batch_cap}")
     if vocab_start % 4:
         raise ValueError(f"vocab_start must be a multiple of 4 (the noise is drawn in quads), got {vocab_start}")
-    n_vtiles = triton.cdiv(V_rows, cfg.block_v)
+    n_vtiles = triton.cdiv(weight.shape[0], cfg.block_v)
     if n_vtiles != layout.n_local or not 0 <= group < layout.n_groups:
-        raise ValueError(f"candidate layout {layout} does not fit {V_rows} rows in tiles of "
+        raise ValueError(f"candidate layout {layout} does not fit {weight.shape[0]} rows in tiles of "
                          f"{cfg.block_v} (group {group})")
+    return n_vtiles
+
+
+def _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, *, vocab_size, vocab_start, group,
+                   base_f, base_i, npeers, logprobs, tiles, logits=None):
+    """One launch of the stage-1 kernel over vocabulary tiles [tiles[0], tiles[1])."""
+    B, D = hidden.shape
+    V_rows = weight.shape[0]
     dummy = cand_i  # any tensor: ignored by the kernel when the parameter is a scalar
     seed_p, seed_v, seed_row = _param_args(params.seed, dummy)
     off_p, off_v, off_row = _param_args(params.offset, dummy)
     temp_p, temp_v, temp_row = _param_args(params.temperature, dummy)
-    grid = (triton.cdiv(B, cfg.block_b), n_vtiles)
+    grid = (triton.cdiv(B, cfg.block_b), tiles[1] - tiles[0])
     fused_sample_kernel[grid](
-        hidden, weight,
+        hidden, weight, hidden if logits is None else logits, 0 if logits is None else logits.stride(0), tiles[0],
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
         cand_f, cand_i,
         B, D, V_rows, vocab_size, vocab_start,
@@ -113,8 +111,64 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         PEER_TABLE=npeers is not None, NPEERS=npeers or 1,
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
+        FROM_LOGITS=logits is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+
+
+def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
+                 layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, *,
+                 vocab_size: int, vocab_start: int = 0, group: int = 0, base_f: int = 0, base_i: int = 0,
+                 npeers: Optional[int] = None, logprobs: bool = False):
+    """Stage 1: write this weight's candidates into `group` of the buffer.
+
+    base_f / base_i: element offsets of the buffer inside cand_f / cand_i (the parity
+    half of a double buffer). With npeers set, cand_f / cand_i are int64 tables of the
+    peers' buffer base addresses and every peer receives the candidates.
+    """
+    n_vtiles = _check_fit(hidden, weight, cfg, layout, group, vocab_start)
+    _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, vocab_size=vocab_size,
+                   vocab_start=vocab_start, group=group, base_f=base_f, base_i=base_i, npeers=npeers,
+                   logprobs=logprobs, tiles=(0, n_vtiles))
+
+
+def chunk_logits(hidden: torch.Tensor, weight_rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """fp32 logits hidden @ weight_rows.T into `out` ([B, n] contiguous), through cuBLAS on CUDA."""
+    if hidden.device.type == "cuda":
+        if hidden.dtype == torch.float32:
+            return torch.mm(hidden, weight_rows.T, out=out)
+        return torch.mm(hidden, weight_rows.T, torch.float32, out=out)
+    return torch.mm(hidden.float(), weight_rows.float().T, out=out)
+
+
+def chunk_rows_for(batch: int, block_v: int, budget_bytes: int = 16 << 20) -> int:
+    """Vocabulary rows per chunk so that the fp32 chunk [B, rows] stays well inside L2."""
+    return max(block_v, (budget_bytes // (4 * max(batch, 1))) // block_v * block_v)
+
+
+def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
+                   layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, *,
+                   vocab_size: int, vocab_start: int = 0, group: int = 0, base_f: int = 0, base_i: int = 0,
+                   npeers: Optional[int] = None, logprobs: bool = False, chunk_rows: Optional[int] = None):
+    """Stage 1 for compute-bound batches: cuBLAS logits per L2-sized chunk, then the same epilogue.
+
+    Writes the same candidates as launch_fused (same noise, same layout); the logits
+    differ only by fp32 accumulation order, so tokens agree except on near-exact ties.
+    Extra memory is one fp32 chunk, O(B x chunk_rows), never O(B x V).
+    """
+    n_vtiles = _check_fit(hidden, weight, cfg, layout, group, vocab_start)
+    B, V_rows = hidden.shape[0], weight.shape[0]
+    rows = chunk_rows or chunk_rows_for(B, cfg.block_v)
+    if rows % cfg.block_v:
+        raise ValueError(f"chunk_rows ({rows}) must be a multiple of block_v ({cfg.block_v})")
+    buf = torch.empty(B * min(rows, V_rows), dtype=torch.float32, device=hidden.device)
+    for r0 in range(0, V_rows, rows):
+        r1 = min(r0 + rows, V_rows)
+        logits = chunk_logits(hidden, weight[r0:r1], buf[: B * (r1 - r0)].view(B, r1 - r0))
+        _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, vocab_size=vocab_size,
+                       vocab_start=vocab_start, group=group, base_f=base_f, base_i=base_i, npeers=npeers,
+                       logprobs=logprobs, tiles=(r0 // cfg.block_v, triton.cdiv(r1, cfg.block_v)), logits=logits)
+    assert triton.cdiv(V_rows, cfg.block_v) == n_vtiles
 
 
 def launch_reduce(layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, batch: int, *,
