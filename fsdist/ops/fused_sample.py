@@ -63,6 +63,7 @@ def fused_sample_kernel(
     NOISE: tl.constexpr, LOGPROBS: tl.constexpr,
     PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, FROM_LOGITS: tl.constexpr,
+    FAST_LOG: tl.constexpr,
 ):
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
@@ -120,7 +121,7 @@ def fused_sample_kernel(
         # Tiles start at multiples of BLOCK_V (and vocab_start at a multiple of 4), so the
         # tile's ids are whole Philox quads: one evaluation per 4 ids.
         bits = vocab_bits_tile(seed[:, None], offset[:, None], vocab_start + pid_v * BLOCK_V, BLOCK_B, BLOCK_V)
-        g = gumbel_from_bits(bits)
+        g = gumbel_from_bits(bits, FAST_LOG)
         score = tl.where(greedy[:, None], scaled, scaled + g)
     else:
         score = scaled

@@ -65,7 +65,23 @@ def vocab_bits_tile(seed, offset, first_id, BLOCK_B: tl.constexpr, BLOCK_V: tl.c
 
 
 @triton.jit
-def exponential_from_bits(r):
+def fast_log(x, FAST: tl.constexpr):
+    """Natural log; FAST uses the GPU's lg2.approx (one MUFU op, |error| < 2**-22 in log2).
+
+    That error is below the fp32 rounding of a perturbed score (|score| ~ 10-20 has an
+    ulp of 1e-6), so it cannot move the argmax measurably; the 1M-sample chi-squared in
+    tests/ops/test_sample_gpu.py runs with it. The interpreter has no PTX: it keeps tl.log.
+    """
+    if FAST:
+        lg2 = tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                        is_pure=True, pack=1)
+        return lg2 * 0.6931471805599453
+    else:
+        return tl.log(x)
+
+
+@triton.jit
+def exponential_from_bits(r, FAST: tl.constexpr = False):
     """E = -log(u) for u = (r + 0.5) / 2**32, accurate also when u is within 2**-32 of 1."""
     u = (r.to(tl.float32) + 0.5) * 2.3283064365386963e-10
     # 1 - u, exact: (~r + 0.5) / 2**32.
@@ -73,14 +89,14 @@ def exponential_from_bits(r):
     upper = r >= 0x80000000
     # -log(1 - x) by its series where 1 - x would round away the information.
     series = x * (1.0 + x * (0.5 + x * (0.3333333333 + x * (0.25 + x * (0.2 + x * 0.1666666667)))))
-    logged = -tl.log(tl.where(upper, 1.0 - x, u))
+    logged = -fast_log(tl.where(upper, 1.0 - x, u), FAST)
     return tl.where(upper & (x < 0.03125), series, logged)
 
 
 @triton.jit
-def gumbel_from_bits(bits):
+def gumbel_from_bits(bits, FAST: tl.constexpr = False):
     """Standard Gumbel variate from 32 uniform bits; finite for every input."""
-    return -tl.log(exponential_from_bits(bits))
+    return -fast_log(exponential_from_bits(bits, FAST), FAST)
 
 
 @triton.jit

@@ -111,7 +111,7 @@ def _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, *, vocab
         PEER_TABLE=npeers is not None, NPEERS=npeers or 1,
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
-        FROM_LOGITS=logits is not None,
+        FROM_LOGITS=logits is not None, FAST_LOG=hidden.device.type == "cuda" and torch.version.hip is None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 

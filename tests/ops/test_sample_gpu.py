@@ -48,19 +48,22 @@ def test_real_shape_tokens_match_reference(B, path):
     torch.testing.assert_close(out.logsumexp.double(), torch.logsumexp(scaled, -1), rtol=1e-5, atol=2e-4)
 
 
-def test_no_logits_sized_allocation():
+@pytest.mark.parametrize("path", ["fused", "chunked"])
+def test_no_logits_sized_allocation(path):
     B, V, D = 256, 151936, 4096
     w = torch.randn(V, D, device="cuda", dtype=torch.bfloat16)
     h = torch.randn(B, D, device="cuda", dtype=torch.bfloat16)
-    fsdist.sample(h, w, return_logprobs=True)  # compile outside the measured region
+    fsdist.sample(h, w, return_logprobs=True, path=path)  # compile outside the measured region
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    fsdist.sample(h, w, return_logprobs=True)
+    fsdist.sample(h, w, return_logprobs=True, path=path)
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
-    # O(B x vocabulary tiles): 4 fields x 1187 tiles x 256 rows x 4 B ~ 5 MB, vs 156 MB of fp32 logits.
-    assert extra < B * V * 4 / 16, f"sample allocated {extra / 2**20:.1f} MiB"
+    # Candidates: 4 fields x 1187 tiles x 256 rows x 4 B ~ 4.6 MiB, vs 148 MiB of fp32 logits.
+    # The chunked path adds one fp32 chunk, capped at 16 MiB whatever V is.
+    cap = 5 * 2**20 + (16 * 2**20 if path == "chunked" else 0)
+    assert extra < cap + 2**20, f"sample allocated {extra / 2**20:.1f} MiB"
 
 
 @pytest.mark.parametrize("B", [32, 256])
