@@ -52,6 +52,7 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=["4096x151936", "8192x128256"])
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 16, 64, 256])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--paths-only", action="store_true", help="only compare the fused and chunked paths")
     ap.add_argument("--budget-s", type=float, default=400.0, help="stop sweeping after this long")
     args = ap.parse_args()
     t_start = time.time()
@@ -66,6 +67,15 @@ def main():
             it = iter(range(10**9))
             t_mm = bench(lambda: h @ ws[next(it) % 2].T)
             default = pick_config(B, D, "cuda")
+            t_chunk = bench(lambda: fsdist.sample(h, ws[next(it) % 2], seed=1, path="chunked"))
+            t_fused = bench(lambda: fsdist.sample(h, ws[next(it) % 2], seed=1, path="fused"))
+            rows.append(dict(D=D, V=V, B=B, cublas_us=t_mm, chunked_us=t_chunk, fused_default_us=t_fused))
+            print(f"D={D} V={V} B={B:3d} cublas={t_mm:7.1f}us fused(default cfg)={t_fused:7.1f}us "
+                  f"chunked={t_chunk:7.1f}us", flush=True)
+            summary.append(f"PATHS D={D} B={B:3d} cublas={t_mm:7.1f} fused={t_fused:7.1f} ({t_fused / t_mm:.3f}x) "
+                           f"chunked={t_chunk:7.1f} ({t_chunk / t_mm:.3f}x)")
+            if args.paths_only:
+                continue
             results = []
             for cfg in [default] + [c for c in candidates(B, args.quick) if c != default]:
                 if time.time() - t_start > args.budget_s:

@@ -57,7 +57,7 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
 
 # Batch size from which sample() computes logits with cuBLAS in L2-sized chunks instead of
 # the fused Triton GEMM (set from bench/kernel_bench.py; see docs/performance.md).
-CHUNKED_MIN_BATCH = 128
+CHUNKED_MIN_BATCH = 192
 
 
 def choose_path(batch: int, hidden_size: int, device_type: str) -> str:

@@ -1,0 +1,441 @@
+"""Shared helpers for the fsdist benchmarks: timing, ceilings, environment, results.
+
+Every bench script imports this module before anything that touches CUDA. The
+module is usable on a machine without a GPU: timing then falls back to a host
+clock and the ceilings are measured on the CPU (labelled as such), so smoke runs
+exercise the same code paths as a GPU run.
+
+Timing conventions (see docs/benchmarks.md):
+  * ``time_events``: per-call device-event timing in the style of
+    ``triton.testing.do_bench``: warm-up calls, then for every timed call an
+    optional L2 flush, a start event, the call, an end event. The host queues all
+    calls before it synchronises once, so host launch cost is hidden unless the
+    call itself synchronises. Returns one sample (microseconds) per call.
+  * ``time_graph``: the calls captured once in a CUDA graph (``calls_per_graph``
+    calls rotating over the input sets), replayed; one sample per replay, divided
+    by the number of calls in the graph. A ``before_replay`` hook runs outside the
+    timed region (e.g. to advance a device-held offset tensor).
+  * Input rotation: callers pass several input sets (different hidden-state
+    buffers); call i uses set i % n. A [V, D] weight much larger than L2
+    (151936 x 4096 bf16 = 1.24 GB against 50/60 MB of L2) is cold on every call
+    anyway; rotating the hidden states keeps them from being L2-resident from
+    the previous call, and the L2 flush removes whatever the last call left.
+"""
+import os
+
+# NVLink multicast can take a shared host's GPUs down: keep it off in every
+# library, before torch (and NCCL / NVSHMEM) are imported.
+_SAFE_ENV = {"NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0"}
+os.environ.update(_SAFE_ENV)
+
+import datetime as _dt  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import re  # noqa: E402
+import shlex  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable, Dict, List, Optional, Sequence  # noqa: E402
+
+import torch  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO / "bench" / "results"
+SCHEMA = "fsdist-bench/1"
+_T0 = time.perf_counter()
+
+
+# --------------------------------------------------------------------------- logging
+def log(*parts, rank: Optional[int] = None):
+    """Progress line with the seconds since start, flushed at once (the GPU tool keeps only the tail)."""
+    if rank not in (None, 0):
+        return
+    print(f"[{time.perf_counter() - _T0:7.1f}s]", *parts, flush=True)
+
+
+class Budget:
+    """Wall-clock budget: scripts stop starting new work once it is spent, and still write results."""
+
+    def __init__(self, seconds: float):
+        self.seconds = float(seconds)
+        self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return self.seconds - self.elapsed()
+
+    def exceeded(self) -> bool:
+        return self.left() <= 0
+
+
+# --------------------------------------------------------------------------- device
+def has_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def bench_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if has_gpu() else torch.device("cpu")
+
+
+def sync(device: Optional[torch.device] = None):
+    if (device is None and has_gpu()) or (device is not None and device.type == "cuda"):
+        torch.cuda.synchronize(device)
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+             "float16": torch.float16, "half": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+    if name not in table:
+        raise SystemExit(f"unknown dtype {name!r}; one of {sorted(table)}")
+    return table[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, str(dtype))
+
+
+def parse_int_list(text: str) -> List[int]:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if ".." in part:  # 1..256 = powers of two from 1 to 256
+            lo, hi = (int(x) for x in part.split(".."))
+            v = lo
+            while v <= hi:
+                out.append(v)
+                v *= 2
+        else:
+            out.append(int(part))
+    return out
+
+
+def parse_shapes(text: str) -> List[tuple]:
+    """'4096x151936,8192x128256' -> [(4096, 151936), (8192, 128256)] as (D, V)."""
+    shapes = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        m = re.fullmatch(r"(\d+)x(\d+)", part)
+        if not m:
+            raise SystemExit(f"bad shape {part!r}: expected DxV, e.g. 4096x151936")
+        shapes.append((int(m.group(1)), int(m.group(2))))
+    return shapes
+
+
+# --------------------------------------------------------------------------- statistics
+def summarize(samples_us: Sequence[float]) -> Dict[str, float]:
+    xs = sorted(float(x) for x in samples_us if x is not None and math.isfinite(x))
+    if not xs:
+        return {"n": 0}
+
+    def q(p):
+        return xs[min(len(xs) - 1, max(0, int(round(p * (len(xs) - 1)))))]
+
+    return {"n": len(xs), "median_us": statistics.median(xs), "min_us": xs[0], "max_us": xs[-1],
+            "mean_us": statistics.fmean(xs), "p10_us": q(0.1), "p90_us": q(0.9)}
+
+
+# --------------------------------------------------------------------------- timing
+class L2Flusher:
+    """Writes a buffer larger than L2 (twice its size, at least 256 MB) between timed calls."""
+
+    def __init__(self, device: torch.device):
+        self.buf = None
+        if device.type == "cuda":
+            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20) or (50 << 20)
+            self.buf = torch.empty(max(256 << 20, 2 * l2), dtype=torch.int8, device=device)
+
+    def __call__(self):
+        if self.buf is not None:
+            self.buf.zero_()
+
+
+def time_events(fn: Callable, arg_sets: Sequence[tuple], *, warmup: int, reps: int,
+                flush: Optional[L2Flusher] = None, before_call: Optional[Callable[[int], None]] = None,
+                device: Optional[torch.device] = None) -> List[float]:
+    """Per-call times in microseconds (see the module docstring)."""
+    device = device or bench_device()
+    n = len(arg_sets)
+    for i in range(warmup):
+        fn(*arg_sets[i % n])
+    sync(device)
+    if device.type != "cuda":
+        out = []
+        for i in range(reps):
+            if before_call is not None:
+                before_call(i)
+            t = time.perf_counter()
+            fn(*arg_sets[i % n])
+            out.append((time.perf_counter() - t) * 1e6)
+        return out
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        if before_call is not None:
+            before_call(i)
+        if flush is not None:
+            flush()
+        starts[i].record()
+        fn(*arg_sets[i % n])
+        ends[i].record()
+    torch.cuda.synchronize(device)
+    return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+
+
+class CapturedGraph:
+    """`calls` calls of fn over the rotating input sets, captured once in a CUDA graph."""
+
+    def __init__(self, fn: Callable, arg_sets: Sequence[tuple], calls: int, warmup: int = 3):
+        self.calls = calls
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture stream (workspaces, lazy init)
+            for i in range(max(warmup, 1)):
+                fn(*arg_sets[i % len(arg_sets)])
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outputs = [fn(*arg_sets[i % len(arg_sets)]) for i in range(calls)]
+        torch.cuda.synchronize()
+
+    def replay(self):
+        self.graph.replay()
+
+
+def time_graph(graph: CapturedGraph, *, warmup: int, reps: int, flush: Optional[L2Flusher] = None,
+               before_replay: Optional[Callable[[int], None]] = None) -> List[float]:
+    """Microseconds per call (replay time / calls in the graph), one sample per replay."""
+    for i in range(warmup):
+        if before_replay is not None:
+            before_replay(i)
+        graph.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        if before_replay is not None:
+            before_replay(i)
+        if flush is not None:
+            flush()
+        starts[i].record()
+        graph.replay()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) * 1e3 / graph.calls for s, e in zip(starts, ends)]
+
+
+# --------------------------------------------------------------------------- ceilings
+def measure_copy_bandwidth(device: torch.device, nbytes: Optional[int] = None, reps: int = 20) -> Dict:
+    """Device-to-device copy rate, counting bytes read plus bytes written (bytes/s)."""
+    nbytes = nbytes or ((1 << 30) if device.type == "cuda" else (64 << 20))
+    src = torch.randint(-100, 100, (nbytes // 4,), dtype=torch.int32, device=device)
+    dst = torch.empty_like(src)
+    ts = time_events(lambda: dst.copy_(src), [()], warmup=3, reps=reps, device=device)
+    s = summarize(ts)
+    moved = 2 * src.numel() * src.element_size()
+    del src, dst
+    return {"bytes_per_s": moved / (s["median_us"] * 1e-6), "best_bytes_per_s": moved / (s["min_us"] * 1e-6),
+            "bytes_moved": moved, "how": "dst.copy_(src), int32, bytes read + bytes written, median"}
+
+
+def measure_read_bandwidth(device: torch.device, nbytes: Optional[int] = None, reps: int = 20) -> Dict:
+    """Read-only rate through a full reduction (x.sum()), informational."""
+    nbytes = nbytes or ((1 << 30) if device.type == "cuda" else (64 << 20))
+    x = torch.randn(nbytes // 4, dtype=torch.float32, device=device)
+    ts = time_events(lambda: x.sum(), [()], warmup=3, reps=reps, device=device)
+    s = summarize(ts)
+    moved = x.numel() * 4
+    del x
+    return {"bytes_per_s": moved / (s["median_us"] * 1e-6), "bytes_moved": moved,
+            "how": "x.sum() over fp32, bytes read, median"}
+
+
+def measure_matmul_rate(device: torch.device, dtype=torch.bfloat16, n: Optional[int] = None,
+                        reps: int = 10) -> Dict:
+    """Dense n x n x n matrix product on random data (FLOP/s), through torch (cuBLAS on GPU)."""
+    if device.type != "cuda":
+        dtype, n = torch.float32, n or 512
+    n = n or 8192
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    ts = time_events(lambda: a @ b, [()], warmup=3, reps=reps, device=device)
+    s = summarize(ts)
+    flops = 2.0 * n ** 3
+    del a, b
+    return {"flop_per_s": flops / (s["median_us"] * 1e-6), "n": n, "dtype": dtype_name(dtype),
+            "how": "a @ b, random data, median"}
+
+
+def measure_ceilings(device: torch.device, dtype=torch.bfloat16) -> Dict:
+    ceil = {"copy": measure_copy_bandwidth(device), "read": measure_read_bandwidth(device),
+            "matmul": measure_matmul_rate(device, dtype)}
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return ceil
+
+
+def floor_us(D: int, V: int, B: int, elem: int, copy_bps: float, flop_ps: float) -> Dict[str, float]:
+    """Lower bounds for one LM-head + sample call.
+
+    memory: the minimum bytes (weight V*D, hidden B*D read once; B tokens written) over the
+    measured copy bandwidth (which counts read + write, so a pure read stream at that rate
+    is the convention here); compute: 2*B*D*V FLOP over the measured matmul rate.
+    """
+    nbytes = V * D * elem + B * D * elem + B * 8
+    mem = nbytes / copy_bps * 1e6
+    comp = 2.0 * B * D * V / flop_ps * 1e6
+    return {"bytes": nbytes, "mem_us": mem, "compute_us": comp, "floor_us": max(mem, comp)}
+
+
+# --------------------------------------------------------------------------- environment
+def _nvidia_smi(query: str) -> Optional[str]:
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else None
+    except Exception:  # no nvidia-smi, or it hung
+        return None
+
+
+def _source_hash() -> str:
+    """sha256 over fsdist/**/*.py and bench/*.py: identifies the code that produced a result."""
+    h = hashlib.sha256()
+    for root in (REPO / "fsdist", REPO / "bench"):
+        for p in sorted(root.rglob("*.py")):
+            h.update(str(p.relative_to(REPO)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def gpu_slug(device: Optional[torch.device] = None) -> str:
+    """Short file-name-safe GPU name: 'h100', 'h200', ... or 'cpu'."""
+    if not has_gpu() or (device is not None and device.type != "cuda"):
+        return "cpu"
+    name = torch.cuda.get_device_name(device)
+    m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name)
+    slug = m.group(1) if m else name
+    return re.sub(r"[^a-z0-9]+", "-", slug.lower()).strip("-") or "gpu"
+
+
+def env_info(argv: Optional[Sequence[str]] = None) -> Dict:
+    """What produced a result, without the host name."""
+    import triton
+
+    argv = list(sys.argv if argv is None else argv)
+    info = {
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(shlex.quote(a) for a in [os.path.basename(sys.executable)] + argv),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "platform": platform.platform(terse=True),
+        "cpu_count": os.cpu_count(),
+        "source_sha256_16": _source_hash(),
+        "env": {k: os.environ.get(k) for k in
+                ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "LOCAL_WORLD_SIZE", *_SAFE_ENV)
+                if os.environ.get(k) is not None},
+    }
+    try:
+        import fsdist
+
+        info["fsdist"] = fsdist.__version__
+    except Exception as e:  # noqa: BLE001
+        info["fsdist"] = f"import failed: {e}"
+    try:
+        import numpy
+
+        info["numpy"] = numpy.__version__
+    except Exception:
+        pass
+    if has_gpu():
+        dev = torch.cuda.current_device()
+        p = torch.cuda.get_device_properties(dev)
+        info["gpu"] = {
+            "name": p.name, "count": torch.cuda.device_count(),
+            "capability": f"{p.major}.{p.minor}", "sms": p.multi_processor_count,
+            "memory_gib": round(p.total_memory / 2**30, 1),
+            "l2_bytes": getattr(p, "L2_cache_size", None),
+            "driver": _nvidia_smi("driver_version"),
+            "clocks_sm_max_mhz": _nvidia_smi("clocks.max.sm"),
+            "power_limit": _nvidia_smi("power.limit"),
+        }
+        info["cudnn"] = torch.backends.cudnn.version()
+    else:
+        info["gpu"] = None
+    return info
+
+
+# --------------------------------------------------------------------------- results
+class ResultWriter:
+    """One JSON document per run, rewritten atomically after every update.
+
+    Written to ``bench/results/<name>_<gpu>_<date>.json`` (or ``--out``) and, when the
+    environment variable OUT is set (the GPU tool sends back only what is under $OUT),
+    to ``$OUT/<same name>`` too.
+    """
+
+    def __init__(self, name: str, device: torch.device, out: Optional[str] = None, enabled: bool = True):
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        fname = f"{name}_{gpu_slug(device)}_{stamp}.json"
+        self.enabled = enabled
+        if out:
+            p = Path(out)
+            self.path = p / fname if (p.is_dir() or out.endswith("/")) else p
+        else:
+            self.path = RESULTS_DIR / fname
+        self.mirror = Path(os.environ["OUT"]) / self.path.name if os.environ.get("OUT") else None
+        self.data: Dict = {"schema": SCHEMA, "name": name}
+
+    def flush(self):
+        if not self.enabled:
+            return
+        text = json.dumps(self.data, indent=1, default=_json_default)
+        for p in (self.path, self.mirror):
+            if p is None:
+                continue
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+                tmp = p.with_suffix(p.suffix + ".tmp")
+                tmp.write_text(text)
+                os.replace(tmp, p)
+            except OSError as e:
+                print(f"warning: could not write {p}: {e}", flush=True)
+
+
+def _json_default(x):
+    if isinstance(x, torch.dtype):
+        return dtype_name(x)
+    if isinstance(x, torch.device):
+        return str(x)
+    if isinstance(x, Path):
+        return str(x)
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if hasattr(x, "item"):
+        return x.item()
+    return str(x)
+
+
+def fmt_us(x: Optional[float]) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:.1f}" if x < 10000 else f"{x:.0f}"
+
+
+def fmt_rate(bps: float, unit: str = "B/s") -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if bps >= scale:
+            return f"{bps / scale:.2f} {prefix}{unit}"
+    return f"{bps:.0f} {unit}"

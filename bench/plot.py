@@ -1,0 +1,443 @@
+#!/usr/bin/env python
+"""Plots and markdown tables from benchmark JSONs (kernel_bench.py and tp_sweep.py).
+
+    python bench/plot.py bench/results/kernel_bench_h100_<date>.json [more.json ...]
+
+writes PNGs into docs/plots/ and regenerates the generated sections of
+docs/benchmarks.md (between the ``<!-- BEGIN GENERATED: kernel -->`` /
+``<!-- END GENERATED: kernel -->`` and ``... tp ...`` markers; the rest of the file is
+left alone). Several kernel JSONs (e.g. H100 and H200) each get a section; several
+tp_sweep JSONs (one per TP degree) are merged into one table per GPU and shape.
+
+Options: --plots-dir DIR, --md FILE, --no-md (print the markdown instead), --no-plots.
+Only matplotlib (Agg backend) and the standard library are needed; no GPU.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+LABELS = {
+    "cublas": "cuBLAS matmul only (floor)",
+    "fsdist": "fsdist",
+    "fsdist_logprobs": "fsdist + logprobs",
+    "fsdist_tvec": "fsdist, [B] temperature",
+    "multinomial_eager": "matmul+softmax+multinomial (eager)",
+    "multinomial_compiled": "matmul+softmax+multinomial (compiled)",
+    "gumbel_eager": "matmul+Gumbel argmax (eager)",
+    "gumbel_compiled": "matmul+Gumbel argmax (compiled)",
+    "fi_topk_topp": "FlashInfer top_k_top_p_sampling_from_logits (FI1)",
+    "fi_sampling": "FlashInfer sampling_from_logits (FI2)",
+}
+SHORT = {"cublas": "cuBLAS", "fsdist": "fsdist", "fsdist_logprobs": "fsdist+lp", "fsdist_tvec": "fsdist tvec",
+         "multinomial_eager": "mn eager", "multinomial_compiled": "mn compiled", "gumbel_eager": "gumbel eager",
+         "gumbel_compiled": "gumbel compiled", "fi_topk_topp": "FI1", "fi_sampling": "FI2"}
+BASELINES = ["multinomial_eager", "multinomial_compiled", "gumbel_eager", "gumbel_compiled", "fi_topk_topp",
+             "fi_sampling"]
+
+# Published FlashSampling speedups (paper, appendix E, Tables 4 and 5): FlashSampling vs the
+# compiled multinomial baseline, FI1 and FI2, per GPU, keyed by D. Medians over 100 iterations.
+PAPER_SPEEDUP = {
+    "multinomial_compiled": {
+        ("h100", 4096): [1.29, 1.28, 1.28, 1.31, 1.35, 1.44, 1.64, 1.67, 1.30],
+        ("h200", 4096): [1.35, 1.34, 1.35, 1.38, 1.44, 1.53, 1.67, 1.43, 1.22],
+        ("h100", 8192): [1.23, 1.22, 1.22, 1.23, 1.24, 1.27, 1.36, 1.30, 0.88],
+        ("h200", 8192): [1.26, 1.23, 1.24, 1.25, 1.27, 1.34, 1.43, 1.01, 0.82],
+    },
+    "fi_topk_topp": {
+        ("h100", 4096): [1.34, 1.32, 1.32, 1.35, 1.37, 1.39, 1.47, 1.36, 1.03],
+        ("h200", 4096): [1.39, 1.44, 1.42, 1.48, 1.49, 1.50, 1.49, 1.15, 1.00],
+        ("h100", 8192): [1.20, 1.21, 1.20, 1.21, 1.21, 1.23, 1.28, 1.16, 0.80],
+        ("h200", 8192): [1.25, 1.21, 1.21, 1.23, 1.25, 1.30, 1.33, 0.88, 0.74],
+    },
+    "fi_sampling": {
+        ("h100", 4096): [1.20, 1.19, 1.19, 1.19, 1.20, 1.22, 1.27, 1.14, 0.81],
+        ("h200", 4096): [1.24, 1.22, 1.23, 1.24, 1.25, 1.27, 1.25, 0.94, 0.79],
+        ("h100", 8192): [1.14, 1.13, 1.13, 1.13, 1.14, 1.15, 1.19, 1.05, 0.69],
+        ("h200", 8192): [1.13, 1.11, 1.12, 1.12, 1.13, 1.18, 1.20, 0.78, 0.65],
+    },
+}
+PAPER_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def paper_speedup(baseline: str, gpu: str, D: int, B: int):
+    row = PAPER_SPEEDUP.get(baseline, {}).get((gpu, D))
+    if row is None or B not in PAPER_BATCHES:
+        return None
+    return row[PAPER_BATCHES.index(B)]
+
+
+def fmt(x, nd=1):
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    return f"{x:.{nd}f}"
+
+
+def gpu_of(data) -> str:
+    gpu = (data.get("env") or {}).get("gpu") or {}
+    name = gpu.get("name") or "cpu"
+    m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name)
+    return (m.group(1) if m else name).lower().replace(" ", "-") if name != "cpu" else "cpu"
+
+
+def env_line(data) -> str:
+    env = data.get("env", {})
+    gpu = env.get("gpu") or {}
+    parts = [gpu.get("name", "CPU (Triton interpreter)"), f"driver {gpu.get('driver')}" if gpu else None,
+             f"torch {env.get('torch')}", f"CUDA {env.get('torch_cuda')}" if env.get("torch_cuda") else None,
+             f"Triton {env.get('triton')}", f"source {env.get('source_sha256_16')}",
+             f"{env.get('date_utc')}"]
+    return ", ".join(p for p in parts if p)
+
+
+# --------------------------------------------------------------------------- kernel
+def _kernel_index(data):
+    idx = {}
+    for r in data.get("results", []):
+        idx[(r["D"], r["V"], r["B"], r["method"], r["mode"])] = r
+    return idx
+
+
+def _med(idx, D, V, B, m, mode="events"):
+    r = idx.get((D, V, B, m, mode))
+    return r.get("median_us") if r else None
+
+
+def kernel_markdown(data, source: str, plot_files) -> str:
+    idx = _kernel_index(data)
+    summ = {(s["D"], s["V"], s["B"]): s for s in data.get("summary", [])}
+    gpu = gpu_of(data)
+    ceil = data.get("ceilings", {})
+    args = data.get("args", {})
+    out = [f"### {(data.get('env', {}).get('gpu') or {}).get('name', 'CPU')} — `{source}`", "",
+           f"{env_line(data)}.  ", f"Command: `{data.get('env', {}).get('command', '?')}`  "]
+    if ceil:
+        out.append(f"Measured ceilings: copy {ceil['copy']['bytes_per_s'] / 1e12:.2f} TB/s (read+write), "
+                   f"read-only {ceil.get('read', {}).get('bytes_per_s', float('nan')) / 1e12:.2f} TB/s, "
+                   f"{ceil['matmul']['dtype']} matmul {ceil['matmul']['flop_per_s'] / 1e12:.0f} TFLOP/s.  ")
+    out.append(f"dtype {args.get('dtype')}, T={args.get('temperature')}, {args.get('repeats')}×{args.get('reps')} "
+               f"timed calls after {args.get('warmup')} warm-up, L2 flushed: {args.get('flush_l2')}, "
+               f"torch.compile batch dim: {args.get('compile_mode')}. Times are medians in µs.")
+    out.append("")
+    methods_present = {r["method"] for r in data.get("results", []) if r.get("median_us")}
+    base_cols = [m for m in BASELINES if m in methods_present]
+    shapes = sorted({(r["D"], r["V"]) for r in data.get("results", [])})
+    for D, V in shapes:
+        out.append(f"#### D={D}, V={V}")
+        out.append("")
+        hdr = ["B", "cuBLAS", "fsdist", "fsdist / cuBLAS", "fsdist graph", "fsdist+logprobs"]
+        hdr += [SHORT[m] for m in base_cols]
+        hdr += ["best baseline", "speedup vs best", "vs mn compiled (paper)", "% copy BW", "% floor"]
+        out.append("| " + " | ".join(hdr) + " |")
+        out.append("|" + "---|" * len(hdr))
+        for B in sorted({r["B"] for r in data.get("results", []) if (r["D"], r["V"]) == (D, V)}):
+            s = summ.get((D, V, B), {})
+            fs = _med(idx, D, V, B, "fsdist")
+            cells = [str(B), fmt(_med(idx, D, V, B, "cublas")), fmt(fs),
+                     fmt(s.get("fsdist_over_cublas"), 3), fmt(_med(idx, D, V, B, "fsdist", "graph")),
+                     fmt(_med(idx, D, V, B, "fsdist_logprobs"))]
+            cells += [fmt(_med(idx, D, V, B, m)) for m in base_cols]
+            bb = s.get("best_baseline")
+            cells.append(f"{SHORT.get(bb, bb)}" if bb else "–")
+            cells.append(f"{s['speedup_vs_best_baseline']:.2f}×" if s.get("speedup_vs_best_baseline") else "–")
+            mn = _med(idx, D, V, B, "multinomial_compiled")
+            ps = paper_speedup("multinomial_compiled", gpu, D, B)
+            ours = f"{mn / fs:.2f}×" if (mn and fs) else "–"
+            cells.append(f"{ours} ({ps:.2f}×)" if ps else ours)
+            cells.append(f"{s['pct_copy_bw']:.0f}%" if s.get("pct_copy_bw") else "–")
+            cells.append(f"{s['pct_floor']:.0f}%" if s.get("pct_floor") else "–")
+            if s.get("checks_failed"):
+                cells[2] += " **(check failed)**"
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    tuned = [s for s in data.get("summary", []) if s.get("best_config")]
+    if tuned:
+        out += ["#### fsdist tile-config sweep (best per shape and B)", "",
+                "| D | V | B | default µs | best µs | best config (block_b × block_v × block_k, warps, stages) |",
+                "|---|---|---|---|---|---|"]
+        for s in tuned:
+            out.append(f"| {s['D']} | {s['V']} | {s['B']} | {fmt(s.get('fsdist_us'))} | {fmt(s['best_config_us'])} "
+                       f"| {s['best_config']} |")
+        out.append("")
+    fails = [c for c in data.get("checks", []) if not c["ok"] and c.get("fatal", True)]
+    out.append(f"Correctness checks in this run: {len(data.get('checks', []))}, failed: {len(fails)}.")
+    skipped = data.get("skipped") or {}
+    if skipped:
+        out.append("Skipped: " + "; ".join(f"{k} ({v})" for k, v in skipped.items()) + ".")
+    out.append("")
+    for p in plot_files:
+        out.append(f"![{Path(p).stem}]({p})")
+    out.append("")
+    return "\n".join(out)
+
+
+def kernel_plots(data, plots_dir: Path, stem: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    idx = _kernel_index(data)
+    summ = {(s["D"], s["V"], s["B"]): s for s in data.get("summary", [])}
+    shapes = sorted({(r["D"], r["V"]) for r in data.get("results", [])})
+    methods = []
+    for r in data.get("results", []):
+        if r["method"] not in methods and not r["method"].startswith("fsdist@"):
+            methods.append(r["method"])
+    files = []
+    if not shapes:
+        return files
+    title = (data.get("env", {}).get("gpu") or {}).get("name", "CPU (interpreter)")
+
+    def batches(D, V):
+        return sorted({r["B"] for r in data["results"] if (r["D"], r["V"]) == (D, V)})
+
+    # 1. time per call against B
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6.5 * len(shapes), 4.6), squeeze=False)
+    for ax, (D, V) in zip(axes[0], shapes):
+        bs = batches(D, V)
+        for m in methods:
+            for mode, ls in (("events", "-"), ("graph", ":")):
+                ys = [_med(idx, D, V, B, m, mode) for B in bs]
+                pts = [(B, y) for B, y in zip(bs, ys) if y]
+                if not pts or (mode == "graph" and m not in ("fsdist", "cublas")):
+                    continue
+                ax.plot(*zip(*pts), ls, marker="o", ms=3, label=LABELS.get(m, m) + (" [graph]" if mode == "graph" else ""),
+                        lw=2.2 if m == "fsdist" else 1.2)
+        fl = [(B, summ.get((D, V, B), {}).get("floor_us")) for B in bs]
+        fl = [(B, y) for B, y in fl if y]
+        if fl:
+            ax.plot(*zip(*fl), "k--", lw=1, label="floor: max(bytes/copy BW, FLOP/matmul rate)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size B")
+        ax.set_ylabel("µs per call (median)")
+        ax.set_title(f"{title}: D={D}, V={V}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    files.append(plots_dir / f"{stem}_time.png")
+    fig.savefig(files[-1], dpi=120)
+    plt.close(fig)
+
+    # 2. speedup of fsdist over each baseline
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6.5 * len(shapes), 4.2), squeeze=False)
+    gpu = gpu_of(data)
+    for ax, (D, V) in zip(axes[0], shapes):
+        bs = batches(D, V)
+        for m in [m for m in methods if m in BASELINES] + ["cublas"]:
+            pts = []
+            for B in bs:
+                fs, b = _med(idx, D, V, B, "fsdist"), _med(idx, D, V, B, m)
+                if fs and b:
+                    pts.append((B, b / fs))
+            if pts:
+                ax.plot(*zip(*pts), "-o", ms=3, label=f"vs {LABELS.get(m, m)}")
+        for m, mk in (("multinomial_compiled", "x"), ("fi_topk_topp", "+"), ("fi_sampling", "^")):
+            pp = [(B, paper_speedup(m, gpu, D, B)) for B in bs]
+            pp = [(B, y) for B, y in pp if y]
+            if pp:
+                ax.plot(*zip(*pp), mk, color="gray", mfc="none", label=f"paper Table 4/5, vs {SHORT[m]} ({gpu})")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size B")
+        ax.set_ylabel("baseline time / fsdist time")
+        ax.set_title(f"{title}: fsdist speedup, D={D}, V={V}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    files.append(plots_dir / f"{stem}_speedup.png")
+    fig.savefig(files[-1], dpi=120)
+    plt.close(fig)
+
+    # 3. fraction of the measured copy bandwidth
+    copy = (data.get("ceilings") or {}).get("copy", {}).get("bytes_per_s")
+    if copy:
+        elem = {"bf16": 2, "fp16": 2, "fp32": 4}.get(data.get("args", {}).get("dtype"), 2)
+        fig, axes = plt.subplots(1, len(shapes), figsize=(6.5 * len(shapes), 4.2), squeeze=False)
+        for ax, (D, V) in zip(axes[0], shapes):
+            bs = batches(D, V)
+            for m in ("fsdist", "fsdist_logprobs", "cublas"):
+                pts = []
+                for B in bs:
+                    t = _med(idx, D, V, B, m)
+                    if t:
+                        nbytes = V * D * elem + B * D * elem
+                        pts.append((B, 100.0 * nbytes / (t * 1e-6) / copy))
+                if pts:
+                    ax.plot(*zip(*pts), "-o", ms=3, label=LABELS.get(m, m))
+            ax.axhline(100.0, color="k", lw=0.8, ls="--")
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(0, 110)
+            ax.set_xlabel("batch size B")
+            ax.set_ylabel("% of copy bandwidth (weight+hidden bytes / time)")
+            ax.set_title(f"{title}: D={D}, V={V}")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        files.append(plots_dir / f"{stem}_bandwidth.png")
+        fig.savefig(files[-1], dpi=120)
+        plt.close(fig)
+    return files
+
+
+# --------------------------------------------------------------------------- tensor parallel
+def tp_merge(datas):
+    """{(gpu, D, V): {(method, B): {tp: row}}} from several tp_sweep JSONs (min over duplicates)."""
+    merged = defaultdict(lambda: defaultdict(dict))
+    meta = {}
+    for d in datas:
+        gpu = gpu_of(d)
+        for r in d.get("results", []):
+            if r.get("min_us") is None:
+                continue
+            key = (gpu, r["D"], r["V"])
+            cell = merged[key][(r["method"], r["B"])]
+            tp = r["tp"]
+            if tp not in cell or r["min_us"] < cell[tp]["min_us"]:
+                cell[tp] = r
+            meta[key] = d
+    return merged, meta
+
+
+def tp_markdown(datas, sources) -> str:
+    merged, meta = tp_merge(datas)
+    out = []
+    for (gpu, D, V), cells in sorted(merged.items()):
+        d = meta[(gpu, D, V)]
+        tps = sorted({tp for c in cells.values() for tp in c})
+        out += [f"### {gpu.upper()}: D={D}, V={V} (tensor parallel)", "",
+                f"{env_line(d)}. Sources: " + ", ".join(f"`{s}`" for s in sources) + ".  ",
+                "Minimum over runs of per-iteration mean time (µs), every rank in lock-step; "
+                "'ideal' is the TP=1 time / N; speedup is TP=1 / TP=N.", ""]
+        hdr = ["B", "method"] + [f"TP={t}" for t in tps] + [f"ideal TP={t}" for t in tps if t > 1] + \
+              [f"speedup TP={t}" for t in tps if t > 1]
+        out.append("| " + " | ".join(hdr) + " |")
+        out.append("|" + "---|" * len(hdr))
+        for (method, B) in sorted(cells, key=lambda k: (k[1], k[0])):
+            c = cells[(method, B)]
+            t1 = c.get(1, {}).get("min_us")
+            row = [str(B), method] + [fmt(c.get(t, {}).get("min_us")) for t in tps]
+            row += [fmt(t1 / t) if t1 else "–" for t in tps if t > 1]
+            row += [(f"{t1 / c[t]['min_us']:.2f}×" if (t1 and t in c) else "–") for t in tps if t > 1]
+            out.append("| " + " | ".join(row) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def tp_plots(datas, plots_dir: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    merged, _ = tp_merge(datas)
+    files = []
+    for (gpu, D, V), cells in sorted(merged.items()):
+        bs = sorted({B for (_, B) in cells})
+        fig, axes = plt.subplots(1, len(bs), figsize=(4.8 * len(bs), 4.2), squeeze=False)
+        for ax, B in zip(axes[0], bs):
+            ideal_done = False
+            for (method, b), c in sorted(cells.items()):
+                if b != B:
+                    continue
+                pts = sorted((tp, r["min_us"]) for tp, r in c.items())
+                ax.plot(*zip(*pts), "-o", ms=3, label=method, lw=2 if method.startswith("fsdist") else 1)
+                if not ideal_done and method.startswith("fsdist/") and method.endswith("/candidates") and 1 in c:
+                    ideal_done = True  # the dotted line: TP=1 time / N of the first fsdist candidates method
+                    t1 = c[1]["min_us"]
+                    ax.plot([tp for tp, _ in pts], [t1 / tp for tp, _ in pts], "k:", lw=1,
+                            label=f"ideal ({method} TP=1 / N)")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("TP degree")
+            ax.set_ylabel("µs per step (min)")
+            ax.set_title(f"{gpu.upper()} D={D} V={V} B={B}")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0][0].legend(fontsize=6)
+        fig.tight_layout()
+        f = plots_dir / f"tp_{gpu}_{D}x{V}.png"
+        fig.savefig(f, dpi=120)
+        plt.close(fig)
+        files.append(f)
+    return files
+
+
+# --------------------------------------------------------------------------- docs
+def replace_section(text: str, tag: str, body: str) -> str:
+    begin, end = f"<!-- BEGIN GENERATED: {tag} -->", f"<!-- END GENERATED: {tag} -->"
+    block = f"{begin}\n<!-- written by bench/plot.py; edits here are overwritten -->\n\n{body.strip()}\n\n{end}"
+    if begin in text and end in text:
+        pre, rest = text.split(begin, 1)
+        _, post = rest.split(end, 1)
+        return pre + block + post
+    return text.rstrip() + "\n\n" + block + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("json", nargs="+")
+    p.add_argument("--plots-dir", default=str(REPO / "docs" / "plots"))
+    p.add_argument("--md", default=str(REPO / "docs" / "benchmarks.md"))
+    p.add_argument("--no-md", action="store_true", help="print the markdown instead of editing --md")
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+
+    plots_dir = Path(args.plots_dir)
+    md_path = Path(args.md)
+    kernel, tp, tp_src = [], [], []
+    for f in args.json:
+        d = json.loads(Path(f).read_text())
+        kind = d.get("kind")
+        if kind == "kernel":
+            kernel.append((f, d))
+        elif kind == "tp":
+            tp.append(d)
+            tp_src.append(os.path.basename(f))
+        else:
+            print(f"{f}: unknown kind {kind!r}, skipped", file=sys.stderr)
+    if not args.no_plots:
+        plots_dir.mkdir(parents=True, exist_ok=True)
+
+    def rel(pth: Path) -> str:
+        try:
+            return os.path.relpath(pth, md_path.parent)
+        except ValueError:
+            return str(pth)
+
+    sections = {}
+    if kernel:
+        parts = []
+        for f, d in kernel:
+            stem = f"kernel_{gpu_of(d)}"
+            files = [] if args.no_plots else kernel_plots(d, plots_dir, stem)
+            for x in files:
+                print(f"wrote {x}")
+            parts.append(kernel_markdown(d, os.path.basename(f), [rel(x) for x in files]))
+        sections["kernel"] = "\n".join(parts)
+    if tp:
+        files = [] if args.no_plots else tp_plots(tp, plots_dir)
+        for x in files:
+            print(f"wrote {x}")
+        sections["tp"] = tp_markdown(tp, tp_src) + "\n" + "\n".join(f"![{Path(x).stem}]({rel(x)})" for x in files)
+    if args.no_md:
+        for tag, body in sections.items():
+            print(f"<!-- {tag} -->\n{body}")
+        return 0
+    text = md_path.read_text() if md_path.exists() else "# Benchmarks\n"
+    for tag, body in sections.items():
+        text = replace_section(text, tag, body)
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text(text)
+    print(f"updated {md_path} ({', '.join(sections) or 'nothing'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
