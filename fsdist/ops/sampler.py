@@ -162,10 +162,14 @@ def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams
     if rows % cfg.block_v:
         raise ValueError(f"chunk_rows ({rows}) must be a multiple of block_v ({cfg.block_v})")
     buf = torch.empty(B * min(rows, V_rows), dtype=torch.float32, device=hidden.device)
+    # The pass over cuBLAS's logits is elementwise work on L2-resident data: small row
+    # blocks keep the noise tensors in registers. block_v stays the layout's tile.
+    epi = TileConfig(block_b=min(cfg.block_b, 32), block_v=cfg.block_v, block_k=16, num_warps=4, num_stages=1) \
+        if hidden.device.type == "cuda" else cfg
     for r0 in range(0, V_rows, rows):
         r1 = min(r0 + rows, V_rows)
         logits = chunk_logits(hidden, weight[r0:r1], buf[: B * (r1 - r0)].view(B, r1 - r0))
-        _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, vocab_size=vocab_size,
+        _launch_stage1(hidden, weight, params, epi, layout, cand_f, cand_i, vocab_size=vocab_size,
                        vocab_start=vocab_start, group=group, base_f=base_f, base_i=base_i, npeers=npeers,
                        logprobs=logprobs, tiles=(r0 // cfg.block_v, triton.cdiv(r1, cfg.block_v)), logits=logits)
     assert triton.cdiv(V_rows, cfg.block_v) == n_vtiles
