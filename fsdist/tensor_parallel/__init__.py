@@ -1,0 +1,15 @@
+"""Tensor-parallel FlashSampling: the vocabulary is sharded across ranks, tokens are not.
+
+Public pieces:
+
+* :class:`ShardedFlashLMHead` (``layers.py``) -- the module; also ``fsdist.ShardedFlashLMHead``.
+* :func:`vocab_partition` / :func:`pad_vocab_size` (``utils.py``) -- padding and per-rank ranges.
+* ``transports`` -- nvshmem / symm_mem / collective / shm exchange of small buffers.
+
+See docs/tensor_parallel.md for the layout, the transports and how to launch.
+"""
+from .layers import REDUCTIONS, ShardedFlashLMHead
+from .transports import TRANSPORTS
+from .utils import VocabPartition, pad_vocab_size, vocab_partition
+
+__all__ = ["ShardedFlashLMHead", "VocabPartition", "pad_vocab_size", "vocab_partition", "TRANSPORTS", "REDUCTIONS"]

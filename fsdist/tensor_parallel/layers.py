@@ -1,0 +1,267 @@
+"""ShardedFlashLMHead: a vocabulary-parallel LM head that samples instead of returning logits.
+
+Composition (each piece knows only its own job):
+
+* ``utils.vocab_partition``  -- padding and which global ids this rank owns;
+* ``agreement``              -- every rank built the same head (or everyone raises);
+* ``transports``             -- buffers every rank can see, a barrier, an all-gather;
+* ``candidates`` / ``group_logmass`` -- one sampling step across the group, built from
+  the single-GPU kernels in ``fsdist.ops`` (which know nothing of ranks).
+
+Lock-step contract: ``forward`` is a collective. Every rank of ``tp_group`` calls it the
+same number of times, with the same batch size, the same ``return_logprobs`` and the
+same sampling parameters (temperature, seed, offset), on its own weight shard and the
+same hidden states. Every rank then returns the same SampleOutput.
+"""
+import logging
+from typing import Optional, Union
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import _validation as V
+from .._runtime import default_device
+from ..ops.configs import TileConfig, default_block_v, pick_config
+from ..types import SampleOutput
+from . import agreement
+from . import transports as T
+from .candidates import CandidatesReduction
+from .group_logmass import GroupLogmassReduction
+from .reduction import stage1_launcher
+from .utils import vocab_partition
+
+log = logging.getLogger("fsdist")
+
+REDUCTIONS = {"candidates": CandidatesReduction, "group_logmass": GroupLogmassReduction}
+
+
+def _check_reduction(name) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"reduction must be a str, got {type(name).__name__}")
+    if name not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {name!r}; choose one of {', '.join(REDUCTIONS)}")
+    return name
+
+
+def _resolve_device(device) -> torch.device:
+    device = default_device() if device is None else torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _positive_int(x, name: str):
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    if x < 1:
+        raise ValueError(f"{name} must be >= 1, got {x}")
+
+
+class ShardedFlashLMHead(nn.Module):
+    """Vocabulary-parallel LM head with FlashSampling fused into its matmul.
+
+    Args:
+        hidden_size: D.
+        vocab_size: true vocabulary size V; ids >= V (padding) are never sampled.
+        tp_group: the tensor-parallel process group (default: the whole world).
+        transport: "auto" | "nvshmem" | "symm_mem" | "collective" | "shm" (CPU tests).
+        reduction: "candidates" (same tokens as fsdist.sample on the full weight) or
+            "group_logmass" (paper Alg. I.4: O(1) exchange per row, exact in distribution).
+        make_vocab_size_divisible_by: V is padded to a multiple of this times tp.
+        params_dtype: dtype of the weight shard (bf16, fp16 or fp32).
+        device: device of the shard (default: the current CUDA device, else CPU).
+        block_v: vocabulary tile of the fused kernel. It fixes the exchange buffer's
+            layout, so it is chosen once here (default: fsdist.ops.configs.default_block_v).
+        max_batch_size: allocate exchange buffers for this batch at construction (they
+            grow collectively on first use of a larger batch otherwise).
+
+    Attributes: ``weight`` [V_padded / tp, D], this rank's contiguous rows
+    ``[vocab_start, vocab_end)``; ``partition`` (fsdist.tensor_parallel.utils.VocabPartition);
+    ``transport_name`` (the resolved transport); ``tp_rank``, ``tp_size``.
+    """
+
+    def __init__(self, hidden_size: int, vocab_size: int, *, tp_group=None, transport: str = "auto",
+                 reduction: str = "candidates", make_vocab_size_divisible_by: int = 128,
+                 params_dtype: torch.dtype = torch.bfloat16, device=None, block_v: Optional[int] = None,
+                 max_batch_size: Optional[int] = None, _num_buffers: int = 2):
+        super().__init__()
+        from .. import distributed as fsd
+
+        fsd.apply_safe_env()
+        what = "ShardedFlashLMHead"
+
+        # ---- local argument checks (errors are raised after the gather, on every rank) ----
+        error = None
+        dev = None
+        try:
+            _positive_int(hidden_size, "hidden_size")
+            _positive_int(vocab_size, "vocab_size")
+            _positive_int(make_vocab_size_divisible_by, "make_vocab_size_divisible_by")
+            _positive_int(_num_buffers, "_num_buffers")
+            if max_batch_size is not None:
+                _positive_int(max_batch_size, "max_batch_size")
+            if params_dtype not in V.SUPPORTED_DTYPES:
+                raise TypeError(f"params_dtype must be one of bf16/fp16/fp32, got {params_dtype}")
+            T.check_transport_name(transport)
+            _check_reduction(reduction)
+            dev = _resolve_device(device)
+            V.check_device_runnable(dev)
+            block_v = block_v or default_block_v(dev.type)
+            TileConfig(16, block_v, 16)  # validates block_v (power of two >= 16)
+        except (TypeError, ValueError) as e:
+            error = f"{type(e).__name__}: {e}"
+
+        if not (dist.is_available() and dist.is_initialized()):
+            if error:
+                raise ValueError(f"{what}: {error}")
+            raise RuntimeError(f"{what} needs torch.distributed to be initialised (e.g. "
+                               "fsdist.distributed.init_distributed(), under torchrun or mpirun)")
+        group = tp_group if tp_group is not None else dist.group.WORLD
+        rank = dist.get_rank(group)
+        if rank < 0:
+            raise ValueError(f"{what}: this process is not a member of tp_group")
+        tp = dist.get_world_size(group)
+
+        local = {"error": error, "hidden_size": hidden_size, "vocab_size": vocab_size, "tp_size": tp,
+                 "params_dtype": str(params_dtype), "transport": transport, "reduction": reduction,
+                 "block_v": block_v, "make_vocab_size_divisible_by": make_vocab_size_divisible_by,
+                 "num_buffers": _num_buffers, "max_batch_size": max_batch_size,
+                 "device_type": dev.type if dev is not None else None,
+                 "padded_vocab_size": None, "probe": {"ok": True, "why": ""}}
+        if error is None:
+            local["padded_vocab_size"] = vocab_partition(vocab_size, tp, rank,
+                                                         make_vocab_size_divisible_by).padded_vocab_size
+            local["probe"] = T.probe(transport, dev)
+        gathered = agreement.gather(local, group)
+        agreement.raise_local_errors(gathered, what)
+        agreement.check_agreement(gathered, what)
+        resolved, why = T.resolve(transport, [g["probe"] for g in gathered], group)
+        if transport == "auto":
+            log.info("fsdist: ShardedFlashLMHead transport auto -> %s (%s)", resolved, why)
+
+        # ---- build ----
+        self.hidden_size = hidden_size
+        self.vocab_size = vocab_size
+        self.params_dtype = params_dtype
+        self.device = dev
+        self.tp_group = group
+        self.tp_rank = rank
+        self.tp_size = tp
+        self.block_v = block_v
+        self.reduction = reduction
+        self.transport_name = resolved
+        self.partition = vocab_partition(vocab_size, tp, rank, make_vocab_size_divisible_by)
+        self.weight = nn.Parameter(torch.empty(self.partition.rows, hidden_size, dtype=params_dtype, device=dev))
+        with torch.no_grad():
+            self.weight.normal_(0.0, 0.02)
+            self.weight[self.partition.valid_rows:].zero_()
+        self.transport = T.make_transport(resolved, group, dev)
+        self._reduction = REDUCTIONS[reduction](self.transport, self.partition, block_v, _num_buffers, dev)
+        self._step = 0
+        # Test hook: called as hook(point, step) with point "before_stage1" / "before_stage2".
+        self._debug_hook = None
+        if max_batch_size is not None:
+            self._reduction.ensure_capacity(max_batch_size)
+
+    # ---- vocabulary range -------------------------------------------------------------
+    @property
+    def vocab_start(self) -> int:
+        return self.partition.start
+
+    @property
+    def vocab_end(self) -> int:
+        return self.partition.end
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return self.partition.padded_vocab_size
+
+    @property
+    def step(self) -> int:
+        """Number of (non-empty) forward calls so far; its parity picks the exchange buffer."""
+        return self._step
+
+    # ---- weights ----------------------------------------------------------------------
+    @torch.no_grad()
+    def load_full_weight(self, weight: torch.Tensor) -> None:
+        """Copy this rank's rows out of a full [V, D] or [V_padded, D] weight (padding rows zeroed
+        when the full weight has only V rows). Not a collective."""
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+        V_true, Vp, D = self.vocab_size, self.padded_vocab_size, self.hidden_size
+        if weight.dim() != 2 or weight.shape[1] != D or weight.shape[0] not in (V_true, Vp):
+            raise ValueError(f"full weight must be [{V_true}, {D}] or [{Vp}, {D}] (vocab_size or padded "
+                             f"vocab size, hidden_size), got {tuple(weight.shape)}")
+        if weight.dtype != self.params_dtype:
+            raise TypeError(f"full weight dtype {weight.dtype} does not match the head's params_dtype "
+                            f"{self.params_dtype} (convert it with .to() first)")
+        start, end = self.partition.start, self.partition.end
+        n = max(0, min(end, weight.shape[0]) - start)
+        if n:
+            self.weight[:n].copy_(weight[start:start + n])
+        self.weight[n:].zero_()
+
+    # ---- sampling ---------------------------------------------------------------------
+    def forward(self, hidden: torch.Tensor, temperature: Union[float, torch.Tensor] = 1.0,
+                seed: Union[int, torch.Tensor] = 0, offset: Union[int, torch.Tensor] = 0,
+                return_logprobs: bool = False, weight: Optional[torch.Tensor] = None,
+                path: Optional[str] = None) -> SampleOutput:
+        """Sample one token per row from softmax(hidden @ W_full.T / T) over ids < vocab_size.
+
+        A collective over tp_group (see the module docstring). ``weight`` overrides this
+        rank's shard for this call (tied embeddings: pass this rank's embedding shard,
+        same shape, dtype and device as ``head.weight``, contiguous). ``path``: stage 1
+        as "fused" (logits in the kernel) or "chunked" (cuBLAS logits per L2-sized
+        chunk, then the same epilogue); None chooses by batch size like fsdist.sample.
+        """
+        if self.transport.closed:
+            raise RuntimeError("this ShardedFlashLMHead was closed")
+        V.check_hidden(hidden, hidden_size=self.hidden_size)
+        if hidden.device != self.device:
+            raise ValueError(f"hidden is on {hidden.device} but the head lives on {self.device}")
+        if weight is None:
+            w = self.weight
+        else:
+            if isinstance(weight, torch.Tensor) and tuple(weight.shape) != tuple(self.weight.shape):
+                raise ValueError(f"weight override must be this rank's shard of shape "
+                                 f"{tuple(self.weight.shape)} ([V_padded / tp, D]), got {tuple(weight.shape)}")
+            w = weight
+        V.check_weight(w, hidden, name="weight" if weight is None else "weight override")
+        B = hidden.shape[0]
+        params = V.row_params(temperature, seed, offset, B, hidden.device)
+        return_logprobs = bool(return_logprobs)
+        stage1 = stage1_launcher(path, B, self.hidden_size, self.device.type)
+        if B == 0:
+            empty = torch.empty(0, dtype=torch.float32, device=self.device)
+            return SampleOutput(torch.empty(0, dtype=torch.int64, device=self.device),
+                                empty if return_logprobs else None, empty.clone() if return_logprobs else None)
+        if hidden.stride(1) != 1:
+            hidden = hidden.contiguous()
+        cfg = pick_config(B, self.hidden_size, self.device.type, block_v=self.block_v)
+        step = self._step
+        self._step += 1
+        tokens, lp, lse = self._reduction.run(hidden, w.detach(), params, cfg, step, return_logprobs,
+                                              self._debug_hook, stage1)
+        return SampleOutput(tokens, lp, lse)
+
+    # ---- lifetime ---------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the exchange buffers. Collective: call on every rank (before finalising NVSHMEM
+        or destroying the process group). fsdist.distributed.shutdown() closes NVSHMEM heads."""
+        if not self.transport.closed:
+            self._reduction.close()
+            self.transport.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, vocab_size={self.vocab_size}, "
+                f"padded_vocab_size={self.padded_vocab_size}, tp={self.tp_rank}/{self.tp_size}, "
+                f"vocab_range=[{self.vocab_start}, {self.vocab_end}), transport={self.transport_name}, "
+                f"reduction={self.reduction}, block_v={self.block_v}, dtype={self.params_dtype}")

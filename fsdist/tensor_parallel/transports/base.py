@@ -1,0 +1,139 @@
+"""What a transport is: symmetric buffers, a peer address table, a barrier, an all-gather.
+
+A transport moves the tensor-parallel head's small per-step exchange (candidates, or
+group-log-mass triples) between the ranks of one process group. It knows nothing of
+tiles, layouts or sampling; the head asks it for flat buffers and tells it when to
+synchronise.
+
+Two families:
+
+* peer-store transports (``nvshmem``, ``symm_mem``, ``shm``): every rank's buffer is
+  mapped into every other rank's address space. ``alloc`` returns this rank's buffer
+  plus an int64 table of the base addresses of *all* ranks' buffers (index = rank in
+  the group), which a kernel uses to store straight into its peers' memory. After the
+  stores, :meth:`Transport.barrier` makes them visible everywhere.
+* collective transports (``collective``): buffers are private; each rank writes its own
+  block and :meth:`Transport.all_gather_into` assembles the blocks on every rank.
+"""
+import abc
+from typing import Any, List, Optional
+
+import torch
+import torch.distributed as dist
+
+
+class SymmetricBuffer:
+    """This rank's part of a (possibly symmetric) flat allocation.
+
+    local:     1-D tensor in this rank's memory; reductions read from it.
+    peer_ptrs: int64 tensor [world_size] on the buffer's device holding the base
+               address of every rank's buffer (this rank's included, at its own
+               index), or None for transports without peer stores.
+    """
+
+    def __init__(self, local: torch.Tensor, peer_ptrs: Optional[torch.Tensor] = None, state: Any = None):
+        self.local = local
+        self.peer_ptrs = peer_ptrs
+        self._state = state  # transport-private: keeps mappings / peer views alive
+        self.freed = False
+
+    @property
+    def numel(self) -> int:
+        return self.local.numel()
+
+
+class Transport(abc.ABC):
+    """Base class: a process group, a device, and the four operations the head needs."""
+
+    #: registry name ("collective", "shm", "nvshmem", "symm_mem")
+    name: str = "?"
+    #: True if kernels may store into peers through ``SymmetricBuffer.peer_ptrs``
+    peer_stores: bool = False
+
+    def __init__(self, group, device: torch.device):
+        self.group = group
+        self.device = torch.device(device)
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self._buffers: List[SymmetricBuffer] = []
+        self._ag_fn = None
+        self.closed = False
+
+    # ---- buffers -------------------------------------------------------------------
+    @abc.abstractmethod
+    def _alloc(self, numel: int, dtype: torch.dtype) -> SymmetricBuffer:
+        ...
+
+    def _free(self, buf: SymmetricBuffer) -> None:
+        buf.local = None
+        buf.peer_ptrs = None
+        buf._state = None
+
+    def alloc(self, numel: int, dtype: torch.dtype) -> SymmetricBuffer:
+        """Collective: every rank of the group must call it with the same numel / dtype, in order."""
+        if self.closed:
+            raise RuntimeError(f"{self.name} transport is closed")
+        if numel < 1:
+            raise ValueError(f"buffer size must be >= 1 element, got {numel}")
+        buf = self._alloc(int(numel), dtype)
+        self._buffers.append(buf)
+        return buf
+
+    def free(self, buf: SymmetricBuffer) -> None:
+        """Collective: release a buffer from :meth:`alloc` (no-op if already freed)."""
+        if buf.freed:
+            return
+        buf.freed = True
+        if buf in self._buffers:
+            self._buffers.remove(buf)
+        self._free(buf)
+
+    # ---- synchronisation -----------------------------------------------------------
+    def barrier(self) -> None:
+        """Every rank's earlier stores into any buffer of this transport are visible on return.
+
+        On GPUs this is stream ordered: work queued on the current stream after the
+        barrier runs after every rank's work queued before it.
+        """
+        dist.barrier(group=self.group)
+
+    def all_gather_into(self, out: torch.Tensor, inp: torch.Tensor) -> None:
+        """out (world_size * n elements) = concatenation of every rank's inp (n elements).
+
+        ``inp`` may be this rank's chunk of ``out`` (in-place all-gather).
+        """
+        if self._ag_fn is None:
+            # torch >= 2.13 names it all_gather_single; older versions all_gather_into_tensor.
+            self._ag_fn = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
+            if self._ag_fn is None:
+                self._ag_fn = _all_gather_via_list
+        try:
+            self._ag_fn(out, inp, group=self.group)
+        except (RuntimeError, NotImplementedError) as e:
+            # Backends without a flat all-gather reject it before communicating, on every
+            # rank alike, so switching to the list form here cannot desynchronise ranks.
+            msg = str(e).lower()
+            unsupported = isinstance(e, NotImplementedError) or "support" in msg or "implement" in msg
+            if self._ag_fn is _all_gather_via_list or not unsupported:
+                raise
+            self._ag_fn = _all_gather_via_list
+            self._ag_fn(out, inp, group=self.group)
+
+    # ---- lifetime ------------------------------------------------------------------
+    def close(self) -> None:
+        """Collective: free every buffer still allocated (in allocation order)."""
+        if self.closed:
+            return
+        for buf in list(self._buffers):
+            self.free(buf)
+        self.closed = True
+
+    def describe(self) -> str:
+        return f"{self.name} transport (rank {self.rank} of {self.world_size}, {self.device})"
+
+
+def _all_gather_via_list(out: torch.Tensor, inp: torch.Tensor, group=None) -> None:
+    world = dist.get_world_size(group)
+    chunks = list(out.view(world, -1).unbind(0))
+    # The input may alias one of the outputs; gather from a private copy.
+    dist.all_gather(chunks, inp.clone(), group=group)

@@ -1,0 +1,81 @@
+"""The group-log-mass kernels go through Triton's real compiler front end, without a GPU.
+
+Under TRITON_INTERPRET=1 kernels run as Python, which accepts things the compiler
+rejects (e.g. a plain-int module global read inside @triton.jit code). So each kernel
+of fsdist.ops.group_select is lowered to Triton IR for an sm_90 target in a subprocess with the
+interpreter off: no GPU is needed for that step, and a failure here would otherwise
+only show up on the GPU machine.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import launched_multi_rank, with_mpi
+
+_LOWER = r"""
+import json, sys, importlib
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.compiler import ASTSource
+from triton._C.libtriton import ir
+spec = json.loads(sys.argv[1])
+fn = getattr(importlib.import_module(spec["module"]), spec["kernel"])
+names = fn.arg_names
+sig = {n: ("constexpr" if n in spec["constexprs"] else spec["types"][n]) for n in names}
+consts = {(names.index(n),): v for n, v in spec["constexprs"].items()}
+target = GPUTarget("cuda", 90, 32)
+backend = CUDABackend(target)
+options = backend.parse_options({})
+ctx = ir.context()
+ir.load_dialects(ctx)
+backend.load_dialects(ctx)
+mod = ASTSource(fn=fn, signature=sig, constexprs=consts).make_ir(
+    target, options, backend.get_codegen_implementation(options), backend.get_module_map(), ctx)
+print("LOWERED", spec["kernel"], len(str(mod)))
+"""
+
+ROW_PARAMS = {"seed_ptr": "*i64", "seed_val": "i64", "offset_ptr": "*i64", "offset_val": "i64",
+              "temp_ptr": "*fp32", "temp_val": "fp32"}
+
+CASES = {
+    "group_select": dict(
+        module="fsdist.ops.group_select", kernel="group_select_kernel",
+        types=dict(ex_f="*fp32", ex_i="*i32", base_f="i32", base_i="i32", stride_rank="i32", stride_field="i32",
+                   stride_rank_i="i32", n_ranks="i32", tokens_ptr="*i64", logprob_ptr="*fp32", lse_ptr="*fp32",
+                   B="i32", **ROW_PARAMS),
+        constexprs=dict(BLOCK_R=128, SEED_PER_ROW=True, OFFSET_PER_ROW=False, TEMP_PER_ROW=True, NOISE=True,
+                        STREAM=1)),
+    "group_publish_peers": dict(
+        module="fsdist.ops.group_select", kernel="group_publish_kernel",
+        types=dict(tok_ptr="*i64", lp_ptr="*fp32", lse_ptr="*fp32", dst_f="*i64", dst_i="*i64", off_f="i32",
+                   off_i="i32", stride_field="i32", B="i32"),
+        constexprs=dict(BLOCK=128, PEER_TABLE=True, NPEERS=4)),
+    "group_publish_local": dict(
+        module="fsdist.ops.group_select", kernel="group_publish_kernel",
+        types=dict(tok_ptr="*i64", lp_ptr="*fp32", lse_ptr="*fp32", dst_f="*fp32", dst_i="*i32", off_f="i32",
+                   off_i="i32", stride_field="i32", B="i32"),
+        constexprs=dict(BLOCK=128, PEER_TABLE=False, NPEERS=1)),
+}
+
+
+@pytest.fixture(scope="module")
+def lowering_available(request):
+    if with_mpi(request.config) or launched_multi_rank():
+        pytest.skip("compiler check runs once, in the single-process session")
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+        from triton.compiler import ASTSource  # noqa: F401
+    except Exception as e:  # pragma: no cover - triton without the NVIDIA backend
+        pytest.skip(f"Triton's NVIDIA backend is unavailable: {e}")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_kernel_lowers_to_triton_ir(lowering_available, case):
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-c", _LOWER, json.dumps(CASES[case])], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "LOWERED" in proc.stdout, proc.stderr[-4000:]

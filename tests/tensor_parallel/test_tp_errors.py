@@ -1,0 +1,150 @@
+"""Clear errors, never hangs: bad names, rank-dependent configs, bad weights and inputs.
+
+Multi-rank cases construct heads whose arguments differ between ranks; every rank must
+raise a ValueError naming the offending field (the check is an all-gather, so nobody
+is left waiting in a later collective). After each error the ranks must still be in
+step: the tests finish with a working head.
+"""
+import pytest
+import torch
+import torch.distributed as dist
+
+import fsdist
+from tp_helpers import ON_GPU, problem
+
+mpi = pytest.mark.mpi(min_size=2)
+
+
+# ---- single process (no torch.distributed needed) ---------------------------------------
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(transport="bogus"), "unknown transport 'bogus'"),
+    (dict(transport="NVSHMEM"), "unknown transport"),
+    (dict(reduction="topk"), "unknown reduction 'topk'"),
+    (dict(block_v=100), "block_v"),
+    (dict(params_dtype=torch.int32), "params_dtype"),
+    (dict(make_vocab_size_divisible_by=0), "make_vocab_size_divisible_by"),
+])
+def test_invalid_arguments_raise_value_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fsdist.ShardedFlashLMHead(32, 1000, **kwargs)
+
+
+def test_needs_torch_distributed():
+    if dist.is_initialized():
+        pytest.skip("torch.distributed is initialised in this session")
+    with pytest.raises(RuntimeError, match="torch.distributed"):
+        fsdist.ShardedFlashLMHead(32, 1000, transport="collective")
+
+
+def test_lazy_export():
+    from fsdist.tensor_parallel import ShardedFlashLMHead
+
+    assert fsdist.ShardedFlashLMHead is ShardedFlashLMHead
+
+
+# ---- across ranks ------------------------------------------------------------------------
+def _ok_head(ctx, **kw):
+    """A small working head: proves the ranks are still in step after an error."""
+    V, D = 1000, 16
+    W, h = problem(V, D, 4, torch.float32, seed=31, device=ctx.device)
+    head = fsdist.ShardedFlashLMHead(D, V, params_dtype=torch.float32, transport="collective", device=ctx.device,
+                                     **kw)
+    head.load_full_weight(W)
+    assert torch.equal(head(h, seed=1).tokens, fsdist.sample(h, W, seed=1, vocab_size=V).tokens)
+    return head
+
+
+@mpi
+@pytest.mark.parametrize("field", ["hidden_size", "vocab_size", "block_v", "params_dtype", "reduction", "transport",
+                                   "make_vocab_size_divisible_by", "max_batch_size"])
+def test_rank_dependent_config_names_the_field(dist_ctx, field):
+    r = dist_ctx.rank
+    kw = dict(hidden_size=32, vocab_size=1000, transport="collective", reduction="candidates",
+              params_dtype=torch.float32, device=dist_ctx.device)
+    if field == "hidden_size":
+        kw["hidden_size"] = 32 + r
+    elif field == "vocab_size":
+        kw["vocab_size"] = 1000 + r  # same padded size (1024), still a mismatch
+    elif field == "block_v":
+        kw["block_v"] = 128 if r == 0 else 256
+    elif field == "params_dtype":
+        kw["params_dtype"] = torch.float32 if r == 0 else torch.bfloat16
+    elif field == "reduction":
+        kw["reduction"] = "candidates" if r == 0 else "group_logmass"
+    elif field == "transport":
+        kw["transport"] = "collective" if r == 0 else "auto"
+    elif field == "max_batch_size":
+        kw["max_batch_size"] = 16 * (r + 1)  # buffer sizes would differ: collective allocations must not
+    else:
+        kw["make_vocab_size_divisible_by"] = 128 if r == 0 else 64
+    with pytest.raises(ValueError, match=rf"differs across tensor-parallel ranks: .*{field} \(rank 0="):
+        fsdist.ShardedFlashLMHead(kw.pop("hidden_size"), kw.pop("vocab_size"), **kw)
+    _ok_head(dist_ctx).close()
+
+
+@mpi
+def test_bad_argument_on_one_rank_raises_on_every_rank(dist_ctx):
+    last = dist_ctx.world_size - 1
+    transport = "bogus" if dist_ctx.rank == last else "collective"
+    with pytest.raises(ValueError, match=rf"rank {last}: ValueError: unknown transport 'bogus'"):
+        fsdist.ShardedFlashLMHead(16, 1000, transport=transport, params_dtype=torch.float32, device=dist_ctx.device)
+    _ok_head(dist_ctx).close()
+
+
+@mpi
+@pytest.mark.parametrize("transport", ["nvshmem", "symm_mem", "shm"])
+def test_unavailable_transport_is_a_clear_error(dist_ctx, transport):
+    if (transport == "shm") != ON_GPU:
+        pytest.skip(f"{transport} is available here")
+    with pytest.raises(ValueError, match=rf"transport '{transport}' is unavailable on rank\(s\) 0:"):
+        fsdist.ShardedFlashLMHead(16, 1000, transport=transport, params_dtype=torch.float32, device=dist_ctx.device)
+    _ok_head(dist_ctx).close()
+
+
+@mpi
+def test_auto_on_cpu_is_collective(dist_ctx):
+    if ON_GPU:
+        pytest.skip("CPU behaviour")
+    head = fsdist.ShardedFlashLMHead(16, 1000, params_dtype=torch.float32, device=dist_ctx.device)
+    assert head.transport_name == "collective"
+    head.close()
+
+
+@mpi
+def test_weight_and_input_errors(dist_ctx):
+    head = _ok_head(dist_ctx)
+    V, D, dev = 1000, 16, dist_ctx.device
+    h = torch.randn(4, D, device=dev)
+    shard = head.weight.detach()
+    with pytest.raises(ValueError, match="full weight must be"):
+        head.load_full_weight(torch.zeros(999, D, device=dev))
+    with pytest.raises(ValueError, match="full weight must be"):
+        head.load_full_weight(torch.zeros(V, D + 1, device=dev))
+    with pytest.raises(TypeError, match="params_dtype"):
+        head.load_full_weight(torch.zeros(V, D, dtype=torch.bfloat16, device=dev))
+    with pytest.raises(TypeError):
+        head.load_full_weight(None)
+    with pytest.raises(ValueError, match="weight override must be this rank's shard"):
+        head(h, weight=torch.zeros(V, D, device=dev))
+    with pytest.raises(TypeError, match="dtype"):
+        head(h, weight=shard.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="contiguous"):
+        head(h, weight=torch.zeros(D, shard.shape[0], device=dev).t())
+    with pytest.raises(ValueError, match="D=17"):
+        head(torch.randn(4, D + 1, device=dev))
+    with pytest.raises(TypeError, match="dtype"):
+        head(h.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="temperature"):
+        head(h, temperature=-1.0)
+    with pytest.raises(ValueError, match="temperature"):
+        head(h, temperature=torch.tensor([1.0, float("nan"), 1.0, 1.0], device=dev))
+    with pytest.raises(ValueError, match="seed"):
+        head(h, seed=torch.zeros(3, dtype=torch.int64, device=dev))
+    with pytest.raises(ValueError, match="path"):
+        head(h, path="tiled")
+    assert head.step == 1  # none of the failed calls advanced the step (ranks stay in step)
+    out = head(h, seed=3)
+    assert out.tokens.shape == (4,)
+    head.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        head(h)

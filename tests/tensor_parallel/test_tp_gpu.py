@@ -1,0 +1,112 @@
+"""GPU-only tensor-parallel tests: real vocabulary sizes, NVSHMEM and symm_mem transports.
+
+Skipped without CUDA (tests/conftest.py skips every ``gpu`` test) and without at least
+two ranks (the ``dist_ctx`` fixture). Not marked ``mpi``, so they run under torchrun as
+well as under mpirun::
+
+    launch/torchrun.sh 2 -m pytest -q tests/tensor_parallel/test_tp_gpu.py
+    launch/torchrun.sh 4 -m pytest -q tests/tensor_parallel/test_tp_gpu.py
+    launch/mpirun.sh 4 -m pytest -q --with-mpi tests/tensor_parallel     # everything, on GPUs
+
+nvshmem cases need nvshmem4py (``pip install --no-deps nvshmem4py_cu13-0.4.1-*.whl``)
+and skip without it.
+"""
+import pytest
+import torch
+
+import fsdist
+from tp_helpers import P_MIN, chi2_pvalue, reference_group_logmass, scaled_logits64, tp_ranges
+
+pytestmark = pytest.mark.gpu
+
+V_REAL = 128256  # Llama-3 vocabulary
+
+
+def _need(transport):
+    from fsdist.tensor_parallel.transports.nvshmem import nvshmem_importable
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    if transport == "nvshmem" and not nvshmem_importable():
+        pytest.skip("nvshmem4py is not installed")
+
+
+def _weights(V, D, B, device, seed=0, scale=1.0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    W = torch.randn(V, D, generator=g, device=device).to(torch.bfloat16)
+    h = (torch.randn(B, D, generator=g, device=device) * (scale / D ** 0.5)).to(torch.bfloat16)
+    return W, h
+
+
+@pytest.mark.parametrize("transport", ["nvshmem", "symm_mem", "collective"])
+def test_gpu_candidates_equal_single_gpu_at_real_shapes(dist_ctx, transport):
+    _need(transport)
+    D, B = 4096, 64
+    W, h = _weights(V_REAL, D, B, dist_ctx.device, seed=1, scale=3.0)
+    head = fsdist.ShardedFlashLMHead(D, V_REAL, transport=transport, device=dist_ctx.device)
+    head.load_full_weight(W)
+    temperature = torch.where(torch.arange(B, device=dist_ctx.device) % 4 == 0, 0.0, 0.8)
+    seeds = torch.arange(B, dtype=torch.int64, device=dist_ctx.device) * 7 + 3
+    for step in range(4):
+        out = head(h, temperature=temperature, seed=seeds, offset=step, return_logprobs=True)
+        ref = fsdist.sample(h, W, temperature=temperature, seed=seeds, offset=step, vocab_size=V_REAL,
+                            return_logprobs=True)
+        assert torch.equal(out.tokens, ref.tokens)
+        torch.testing.assert_close(out.logprobs, ref.logprobs, atol=1e-4, rtol=0)
+        torch.testing.assert_close(out.logsumexp, ref.logsumexp, atol=1e-4, rtol=0)
+    head.close()
+
+
+@pytest.mark.parametrize("transport", ["nvshmem", "symm_mem", "collective"])
+def test_gpu_group_logmass_matches_mirror(dist_ctx, transport):
+    _need(transport)
+    D, B = 256, 128
+    W, h = _weights(V_REAL, D, B, dist_ctx.device, seed=2, scale=3.0)
+    head = fsdist.ShardedFlashLMHead(D, V_REAL, transport=transport, reduction="group_logmass",
+                                     device=dist_ctx.device)
+    head.load_full_weight(W)
+    seeds = torch.arange(B, dtype=torch.int64, device=dist_ctx.device) + 11
+    out = head(h, temperature=1.0, seed=seeds, offset=5, return_logprobs=True)
+    tok, lp, lse, margin = reference_group_logmass(h, W, V_REAL, tp_ranges(V_REAL, dist_ctx.world_size), 1.0,
+                                                   seeds, 5)
+    decided = margin > 1e-3
+    assert decided.sum() >= B - 3
+    assert torch.equal(out.tokens.cpu()[decided], tok[decided])
+    torch.testing.assert_close(out.logsumexp.cpu().double(), lse, atol=2e-4, rtol=0)
+    head.close()
+
+
+@pytest.mark.parametrize("reduction", ["candidates", "group_logmass"])
+@pytest.mark.parametrize("transport", ["nvshmem", "symm_mem"])
+def test_gpu_chi_squared_real_vocab_1m_samples(dist_ctx, transport, reduction):
+    """>= 1,048,576 samples of one hidden state at V = 128256; chi-squared p > P_MIN (1e-3)."""
+    _need(transport)
+    D, B, calls = 256, 8192, 128
+    W, h1 = _weights(V_REAL, D, 1, dist_ctx.device, seed=3, scale=2.5)
+    head = fsdist.ShardedFlashLMHead(D, V_REAL, transport=transport, reduction=reduction, device=dist_ctx.device,
+                                     max_batch_size=B)
+    head.load_full_weight(W)
+    h = h1.expand(B, D).contiguous()
+    seeds = torch.arange(B, dtype=torch.int64, device=dist_ctx.device) * 1_000_003 + 17
+    counts = torch.zeros(V_REAL, dtype=torch.int64, device=dist_ctx.device)
+    scaled, _ = scaled_logits64(h1, W, V_REAL, 1.0)
+    logp = torch.log_softmax(scaled[0], 0)
+    for c in range(calls):
+        out = head(h, temperature=1.0, seed=seeds, offset=c, return_logprobs=(c == 0))
+        assert bool((out.tokens >= 0).all()) and bool((out.tokens < V_REAL).all())
+        counts += torch.bincount(out.tokens, minlength=V_REAL)
+        if c == 0:
+            torch.testing.assert_close(out.logprobs.cpu().double(), logp[out.tokens.cpu()], atol=2e-4, rtol=0)
+    tokens = torch.repeat_interleave(torch.arange(V_REAL), counts.cpu())
+    p, dof = chi2_pvalue(tokens, torch.softmax(scaled[0], 0))
+    assert dof > 500
+    assert p > P_MIN, f"chi-squared p = {p:.2e} ({dof} dof, {transport}, {reduction})"
+    head.close()
+
+
+def test_gpu_auto_prefers_nvshmem(dist_ctx):
+    _need("nvshmem")
+    head = fsdist.ShardedFlashLMHead(256, 1000, device=dist_ctx.device)
+    if torch.cuda.device_count() >= 2:
+        assert head.transport_name == "nvshmem"
+    head.close()

@@ -1,0 +1,159 @@
+"""Group-log-mass kernels against their float64 torch mirror (single process, no MPI).
+
+The exchange buffer is filled by hand with per-rank (token, logprob, lse) triples, as
+if tp ranks had published them; ``launch_group_select`` must then pick the rank the
+mirror picks (Gumbel-max over the log-masses with ``gumbel_noise(seed, offset, rank,
+stream=1)``; greedy rows: largest max-logit, lowest rank on ties), and return the
+global log-sum-exp and the token's global log-probability.
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from fsdist._validation import RowParams
+from fsdist.ops.group_select import ExchangeLayout, launch_group_publish, launch_group_select
+from fsdist.reference import gumbel_noise
+from tp_helpers import P_MIN
+
+DEV = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def fill(layout, B, lse, lp, tok):
+    """Exchange buffers holding [R, B] lse / lp / tok (float32 / int32)."""
+    f, i = layout.alloc(DEV)
+    f.fill_(float("nan"))
+    i.fill_(-7)
+    fv = f.view(layout.n_ranks, 2, layout.batch_cap)
+    iv = i.view(layout.n_ranks, layout.batch_cap)
+    fv[:, 0, :B] = lse.to(DEV)
+    fv[:, 1, :B] = lp.to(DEV)
+    iv[:, :B] = tok.to(DEV, torch.int32)
+    return f, i
+
+
+def mirror(lse, lp, tok, temperature, seed, offset):
+    """float64 mirror of group_select: (tokens, logprobs, lse, margin of the rank choice)."""
+    R, B = lse.shape
+    lse64, logit64 = lse.double(), (lp + lse).double()  # the kernel forms lp + lse in fp32
+    greedy = temperature == 0
+    keys = []
+    for k in range(R):
+        g = gumbel_noise(seed, offset, torch.full((B,), k), stream=1)
+        key = torch.where(greedy, logit64[k], lse64[k] + g)
+        keys.append(torch.where(lse64[k] > float("-inf"), key, torch.full_like(key, float("-inf"))))
+    keys = torch.stack(keys)
+    win = keys.argmax(0)
+    poisoned = torch.isnan(lse).any(0)
+    live = torch.where(torch.isnan(lse64), torch.full_like(lse64, float("-inf")), lse64)
+    glse = torch.logsumexp(live, 0)
+    toks = tok.gather(0, win[None]).squeeze(0).long()
+    glp = logit64.gather(0, win[None]).squeeze(0) - glse
+    dead = poisoned | (keys.max(0).values == float("-inf"))
+    toks = torch.where(dead, -1, toks)
+    glse = torch.where(poisoned, float("nan"), glse)
+    glp = torch.where(dead, float("nan"), glp)
+    top2 = keys.topk(2, dim=0).values
+    return toks, glp, glse, top2[0] - top2[1]
+
+
+def test_matches_mirror_with_poison_empty_and_greedy_rows():
+    R, B, cap = 5, 200, 256
+    g = torch.Generator().manual_seed(1)
+    lse = torch.randn(R, B, generator=g) * 2 + 3
+    lp = -torch.rand(R, B, generator=g) * 4
+    tok = torch.randint(0, 100000, (R, B), generator=g)
+    lse[4, :] = float("-inf")  # rank 4: a padding-only shard (no mass)
+    lp[4, :] = float("nan")
+    tok[4, :] = -1
+    lse[:, 7] = float("-inf")  # row 7: no mass anywhere
+    lp[:, 7] = float("nan")
+    tok[:, 7] = -1
+    lse[2, 11] = float("nan")  # row 11: rank 2 saw a NaN logit
+    lp[2, 11] = float("nan")
+    tok[2, 11] = -1
+    temperature = torch.where(torch.arange(B) % 3 == 0, 0.0, 0.9)
+    seed = torch.randint(0, 2**62, (B,), generator=g)
+    offset = torch.randint(0, 2**40, (B,), generator=g)
+    layout = ExchangeLayout(R, cap)
+    f, i = fill(layout, B, lse, lp, tok)
+    params = RowParams(temperature.to(DEV), seed.to(DEV), offset.to(DEV))
+    tokens, glp, glse = launch_group_select(layout, f, i, B, params)
+    ref_tok, ref_lp, ref_lse, margin = mirror(lse, lp, tok, temperature, seed, offset)
+    decided = margin.abs() > 1e-4
+    assert decided.sum() > B - 5
+    assert torch.equal(tokens.cpu()[decided], ref_tok[decided])
+    assert tokens[7] == -1 and tokens[11] == -1
+    assert torch.isnan(glse[11]) and torch.isnan(glp[11]) and torch.isnan(glp[7])
+    assert glse[7] == float("-inf")
+    ok = ~torch.isnan(ref_lp) & decided
+    torch.testing.assert_close(glp.cpu().double()[ok], ref_lp[ok], atol=1e-5, rtol=0)
+    fin = torch.isfinite(ref_lse)
+    torch.testing.assert_close(glse.cpu().double()[fin], ref_lse[fin], atol=1e-5, rtol=0)
+    others = torch.ones(B, dtype=torch.bool)
+    others[[7, 11]] = False
+    assert (tokens.cpu()[others] >= 0).all()  # a dead shard (rank 4) does not poison rows
+
+
+def test_greedy_ties_go_to_the_lowest_rank_and_scalars_work():
+    R, B, cap = 4, 8, 16
+    lse = torch.full((R, B), 2.0)
+    lp = torch.full((R, B), -1.0)  # identical max-logit on every rank
+    tok = torch.arange(R)[:, None].expand(R, B) * 1000
+    layout = ExchangeLayout(R, cap)
+    f, i = fill(layout, B, lse, lp, tok)
+    tokens, glp, glse = launch_group_select(layout, f, i, B, RowParams(0.0, 5, 6))
+    assert tokens.tolist() == [0] * B
+    torch.testing.assert_close(glse.cpu(), torch.full((B,), 2.0 + math.log(R)))
+
+
+def test_rank_choice_follows_softmax_of_log_masses():
+    """K ~ softmax(L): chi-squared over 20,000 rows with the same L and distinct seeds."""
+    R, B = 4, 20000
+    L = torch.tensor([0.0, 1.0, -1.0, 0.5])
+    lse = L[:, None].expand(R, B).contiguous()
+    lp = torch.full((R, B), -0.5)
+    tok = torch.arange(R)[:, None].expand(R, B).contiguous()
+    layout = ExchangeLayout(R, B)
+    f, i = fill(layout, B, lse, lp, tok)
+    params = RowParams(1.0, torch.arange(B, dtype=torch.int64, device=DEV) * 7919 + 3, 11)
+    tokens, _, _ = launch_group_select(layout, f, i, B, params)
+    counts = np.bincount(tokens.cpu().numpy(), minlength=R)
+    expected = torch.softmax(L.double(), 0).numpy() * B
+    p = stats.chisquare(counts, expected).pvalue
+    assert p > P_MIN, (counts, expected, p)
+
+
+def test_publish_fans_out_through_a_peer_table():
+    """The PEER_TABLE path, with three host tensors standing in for three ranks' buffers."""
+    R, B, cap = 3, 10, 16
+    layout = ExchangeLayout(R, cap)
+    peers = [layout.alloc(DEV) for _ in range(R)]
+    for f, i in peers:
+        f.zero_()
+        i.zero_()
+    table_f = torch.tensor([f.data_ptr() for f, _ in peers], dtype=torch.int64, device=DEV)
+    table_i = torch.tensor([i.data_ptr() for _, i in peers], dtype=torch.int64, device=DEV)
+    tok = torch.arange(B, dtype=torch.int64, device=DEV) + 100
+    lp = -torch.arange(B, dtype=torch.float32, device=DEV)
+    lse = torch.arange(B, dtype=torch.float32, device=DEV) * 0.5
+    launch_group_publish(tok, lp, lse, layout, table_f, table_i, rank=1, npeers=R)
+    for f, i in peers:
+        fv, iv = f.view(R, 2, cap), i.view(R, cap)
+        assert torch.equal(iv[1, :B].long(), tok) and torch.equal(fv[1, 0, :B], lse) and torch.equal(fv[1, 1, :B], lp)
+        assert not iv[0].any() and not iv[2].any() and not iv[1, B:].any()  # nothing else touched
+    # without a table: only the local buffer, at an offset (the parity half of a double buffer)
+    f, i = ExchangeLayout(R, cap).alloc(DEV)
+    f2, i2 = torch.zeros(2 * f.numel(), device=DEV), torch.zeros(2 * i.numel(), dtype=torch.int32, device=DEV)
+    launch_group_publish(tok, lp, lse, layout, f2, i2, rank=2, base_f=f.numel(), base_i=i.numel())
+    assert torch.equal(i2[i.numel():].view(R, cap)[2, :B].long(), tok)
+    assert not i2[:i.numel()].any()
+
+
+def test_capacity_is_checked():
+    layout = ExchangeLayout(2, 16)
+    f, i = layout.alloc(DEV)
+    with pytest.raises(ValueError, match="capacity"):
+        launch_group_select(layout, f, i, 17, RowParams(1.0, 0, 0))

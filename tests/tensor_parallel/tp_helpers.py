@@ -1,0 +1,128 @@
+"""Shared helpers for the tensor-parallel tests: problems, oracles, statistics, rank checks."""
+import numpy as np
+import torch
+import torch.distributed as dist
+from scipy import stats
+
+from fsdist.reference import gumbel_noise, materialize_logits, vocab_gumbel, vocab_gumbel
+
+# Statistical threshold of every goodness-of-fit test here. Seeds are fixed, so each test is
+# deterministic; a correct sampler fails a given check with probability 1e-3 over seed choices.
+P_MIN = 1e-3
+
+ON_GPU = torch.cuda.is_available()
+
+
+def _peer_transports():
+    """Transports whose kernels store straight into peers' buffers, on this platform."""
+    if not ON_GPU:
+        return ["shm"]
+    from fsdist.tensor_parallel.transports.nvshmem import nvshmem_importable
+
+    return (["nvshmem"] if nvshmem_importable() else []) + ["symm_mem"]
+
+
+PEER_TRANSPORTS = _peer_transports()
+ALL_TRANSPORTS = ["collective"] + PEER_TRANSPORTS
+
+
+def problem(V: int, D: int, B: int, dtype=torch.float32, seed: int = 0, scale: float = 1.0, device="cpu"):
+    """(W [V, D], hidden [B, D]): the same on every rank (explicit generator)."""
+    g = torch.Generator().manual_seed(seed)
+    W = torch.randn(V, D, generator=g)
+    h = torch.randn(B, D, generator=g) * (scale / D ** 0.5)
+    return W.to(device=device, dtype=dtype), h.to(device=device, dtype=dtype)
+
+
+def scaled_logits64(hidden, W, V, temperature):
+    """float64 logits / T (T = 1 for greedy rows), ids >= V at -inf; and the greedy mask."""
+    logits = materialize_logits(hidden.cpu(), W.cpu(), V)
+    B = logits.shape[0]
+    t = temperature if isinstance(temperature, torch.Tensor) else torch.full((B,), float(temperature))
+    t = t.cpu().double()
+    greedy = t == 0
+    return logits / torch.where(greedy, torch.ones_like(t), t)[:, None], greedy
+
+
+def _rows(x, B):
+    return (x if isinstance(x, torch.Tensor) else torch.full((B,), x, dtype=torch.int64)).cpu()
+
+
+def reference_group_logmass(hidden, W, V, tp_ranges, temperature=1.0, seed=0, offset=0):
+    """float64 torch mirror of reduction="group_logmass" (paper Alg. I.4 with fsdist's noise).
+
+    Returns (tokens, logprobs, lse) and the smallest decision margin per row (local
+    argmax gap within the winning shard and the shard-choice gap), so callers can
+    skip rows whose outcome is decided by fp32 rounding.
+    """
+    scaled, greedy = scaled_logits64(hidden, W, V, temperature)
+    B, Vp = scaled.shape
+    seeds, offsets = _rows(seed, B)[:, None], _rows(offset, B)[:, None]
+    ids = torch.arange(Vp)[None, :]
+    score = torch.where(greedy[:, None], scaled, scaled + vocab_gumbel(seeds, offsets, ids))
+    keys, toks, lses, logits_at, local_margin = [], [], [], [], []
+    for k, (s, e) in enumerate(tp_ranges):
+        blk = score[:, s:e]
+        top = blk.topk(min(2, e - s), dim=1).values
+        local_margin.append(top[:, 0] - top[:, 1] if top.shape[1] > 1 else torch.full((B,), float("inf")))
+        tok = blk.argmax(dim=1) + s
+        lse = torch.logsumexp(scaled[:, s:e], dim=1)
+        logit = scaled.gather(1, tok[:, None]).squeeze(1)
+        g = gumbel_noise(seeds.squeeze(1), offsets.squeeze(1), torch.full((B,), k), stream=1)
+        key = torch.where(greedy, logit, lse + g)
+        key = torch.where(lse > float("-inf"), key, torch.full_like(key, float("-inf")))
+        keys.append(key), toks.append(tok), lses.append(lse), logits_at.append(logit)
+    keys, toks, lses = torch.stack(keys, 1), torch.stack(toks, 1), torch.stack(lses, 1)
+    logits_at, local_margin = torch.stack(logits_at, 1), torch.stack(local_margin, 1)
+    win = keys.argmax(dim=1)
+    tokens = toks.gather(1, win[:, None]).squeeze(1)
+    lse = torch.logsumexp(lses, dim=1)
+    lp = logits_at.gather(1, win[:, None]).squeeze(1) - lse
+    top2 = keys.topk(min(2, keys.shape[1]), dim=1).values
+    choice_margin = top2[:, 0] - top2[:, 1] if top2.shape[1] > 1 else torch.full((B,), float("inf"))
+    margin = torch.minimum(choice_margin, local_margin.gather(1, win[:, None]).squeeze(1))
+    return tokens, lp, lse, margin
+
+
+def chi2_pvalue(tokens: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0):
+    """Chi-squared goodness of fit of sampled ids against float64 probabilities.
+
+    Bins with expected count < min_expected are pooled into one bin (kept only if its
+    expected count reaches min_expected). Returns (p_value, degrees of freedom).
+    """
+    tokens = tokens.cpu().long()
+    probs = probs.cpu().double()
+    n = tokens.numel()
+    assert int(tokens.min()) >= 0 and int(tokens.max()) < probs.numel(), "sampled id out of range"
+    observed = torch.bincount(tokens, minlength=probs.numel()).double()
+    expected = probs * n
+    big = expected >= min_expected
+    obs, exp = observed[big].tolist(), expected[big].tolist()
+    pooled_obs, pooled_exp = observed[~big].sum().item(), expected[~big].sum().item()
+    if pooled_exp >= min_expected:
+        obs.append(pooled_obs)
+        exp.append(pooled_exp)
+    else:
+        assert pooled_obs <= 3 * max(pooled_exp, 1.0) + 10, f"{pooled_obs} samples where {pooled_exp:.2f} expected"
+    obs, exp = np.array(obs), np.array(exp)
+    exp *= obs.sum() / exp.sum()
+    return float(stats.chisquare(obs, exp).pvalue), len(obs) - 1
+
+
+def gather_objects(obj, group=None):
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def assert_same_on_all_ranks(out, group=None):
+    """Every rank returned the same SampleOutput (bitwise, NaNs included)."""
+    mine = [None if t is None else t.cpu().numpy().tobytes() for t in out]
+    everyone = gather_objects(mine, group)
+    assert all(x == everyone[0] for x in everyone), "ranks returned different results"
+
+
+def tp_ranges(V, tp, divisible_by=128):
+    from fsdist.tensor_parallel.utils import vocab_partition
+
+    return [vocab_partition(V, tp, r, divisible_by).range_of(r) for r in range(tp)]
