@@ -39,7 +39,7 @@ case "$what" in
       left_runs=$((left_runs - 1))
       budget=$(python3 -c "print(max(0.5, ($per_run - 75) / 60))")
       echo "== TP=$n: ${per_run}s of ${remaining}s left (python budget ${budget} min)"
-      timeout -k 15 "$per_run" torchrun --standalone --nproc-per-node "$n" bench/tp_sweep.py --max-minutes "$budget" \
+      PYTHON=python3 timeout -k 15 "$per_run" launch/torchrun.sh "$n" bench/tp_sweep.py --max-minutes "$budget" \
         "$@" 2>&1 | tee "$OUT/tp_sweep_tp$n.log" || rc=$?
     done
     ;;

@@ -21,7 +21,7 @@ if [[ "${1:-}" == "--rank-env" ]]; then
     export WORLD_SIZE=${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-${SLURM_NTASKS:-1}}}
     export LOCAL_RANK=${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${SLURM_LOCALID:-$RANK}}}
     export LOCAL_WORLD_SIZE=${OMPI_COMM_WORLD_LOCAL_SIZE:-${MPI_LOCALNRANKS:-$WORLD_SIZE}}
-    exec "${PYTHON:-python}" "$@"
+    exec "${PYTHON:-$(command -v python3 || command -v python)}" "$@"
 fi
 
 if [[ $# -lt 2 ]]; then
@@ -40,7 +40,7 @@ export NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABL
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 if [[ -z "${MASTER_PORT:-}" ]]; then
-    MASTER_PORT=$("${PYTHON:-python}" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    MASTER_PORT=$("${PYTHON:-$(command -v python3 || command -v python)}" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     export MASTER_PORT
 fi
 

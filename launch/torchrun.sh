@@ -27,4 +27,4 @@ export NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABL
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 # shellcheck disable=SC2086
-exec "${PYTHON:-python}" -m torch.distributed.run --standalone --nproc-per-node "$N" ${TORCHRUN_ARGS:-} "$@"
+exec "${PYTHON:-$(command -v python3 || command -v python)}" -m torch.distributed.run --standalone --nproc-per-node "$N" ${TORCHRUN_ARGS:-} "$@"
