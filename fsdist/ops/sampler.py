@@ -176,15 +176,23 @@ def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams
 
 
 def launch_reduce(layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, batch: int, *,
-                  base_f: int = 0, base_i: int = 0, logprobs: bool = False):
-    """Stage 2: tokens int64 [B], and logprobs / logsumexp fp32 [B] (or None)."""
+                  base_f: int = 0, base_i: int = 0, logprobs: bool = False, blocks: Optional[Tuple[int, int]] = None):
+    """Stage 2: tokens int64 [B], and logprobs / logsumexp fp32 [B] (or None).
+
+    blocks: (rows per program, slots per chunk) override, for tests.
+    """
     device = cand_f.device
     tokens = torch.empty(batch, dtype=torch.int64, device=device)
     lp = torch.empty(batch, dtype=torch.float32, device=device) if logprobs else tokens
     lse = torch.empty(batch, dtype=torch.float32, device=device) if logprobs else tokens
     if batch:
-        block_r = min(128, max(16, triton.next_power_of_2(batch))) if device.type == "cpu" else 16
-        block_s = min(triton.next_power_of_2(layout.n_slots), 2048 if device.type == "cpu" else 128)
+        if device.type == "cpu":  # interpreter: few, large programs
+            block_r, block_s = min(128, max(16, triton.next_power_of_2(batch))), min(triton.next_power_of_2(layout.n_slots), 2048)
+        else:
+            # Latency bound: many programs of a few rows each, one pass over <= 1024 slots,
+            # so a decode batch spreads over SMs instead of looping in one program.
+            block_r, block_s = (2 if batch <= 64 else 4), min(triton.next_power_of_2(layout.n_slots), 1024)
+        block_r, block_s = blocks or (block_r, block_s)
         reduce_candidates_kernel[(triton.cdiv(batch, block_r),)](
             cand_f, cand_i, tokens, lp, lse,
             batch, layout.n_slots, layout.n_local, base_f, base_i, layout.stride_group, layout.stride_group_i,

@@ -309,3 +309,21 @@ def test_bad_path_name(device):
     h, w = make_problem(2, 16, 64, torch.float32, device)
     with pytest.raises(ValueError, match="path must be"):
         fsdist.sample(h, w, path="magic")
+
+
+@pytest.mark.parametrize("blocks", [(2, 16), (4, 64), (1, 1024)])
+def test_stage2_block_shapes_agree(device, blocks):
+    """Stage 2 with the GPU's small row blocks and several slot chunks equals the default."""
+    B, D, V = 9, 32, 3000
+    h, w = make_problem(B, D, V, torch.float32, device, seed=14)
+    h[4, 0] = float("nan")  # a poisoned row must stay poisoned whatever the chunking
+    cfg = TileConfig(16, 64, 32, num_stages=1)
+    layout = CandidateLayout(4, -(-V // cfg.block_v), B)
+    cand_f, cand_i = layout.alloc(device)
+    params = fsdist._validation.row_params(torch.linspace(0, 2, B, device=device), 3, 4, B, h.device)
+    launch_fused(h, w, params, cfg, layout, cand_f, cand_i, vocab_size=V - 5, logprobs=True)
+    ref = launch_reduce(layout, cand_f, cand_i, B, logprobs=True)
+    got = launch_reduce(layout, cand_f, cand_i, B, logprobs=True, blocks=blocks)
+    assert torch.equal(ref[0], got[0]) and int(got[0][4]) == -1
+    torch.testing.assert_close(ref[1], got[1], equal_nan=True, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(ref[2], got[2], equal_nan=True, rtol=1e-6, atol=1e-5)
