@@ -50,24 +50,10 @@ def _store_candidates(base_f, base_i, dst, dst_i, stride_field, score, idx, logi
 
 
 @triton.jit
-def signal_peers(sig_table, sig_rank, NPEERS: tl.constexpr, ON_GPU: tl.constexpr):
-    # Every thread's stores must be ordered before the signal: CTA barrier, then a
-    # system-scope fence from every thread, then one release atomic per peer.
-    tl.debug_barrier()
-    if ON_GPU:
-        tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-    tl.debug_barrier()
-    for p in tl.static_range(NPEERS):
-        base = tl.load(sig_table + p).to(tl.pointer_type(tl.int64))
-        tl.atomic_add(base + sig_rank, 1, sem="release", scope="sys")
-
-
-@triton.jit
 def fused_sample_kernel(
     h_ptr, w_ptr, logits_ptr, stride_lb, tile_base,
     seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
-    cand_f, cand_i, sig_table, sig_rank,
+    cand_f, cand_i,
     B, D, V_rows, vocab_size, vocab_start,
     stride_hb,
     buf_offset, buf_offset_i, stride_field, stride_slot,
@@ -77,7 +63,7 @@ def fused_sample_kernel(
     NOISE: tl.constexpr, LOGPROBS: tl.constexpr,
     PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, FROM_LOGITS: tl.constexpr,
-    FAST_LOG: tl.constexpr, SIGNAL: tl.constexpr,
+    FAST_LOG: tl.constexpr,
 ):
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
@@ -168,8 +154,3 @@ def fused_sample_kernel(
     else:
         _store_candidates(cand_f, cand_i, dst, dst_i, stride_field, best_score, best_idx, best_logit,
                           tmax, tsum, mask_b, LOGPROBS)
-    if SIGNAL:
-        # One-way completion signal instead of a group barrier: after this program's
-        # stores, bump counter [sig_rank] in every peer's counter array. Stage 2 on each
-        # peer waits until every writer's counter reaches the step's program count.
-        signal_peers(sig_table, sig_rank, NPEERS, FAST_LOG)

@@ -23,24 +23,10 @@ import triton.language as tl
 
 @triton.jit
 def reduce_candidates_kernel(
-    cand_f, cand_i, tokens_ptr, logprob_ptr, lse_ptr, sig_local, sig_target,
+    cand_f, cand_i, tokens_ptr, logprob_ptr, lse_ptr,
     B, n_slots, n_local, buf_offset, buf_offset_i, stride_group, stride_group_i, stride_field, stride_slot,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, LOGPROBS: tl.constexpr,
-    WAIT: tl.constexpr, N_GROUPS: tl.constexpr, ON_GPU: tl.constexpr,
 ):
-    if WAIT:
-        # Counterpart of fused_sample.signal_peers: wait until every writer (group) has
-        # signalled all of this step's stage-1 programs.
-        for g in tl.static_range(N_GROUPS):
-            if ON_GPU:
-                seen = tl.atomic_add(sig_local + g, 0, sem="acquire", scope="sys")
-                while seen < sig_target:
-                    seen = tl.atomic_add(sig_local + g, 0, sem="acquire", scope="sys")
-            else:
-                # Interpreter: a read-modify-write of 0 could lose a peer process's increment.
-                seen = tl.load(sig_local + g, volatile=True)
-                while seen < sig_target:
-                    seen = tl.load(sig_local + g, volatile=True)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rows < B
     best = tl.full([BLOCK_R], float("-inf"), tl.float32)

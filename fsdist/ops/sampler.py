@@ -87,12 +87,8 @@ def _check_fit(hidden, weight, cfg, layout, group, vocab_start):
 
 
 def _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, *, vocab_size, vocab_start, group,
-                   base_f, base_i, npeers, logprobs, tiles, logits=None, signal=None) -> int:
-    """One launch of the stage-1 kernel over vocabulary tiles [tiles[0], tiles[1]).
-
-    signal: (int64 table of the peers' counter arrays, this rank) to signal completion
-    per program instead of relying on a barrier. Returns the number of programs.
-    """
+                   base_f, base_i, npeers, logprobs, tiles, logits=None):
+    """One launch of the stage-1 kernel over vocabulary tiles [tiles[0], tiles[1])."""
     B, D = hidden.shape
     V_rows = weight.shape[0]
     dummy = cand_i  # any tensor: ignored by the kernel when the parameter is a scalar
@@ -103,7 +99,7 @@ def _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, *, vocab
     fused_sample_kernel[grid](
         hidden, weight, hidden if logits is None else logits, 0 if logits is None else logits.stride(0), tiles[0],
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
-        cand_f, cand_i, signal[0] if signal else dummy, signal[1] if signal else 0,
+        cand_f, cand_i,
         B, D, V_rows, vocab_size, vocab_start,
         hidden.stride(0),
         base_f + group * layout.stride_group, base_i + group * layout.stride_group_i,
@@ -116,26 +112,24 @@ def _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, *, vocab
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
         FROM_LOGITS=logits is not None, FAST_LOG=hidden.device.type == "cuda" and torch.version.hip is None,
-        SIGNAL=signal is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return grid[0] * grid[1]
 
 
 def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
                  layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, *,
                  vocab_size: int, vocab_start: int = 0, group: int = 0, base_f: int = 0, base_i: int = 0,
-                 npeers: Optional[int] = None, logprobs: bool = False, signal=None) -> int:
-    """Stage 1: write this weight's candidates into `group` of the buffer; returns the program count.
+                 npeers: Optional[int] = None, logprobs: bool = False):
+    """Stage 1: write this weight's candidates into `group` of the buffer.
 
     base_f / base_i: element offsets of the buffer inside cand_f / cand_i (the parity
     half of a double buffer). With npeers set, cand_f / cand_i are int64 tables of the
     peers' buffer base addresses and every peer receives the candidates.
     """
     n_vtiles = _check_fit(hidden, weight, cfg, layout, group, vocab_start)
-    return _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, vocab_size=vocab_size,
-                          vocab_start=vocab_start, group=group, base_f=base_f, base_i=base_i, npeers=npeers,
-                          logprobs=logprobs, tiles=(0, n_vtiles), signal=signal)
+    _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, vocab_size=vocab_size,
+                   vocab_start=vocab_start, group=group, base_f=base_f, base_i=base_i, npeers=npeers,
+                   logprobs=logprobs, tiles=(0, n_vtiles))
 
 
 def chunk_logits(hidden: torch.Tensor, weight_rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -155,8 +149,7 @@ def chunk_rows_for(batch: int, block_v: int, budget_bytes: int = 16 << 20) -> in
 def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
                    layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, *,
                    vocab_size: int, vocab_start: int = 0, group: int = 0, base_f: int = 0, base_i: int = 0,
-                   npeers: Optional[int] = None, logprobs: bool = False, chunk_rows: Optional[int] = None,
-                   signal=None) -> int:
+                   npeers: Optional[int] = None, logprobs: bool = False, chunk_rows: Optional[int] = None):
     """Stage 1 for compute-bound batches: cuBLAS logits per L2-sized chunk, then the same epilogue.
 
     Writes the same candidates as launch_fused (same noise, same layout); the logits
@@ -173,26 +166,20 @@ def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams
     # blocks keep the noise tensors in registers. block_v stays the layout's tile.
     epi = TileConfig(block_b=min(cfg.block_b, 32), block_v=cfg.block_v, block_k=16, num_warps=4, num_stages=1) \
         if hidden.device.type == "cuda" else cfg
-    programs = 0
     for r0 in range(0, V_rows, rows):
         r1 = min(r0 + rows, V_rows)
         logits = chunk_logits(hidden, weight[r0:r1], buf[: B * (r1 - r0)].view(B, r1 - r0))
-        programs += _launch_stage1(hidden, weight, params, epi, layout, cand_f, cand_i, vocab_size=vocab_size,
+        _launch_stage1(hidden, weight, params, epi, layout, cand_f, cand_i, vocab_size=vocab_size,
                        vocab_start=vocab_start, group=group, base_f=base_f, base_i=base_i, npeers=npeers,
-                       logprobs=logprobs, tiles=(r0 // cfg.block_v, triton.cdiv(r1, cfg.block_v)), logits=logits,
-                       signal=signal)
+                       logprobs=logprobs, tiles=(r0 // cfg.block_v, triton.cdiv(r1, cfg.block_v)), logits=logits)
     assert triton.cdiv(V_rows, cfg.block_v) == n_vtiles
-    return programs
 
 
 def launch_reduce(layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, batch: int, *,
-                  base_f: int = 0, base_i: int = 0, logprobs: bool = False, blocks: Optional[Tuple[int, int]] = None,
-                  wait=None):
+                  base_f: int = 0, base_i: int = 0, logprobs: bool = False, blocks: Optional[Tuple[int, int]] = None):
     """Stage 2: tokens int64 [B], and logprobs / logsumexp fp32 [B] (or None).
 
     blocks: (rows per program, slots per chunk) override, for tests.
-    wait: (this rank's int64 counter array [n_groups], target): spin until every group's
-        counter reaches target before reading (the counterpart of launch_fused(signal=...)).
     """
     device = cand_f.device
     tokens = torch.empty(batch, dtype=torch.int64, device=device)
@@ -207,10 +194,9 @@ def launch_reduce(layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.T
             block_r, block_s = (2 if batch <= 64 else 4), min(triton.next_power_of_2(layout.n_slots), 1024)
         block_r, block_s = blocks or (block_r, block_s)
         reduce_candidates_kernel[(triton.cdiv(batch, block_r),)](
-            cand_f, cand_i, tokens, lp, lse, wait[0] if wait else cand_i, wait[1] if wait else 0,
+            cand_f, cand_i, tokens, lp, lse,
             batch, layout.n_slots, layout.n_local, base_f, base_i, layout.stride_group, layout.stride_group_i,
             layout.stride_field, layout.stride_slot,
-            BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs,
-            WAIT=wait is not None, N_GROUPS=layout.n_groups, ON_GPU=device.type == "cuda", num_warps=4,
+            BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs, num_warps=4,
         )
     return tokens, (lp if logprobs else None), (lse if logprobs else None)

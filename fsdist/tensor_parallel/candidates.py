@@ -11,23 +11,13 @@ of the perturbed scores does not care how the vocabulary was cut into tiles or r
 How group r gets into every rank's buffer depends on the transport:
 
 * peer stores (nvshmem, symm_mem, shm): the fused kernel's epilogue stores into every
-  peer's buffer through the peer address table. Completion is signalled one way: each
-  stage-1 program, after its stores, adds 1 to its rank's counter in every peer's
-  counter array (release, system scope), and stage 2 waits (acquire) until every
-  rank's counter reaches the running total of programs launched so far. That replaces
-  a group barrier (two round trips) with one. ``FSDIST_TP_SYNC=barrier`` restores the
-  barrier;
+  peer's buffer through the peer address table, then one barrier;
 * collective: the kernel writes the local buffer's group r, then an in-place
   all-gather of the tp group blocks.
 
 Buffers are doubled by step parity (see step_buffers.py) so a fast rank's next
-step never overwrites a slot a slow rank is still reducing. The signal keeps that
-argument: a rank writes copy s % 2 again only in step s+2, after its own stage 2 of
-step s+1 saw every peer's stage-1 programs of step s+1, which every peer queues after
-its stage 2 of step s.
+step never overwrites a slot a slow rank is still reducing.
 """
-import os
-
 import torch
 
 from ..ops.configs import TileConfig
@@ -39,27 +29,6 @@ from .step_buffers import StepBuffers
 
 class CandidatesReduction(Reduction):
     name = "candidates"
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        sync = os.environ.get("FSDIST_TP_SYNC", "signal")
-        if sync not in ("signal", "barrier"):
-            raise ValueError(f"FSDIST_TP_SYNC must be 'signal' or 'barrier', got {sync!r}")
-        self.sync = sync if self.transport.peer_stores else "collective"
-        self.counters = None  # per-writer completion counters (signal sync), allocated once
-        self.signalled = 0  # programs every rank has launched so far: the waiters' target
-
-    def _ensure_counters(self) -> None:
-        if self.counters is None:
-            self.counters = self.transport.alloc(self.tp, torch.int64)
-            self.counters.local.zero_()
-            self.transport.barrier()  # every copy is zero before anyone signals into it
-
-    def close(self) -> None:
-        super().close()
-        if self.counters is not None:
-            self.transport.free(self.counters)
-            self.counters = None
 
     def _layout(self, logprobs: bool) -> CandidateLayout:
         return CandidateLayout(CandidateLayout.fields(logprobs), self.n_local, self.capacity, self.tp)
@@ -83,20 +52,10 @@ class CandidatesReduction(Reduction):
         part, t = self.partition, self.transport
         if hook:
             hook("before_stage1", step)
-        wait = None
-        if t.peer_stores and self.sync == "signal":
-            self._ensure_counters()
-            programs = stage1(hidden, weight, params, cfg, layout, bufs.f.peer_ptrs, bufs.i.peer_ptrs,
-                              vocab_size=part.vocab_size, vocab_start=part.start, group=self.rank,
-                              base_f=base_f, base_i=base_i, npeers=self.tp, logprobs=logprobs,
-                              signal=(self.counters.peer_ptrs, self.rank))
-            # Every rank launches the same programs (same B, same config): one target for all.
-            self.signalled += programs
-            wait = (self.counters.local, self.signalled)
-        elif t.peer_stores:
+        if t.peer_stores:
             stage1(hidden, weight, params, cfg, layout, bufs.f.peer_ptrs, bufs.i.peer_ptrs,
-                   vocab_size=part.vocab_size, vocab_start=part.start, group=self.rank,
-                   base_f=base_f, base_i=base_i, npeers=self.tp, logprobs=logprobs)
+                         vocab_size=part.vocab_size, vocab_start=part.start, group=self.rank,
+                         base_f=base_f, base_i=base_i, npeers=self.tp, logprobs=logprobs)
             t.barrier()
         else:
             f, i = bufs.f.local, bufs.i.local
@@ -111,4 +70,4 @@ class CandidatesReduction(Reduction):
         if hook:
             hook("before_stage2", step)
         return launch_reduce(layout, bufs.f.local, bufs.i.local, B, base_f=base_f, base_i=base_i,
-                             logprobs=logprobs, wait=wait)
+                             logprobs=logprobs)
