@@ -52,6 +52,9 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
         return TileConfig(32, block_v, _block_k(hidden_size, 128), num_warps=4, num_stages=4)
     if batch <= 64:
         return TileConfig(64, block_v, _block_k(hidden_size, 128), num_warps=8, num_stages=4)
+    if batch <= 128:
+        # v3 sweep: 64-row batch tiles beat 128-row ones at B = 128 on both shapes.
+        return TileConfig(64, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5)
     return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5)
 
 
