@@ -13,15 +13,10 @@ from typing import Callable, Optional
 import torch
 import triton
 
-from ..ops.sampler import launch_fused
+from ..ops.configs import choose_path
+from ..ops.sampler import launch_chunked, launch_fused
 from .transports.base import Transport
 from .utils import VocabPartition
-
-try:  # the cuBLAS-chunked stage 1 of fsdist.sample, for compute-bound batches
-    from ..ops.configs import choose_path
-    from ..ops.sampler import launch_chunked
-except ImportError:  # pragma: no cover - older ops without the chunked path
-    choose_path = launch_chunked = None
 
 DebugHook = Optional[Callable[[str, int], None]]
 PATHS = ("fused", "chunked")
@@ -33,15 +28,10 @@ def stage1_launcher(path: Optional[str], batch: int, hidden_size: int, device_ty
     A pure function of the shape, so every rank picks the same one; the two write the
     same candidates up to fp32 accumulation order.
     """
-    if path is None:
-        path = choose_path(batch, hidden_size, device_type) if choose_path is not None else "fused"
+    path = path or choose_path(batch, hidden_size, device_type)
     if path not in PATHS:
         raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
-    if path == "chunked":
-        if launch_chunked is None:  # pragma: no cover
-            raise ValueError("this fsdist build has no chunked stage 1")
-        return launch_chunked
-    return launch_fused
+    return launch_chunked if path == "chunked" else launch_fused
 
 
 def capacity_for(batch: int) -> int:
