@@ -5,8 +5,8 @@ import torch
 import triton
 
 from . import _validation as V
-from .ops.configs import TileConfig, choose_path, pick_config
-from .ops.sampler import CandidateLayout, launch_chunked, launch_fused, launch_reduce
+from .ops.configs import TileConfig, pick_config
+from .ops.sampler import CandidateLayout, launch_reduce, stage1_launcher
 from .types import SampleOutput
 
 
@@ -43,13 +43,10 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     if hidden.stride(1) != 1:
         hidden = hidden.contiguous()
     cfg = config or pick_config(B, D, hidden.device.type)
-    path = path or choose_path(B, D, hidden.device.type)
-    if path not in ("fused", "chunked"):
-        raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
+    launch = stage1_launcher(path, B, D, hidden.device.type)
     layout = CandidateLayout(CandidateLayout.fields(return_logprobs),
                              triton.cdiv(weight.shape[0], cfg.block_v), max(B, 1))
     cand_f, cand_i = layout.alloc(hidden.device)
     if B:
-        launch = launch_fused if path == "fused" else launch_chunked
         launch(hidden, weight, params, cfg, layout, cand_f, cand_i, vocab_size=vocab_size, logprobs=return_logprobs)
     return SampleOutput(*launch_reduce(layout, cand_f, cand_i, B, logprobs=return_logprobs))

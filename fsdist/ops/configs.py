@@ -44,8 +44,8 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
         # Interpreter: every program costs Python overhead, so use few, large ones.
         return TileConfig(block_b=max(16, min(512, triton.next_power_of_2(batch))), block_v=block_v,
                           block_k=_block_k(hidden_size, 128), num_warps=4, num_stages=1)
-    # Winners of bench/tune.py on an H200 (bench/results/tune_NVIDIA_H200_2026-11-21.json),
-    # the same for D = 4096 and 8192 within 1%.
+    # Winners of bench/tune.py on an H200 (bench/results/tune_NVIDIA_H200_2026-11-21_v1-philox1x.json
+    # and _v2-quads.json), the same for D = 4096 and 8192 within ~1%.
     if batch <= 16:
         return TileConfig(16, block_v, _block_k(hidden_size, 128), num_warps=4, num_stages=5)
     if batch <= 32:

@@ -9,7 +9,7 @@ from typing import Optional, Tuple
 import torch
 import triton
 
-from .configs import TileConfig
+from .configs import TileConfig, choose_path
 from .fused_sample import N_FIELDS_LOGPROBS, N_FIELDS_SAMPLE, fused_sample_kernel
 from .reduce_candidates import reduce_candidates_kernel
 from .._validation import RowParams
@@ -156,7 +156,7 @@ def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams
     differ only by fp32 accumulation order, so tokens agree except on near-exact ties.
     Extra memory is one fp32 chunk, O(B x chunk_rows), never O(B x V).
     """
-    n_vtiles = _check_fit(hidden, weight, cfg, layout, group, vocab_start)
+    _check_fit(hidden, weight, cfg, layout, group, vocab_start)
     B, V_rows = hidden.shape[0], weight.shape[0]
     rows = chunk_rows or chunk_rows_for(B, cfg.block_v)
     if rows % cfg.block_v:
@@ -172,7 +172,20 @@ def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams
         _launch_stage1(hidden, weight, params, epi, layout, cand_f, cand_i, vocab_size=vocab_size,
                        vocab_start=vocab_start, group=group, base_f=base_f, base_i=base_i, npeers=npeers,
                        logprobs=logprobs, tiles=(r0 // cfg.block_v, triton.cdiv(r1, cfg.block_v)), logits=logits)
-    assert triton.cdiv(V_rows, cfg.block_v) == n_vtiles
+
+
+STAGE1_PATHS = ("fused", "chunked")
+
+
+def stage1_launcher(path: Optional[str], batch: int, hidden_size: int, device_type: str):
+    """launch_fused or launch_chunked: explicit `path`, else the choice by shape (configs.choose_path).
+
+    A pure function of the shape, so every tensor-parallel rank picks the same one.
+    """
+    path = path or choose_path(batch, hidden_size, device_type)
+    if path not in STAGE1_PATHS:
+        raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
+    return launch_chunked if path == "chunked" else launch_fused
 
 
 def launch_reduce(layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, batch: int, *,

@@ -23,12 +23,12 @@ from torch import nn
 from .. import _validation as V
 from .._runtime import default_device
 from ..ops.configs import TileConfig, default_block_v, pick_config
+from ..ops.sampler import stage1_launcher
 from ..types import SampleOutput
 from . import agreement
 from . import transports as T
 from .candidates import CandidatesReduction
 from .group_logmass import GroupLogmassReduction
-from .reduction import stage1_launcher
 from .utils import vocab_partition
 
 log = logging.getLogger("fsdist")

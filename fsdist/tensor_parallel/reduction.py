@@ -13,25 +13,10 @@ from typing import Callable, Optional
 import torch
 import triton
 
-from ..ops.configs import choose_path
-from ..ops.sampler import launch_chunked, launch_fused
 from .transports.base import Transport
 from .utils import VocabPartition
 
 DebugHook = Optional[Callable[[str, int], None]]
-PATHS = ("fused", "chunked")
-
-
-def stage1_launcher(path: Optional[str], batch: int, hidden_size: int, device_type: str):
-    """launch_fused or launch_chunked: explicit `path`, else fsdist.sample's choice by shape.
-
-    A pure function of the shape, so every rank picks the same one; the two write the
-    same candidates up to fp32 accumulation order.
-    """
-    path = path or choose_path(batch, hidden_size, device_type)
-    if path not in PATHS:
-        raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
-    return launch_chunked if path == "chunked" else launch_fused
 
 
 def capacity_for(batch: int) -> int:
