@@ -109,6 +109,37 @@ def _med(idx, D, V, B, m, mode="events"):
     return r.get("median_us") if r else None
 
 
+def roofline_point(D: int, V: int, B: int, t_us: float, elem: int = 2):
+    """(arithmetic intensity in FLOP/byte, achieved FLOP/s) of one call that took t_us.
+
+    FLOPs = 2*B*D*V; bytes = the floor model's minimal bytes V*D*s + B*D*s + 8*B (weight and
+    hidden read once, int64 tokens written), the same for every method, so methods are compared
+    at the same intensity and extra traffic shows up as lower achieved throughput.
+    """
+    flops = 2.0 * B * D * V
+    nbytes = V * D * elem + B * D * elem + 8 * B
+    return flops / nbytes, flops / (t_us * 1e-6)
+
+
+def pct_roofline(D: int, V: int, B: int, t_us: float, copy_bps: float, flop_ps: float, elem: int = 2):
+    """Achieved FLOP/s as % of the roofline min(copy_bw * AI, matmul_rate) at this call's AI.
+
+    Algebraically this is max(bytes / copy_bw, FLOPs / matmul_rate) / time, i.e. exactly the
+    tables' "% floor" (same bytes, same measured ceilings), so it is not a separate column.
+    """
+    ai, achieved = roofline_point(D, V, B, t_us, elem)
+    return 100.0 * achieved / min(copy_bps * ai, flop_ps)
+
+
+
+ROOFLINE_CAPTION = (
+    "Roofline: x = arithmetic intensity 2·B·D·V FLOP / (V·D·2 + B·D·2 + 8·B) bytes (the floor model's "
+    "minimal bytes, charged to every method alike), y = achieved TFLOP/s = 2·B·D·V / median time, both log; "
+    "the roofs are the run's measured copy bandwidth × intensity and bf16 matmul rate. A method that moves more "
+    "bytes (materialized logits) therefore sits lower at the same intensity, not further left; the height below "
+    "the roof is the tables' \"% floor\" (achieved / min(roofs) = floor / time, so no separate column).")
+
+
 def kernel_markdown(data, source: str, plot_files) -> str:
     idx = _kernel_index(data)
     summ = {(s["D"], s["V"], s["B"]): s for s in data.get("summary", [])}
@@ -173,6 +204,8 @@ def kernel_markdown(data, source: str, plot_files) -> str:
     out.append("")
     for p in plot_files:
         out.append(f"![{Path(p).stem}]({p})")
+    if any(Path(p).stem.endswith("_roofline") for p in plot_files):
+        out += ["", ROOFLINE_CAPTION]
     out.append("")
     return "\n".join(out)
 
@@ -284,7 +317,118 @@ def kernel_plots(data, plots_dir: Path, stem: str):
         files.append(plots_dir / f"{stem}_bandwidth.png")
         fig.savefig(files[-1], dpi=120)
         plt.close(fig)
+
+    # 4. roofline: achieved FLOP/s against arithmetic intensity, both shapes on one axis
+    f = roofline_plot(data, plots_dir / f"{stem}_roofline.png")
+    if f:
+        files.append(f)
     return files
+
+
+def roofline_plot(data, path: Path):
+    """Roofline of one kernel-bench JSON: fsdist, cuBLAS and the best materialized baseline.
+
+    Every method is charged the floor model's minimal bytes (see roofline_point), so the
+    x position depends only on (D, V, B) and the y position on the method's time.
+    Returns the path written, or None without measured ceilings or results.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    ceil = data.get("ceilings") or {}
+    copy = (ceil.get("copy") or {}).get("bytes_per_s")
+    rate = (ceil.get("matmul") or {}).get("flop_per_s")
+    if not (copy and rate):
+        return None
+    idx = _kernel_index(data)
+    summ = {(s["D"], s["V"], s["B"]): s for s in data.get("summary", [])}
+    shapes = sorted({(r["D"], r["V"]) for r in data.get("results", [])})
+    if not shapes:
+        return None
+    elem = {"bf16": 2, "fp16": 2, "fp32": 4}.get(data.get("args", {}).get("dtype"), 2)
+    title = (data.get("env", {}).get("gpu") or {}).get("name", "CPU (interpreter)")
+    dtype = (ceil.get("matmul") or {}).get("dtype", "bf16")
+
+    def best_baseline(D, V, B):
+        s = summ.get((D, V, B), {})
+        if s.get("best_baseline_us"):
+            return s["best_baseline_us"]
+        ts = [t for t in (_med(idx, D, V, B, m) for m in BASELINES) if t]
+        return min(ts) if ts else None
+
+    series = (("cublas", "cuBLAS matmul only", "#444444", 1.0, 1.2),
+              ("fsdist", "fsdist", "C0", 1.0, 2.0),
+              ("best", "best materialized baseline (per B)", "C1", 0.45, 1.0))
+    markers = ["o", "s", "^", "D", "v"]
+    fig, ax = plt.subplots(figsize=(8.5, 5.8))
+    ais = []
+    fs_pts = defaultdict(list)  # B -> [(ai, TFLOP/s, % of roofline)] of fsdist, one per shape
+    y_min = {}  # B -> lowest point plotted at that B (labels go under it)
+    for si, (D, V) in enumerate(shapes):
+        mk = markers[si % len(markers)]
+        bs = sorted({r["B"] for r in data["results"] if (r["D"], r["V"]) == (D, V)})
+        for key, label, color, alpha, lw in series:
+            pts = []
+            for B in bs:
+                t = best_baseline(D, V, B) if key == "best" else _med(idx, D, V, B, key)
+                if t:
+                    ai, fl = roofline_point(D, V, B, t, elem)
+                    pts.append((B, ai, fl / 1e12, t))
+            if not pts:
+                continue
+            ais += [p[1] for p in pts]
+            for B, ai, y, t in pts:
+                y_min[B] = min(y_min.get(B, y), y)
+            ax.plot([p[1] for p in pts], [p[2] for p in pts], "-", marker=mk, ms=5 if key == "fsdist" else 4,
+                    color=color, alpha=alpha, lw=lw, mfc=color if si == 0 else "none",
+                    label=f"{label}, D={D} V={V}")
+            if key == "fsdist":
+                for B, ai, y, t in pts:
+                    fs_pts[B].append((ai, y, pct_roofline(D, V, B, t, copy, rate, elem)))
+    # label a few batch sizes: small B above the memory roof; B >= 128 below the points with
+    # fsdist's % of the roofline per shape (in the order of the legend)
+    for B, pl in sorted(fs_pts.items()):
+        if B in (1, 4, 16, 64):
+            ai, y = pl[0][0], max(q[1] for q in pl)
+            ax.annotate(f"B={B}", (ai, y), textcoords="offset points", xytext=(-6, 8), ha="right",
+                        fontsize=7)
+        elif B >= 128:
+            ax.annotate(f"B={B}\n" + " / ".join(f"{q[2]:.0f}%" for q in pl), (pl[0][0], y_min[B]),
+                        textcoords="offset points", xytext=(0, -10 if B < 256 else -30), ha="center",
+                        va="top", fontsize=7, color="C0")
+    if fs_pts:
+        ax.text(0.98, 0.03, "% = fsdist achieved / roofline at its AI\n(" +
+                " / ".join(f"D={D}" for D, _ in shapes) + ")", transform=ax.transAxes, ha="right",
+                va="bottom", fontsize=7, color="C0")
+    lo, hi = min(ais) / 2, max(ais) * 3
+    ridge = rate / copy
+    xr = min(ridge, hi)  # roofs drawn bold where they bind, faint where the other one does
+    ax.plot([lo, xr], [copy * lo / 1e12, copy * xr / 1e12], "k-", lw=1.3,
+            label=f"memory roof: copy BW {copy / 1e12:.2f} TB/s × AI")
+    ax.plot([xr, hi], [copy * xr / 1e12, copy * hi / 1e12], "k-", lw=0.6, alpha=0.25)
+    ax.plot([xr, hi], [rate / 1e12] * 2, "k--", lw=1.3,
+            label=f"compute roof: {dtype} matmul {rate / 1e12:.0f} TFLOP/s")
+    ax.plot([lo, xr], [rate / 1e12] * 2, "k--", lw=0.6, alpha=0.25)
+    if ridge < hi:
+        ax.annotate(f"ridge AI = {ridge:.0f}", (ridge, rate / 1e12), textcoords="offset points",
+                    xytext=(-30, 8), fontsize=7)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_ylim(min(copy * lo / 1e12, min(y_min.values()) / 2, 1.0), rate / 1e12 * 2.5)
+    ax.set_xlabel(f"arithmetic intensity (FLOP / byte): 2·B·D·V / (V·D·{elem} + B·D·{elem} + 8·B)")
+    ax.set_ylabel("achieved TFLOP/s (2·B·D·V / median time)")
+    ax.set_title(f"{title}: roofline, same minimal bytes for every method")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 # --------------------------------------------------------------------------- tensor parallel
