@@ -10,7 +10,9 @@ Candidates live in a struct-of-arrays buffer ``cand_f[group, field, tile, b]``
 (fp32) and ``cand_i[group, tile, b]`` (int32 global id), batch innermost so one
 program's stores are contiguous (see ``fsdist.ops.sampler.CandidateLayout``).
 With tensor parallelism, group = rank: the host passes ``buf_offset`` pointing
-at this rank's group, in the parity half of the buffer it is using.
+at this rank's group, in the parity half of the buffer it is using. With
+DEVICE_PARITY the half is read from a device counter instead (``parity_ptr``), so
+a CUDA graph replay picks the half of the step it replays, not of the capture.
 When PEER_TABLE is set, ``cand_f``/``cand_i`` are int64 tables of NPEERS base
 addresses and the epilogue stores the candidates into every one of them; this is
 how a rank writes straight into its peers' symmetric buffers. The kernel knows
@@ -57,13 +59,14 @@ def fused_sample_kernel(
     B, D, V_rows, vocab_size, vocab_start,
     stride_hb,
     buf_offset, buf_offset_i, stride_field, stride_slot,
+    parity_ptr, parity_stride_f, parity_stride_i,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_V: tl.constexpr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
     NOISE: tl.constexpr, LOGPROBS: tl.constexpr,
     PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, FROM_LOGITS: tl.constexpr,
-    FAST_LOG: tl.constexpr,
+    FAST_LOG: tl.constexpr, DEVICE_PARITY: tl.constexpr,
 ):
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
@@ -142,6 +145,10 @@ def fused_sample_kernel(
         tsum = best_score
         best_logit = best_score
 
+    if DEVICE_PARITY:
+        par = (tl.load(parity_ptr) & 1).to(tl.int32)
+        buf_offset += par * parity_stride_f
+        buf_offset_i += par * parity_stride_i
     dst = buf_offset + pid_v * stride_slot + offs_b
     dst_i = buf_offset_i + pid_v * stride_slot + offs_b
     if PEER_TABLE:

@@ -17,7 +17,9 @@ int32 [n_ranks, batch_cap] (token), batch innermost. ``group_publish_kernel`` wr
 this rank's triple into its slot of every peer's buffer (peer table) or of its own;
 ``group_select_kernel`` reads all ranks' slots and writes the global token, global
 log-sum-exp and the token's global log-probability
-``logprob_k + lse_k - lse_global``.
+``logprob_k + lse_k - lse_global``. Both kernels take an optional device parity
+(``DEVICE_PARITY``, see ``fsdist.ops.sampler.DeviceParity``) that picks the half of a
+double exchange buffer from a counter in device memory.
 
 Rows that any rank poisoned (NaN logit or bad temperature: lse NaN) return token -1
 with NaN lse and logprob. Ranks whose shard has no valid id for the row (padding only:
@@ -34,7 +36,7 @@ import triton.language as tl
 from .._validation import RowParams
 from .fused_sample import _load_row_param
 from .noise import STREAM_GROUP, gumbel
-from .sampler import _param_args
+from .sampler import DeviceParity, _param_args, _parity_args
 
 X_LSE = 0  # fp32 field: the rank's log-mass for the row
 X_LOGPROB = 1  # fp32 field: log-probability of the rank's local sample within its shard
@@ -86,8 +88,14 @@ def _publish_store(base_f, base_i, off_f, off_i, stride_field, rows, tok, lp, ls
 
 @triton.jit
 def group_publish_kernel(tok_ptr, lp_ptr, lse_ptr, dst_f, dst_i, off_f, off_i, stride_field, B,
-                         BLOCK: tl.constexpr, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr):
+                         parity_ptr, parity_stride_f, parity_stride_i,
+                         BLOCK: tl.constexpr, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr,
+                         DEVICE_PARITY: tl.constexpr):
     """Store (token, logprob, lse) of rows [0, B) at element offsets off_f / off_i."""
+    if DEVICE_PARITY:
+        par = (tl.load(parity_ptr) & 1).to(tl.int32)
+        off_f += par * parity_stride_f
+        off_i += par * parity_stride_i
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = rows < B
     tok = tl.load(tok_ptr + rows, mask=mask, other=-1).to(tl.int32)
@@ -108,9 +116,14 @@ def group_select_kernel(
     ex_f, ex_i, base_f, base_i, stride_rank, stride_field, stride_rank_i, n_ranks,
     seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
     tokens_ptr, logprob_ptr, lse_ptr, B,
+    parity_ptr, parity_stride_f, parity_stride_i,
     BLOCK_R: tl.constexpr, SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr,
-    TEMP_PER_ROW: tl.constexpr, NOISE: tl.constexpr, STREAM: tl.constexpr,
+    TEMP_PER_ROW: tl.constexpr, NOISE: tl.constexpr, STREAM: tl.constexpr, DEVICE_PARITY: tl.constexpr,
 ):
+    if DEVICE_PARITY:
+        par = (tl.load(parity_ptr) & 1).to(tl.int32)
+        base_f += par * parity_stride_f
+        base_i += par * parity_stride_i
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask = rows < B
     temp = _load_row_param(temp_ptr, temp_val, rows, mask, tl.float32, TEMP_PER_ROW)
@@ -167,10 +180,12 @@ def _block_rows(batch: int, device: torch.device) -> int:
 
 def launch_group_publish(tokens: torch.Tensor, logprobs: torch.Tensor, lse: torch.Tensor,
                          layout: ExchangeLayout, dst_f: torch.Tensor, dst_i: torch.Tensor, *,
-                         rank: int, base_f: int = 0, base_i: int = 0, npeers: Optional[int] = None):
+                         rank: int, base_f: int = 0, base_i: int = 0, npeers: Optional[int] = None,
+                         parity: Optional[DeviceParity] = None):
     """Write rows [0, B) of (tokens, logprobs, lse) into slot `rank` of the exchange buffer.
 
-    base_f / base_i: element offsets of the step's buffer inside dst_f / dst_i. With
+    base_f / base_i: element offsets of the step's buffer inside dst_f / dst_i, plus the
+    half a device counter picks when `parity` is given. With
     npeers set, dst_f / dst_i are int64 tables of the peers' buffer base addresses and
     every peer receives the triple.
     """
@@ -182,15 +197,18 @@ def launch_group_publish(tokens: torch.Tensor, logprobs: torch.Tensor, lse: torc
     if B == 0:
         return
     block = _block_rows(B, tokens.device)
+    par_p, par_f, par_i, par_on = _parity_args(parity, dst_i)
     group_publish_kernel[(triton.cdiv(B, block),)](
         tokens, logprobs, lse, dst_f, dst_i,
         base_f + rank * layout.stride_rank, base_i + rank * layout.stride_rank_i, layout.stride_field, B,
-        BLOCK=block, PEER_TABLE=npeers is not None, NPEERS=npeers or 1, num_warps=4,
+        par_p, par_f, par_i,
+        BLOCK=block, PEER_TABLE=npeers is not None, NPEERS=npeers or 1, DEVICE_PARITY=par_on, num_warps=4,
     )
 
 
 def launch_group_select(layout: ExchangeLayout, ex_f: torch.Tensor, ex_i: torch.Tensor, batch: int,
-                        params: RowParams, *, base_f: int = 0, base_i: int = 0):
+                        params: RowParams, *, base_f: int = 0, base_i: int = 0,
+                        parity: Optional[DeviceParity] = None):
     """Pick each row's rank and return (tokens int64 [B], logprobs fp32 [B], lse fp32 [B])."""
     device = ex_f.device
     tokens = torch.empty(batch, dtype=torch.int64, device=device)
@@ -204,12 +222,14 @@ def launch_group_select(layout: ExchangeLayout, ex_f: torch.Tensor, ex_i: torch.
         off_p, off_v, off_row = _param_args(params.offset, dummy)
         temp_p, temp_v, temp_row = _param_args(params.temperature, dummy)
         block = _block_rows(batch, device)
+        par_p, par_f, par_i, par_on = _parity_args(parity, dummy)
         group_select_kernel[(triton.cdiv(batch, block),)](
             ex_f, ex_i, base_f, base_i, layout.stride_rank, layout.stride_field, layout.stride_rank_i,
             layout.n_ranks,
             seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
             tokens, lp, lse, batch,
+            par_p, par_f, par_i,
             BLOCK_R=block, SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
-            NOISE=not params.all_greedy, STREAM=_STREAM_GROUP, num_warps=4,
+            NOISE=not params.all_greedy, STREAM=_STREAM_GROUP, DEVICE_PARITY=par_on, num_warps=4,
         )
     return tokens, lp, lse

@@ -14,6 +14,9 @@ A program owns BLOCK_R rows and walks the slots in chunks of BLOCK_S, keeping a
 running best and a running (max, sum) pair, so any number of slots fits in
 registers; rows are innermost in the buffer, so every chunk load is coalesced.
 
+With DEVICE_PARITY, ``(*parity_ptr & 1) * parity_stride_*`` is added to the buffer
+offsets: the parity half of a double buffer is chosen on the device (CUDA graphs).
+
 A row returns token -1 (and NaN log-probability) when any tile saw a NaN logit or
 a bad temperature, or when no id had a finite score.
 """
@@ -25,8 +28,13 @@ import triton.language as tl
 def reduce_candidates_kernel(
     cand_f, cand_i, tokens_ptr, logprob_ptr, lse_ptr,
     B, n_slots, n_local, buf_offset, buf_offset_i, stride_group, stride_group_i, stride_field, stride_slot,
-    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, LOGPROBS: tl.constexpr,
+    parity_ptr, parity_stride_f, parity_stride_i,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, LOGPROBS: tl.constexpr, DEVICE_PARITY: tl.constexpr,
 ):
+    if DEVICE_PARITY:
+        par = (tl.load(parity_ptr) & 1).to(tl.int32)
+        buf_offset += par * parity_stride_f
+        buf_offset_i += par * parity_stride_i
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rows < B
     best = tl.full([BLOCK_R], float("-inf"), tl.float32)

@@ -66,6 +66,28 @@ class CandidateLayout:
                 torch.empty(self.int_numel, dtype=torch.int32, device=device))
 
 
+@dataclass(frozen=True)
+class DeviceParity:
+    """Which half of a double buffer a launch uses, decided on the device.
+
+    The kernels add ``(counter[0] & 1) * stride_f`` (fp32 buffer) and ``... * stride_i``
+    (int32 buffer) elements to their buffer offsets. A host integer would be frozen into
+    a captured CUDA graph; a counter in device memory, advanced on the stream, lets every
+    replay use the half of the step it runs. Strides of 0 mean a single copy.
+    """
+
+    counter: torch.Tensor  # one integer element on the buffers' device
+    stride_f: int
+    stride_i: int
+
+
+def _parity_args(parity: Optional[DeviceParity], dummy: torch.Tensor):
+    """(pointer, stride_f, stride_i, DEVICE_PARITY) kernel arguments."""
+    if parity is None:
+        return dummy, 0, 0, False
+    return parity.counter, parity.stride_f, parity.stride_i, True
+
+
 def _param_args(x, dummy: torch.Tensor):
     """(pointer, scalar, per_row) kernel arguments for a scalar-or-tensor row parameter."""
     if isinstance(x, torch.Tensor):
@@ -87,7 +109,7 @@ def _check_fit(hidden, weight, cfg, layout, group, vocab_start):
 
 
 def _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, *, vocab_size, vocab_start, group,
-                   base_f, base_i, npeers, logprobs, tiles, logits=None):
+                   base_f, base_i, npeers, logprobs, tiles, logits=None, parity=None):
     """One launch of the stage-1 kernel over vocabulary tiles [tiles[0], tiles[1])."""
     B, D = hidden.shape
     V_rows = weight.shape[0]
@@ -95,6 +117,7 @@ def _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, *, vocab
     seed_p, seed_v, seed_row = _param_args(params.seed, dummy)
     off_p, off_v, off_row = _param_args(params.offset, dummy)
     temp_p, temp_v, temp_row = _param_args(params.temperature, dummy)
+    par_p, par_f, par_i, par_on = _parity_args(parity, dummy)
     grid = (triton.cdiv(B, cfg.block_b), tiles[1] - tiles[0])
     fused_sample_kernel[grid](
         hidden, weight, hidden if logits is None else logits, 0 if logits is None else logits.stride(0), tiles[0],
@@ -104,6 +127,7 @@ def _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, *, vocab
         hidden.stride(0),
         base_f + group * layout.stride_group, base_i + group * layout.stride_group_i,
         layout.stride_field, layout.stride_slot,
+        par_p, par_f, par_i,
         BLOCK_B=cfg.block_b, BLOCK_V=cfg.block_v, BLOCK_K=cfg.block_k,
         EVEN_K=D % cfg.block_k == 0, EVEN_V=V_rows % cfg.block_v == 0,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
@@ -112,24 +136,25 @@ def _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, *, vocab
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
         FROM_LOGITS=logits is not None, FAST_LOG=hidden.device.type == "cuda" and torch.version.hip is None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DEVICE_PARITY=par_on, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
 def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
                  layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, *,
                  vocab_size: int, vocab_start: int = 0, group: int = 0, base_f: int = 0, base_i: int = 0,
-                 npeers: Optional[int] = None, logprobs: bool = False):
+                 npeers: Optional[int] = None, logprobs: bool = False, parity: Optional[DeviceParity] = None):
     """Stage 1: write this weight's candidates into `group` of the buffer.
 
     base_f / base_i: element offsets of the buffer inside cand_f / cand_i (the parity
-    half of a double buffer). With npeers set, cand_f / cand_i are int64 tables of the
+    half of a double buffer). parity: add the half chosen by a device counter on top of
+    them (see DeviceParity). With npeers set, cand_f / cand_i are int64 tables of the
     peers' buffer base addresses and every peer receives the candidates.
     """
     n_vtiles = _check_fit(hidden, weight, cfg, layout, group, vocab_start)
     _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, vocab_size=vocab_size,
                    vocab_start=vocab_start, group=group, base_f=base_f, base_i=base_i, npeers=npeers,
-                   logprobs=logprobs, tiles=(0, n_vtiles))
+                   logprobs=logprobs, tiles=(0, n_vtiles), parity=parity)
 
 
 def chunk_logits(hidden: torch.Tensor, weight_rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -149,7 +174,8 @@ def chunk_rows_for(batch: int, block_v: int, budget_bytes: int = 16 << 20) -> in
 def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
                    layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, *,
                    vocab_size: int, vocab_start: int = 0, group: int = 0, base_f: int = 0, base_i: int = 0,
-                   npeers: Optional[int] = None, logprobs: bool = False, chunk_rows: Optional[int] = None):
+                   npeers: Optional[int] = None, logprobs: bool = False, chunk_rows: Optional[int] = None,
+                   parity: Optional[DeviceParity] = None):
     """Stage 1 for compute-bound batches: cuBLAS logits per L2-sized chunk, then the same epilogue.
 
     Writes the same candidates as launch_fused (same noise, same layout); the logits
@@ -171,7 +197,8 @@ def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams
         logits = chunk_logits(hidden, weight[r0:r1], buf[: B * (r1 - r0)].view(B, r1 - r0))
         _launch_stage1(hidden, weight, params, epi, layout, cand_f, cand_i, vocab_size=vocab_size,
                        vocab_start=vocab_start, group=group, base_f=base_f, base_i=base_i, npeers=npeers,
-                       logprobs=logprobs, tiles=(r0 // cfg.block_v, triton.cdiv(r1, cfg.block_v)), logits=logits)
+                       logprobs=logprobs, tiles=(r0 // cfg.block_v, triton.cdiv(r1, cfg.block_v)), logits=logits,
+                       parity=parity)
 
 
 STAGE1_PATHS = ("fused", "chunked")
@@ -189,10 +216,11 @@ def stage1_launcher(path: Optional[str], batch: int, hidden_size: int, device_ty
 
 
 def launch_reduce(layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, batch: int, *,
-                  base_f: int = 0, base_i: int = 0, logprobs: bool = False, blocks: Optional[Tuple[int, int]] = None):
+                  base_f: int = 0, base_i: int = 0, logprobs: bool = False, blocks: Optional[Tuple[int, int]] = None,
+                  parity: Optional[DeviceParity] = None):
     """Stage 2: tokens int64 [B], and logprobs / logsumexp fp32 [B] (or None).
 
-    blocks: (rows per program, slots per chunk) override, for tests.
+    blocks: (rows per program, slots per chunk) override, for tests. parity: as in launch_fused.
     """
     device = cand_f.device
     tokens = torch.empty(batch, dtype=torch.int64, device=device)
@@ -206,10 +234,11 @@ def launch_reduce(layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.T
             # so a decode batch spreads over SMs instead of looping in one program.
             block_r, block_s = (2 if batch <= 64 else 4), min(triton.next_power_of_2(layout.n_slots), 1024)
         block_r, block_s = blocks or (block_r, block_s)
+        par_p, par_f, par_i, par_on = _parity_args(parity, cand_i)
         reduce_candidates_kernel[(triton.cdiv(batch, block_r),)](
             cand_f, cand_i, tokens, lp, lse,
             batch, layout.n_slots, layout.n_local, base_f, base_i, layout.stride_group, layout.stride_group_i,
-            layout.stride_field, layout.stride_slot,
-            BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs, num_warps=4,
+            layout.stride_field, layout.stride_slot, par_p, par_f, par_i,
+            BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs, DEVICE_PARITY=par_on, num_warps=4,
         )
     return tokens, (lp if logprobs else None), (lse if logprobs else None)

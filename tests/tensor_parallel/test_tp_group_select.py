@@ -15,6 +15,7 @@ from scipy import stats
 
 from fsdist._validation import RowParams
 from fsdist.ops.group_select import ExchangeLayout, launch_group_publish, launch_group_select
+from fsdist.ops.sampler import DeviceParity
 from fsdist.reference import gumbel_noise
 from tp_helpers import P_MIN
 
@@ -150,6 +151,36 @@ def test_publish_fans_out_through_a_peer_table():
     launch_group_publish(tok, lp, lse, layout, f2, i2, rank=2, base_f=f.numel(), base_i=i.numel())
     assert torch.equal(i2[i.numel():].view(R, cap)[2, :B].long(), tok)
     assert not i2[:i.numel()].any()
+
+
+@pytest.mark.parametrize("counter_value", [0, 1, 6, 7])
+def test_device_parity_picks_the_exchange_copy(counter_value):
+    """Publish and select read the copy from a device counter (the TP head's CUDA-graph path):
+    publishes land in copy counter & 1 only, and select on it equals select at the host offset."""
+    R, B, cap = 3, 10, 16
+    layout = ExchangeLayout(R, cap)
+    g = torch.Generator().manual_seed(counter_value)
+    f2 = torch.full((2 * layout.float_numel,), float("nan"), device=DEV)
+    i2 = torch.full((2 * layout.int_numel,), -7, dtype=torch.int32, device=DEV)
+    counter = torch.tensor([counter_value], dtype=torch.int64, device=DEV)
+    parity = DeviceParity(counter, layout.float_numel, layout.int_numel)
+    lse = torch.randn(R, B, generator=g) * 2
+    lp = -torch.rand(R, B, generator=g)
+    tok = torch.randint(0, 1000, (R, B), generator=g)
+    for r in range(R):  # as the R ranks would, each into its own slot
+        launch_group_publish(tok[r].to(DEV), lp[r].to(DEV), lse[r].to(DEV), layout, f2, i2, rank=r, parity=parity)
+    k = counter_value & 1
+    fv, iv = f2.view(2, R, 2, cap), i2.view(2, R, cap)
+    assert torch.equal(iv[k, :, :B].cpu().long(), tok) and torch.equal(fv[k, :, 0, :B].cpu(), lse)
+    assert bool((iv[1 - k] == -7).all()) and bool(fv[1 - k].isnan().all()), "the other copy was touched"
+    params = RowParams(1.0, torch.arange(B, dtype=torch.int64, device=DEV) + 5, 3)
+    got = launch_group_select(layout, f2, i2, B, params, parity=parity)
+    host = launch_group_select(layout, f2, i2, B, params, base_f=k * layout.float_numel,
+                               base_i=k * layout.int_numel)
+    want = mirror(lse, lp, tok, torch.ones(B), params.seed.cpu(), torch.full((B,), 3))[0]
+    assert all(torch.equal(a, b) for a, b in zip(got, host))
+    assert torch.equal(got[0].cpu(), want)
+    assert int(counter.item()) == counter_value
 
 
 def test_capacity_is_checked():
