@@ -16,7 +16,10 @@ How group r gets into every rank's buffer depends on the transport:
   all-gather of the tp group blocks.
 
 Buffers are doubled by step parity (see step_buffers.py) so a fast rank's next
-step never overwrites a slot a slow rank is still reducing.
+step never overwrites a slot a slow rank is still reducing. The kernels read the
+parity from the reduction's device counter, so a CUDA graph of a step alternates
+the copies on replay; the collective transport has one copy (its all-gather needs a
+host-known address and cannot race).
 """
 import torch
 
@@ -36,38 +39,38 @@ class CandidatesReduction(Reduction):
     def _allocate(self) -> None:
         # Sized for the logprobs layout (4 fields); a call without logprobs uses a prefix of each copy.
         full = self._layout(True)
-        self.buffers = StepBuffers(self.transport, full.float_numel, full.int_numel, self.num_buffers)
+        self.buffers = StepBuffers(self.transport, full.float_numel, full.int_numel, self.counter, self.num_buffers)
 
     def _release(self) -> None:
         self.buffers.free()
         self.buffers = None
 
-    def run(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig, step: int,
-            logprobs: bool, hook: DebugHook = None, stage1=launch_fused):
+    def _sample(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig, step: int,
+                logprobs: bool, hook: DebugHook = None, stage1=None):
+        stage1 = stage1 or launch_fused
         B = hidden.shape[0]
-        self.ensure_capacity(B)
         layout = self._layout(logprobs)
         bufs = self.buffers
-        base_f, base_i = bufs.offsets(step)
+        par = bufs.parity  # the kernels add the copy of the current step to these offsets
         part, t = self.partition, self.transport
         if hook:
             hook("before_stage1", step)
         if t.peer_stores:
             stage1(hidden, weight, params, cfg, layout, bufs.f.peer_ptrs, bufs.i.peer_ptrs,
-                         vocab_size=part.vocab_size, vocab_start=part.start, group=self.rank,
-                         base_f=base_f, base_i=base_i, npeers=self.tp, logprobs=logprobs)
+                   vocab_size=part.vocab_size, vocab_start=part.start, group=self.rank,
+                   npeers=self.tp, logprobs=logprobs, parity=par)
             t.barrier()
         else:
+            # One copy (parity strides 0): the all-gather below needs host-known slices.
             f, i = bufs.f.local, bufs.i.local
             stage1(hidden, weight, params, cfg, layout, f, i,
-                         vocab_size=part.vocab_size, vocab_start=part.start, group=self.rank,
-                         base_f=base_f, base_i=base_i, logprobs=logprobs)
+                   vocab_size=part.vocab_size, vocab_start=part.start, group=self.rank,
+                   logprobs=logprobs, parity=par)
             gf, gi = layout.stride_group, layout.stride_group_i
-            out_f = f[base_f:base_f + self.tp * gf]
-            out_i = i[base_i:base_i + self.tp * gi]
+            out_f = f[:self.tp * gf]
+            out_i = i[:self.tp * gi]
             t.all_gather_into(out_f, out_f[self.rank * gf:(self.rank + 1) * gf])
             t.all_gather_into(out_i, out_i[self.rank * gi:(self.rank + 1) * gi])
         if hook:
             hook("before_stage2", step)
-        return launch_reduce(layout, bufs.f.local, bufs.i.local, B, base_f=base_f, base_i=base_i,
-                             logprobs=logprobs)
+        return launch_reduce(layout, bufs.f.local, bufs.i.local, B, logprobs=logprobs, parity=par)

@@ -16,7 +16,8 @@ One step:
      table into every rank's buffer (peer-store transports) then a barrier, or into
      the local buffer then an in-place all-gather (collective);
   3. group select on every rank (identical inputs, identical noise: identical result).
-The exchange buffer is doubled by step parity like the candidate buffer.
+The exchange buffer is doubled by step parity like the candidate buffer (the parity
+comes from the reduction's device counter; one copy with the collective transport).
 """
 import torch
 
@@ -37,20 +38,20 @@ class GroupLogmassReduction(Reduction):
         self.local_f, self.local_i = self.local_layout.alloc(self.device)
         self.exchange = ExchangeLayout(self.tp, self.capacity)
         self.buffers = StepBuffers(self.transport, self.exchange.float_numel, self.exchange.int_numel,
-                                   self.num_buffers)
+                                   self.counter, self.num_buffers)
 
     def _release(self) -> None:
         self.buffers.free()
         self.buffers = None
         self.local_f = self.local_i = None
 
-    def run(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig, step: int,
-            logprobs: bool, hook: DebugHook = None, stage1=launch_fused):
+    def _sample(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig, step: int,
+                logprobs: bool, hook: DebugHook = None, stage1=None):
+        stage1 = stage1 or launch_fused
         B = hidden.shape[0]
-        self.ensure_capacity(B)
         part, t, x = self.partition, self.transport, self.exchange
         bufs = self.buffers
-        base_f, base_i = bufs.offsets(step)
+        par = bufs.parity  # the kernels add the copy of the current step to their offsets
         if hook:
             hook("before_stage1", step)
         # 1. local exact sample, log-probability and log-mass of this shard
@@ -60,19 +61,19 @@ class GroupLogmassReduction(Reduction):
         # 2. exchange the triples
         if t.peer_stores:
             launch_group_publish(tok, lp, lse, x, bufs.f.peer_ptrs, bufs.i.peer_ptrs, rank=self.rank,
-                                 base_f=base_f, base_i=base_i, npeers=self.tp)
+                                 npeers=self.tp, parity=par)
             t.barrier()
         else:
+            # One copy (parity strides 0): the all-gather below needs host-known slices.
             f, i = bufs.f.local, bufs.i.local
-            launch_group_publish(tok, lp, lse, x, f, i, rank=self.rank, base_f=base_f, base_i=base_i)
-            out_f = f[base_f:base_f + x.float_numel]
-            out_i = i[base_i:base_i + x.int_numel]
+            launch_group_publish(tok, lp, lse, x, f, i, rank=self.rank, parity=par)
+            out_f = f[:x.float_numel]
+            out_i = i[:x.int_numel]
             r = self.rank
             t.all_gather_into(out_f, out_f[r * x.stride_rank:(r + 1) * x.stride_rank])
             t.all_gather_into(out_i, out_i[r * x.stride_rank_i:(r + 1) * x.stride_rank_i])
         if hook:
             hook("before_stage2", step)
         # 3. choose the shard, identically on every rank
-        tokens, glp, glse = launch_group_select(x, bufs.f.local, bufs.i.local, B, params,
-                                                base_f=base_f, base_i=base_i)
+        tokens, glp, glse = launch_group_select(x, bufs.f.local, bufs.i.local, B, params, parity=par)
         return tokens, (glp if logprobs else None), (glse if logprobs else None)

@@ -11,7 +11,16 @@ Composition (each piece knows only its own job):
 Lock-step contract: ``forward`` is a collective. Every rank of ``tp_group`` calls it the
 same number of times, with the same batch size, the same ``return_logprobs`` and the
 same sampling parameters (temperature, seed, offset), on its own weight shard and the
-same hidden states. Every rank then returns the same SampleOutput.
+same hidden states. Every rank then returns the same SampleOutput. A CUDA graph
+replay of a captured ``forward`` counts as a call: every rank replays the same number
+of times, in the same order relative to its eager calls.
+
+CUDA graphs: ``forward`` can be captured once all its host-side work is done (the
+Triton kernels are compiled and the exchange buffers are large enough: warm up with
+the largest batch first, or pass ``max_batch_size``). The buffer parity is read from
+a device counter (``step_counter``) that every step advances on the stream, so
+replays alternate the exchange buffers like eager calls do. See
+docs/tensor_parallel.md, "CUDA graphs".
 """
 import logging
 from typing import Optional, Union
@@ -99,6 +108,8 @@ class ShardedFlashLMHead(nn.Module):
             _positive_int(vocab_size, "vocab_size")
             _positive_int(make_vocab_size_divisible_by, "make_vocab_size_divisible_by")
             _positive_int(_num_buffers, "_num_buffers")
+            if _num_buffers > 2:
+                raise ValueError(f"_num_buffers must be 1 or 2 (a parity picks the copy), got {_num_buffers}")
             if max_batch_size is not None:
                 _positive_int(max_batch_size, "max_batch_size")
             if params_dtype not in V.SUPPORTED_DTYPES:
@@ -179,8 +190,17 @@ class ShardedFlashLMHead(nn.Module):
 
     @property
     def step(self) -> int:
-        """Number of (non-empty) forward calls so far; its parity picks the exchange buffer."""
+        """Number of (non-empty) forward calls made from Python so far (a capture counts once,
+        graph replays not at all). The exchange buffer is picked by ``step_counter`` instead."""
         return self._step
+
+    @property
+    def step_counter(self) -> torch.Tensor:
+        """int64 [1] on the head's device: steps run on the device (eager calls and graph replays).
+
+        Its parity picks the exchange buffer copy; each step adds 1 on the stream after its
+        stage 2. Read it, do not write it (ranks must keep equal counters)."""
+        return self._reduction.counter
 
     # ---- weights ----------------------------------------------------------------------
     @torch.no_grad()
@@ -239,10 +259,11 @@ class ShardedFlashLMHead(nn.Module):
         if hidden.stride(1) != 1:
             hidden = hidden.contiguous()
         cfg = pick_config(B, self.hidden_size, self.device.type, block_v=self.block_v)
-        step = self._step
-        self._step += 1
-        tokens, lp, lse = self._reduction.run(hidden, w.detach(), params, cfg, step, return_logprobs,
+        # The exchange buffer's copy is chosen on the device (step_counter), not from self._step:
+        # a host integer would be frozen into a captured CUDA graph. self._step feeds the debug hook.
+        tokens, lp, lse = self._reduction.run(hidden, w.detach(), params, cfg, self._step, return_logprobs,
                                               self._debug_hook, stage1)
+        self._step += 1  # after run: a step refused before launching anything (e.g. growth in capture) is no step
         return SampleOutput(tokens, lp, lse)
 
     # ---- lifetime ---------------------------------------------------------------------

@@ -1,14 +1,19 @@
 """Common base of the two cross-rank reductions: batch capacity and step bookkeeping.
 
+The step counter that picks the exchange buffer's copy lives here, in device memory
+(``counter``, one int64), so that it survives buffer reallocation and a CUDA graph
+captured around a step reads and advances it at replay time (see step_buffers.py).
+
 Buffers are laid out for a batch capacity (batch is the innermost dimension). When a
 larger batch arrives the buffers are reallocated, collectively: every rank sees the
 same batch size (the head's contract), so every rank grows at the same step. Capacity
 grows to the next power of two (at least 16) so a slowly growing batch reallocates
 only a few times. Growing allocates symmetric memory, so it must not happen while a
 CUDA graph is being captured: warm up with the largest batch first, or pass
-``max_batch_size`` to the head.
+``max_batch_size`` to the head. Growing after a capture would free buffers the graph
+still points into, so that raises too.
 """
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 import triton
@@ -40,6 +45,10 @@ class Reduction:
         self.n_local = triton.cdiv(partition.rows, block_v)  # vocabulary tiles per rank
         self.capacity = 0
         self.buffers = None  # StepBuffers once a batch has arrived
+        # Steps run on the device (eager calls and graph replays); parity = copy in use.
+        # int64: never wraps in practice.
+        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+        self.captured = False  # a CUDA graph holds pointers into the current buffers
 
     # subclasses: allocate / free their buffers for self.capacity
     def _allocate(self) -> None:
@@ -48,6 +57,24 @@ class Reduction:
     def _release(self) -> None:
         raise NotImplementedError
 
+    def _sample(self, hidden: torch.Tensor, weight: torch.Tensor, params, cfg, step: int, logprobs: bool,
+                hook: DebugHook, stage1) -> Tuple:
+        """One step on buffers of sufficient capacity: (tokens, logprobs or None, lse or None)."""
+        raise NotImplementedError
+
+    def run(self, hidden: torch.Tensor, weight: torch.Tensor, params, cfg, step: int, logprobs: bool,
+            hook: DebugHook = None, stage1=None) -> Tuple:
+        """One sampling step across the group. ``step`` is the host count, for the debug hook only:
+        the exchange buffer's copy comes from ``self.counter``."""
+        self.ensure_capacity(hidden.shape[0])
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            self.captured = True
+        out = self._sample(hidden, weight, params, cfg, step, logprobs, hook, stage1)
+        # Stream ordered after stage 2 has read this step's copy, and captured by a graph,
+        # so every replay advances it too.
+        self.counter.add_(1)
+        return out
+
     def ensure_capacity(self, batch: int) -> None:
         """Collective when it (re)allocates; a no-op when the batch fits."""
         if batch <= self.capacity:
@@ -55,8 +82,15 @@ class Reduction:
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
                 f"batch {batch} exceeds the tensor-parallel head's buffer capacity {self.capacity} while a "
-                "CUDA graph is being captured; growing needs a collective allocation. Run one step with the "
-                "largest batch before capturing, or construct the head with max_batch_size.")
+                "CUDA graph is being captured; growing needs a collective allocation. Warm up with the "
+                "largest batch first (one eager step before capturing), or construct the head with "
+                "max_batch_size.")
+        if self.captured:
+            raise RuntimeError(
+                f"batch {batch} exceeds the tensor-parallel head's buffer capacity {self.capacity}, and a CUDA "
+                "graph was captured on the current buffers: growing would free memory the graph still uses. "
+                "Warm up with the largest batch first (before any capture), or construct the head with "
+                "max_batch_size.")
         if self.capacity:
             self._release()
         self.capacity = capacity_for(batch)

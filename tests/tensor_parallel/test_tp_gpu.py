@@ -110,3 +110,110 @@ def test_gpu_auto_prefers_nvshmem(dist_ctx):
     if torch.cuda.device_count() >= 2:
         assert head.transport_name == "nvshmem"
     head.close()
+
+
+def _graph_problem(dist_ctx, transport, reduction, B=16, D=1024, V=32000):
+    """A captured head, a fresh head for eager references (same weight), device-tensor inputs."""
+    dev = dist_ctx.device
+    W, h = _weights(V, D, B, dev, seed=4, scale=3.0)
+    kw = dict(transport=transport, reduction=reduction, device=dev, max_batch_size=B)
+    head, fresh = fsdist.ShardedFlashLMHead(D, V, **kw), fsdist.ShardedFlashLMHead(D, V, **kw)
+    head.load_full_weight(W)
+    fresh.load_full_weight(W)
+    rows = torch.arange(B, device=dev)
+    inputs = dict(temperature=torch.where(rows % 3 == 0, 0.0, 0.9), seed=rows * 7 + 1,
+                  offset=torch.zeros(B, dtype=torch.int64, device=dev))
+    return head, fresh, h, inputs
+
+
+def _same(a, b):
+    return (torch.equal(a.tokens, b.tokens) and torch.equal(a.logprobs, b.logprobs)
+            and torch.equal(a.logsumexp, b.logsumexp))
+
+
+@pytest.mark.parametrize("reduction", ["candidates", "group_logmass"])
+@pytest.mark.parametrize("transport", ["nvshmem", "symm_mem", "collective"])
+def test_gpu_cuda_graph_replays_alternate_the_exchange_buffers(dist_ctx, transport, reduction):
+    """Capture one forward, replay it with new offsets written in place: each replay equals an
+    eager forward on a fresh head, and consecutive replays use alternating buffer copies
+    (read from the device counter and from the buffers themselves)."""
+    import torch.distributed as dist
+
+    _need(transport)
+    head, fresh, h, inp = _graph_problem(dist_ctx, transport, reduction)
+    B = h.shape[0]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up: Triton compiles, NCCL communicators, first barrier
+        for _ in range(2):
+            head(h, return_logprobs=True, **inp)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = head(h, return_logprobs=True, **inp)
+    assert int(head.step_counter.item()) == 2  # capturing runs nothing
+    bufs = head._reduction.buffers
+    cap, world = head._reduction.capacity, dist_ctx.world_size
+    parities = []
+    for r in range(6):
+        inp["offset"].copy_(torch.arange(B, device=h.device) + 1000 * r)
+        for k in range(bufs.num_buffers):
+            bufs.copy(k)[1].fill_(-7)
+        torch.cuda.synchronize()
+        dist.barrier()  # every rank has filled its buffers before anyone replays
+        before = int(head.step_counter.item())
+        graph.replay()
+        torch.cuda.synchronize()
+        dist.barrier()  # every rank's stores of this replay have landed
+        assert int(head.step_counter.item()) == before + 1
+        k = before & 1 if bufs.num_buffers == 2 else 0
+        parities.append(k)
+        written = bufs.copy(k)[1].view(world, -1, cap)[:, :, :B]
+        assert bool((written != -7).all()), f"replay {r}: copy {k} lacks entries"
+        if bufs.num_buffers == 2:
+            assert bool((bufs.copy(1 - k)[1] == -7).all()), f"replay {r}: copy {1 - k} was written"
+        assert _same(out, fresh(h, return_logprobs=True, **inp)), f"replay {r} differs from an eager forward"
+    if bufs.num_buffers == 2:
+        assert parities == [0, 1, 0, 1, 0, 1]
+    # Back to back, no host sync, eager calls interleaved: replays and eager steps share the counter.
+    got, want = [], []
+    for r in range(6):
+        inp["offset"].fill_(5000 + r)
+        if r % 3 == 2:
+            got.append(head(h, return_logprobs=True, **inp).tokens)
+        else:
+            graph.replay()
+            got.append(out.tokens.clone())
+    for r in range(6):
+        inp["offset"].fill_(5000 + r)
+        want.append(fresh(h, return_logprobs=True, **inp).tokens)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert int(head.step_counter.item()) == 2 + 6 + 6 and head.step == 2 + 1 + 2
+    del graph
+    torch.cuda.synchronize()
+    head.close()
+    fresh.close()
+
+
+def test_gpu_graph_capture_does_not_grow_buffers(dist_ctx):
+    """Growing the exchange buffers is a collective allocation: refused while capturing, and
+    after a capture (the graph points into the current buffers)."""
+    dev = dist_ctx.device
+    W, h = _weights(1000, 256, 40, dev, seed=5)
+    head = fsdist.ShardedFlashLMHead(256, 1000, transport="collective", device=dev)
+    head.load_full_weight(W)
+    head(h[:8])  # capacity 16
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="largest batch first"):
+        with torch.cuda.graph(graph):
+            head(h)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        head(h[:8])
+    with pytest.raises(RuntimeError, match="graph was captured"):
+        head(h)
+    graph.replay()
+    torch.cuda.synchronize()
+    head.close()
