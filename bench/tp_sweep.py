@@ -8,6 +8,8 @@ Methods (``--transports`` x ``--reductions`` for fsdist, ``--baselines`` for the
   fsdist/<transport>/<reduction>  fsdist.ShardedFlashLMHead (transport nvshmem | symm_mem |
                                   collective | shm; reduction candidates | group_logmass)
   fsdist/single                   fsdist.sample on the whole weight (TP=1 only)
+  fsdist_graph/<transport>/<red>  with --graph (GPU): the same head call captured once in a CUDA
+                                  graph, the timed loop replays it (same hidden state every replay)
   matmul_shard                    this rank's shard matmul alone (cuBLAS): the per-rank floor
   ag_matmul                       shard matmul + all-gather of the logits (no sampling)
   ag_multinomial                  shard matmul + all-gather + softmax + multinomial (torch.compile)
@@ -274,6 +276,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, help="warm-up calls (GPU 10, CPU 1)")
     p.add_argument("--rotate", type=int, default=4, help="hidden-state buffers rotated over")
     p.add_argument("--logprobs", action="store_true", help="fsdist methods also return logprobs")
+    p.add_argument("--graph", action="store_true",
+                   help="GPU: also time every fsdist head as a CUDA-graph replay (method fsdist_graph/...)")
     p.add_argument("--profile-breakdown", action="store_true",
                    help="also time stage 1 + exchange / stage 2 and per-kernel device time")
     p.add_argument("--breakdown-iters", type=int, default=20)
@@ -408,6 +412,9 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
     compile_baselines = (on_gpu or args.force_compile) and not args.eager_baselines
     budget = C.Budget(60 * (args.max_minutes or (8.0 if on_gpu else 30.0)))
     skipped: Dict[str, str] = {}
+    if args.graph and not on_gpu:
+        args.graph = False
+        skipped["fsdist_graph"] = "CUDA graphs need a GPU"
 
     known_bl = ["matmul_shard", "ag_matmul", "ag_multinomial", "ag_gumbel", "ag_fi2", "fsdist_single"]
     if args.baselines == "none":
@@ -451,7 +458,8 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                 args={"tp": world, "shapes": [list(s) for s in shapes], "batches": batches, "dtype": C.dtype_name(dtype),
                       "transports": transports, "reductions": reductions, "baselines": baselines,
                       "compile_baselines": compile_baselines, "runs": runs, "iters": iters, "warmup": warmup,
-                      "temperature": args.temperature, "logprobs": args.logprobs, "rotate": args.rotate},
+                      "temperature": args.temperature, "logprobs": args.logprobs, "rotate": args.rotate,
+                      "graph": args.graph},
                 json_path=str(writer.path) if writer.enabled else None)
     tp1 = find_tp1(C.gpu_slug(device), args.baseline_json) if world > 1 else None
     if tp1:
@@ -469,6 +477,37 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
         row["tp"] = world
         data["results"].append(row)
         writer.flush()
+
+    def graph_row(D, V, B, name, fn, hs):
+        """Capture one call of the (already warm) head, check a replay against an eager call, time replays."""
+        gname = "fsdist_graph/" + name[len("fsdist/"):]
+        row = {"D": D, "V": V, "B": B, "method": gname, "min_us": None, "median_us": None, "error": None}
+        err, graph = None, None
+        try:
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = fn(hs[0])
+            graph.replay()
+            eager = fn(hs[0])  # the next buffer copy, same inputs: same tokens
+            C.sync(device)
+            check(D, V, B, f"{gname} replay == eager call", torch.equal(out.tokens, eager.tokens),
+                  f"{int((out.tokens != eager.tokens).sum())}/{B} rows differ")
+        except Exception as e:  # noqa: BLE001
+            err = f"{type(e).__name__}: {str(e)[:300]}"
+        if comm.agree(err is None):
+            try:
+                per_run = time_lockstep(comm, lambda _x: graph.replay(), hs, warmup=warmup, iters=iters, runs=runs)
+                row.update(min_us=min(per_run), median_us=statistics.median(per_run), runs_us=per_run, iters=iters)
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        else:
+            row["error"] = err or "failed on another rank"
+        log(f"  D={D} B={B:<4} {gname:<32} min {C.fmt_us(row['min_us']):>9} us  median "
+            f"{C.fmt_us(row['median_us']):>9} us" + (f"  ERROR {row['error']}" if row["error"] else ""))
+        record(row)
+        del graph
+        C.sync(device)
 
     gen_dev = device
     stopped = False
@@ -606,6 +645,8 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                 log(f"  D={D} B={B:<4} {name:<32} min {C.fmt_us(row['min_us']):>9} us  median "
                     f"{C.fmt_us(row['median_us']):>9} us" + (f"  ERROR {row['error']}" if row["error"] else ""))
                 record(row)
+                if args.graph and head is not None and row["min_us"] is not None:
+                    graph_row(D, V, B, name, fn, hs)
                 if args.profile_breakdown and row["min_us"] is not None:
                     bd = {"D": D, "V": V, "B": B, "method": name, "tp": world}
                     if head is not None:
