@@ -58,9 +58,17 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
     return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5)
 
 
-# Batch size from which sample() computes logits with cuBLAS in L2-sized chunks instead of
-# the fused Triton GEMM (set from bench/kernel_bench.py; see docs/performance.md).
-CHUNKED_MIN_BATCH = 192
+# Most bytes of fp32 logits the chunked path keeps at once (one chunk), whatever B and V.
+# Fewer, even chunks let cuBLAS run closer to one full-vocabulary GEMM: at B = 256 on an H100,
+# 128 MiB chunks beat 64 MiB ones by 9-24 us (bench/epilogue_bench.py). Lower it to trade
+# speed for memory; every value gives the same tokens up to fp32 near-ties.
+CHUNK_WORKSPACE_BYTES = 128 << 20
+
+# Batch size from which sample() computes logits with cuBLAS per vocabulary chunk instead
+# of the fused Triton GEMM. bench/epilogue_bench.py on an H200: at B = 64 fused is ~10%
+# faster than chunked; at B = 96 chunked is 1.3-1.4x faster (the fused kernel's batch
+# tiles are 64 rows, so B > 64 reads the weight in two batch tiles). See docs/performance.md.
+CHUNKED_MIN_BATCH = 65
 
 
 def choose_path(batch: int, hidden_size: int, device_type: str) -> str:

@@ -9,9 +9,10 @@ from typing import Optional, Tuple
 import torch
 import triton
 
-from .configs import TileConfig, choose_path
+from .configs import CHUNK_WORKSPACE_BYTES, TileConfig, choose_path
 from .fused_sample import N_FIELDS_LOGPROBS, N_FIELDS_SAMPLE, fused_sample_kernel
 from .reduce_candidates import reduce_candidates_kernel
+from .sample_logits import sample_logits_kernel
 from .._validation import RowParams
 
 
@@ -166,9 +167,15 @@ def chunk_logits(hidden: torch.Tensor, weight_rows: torch.Tensor, out: torch.Ten
     return torch.mm(hidden.float(), weight_rows.float().T, out=out)
 
 
-def chunk_rows_for(batch: int, block_v: int, budget_bytes: int = 16 << 20) -> int:
-    """Vocabulary rows per chunk so that the fp32 chunk [B, rows] stays well inside L2."""
-    return max(block_v, (budget_bytes // (4 * max(batch, 1))) // block_v * block_v)
+def chunk_rows_for(batch: int, V_rows: int, block_v: int, budget_bytes: Optional[int] = None) -> int:
+    """Vocabulary rows per chunk: the fewest chunks whose fp32 logits [B, rows] fit the
+    budget, all of about the same size (a small last chunk would run cuBLAS at a poor
+    wave fill), in whole tiles of block_v."""
+    budget = CHUNK_WORKSPACE_BYTES if budget_bytes is None else budget_bytes
+    cap = max(block_v, budget // (4 * max(batch, 1)) // block_v * block_v)  # rows that fit, >= 1 tile
+    n_chunks = triton.cdiv(V_rows, cap)
+    # cdiv(V_rows, n_chunks) <= cap and cap is whole tiles, so rounding up stays within it.
+    return triton.cdiv(triton.cdiv(V_rows, n_chunks), block_v) * block_v
 
 
 def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
@@ -176,29 +183,27 @@ def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams
                    vocab_size: int, vocab_start: int = 0, group: int = 0, base_f: int = 0, base_i: int = 0,
                    npeers: Optional[int] = None, logprobs: bool = False, chunk_rows: Optional[int] = None,
                    parity: Optional[DeviceParity] = None):
-    """Stage 1 for compute-bound batches: cuBLAS logits per L2-sized chunk, then the same epilogue.
+    """Stage 1 for large batches: cuBLAS writes fp32 logits per vocabulary chunk, then
+    sample_logits_kernel turns them into candidates.
 
-    Writes the same candidates as launch_fused (same noise, same layout); the logits
-    differ only by fp32 accumulation order, so tokens agree except on near-exact ties.
-    Extra memory is one fp32 chunk, O(B x chunk_rows), never O(B x V).
+    Writes the candidates launch_fused would (same noise, same tiles, same layout); the
+    logits differ only by fp32 accumulation order, so tokens agree except on near-exact
+    ties. Extra memory is one fp32 chunk of at most CHUNK_WORKSPACE_BYTES (or
+    chunk_rows rows), never O(B x V) beyond that budget.
     """
     _check_fit(hidden, weight, cfg, layout, group, vocab_start)
     B, V_rows = hidden.shape[0], weight.shape[0]
-    rows = chunk_rows or chunk_rows_for(B, cfg.block_v)
+    rows = chunk_rows or chunk_rows_for(B, V_rows, cfg.block_v)
     if rows % cfg.block_v:
         raise ValueError(f"chunk_rows ({rows}) must be a multiple of block_v ({cfg.block_v})")
     buf = torch.empty(B * min(rows, V_rows), dtype=torch.float32, device=hidden.device)
-    # The pass over cuBLAS's logits is elementwise work on L2-resident data: small row
-    # blocks keep the noise tensors in registers. block_v stays the layout's tile.
-    epi = TileConfig(block_b=min(cfg.block_b, 32), block_v=cfg.block_v, block_k=16, num_warps=4, num_stages=1) \
-        if hidden.device.type == "cuda" else cfg
     for r0 in range(0, V_rows, rows):
         r1 = min(r0 + rows, V_rows)
         logits = chunk_logits(hidden, weight[r0:r1], buf[: B * (r1 - r0)].view(B, r1 - r0))
-        _launch_stage1(hidden, weight, params, epi, layout, cand_f, cand_i, vocab_size=vocab_size,
-                       vocab_start=vocab_start, group=group, base_f=base_f, base_i=base_i, npeers=npeers,
-                       logprobs=logprobs, tiles=(r0 // cfg.block_v, triton.cdiv(r1, cfg.block_v)), logits=logits,
-                       parity=parity)
+        launch_sample_logits(logits, params, layout, cand_f, cand_i, block_v=cfg.block_v,
+                             tiles=(r0 // cfg.block_v, triton.cdiv(r1, cfg.block_v)), V_rows=V_rows,
+                             vocab_size=vocab_size, vocab_start=vocab_start, group=group, base_f=base_f,
+                             base_i=base_i, npeers=npeers, logprobs=logprobs, parity=parity)
 
 
 STAGE1_PATHS = ("fused", "chunked")
@@ -242,3 +247,44 @@ def launch_reduce(layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.T
             BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs, DEVICE_PARITY=par_on, num_warps=4,
         )
     return tokens, (lp if logprobs else None), (lse if logprobs else None)
+
+
+def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: CandidateLayout,
+                         cand_f: torch.Tensor, cand_i: torch.Tensor, *, block_v: int, tiles: Tuple[int, int],
+                         V_rows: int, vocab_size: int, vocab_start: int = 0, group: int = 0, base_f: int = 0,
+                         base_i: int = 0, npeers: Optional[int] = None, logprobs: bool = False,
+                         block_b: Optional[int] = None, tiles_per_program: int = 2, num_warps: Optional[int] = None,
+                         split_load: bool = True, parity: Optional[DeviceParity] = None):
+    """The chunked path's sampling pass over fp32 `logits` [B, n] (column 0 = weight row
+    tiles[0] * block_v): candidates of vocabulary tiles [tiles[0], tiles[1])."""
+    B = logits.shape[0]
+    if B == 0 or tiles[1] <= tiles[0]:
+        return
+    dummy = cand_i
+    seed_p, seed_v, seed_row = _param_args(params.seed, dummy)
+    off_p, off_v, off_row = _param_args(params.offset, dummy)
+    temp_p, temp_v, temp_row = _param_args(params.temperature, dummy)
+    par_p, par_f, par_i, par_on = _parity_args(parity, dummy)
+    on_gpu = logits.device.type == "cuda"
+    if block_b is None:
+        # GPU (bench/epilogue_bench.py, H100 and H200): 16-row blocks while that still fills
+        # the SMs, 32 rows on 8 warps past B = 128. Interpreter: few, big programs.
+        block_b = (16 if B <= 128 else 32) if on_gpu else max(16, min(256, triton.next_power_of_2(B)))
+    if num_warps is None:
+        num_warps = 8 if block_b >= 32 and on_gpu else 4
+    grid = (triton.cdiv(B, block_b), triton.cdiv(tiles[1] - tiles[0], tiles_per_program))
+    sample_logits_kernel[grid](
+        logits, logits.stride(0), tiles[0], tiles[1],
+        seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
+        cand_f, cand_i,
+        B, V_rows, vocab_size, vocab_start,
+        base_f + group * layout.stride_group, base_i + group * layout.stride_group_i,
+        layout.stride_field, layout.stride_slot,
+        par_p, par_f, par_i,
+        BLOCK_B=block_b, BLOCK_V=block_v, TILES=tiles_per_program,
+        SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
+        NOISE=not params.all_greedy, LOGPROBS=logprobs,
+        PEER_TABLE=npeers is not None, NPEERS=npeers or 1,
+        FAST_LOG=on_gpu and torch.version.hip is None, SPLIT_LOAD=split_load,
+        DEVICE_PARITY=par_on, num_warps=num_warps,
+    )
