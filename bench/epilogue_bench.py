@@ -1,0 +1,248 @@
+"""Large-batch study: where the chunked path's time goes, and which sampling pass to use.
+
+At B >= 128 fsdist can let cuBLAS write fp32 logits per vocabulary chunk and then
+run a sampling pass over them (fsdist/ops/sample_logits.py). This script times the
+pieces side by side in one run, per shape and batch size:
+
+  cublas            F.linear(h, W), bf16 logits, no sampling (the matmul alone)
+  cublas_fp32       the same GEMM writing fp32 logits for the whole vocabulary
+  gemm_<MB>         the chunk loop's GEMMs alone, chunks of <= MB MiB of fp32 logits
+  pass_epi          the fused kernel's epilogue (FROM_LOGITS) over full fp32 logits: the v4 pass
+  pass_<variant>    sample_logits_kernel over the same logits (row block, warps, tiles per program)
+  chunked_epi_64    64 MiB chunks with v4's pass (the fused kernel's epilogue), then stage 2
+  chunked_<MB>      chunk GEMM + sample_logits pass, then stage 2 (MB = 0: one GEMM, no chunks)
+  greedy_pass       sample_logits_kernel with no noise: its load + reduction floor
+  sample            fsdist.sample as shipped (its own path choice)
+  fused             the fused Triton GEMM + epilogue (the B <= 128 path), then stage 2
+  gumbel_compiled   the best materialized baseline: cuBLAS + compiled Gumbel argmax
+
+Before timing it checks that every pass variant writes the v4 pass's candidates bit for
+bit, and that the chunked variants return v4's tokens. Prints a table last; the JSON
+(bench/results/epilogue_bench_<gpu>_<date>.json, mirrored to $OUT) keeps everything.
+
+    python3 bench/epilogue_bench.py [--shapes 4096x151936,8192x128256] [--batches 64,128,256]
+"""
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common as C  # noqa: E402  (sets the no-multicast environment before torch)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+
+import fsdist  # noqa: E402
+from fsdist._validation import RowParams  # noqa: E402
+from fsdist.ops.configs import TileConfig, pick_config  # noqa: E402
+from fsdist.ops.sampler import (CandidateLayout, _launch_stage1, chunk_logits, chunk_rows_for,  # noqa: E402
+                                launch_fused, launch_reduce, launch_sample_logits)
+
+PASS_VARIANTS = {  # name: launch_sample_logits keyword arguments (split_load is the default)
+    "pass_default": dict(),  # what launch_chunked runs
+    "pass_b16w4": dict(block_b=16, num_warps=4),
+    "pass_b16w4t2": dict(block_b=16, num_warps=4, tiles_per_program=2),
+    "pass_b16w4t4": dict(block_b=16, num_warps=4, tiles_per_program=4),
+    "pass_b16w4t8": dict(block_b=16, num_warps=4, tiles_per_program=8),
+    "pass_b16w2t4": dict(block_b=16, num_warps=2, tiles_per_program=4),
+    "pass_b8w2t4": dict(block_b=8, num_warps=2, tiles_per_program=4),
+    "pass_b32w8t2": dict(block_b=32, num_warps=8, tiles_per_program=2),
+    "pass_b32w8t4": dict(block_b=32, num_warps=8, tiles_per_program=4),
+}
+DEFAULT_PASS = "pass_default"
+FULL = 1 << 40  # a budget no chunk reaches: one GEMM over the whole vocabulary
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="4096x151936,8192x128256")
+    p.add_argument("--batches", default="64,96,128,192,256")
+    p.add_argument("--budgets", default="64,128", help="chunk budgets in MiB of fp32 logits (0: no chunking)")
+    p.add_argument("--reps", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    return p.parse_args(argv)
+
+
+class Cell:
+    """Inputs and buffers for one (shape, B)."""
+
+    def __init__(self, W, D, V, B, dev):
+        self.W, self.D, self.V, self.B = W, D, V, B
+        g = torch.Generator(device=dev).manual_seed(B)
+        self.hs = [torch.randn(B, D, device=dev, generator=g).to(torch.bfloat16) for _ in range(4)]
+        self.params = RowParams(1.0, torch.randint(0, 2**62, (B,), device=dev, generator=g),
+                                torch.randint(0, 2**40, (B,), device=dev, generator=g))
+        self.cfg = pick_config(B, D, "cuda")
+        self.bv = self.cfg.block_v
+        self.n_tiles = triton.cdiv(V, self.bv)
+        self.layout = CandidateLayout(1, self.n_tiles, B)
+        self.cand = self.layout.alloc(dev)
+        self.logits = torch.mm(self.hs[0], W.T, torch.float32)  # full fp32 logits for the pass-only rows
+        self.bufs = {}
+
+    def buf(self, key, numel):
+        if key not in self.bufs:
+            self.bufs[key] = torch.empty(numel, dtype=torch.float32, device=self.W.device)
+        return self.bufs[key]
+
+    def kw(self):
+        return dict(vocab_size=self.V, vocab_start=0)
+
+
+EPI_CFG = TileConfig(block_b=32, block_v=128, block_k=16, num_warps=4, num_stages=1)
+
+
+def pass_epi(c: Cell, logits, tiles, cand):
+    _launch_stage1(c.hs[0], c.W, c.params, EPI_CFG, c.layout, cand[0], cand[1], vocab_size=c.V, vocab_start=0,
+                   group=0, base_f=0, base_i=0, npeers=None, logprobs=False, tiles=tiles, logits=logits)
+
+
+def pass_new(c: Cell, logits, tiles, cand, variant):
+    launch_sample_logits(logits, c.params, c.layout, cand[0], cand[1], block_v=c.bv, tiles=tiles, V_rows=c.V,
+                         vocab_size=c.V, **PASS_VARIANTS[variant])
+
+
+def budget_bytes(mib):
+    return FULL if mib == 0 else mib << 20
+
+
+def chunk_loop(c: Cell, h, budget_mib, sample_pass):
+    rows = chunk_rows_for(c.B, c.V, c.bv, budget_bytes(mib=budget_mib))
+    buf = c.buf(("one", rows), c.B * min(rows, c.V))
+    for r0 in range(0, c.V, rows):
+        r1 = min(r0 + rows, c.V)
+        lg = chunk_logits(h, c.W[r0:r1], buf[: c.B * (r1 - r0)].view(c.B, r1 - r0))
+        if sample_pass is not None:
+            sample_pass(lg, (r0 // c.bv, triton.cdiv(r1, c.bv)))
+
+
+def build_methods(c: Cell, budgets, baseline):
+    m = {}
+    m["cublas"] = lambda h: F.linear(h, c.W)
+    m["cublas_fp32"] = lambda h: torch.mm(h, c.W.T, torch.float32)
+    m["cublas_fp32_T"] = lambda h: torch.mm(c.W, h.T, torch.float32)  # [V, B]: another cuBLAS kernel choice?
+    for mb in budgets:
+        m[f"gemm_{mb}"] = lambda h, mb=mb: chunk_loop(c, h, mb, None)
+    m["pass_epi"] = lambda h: pass_epi(c, c.logits, (0, c.n_tiles), c.cand)
+    for v in PASS_VARIANTS:
+        m[v] = lambda h, v=v: pass_new(c, c.logits, (0, c.n_tiles), c.cand, v)
+
+    def reduce_():
+        return launch_reduce(c.layout, c.cand[0], c.cand[1], c.B)[0]
+
+    def chunked_epi(h):
+        chunk_loop(c, h, 64, lambda lg, t: pass_epi(c, lg, t, c.cand))
+        return reduce_()
+    m["chunked_epi_64"] = chunked_epi
+    for mb in budgets:
+        def chunked(h, mb=mb):
+            chunk_loop(c, h, mb, lambda lg, t: pass_new(c, lg, t, c.cand, DEFAULT_PASS))
+            return reduce_()
+        m[f"chunked_{mb}"] = chunked
+    m["greedy_pass"] = lambda h: launch_sample_logits(  # no noise: the pass's load + reduction floor
+        c.logits, RowParams(0.0, 0, 0), c.layout, c.cand[0], c.cand[1], block_v=c.bv, tiles=(0, c.n_tiles),
+        V_rows=c.V, vocab_size=c.V, block_b=16, num_warps=4)
+    m["sample"] = lambda h: fsdist.sample(h, c.W, temperature=1.0, seed=c.params.seed, offset=c.params.offset).tokens
+
+    def fused(h):
+        launch_fused(h, c.W, c.params, c.cfg, c.layout, c.cand[0], c.cand[1], **c.kw())
+        return reduce_()
+    m["fused"] = fused
+    if baseline is not None:
+        m["gumbel_compiled"] = lambda h: baseline(h, c.W)
+    return m
+
+
+def check(c: Cell, methods, failures):
+    """Every pass variant writes v4's candidates bit for bit; chunked variants give v4's tokens."""
+    ref_cand = c.layout.alloc(c.W.device)
+    pass_epi(c, c.logits, (0, c.n_tiles), ref_cand)
+    for v in PASS_VARIANTS:
+        cand = c.layout.alloc(c.W.device)
+        try:
+            pass_new(c, c.logits, (0, c.n_tiles), cand, v)
+        except Exception as e:  # noqa: BLE001  (a variant that does not compile is dropped, not fatal)
+            failures.append(f"B={c.B} D={c.D}: {v} failed: {type(e).__name__}: {str(e)[:300]}")
+            methods.pop(v, None)
+            continue
+        same = torch.equal(cand[1], ref_cand[1]) and torch.equal(cand[0], ref_cand[0])
+        if not same:
+            failures.append(f"B={c.B} D={c.D}: {v} candidates differ from pass_epi")
+    h = c.hs[0]
+    ref = methods["chunked_epi_64"](h).clone()
+    c.mismatch = {}
+    for name, fn in methods.items():
+        if name.startswith("chunked") and name != "chunked_epi_64":
+            got = fn(h)
+            c.mismatch[name] = int((got != ref).sum())
+            # Same 64 MiB chunks = the same cuBLAS calls = the same logits: tokens must agree
+            # exactly. Other chunk sizes may run other cuBLAS kernels (fp32 summation order),
+            # so a near-tie row may flip: reported, not failed.
+            if name.endswith("_64") and c.mismatch[name]:
+                failures.append(f"B={c.B} D={c.D}: {name} tokens differ from chunked_epi_64 "
+                                f"({c.mismatch[name]} rows)")
+    fused = methods["fused"](h)
+    c.fused_vs_chunked_mismatch = int((fused != ref).sum())  # near-ties only (fp32 summation order)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    dev = C.bench_device()
+    if dev.type != "cuda":
+        print("epilogue_bench needs a CUDA GPU (it times cuBLAS against Triton passes)")
+        return 0
+    shapes = C.parse_shapes(args.shapes)
+    batches = C.parse_int_list(args.batches)
+    budgets = C.parse_int_list(args.budgets)
+    out = C.ResultWriter("epilogue_bench", dev)
+    out.data.update(env=C.env_info(), args=vars(args), cells=[])
+    flush = C.L2Flusher(dev)
+    baseline = None
+    if not args.no_compile:
+        from kernel_bench import make_torch_samplers
+
+        baseline = torch.compile(make_torch_samplers(1.0)["gumbel"], dynamic=None)
+    failures = []
+    table = []
+    for D, V in shapes:
+        W = (torch.randn(V, D, device=dev) * D ** -0.5).to(torch.bfloat16)
+        for B in batches:
+            c = Cell(W, D, V, B, dev)
+            methods = build_methods(c, budgets, baseline)
+            C.log(f"D={D} V={V} B={B}: checking {len(methods)} methods")
+            check(c, methods, failures)
+            row = {"D": D, "V": V, "B": B, "fused_vs_chunked_mismatch_rows": c.fused_vs_chunked_mismatch,
+                   "chunked_vs_v4_mismatch_rows": c.mismatch, "times": {}}
+            for name, fn in methods.items():
+                try:
+                    xs = C.time_events(fn, [(h,) for h in c.hs], warmup=args.warmup, reps=args.reps, flush=flush,
+                                       device=dev)
+                except Exception as e:  # noqa: BLE001
+                    failures.append(f"B={B} D={D}: timing {name} failed: {type(e).__name__}: {str(e)[:300]}")
+                    continue
+                row["times"][name] = C.summarize(xs)
+            out.data["cells"].append(row)
+            out.flush()
+            table.append(row)
+            C.log(f"D={D} B={B}: " + ", ".join(f"{k} {v['median_us']:.1f}" for k, v in row["times"].items()))
+            del c, methods
+            torch.cuda.empty_cache()
+        del W
+        torch.cuda.empty_cache()
+    out.data["failures"] = failures
+    out.flush()
+    names = list(table[0]["times"]) if table else []
+    print("\nmedian us per call (L2 flushed)")
+    for name in names:
+        print(f"{name:18s}" + "".join(f" D{r['D']}/B{r['B']}:{r['times'].get(name, {}).get('median_us', float('nan')):8.1f}"
+                                      for r in table))
+    print("fused vs chunked token mismatches (near-ties):", [r["fused_vs_chunked_mismatch_rows"] for r in table])
+    print("checks:", "all passed" if not failures else "\n  ".join(["FAILED"] + failures))
+    print("results:", out.path)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
