@@ -12,7 +12,8 @@ pieces side by side in one run, per shape and batch size:
   chunked_epi_64    64 MiB chunks with v4's pass (the fused kernel's epilogue), then stage 2
   chunked_<MB>      chunk GEMM + sample_logits pass, then stage 2 (MB = 0: one GEMM, no chunks)
   greedy_pass       sample_logits_kernel with no noise: its load + reduction floor
-  sample            fsdist.sample as shipped (its own path choice)
+  sample_<MB>       fsdist.sample as shipped (its own path and budget), timed next to chunked_<MB>
+  gemm_fn_/chunked_fn_<MB>  the same with torch.mm returning a new tensor per chunk, not out=
   fused             the fused Triton GEMM + epilogue (the B <= 128 path), then stage 2
   gumbel_compiled   the best materialized baseline: cuBLAS + compiled Gumbel argmax
 
@@ -108,14 +109,20 @@ def budget_bytes(mib):
     return FULL if mib == 0 else mib << 20
 
 
-def chunk_loop(c: Cell, h, budget_mib, sample_pass):
+def chunk_loop(c: Cell, h, budget_mib, sample_pass, functional=False):
+    """functional: torch.mm(h, Wc.T, torch.float32) returning a fresh tensor per chunk (the
+    caching allocator recycles it) instead of writing into one buffer through out=."""
     rows = chunk_rows_for(c.B, c.V, c.bv, budget_bytes(mib=budget_mib))
-    buf = c.buf(("one", rows), c.B * min(rows, c.V))
+    buf = None if functional else c.buf(("one", rows), c.B * min(rows, c.V))
     for r0 in range(0, c.V, rows):
         r1 = min(r0 + rows, c.V)
-        lg = chunk_logits(h, c.W[r0:r1], buf[: c.B * (r1 - r0)].view(c.B, r1 - r0))
+        if functional:
+            lg = torch.mm(h, c.W[r0:r1].T, torch.float32)
+        else:
+            lg = chunk_logits(h, c.W[r0:r1], buf[: c.B * (r1 - r0)].view(c.B, r1 - r0))
         if sample_pass is not None:
             sample_pass(lg, (r0 // c.bv, triton.cdiv(r1, c.bv)))
+        del lg
 
 
 def build_methods(c: Cell, budgets, baseline):
@@ -125,6 +132,7 @@ def build_methods(c: Cell, budgets, baseline):
     m["cublas_fp32_T"] = lambda h: torch.mm(c.W, h.T, torch.float32)  # [V, B]: another cuBLAS kernel choice?
     for mb in budgets:
         m[f"gemm_{mb}"] = lambda h, mb=mb: chunk_loop(c, h, mb, None)
+        m[f"gemm_fn_{mb}"] = lambda h, mb=mb: chunk_loop(c, h, mb, None, functional=True)
     m["pass_epi"] = lambda h: pass_epi(c, c.logits, (0, c.n_tiles), c.cand)
     for v in PASS_VARIANTS:
         m[v] = lambda h, v=v: pass_new(c, c.logits, (0, c.n_tiles), c.cand, v)
@@ -141,10 +149,16 @@ def build_methods(c: Cell, budgets, baseline):
             chunk_loop(c, h, mb, lambda lg, t: pass_new(c, lg, t, c.cand, DEFAULT_PASS))
             return reduce_()
         m[f"chunked_{mb}"] = chunked
+
+        def chunked_fn(h, mb=mb):
+            chunk_loop(c, h, mb, lambda lg, t: pass_new(c, lg, t, c.cand, DEFAULT_PASS), functional=True)
+            return reduce_()
+        m[f"chunked_fn_{mb}"] = chunked_fn
+        m[f"sample_{mb}"] = lambda h: fsdist.sample(h, c.W, temperature=1.0, seed=c.params.seed,
+                                                    offset=c.params.offset).tokens
     m["greedy_pass"] = lambda h: launch_sample_logits(  # no noise: the pass's load + reduction floor
         c.logits, RowParams(0.0, 0, 0), c.layout, c.cand[0], c.cand[1], block_v=c.bv, tiles=(0, c.n_tiles),
         V_rows=c.V, vocab_size=c.V, block_b=16, num_warps=4)
-    m["sample"] = lambda h: fsdist.sample(h, c.W, temperature=1.0, seed=c.params.seed, offset=c.params.offset).tokens
 
     def fused(h):
         launch_fused(h, c.W, c.params, c.cfg, c.layout, c.cand[0], c.cand[1], **c.kw())

@@ -7,6 +7,7 @@ grid orders them so that programs sharing a weight tile run together (the tile
 comes from L2 the second time). Configs are a pure function of the shape so
 that every tensor-parallel rank picks the same one.
 """
+import functools
 from dataclasses import dataclass
 
 import triton
@@ -58,11 +59,31 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
     return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5)
 
 
-# Most bytes of fp32 logits the chunked path keeps at once (one chunk), whatever B and V.
-# Fewer, even chunks let cuBLAS run closer to one full-vocabulary GEMM: at B = 256 on an H100,
-# 128 MiB chunks beat 64 MiB ones by 9-24 us (bench/epilogue_bench.py). Lower it to trade
-# speed for memory; every value gives the same tokens up to fp32 near-ties.
-CHUNK_WORKSPACE_BYTES = 128 << 20
+# Most bytes of fp32 logits the chunked path keeps at once (one chunk), or None for the
+# device's L2 size. A chunk that fits in L2 is written by cuBLAS and read back by the
+# sampling pass without touching HBM; on an H200 (60 MB of L2) B = 256 then runs as three
+# even chunks of 50 MB, which beat two 74 MB chunks by 20-80 us (bench/epilogue_bench.py).
+# Set an int to trade speed for memory; every value gives the same tokens up to fp32 near-ties.
+CHUNK_WORKSPACE_BYTES = None
+_FALLBACK_WORKSPACE = 16 << 20  # CPU interpreter, or a device that does not report its L2
+
+
+def chunk_workspace_bytes(device) -> int:
+    """The chunked path's workspace budget on `device` (see CHUNK_WORKSPACE_BYTES)."""
+    if CHUNK_WORKSPACE_BYTES is not None:
+        return int(CHUNK_WORKSPACE_BYTES)
+    if getattr(device, "type", None) != "cuda":
+        return _FALLBACK_WORKSPACE
+    return _l2_bytes(device.index if device.index is not None else -1)
+
+
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(index: int) -> int:
+    import torch
+
+    dev = torch.cuda.current_device() if index < 0 else index
+    return int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or _FALLBACK_WORKSPACE)
+
 
 # Batch size from which sample() computes logits with cuBLAS per vocabulary chunk instead
 # of the fused Triton GEMM. bench/epilogue_bench.py on an H200: at B = 64 fused is ~10%

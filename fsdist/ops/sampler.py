@@ -9,7 +9,7 @@ from typing import Optional, Tuple
 import torch
 import triton
 
-from .configs import CHUNK_WORKSPACE_BYTES, TileConfig, choose_path
+from .configs import TileConfig, choose_path, chunk_workspace_bytes
 from .fused_sample import N_FIELDS_LOGPROBS, N_FIELDS_SAMPLE, fused_sample_kernel
 from .reduce_candidates import reduce_candidates_kernel
 from .sample_logits import sample_logits_kernel
@@ -167,11 +167,11 @@ def chunk_logits(hidden: torch.Tensor, weight_rows: torch.Tensor, out: torch.Ten
     return torch.mm(hidden.float(), weight_rows.float().T, out=out)
 
 
-def chunk_rows_for(batch: int, V_rows: int, block_v: int, budget_bytes: Optional[int] = None) -> int:
+def chunk_rows_for(batch: int, V_rows: int, block_v: int, budget_bytes: int) -> int:
     """Vocabulary rows per chunk: the fewest chunks whose fp32 logits [B, rows] fit the
     budget, all of about the same size (a small last chunk would run cuBLAS at a poor
     wave fill), in whole tiles of block_v."""
-    budget = CHUNK_WORKSPACE_BYTES if budget_bytes is None else budget_bytes
+    budget = budget_bytes
     cap = max(block_v, budget // (4 * max(batch, 1)) // block_v * block_v)  # rows that fit, >= 1 tile
     n_chunks = triton.cdiv(V_rows, cap)
     # cdiv(V_rows, n_chunks) <= cap and cap is whole tiles, so rounding up stays within it.
@@ -188,12 +188,12 @@ def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams
 
     Writes the candidates launch_fused would (same noise, same tiles, same layout); the
     logits differ only by fp32 accumulation order, so tokens agree except on near-exact
-    ties. Extra memory is one fp32 chunk of at most CHUNK_WORKSPACE_BYTES (or
-    chunk_rows rows), never O(B x V) beyond that budget.
+    ties. Extra memory is one fp32 chunk of at most configs.chunk_workspace_bytes (the
+    L2 size by default) or of chunk_rows rows: O(L2), never O(B x V).
     """
     _check_fit(hidden, weight, cfg, layout, group, vocab_start)
     B, V_rows = hidden.shape[0], weight.shape[0]
-    rows = chunk_rows or chunk_rows_for(B, V_rows, cfg.block_v)
+    rows = chunk_rows or chunk_rows_for(B, V_rows, cfg.block_v, chunk_workspace_bytes(hidden.device))
     if rows % cfg.block_v:
         raise ValueError(f"chunk_rows ({rows}) must be a multiple of block_v ({cfg.block_v})")
     buf = torch.empty(B * min(rows, V_rows), dtype=torch.float32, device=hidden.device)

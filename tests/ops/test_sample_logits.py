@@ -128,3 +128,19 @@ def test_chunks_fit_the_budget_and_are_even(B, V_rows, budget):
     assert last >= rows - 128 * n  # chunks differ by less than a tile each: no tiny tail chunk
     if V_rows * B * 4 <= budget:
         assert n == 1
+
+
+def test_workspace_budget_override_keeps_tokens(device, monkeypatch):
+    """CHUNK_WORKSPACE_BYTES set by the user: more, smaller chunks, same tokens."""
+    import fsdist
+    from fsdist.ops import configs
+
+    g = torch.Generator().manual_seed(7)
+    h = torch.randn(24, 64, generator=g).to(device)
+    w = (torch.randn(1500, 64, generator=g) * 0.3).to(device)
+    kw = dict(temperature=0.9, seed=torch.arange(24, device=device), offset=3)
+    default = fsdist.sample(h, w, path="chunked", **kw).tokens
+    monkeypatch.setattr(configs, "CHUNK_WORKSPACE_BYTES", 4 * 24 * 256)  # two tiles of 128 rows
+    assert configs.chunk_workspace_bytes(h.device) == 4 * 24 * 256
+    small = fsdist.sample(h, w, path="chunked", **kw).tokens
+    assert torch.equal(small, default)
