@@ -30,8 +30,8 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     return_logprobs: also return log_softmax(logits / T)[token] and logsumexp(logits / T).
     config: override the tile configuration (benchmarks and tests).
     path: "fused" (logits tiles computed in the kernel), "chunked" (cuBLAS fp32 logits per
-        L2-sized vocabulary chunk, then the same sampling epilogue: faster once the matmul
-        is compute bound), or None to choose by batch size (see ops/configs.choose_path).
+        L2-sized vocabulary chunk, then a sampling pass with the same noise: faster from
+        B = 65 on a GPU), or None to choose by batch size (see ops/configs.choose_path).
         Both draw the same noise, so they return the same tokens up to near-exact ties.
     """
     V.check_hidden(hidden)
