@@ -53,7 +53,7 @@ def _store_candidates(base_f, base_i, dst, dst_i, stride_field, score, idx, logi
 
 @triton.jit
 def fused_sample_kernel(
-    h_ptr, w_ptr, logits_ptr, stride_lb, tile_base,
+    h_ptr, w_ptr,
     seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
     cand_f, cand_i,
     B, D, V_rows, vocab_size, vocab_start,
@@ -65,13 +65,13 @@ def fused_sample_kernel(
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
     NOISE: tl.constexpr, LOGPROBS: tl.constexpr,
     PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, FROM_LOGITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
     FAST_LOG: tl.constexpr, DEVICE_PARITY: tl.constexpr,
 ):
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
     pid_b = tl.program_id(0)
-    pid_v = tile_base + tl.program_id(1)
+    pid_v = tl.program_id(1)
 
     offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -79,35 +79,28 @@ def fused_sample_kernel(
     mask_b = offs_b < B
     mask_v = offs_v < V_rows
 
-    if FROM_LOGITS:
-        # Large-batch path: cuBLAS wrote fp32 logits of a vocabulary chunk that starts at
-        # tile `tile_base` (the chunk is sized to stay in L2); sample them exactly as below.
-        cols = (pid_v - tile_base) * BLOCK_V + tl.arange(0, BLOCK_V)
-        acc = tl.load(logits_ptr + offs_b[:, None] * stride_lb + cols[None, :],
-                      mask=mask_b[:, None] & mask_v[None, :], other=0.0)
-    else:
-        h_ptrs = h_ptr + offs_b[:, None] * stride_hb + offs_k[None, :]
-        w_ptrs = w_ptr + offs_v[:, None].to(tl.int64) * D + offs_k[None, :]
-        acc = tl.zeros([BLOCK_B, BLOCK_V], dtype=tl.float32)
-        for k in range(0, D, BLOCK_K):
-            if EVEN_K:
-                h = tl.load(h_ptrs, mask=mask_b[:, None], other=0.0)
-                if EVEN_V:
-                    w = tl.load(w_ptrs)
-                else:
-                    w = tl.load(w_ptrs, mask=mask_v[:, None], other=0.0)
+    h_ptrs = h_ptr + offs_b[:, None] * stride_hb + offs_k[None, :]
+    w_ptrs = w_ptr + offs_v[:, None].to(tl.int64) * D + offs_k[None, :]
+    acc = tl.zeros([BLOCK_B, BLOCK_V], dtype=tl.float32)
+    for k in range(0, D, BLOCK_K):
+        if EVEN_K:
+            h = tl.load(h_ptrs, mask=mask_b[:, None], other=0.0)
+            if EVEN_V:
+                w = tl.load(w_ptrs)
             else:
-                mask_k = (k + offs_k) < D
-                h = tl.load(h_ptrs, mask=mask_b[:, None] & mask_k[None, :], other=0.0)
-                w = tl.load(w_ptrs, mask=mask_v[:, None] & mask_k[None, :], other=0.0)
-            if DOT_UPCAST:
-                # Triton 3.6's interpreter multiplies bf16 as raw uint16 bits; fp32 operands
-                # give the same products (bf16 x bf16 is exact in fp32) and fp32 accumulation.
-                h = h.to(tl.float32)
-                w = w.to(tl.float32)
-            acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
-            h_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
+                w = tl.load(w_ptrs, mask=mask_v[:, None], other=0.0)
+        else:
+            mask_k = (k + offs_k) < D
+            h = tl.load(h_ptrs, mask=mask_b[:, None] & mask_k[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=mask_v[:, None] & mask_k[None, :], other=0.0)
+        if DOT_UPCAST:
+            # Triton 3.6's interpreter multiplies bf16 as raw uint16 bits; fp32 operands
+            # give the same products (bf16 x bf16 is exact in fp32) and fp32 accumulation.
+            h = h.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        h_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
 
     # ---- epilogue: temperature, padding mask, noise, tile-local argmax ----
     temp = _load_row_param(temp_ptr, temp_val, offs_b, mask_b, tl.float32, TEMP_PER_ROW)

@@ -109,9 +109,18 @@ def _check_fit(hidden, weight, cfg, layout, group, vocab_start):
     return n_vtiles
 
 
-def _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, *, vocab_size, vocab_start, group,
-                   base_f, base_i, npeers, logprobs, tiles, logits=None, parity=None):
-    """One launch of the stage-1 kernel over vocabulary tiles [tiles[0], tiles[1])."""
+def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
+                 layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, *,
+                 vocab_size: int, vocab_start: int = 0, group: int = 0, base_f: int = 0, base_i: int = 0,
+                 npeers: Optional[int] = None, logprobs: bool = False, parity: Optional[DeviceParity] = None):
+    """Stage 1: write this weight's candidates into `group` of the buffer.
+
+    base_f / base_i: element offsets of the buffer inside cand_f / cand_i (the parity
+    half of a double buffer). parity: add the half chosen by a device counter on top of
+    them (see DeviceParity). With npeers set, cand_f / cand_i are int64 tables of the
+    peers' buffer base addresses and every peer receives the candidates.
+    """
+    n_vtiles = _check_fit(hidden, weight, cfg, layout, group, vocab_start)
     B, D = hidden.shape
     V_rows = weight.shape[0]
     dummy = cand_i  # any tensor: ignored by the kernel when the parameter is a scalar
@@ -119,9 +128,8 @@ def _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, *, vocab
     off_p, off_v, off_row = _param_args(params.offset, dummy)
     temp_p, temp_v, temp_row = _param_args(params.temperature, dummy)
     par_p, par_f, par_i, par_on = _parity_args(parity, dummy)
-    grid = (triton.cdiv(B, cfg.block_b), tiles[1] - tiles[0])
-    fused_sample_kernel[grid](
-        hidden, weight, hidden if logits is None else logits, 0 if logits is None else logits.stride(0), tiles[0],
+    fused_sample_kernel[(triton.cdiv(B, cfg.block_b), n_vtiles)](
+        hidden, weight,
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
         cand_f, cand_i,
         B, D, V_rows, vocab_size, vocab_start,
@@ -136,26 +144,9 @@ def _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, *, vocab
         PEER_TABLE=npeers is not None, NPEERS=npeers or 1,
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
-        FROM_LOGITS=logits is not None, FAST_LOG=hidden.device.type == "cuda" and torch.version.hip is None,
+        FAST_LOG=hidden.device.type == "cuda" and torch.version.hip is None,
         DEVICE_PARITY=par_on, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-
-
-def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
-                 layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, *,
-                 vocab_size: int, vocab_start: int = 0, group: int = 0, base_f: int = 0, base_i: int = 0,
-                 npeers: Optional[int] = None, logprobs: bool = False, parity: Optional[DeviceParity] = None):
-    """Stage 1: write this weight's candidates into `group` of the buffer.
-
-    base_f / base_i: element offsets of the buffer inside cand_f / cand_i (the parity
-    half of a double buffer). parity: add the half chosen by a device counter on top of
-    them (see DeviceParity). With npeers set, cand_f / cand_i are int64 tables of the
-    peers' buffer base addresses and every peer receives the candidates.
-    """
-    n_vtiles = _check_fit(hidden, weight, cfg, layout, group, vocab_start)
-    _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, vocab_size=vocab_size,
-                   vocab_start=vocab_start, group=group, base_f=base_f, base_i=base_i, npeers=npeers,
-                   logprobs=logprobs, tiles=(0, n_vtiles), parity=parity)
 
 
 def chunk_logits(hidden: torch.Tensor, weight_rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -1,47 +1,51 @@
 """The chunked path's sampling pass (fsdist/ops/sample_logits.py) against the fused epilogue.
 
-Both kernels are fed the same fp32 logits; the pass must write bit-identical
-candidates (score, id and, with logprobs, the log-sum-exp fields), whatever its
-row block, tiles per program or load mode. That is what makes the fused and the
-chunked paths return the same token for the same (seed, offset).
+The pass must write the candidates the fused kernel writes for the same logits (score, id
+and, with logprobs, the log-sum-exp fields), whatever its row block, tiles per program or
+load mode: that is what makes the fused and the chunked paths return the same token for the
+same (seed, offset). To give both kernels the same logits exactly, hidden is a one-hot
+matrix in fp32: the fused kernel's dot product then reproduces the weight's entries (one
+product by 1, the rest by 0), and the pass is fed torch's product of the same operands.
 Runs under Triton's interpreter on CPU and unchanged on CUDA.
 """
 import pytest
 import torch
 
 from fsdist.ops.configs import TileConfig
-from fsdist.ops.sampler import CandidateLayout, _launch_stage1, chunk_rows_for, launch_reduce, launch_sample_logits
+from fsdist.ops.sampler import CandidateLayout, chunk_rows_for, launch_fused, launch_reduce, launch_sample_logits
 from fsdist._validation import RowParams
 
 BLOCK_V = 128
+D = 64  # >= B: room for a one-hot hidden row per batch row
 
 
 def _case(device, B=37, V_rows=1000, seed=0):
+    """(hidden, weight, logits = hidden @ weight.T exactly, params)."""
     g = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(B, V_rows, generator=g) * 3.0).to(device)
+    hidden = torch.zeros(B, D)
+    hidden[torch.arange(B), torch.arange(B)] = 1.0
+    hidden[3, 3] = float("nan")  # poisoned row: every logit of row 3 is NaN
+    weight = torch.randn(V_rows, D, generator=g) * 3.0
     # Near-ties inside one Philox quad and across quads stress the lowest-id tie rule.
-    logits[1, 8:12] = 5.0
-    logits[2, :] = 0.0
-    logits[3, 17] = float("nan")  # poisoned row
+    weight[8:12, 1] = 5.0
+    weight[:, 2] = 0.0
+    hidden, weight = hidden.to(device), weight.to(device)
+    logits = torch.mm(hidden, weight.T)
     seeds = torch.randint(0, 2**62, (B,), generator=g).to(device)
     offsets = torch.randint(0, 2**40, (B,), generator=g).to(device)
     temps = (torch.rand(B, generator=g) * 1.5 + 0.25).to(device)
     temps[0] = 0.0  # greedy row
     temps[5] = -1.0  # bad temperature reaching the kernel: poisoned row
-    return logits, RowParams(temps, seeds, offsets)
+    return hidden, weight, logits, RowParams(temps, seeds, offsets)
 
 
-def _fused_candidates(logits, params, layout, vocab_size, vocab_start, tiles, logprobs):
-    B, V_rows = logits.shape[0], layout.n_local * BLOCK_V
-    cand_f, cand_i = layout.alloc(logits.device)
+def _fused_candidates(hidden, weight, params, layout, vocab_size, vocab_start, logprobs):
+    cand_f, cand_i = layout.alloc(hidden.device)
     cand_f.fill_(123.0)
     cand_i.fill_(-7)
-    hidden = torch.empty(B, 16, device=logits.device)  # shapes only: FROM_LOGITS reads no hidden
-    weight = torch.empty(min(V_rows, logits.shape[1] + tiles[0] * BLOCK_V), 16, device=logits.device)
-    cfg = TileConfig(block_b=16, block_v=BLOCK_V, block_k=16, num_warps=4, num_stages=1)
-    _launch_stage1(hidden, weight, params, cfg, layout, cand_f, cand_i, vocab_size=vocab_size,
-                   vocab_start=vocab_start, group=0, base_f=0, base_i=0, npeers=None, logprobs=logprobs,
-                   tiles=tiles, logits=logits)
+    cfg = TileConfig(block_b=64, block_v=BLOCK_V, block_k=64, num_warps=4, num_stages=1)
+    launch_fused(hidden, weight, params, cfg, layout, cand_f, cand_i, vocab_size=vocab_size,
+                 vocab_start=vocab_start, logprobs=logprobs)
     return cand_f, cand_i
 
 
@@ -59,38 +63,38 @@ def _pass_candidates(logits, params, layout, vocab_size, vocab_start, tiles, log
                          ids=["lanes", "split-load", "bb32-3tiles"])
 def test_pass_writes_the_fused_epilogue_candidates(device, logprobs, kw):
     V_rows = 1000  # 8 tiles of 128, the last one partial
-    logits, params = _case(device, V_rows=V_rows)
+    hidden, weight, logits, params = _case(device, V_rows=V_rows)
     vocab_size, vocab_start = 996, 4  # padding ids inside the last tile; a non-zero start (TP rank)
-    layout = CandidateLayout(CandidateLayout.fields(logprobs), 8, logits.shape[0])
-    ref_f, ref_i = _fused_candidates(logits, params, layout, vocab_size + vocab_start, vocab_start, (0, 8), logprobs)
+    B = logits.shape[0]
+    layout = CandidateLayout(CandidateLayout.fields(logprobs), 8, B)
+    ref_f, ref_i = _fused_candidates(hidden, weight, params, layout, vocab_size + vocab_start, vocab_start, logprobs)
     f, i = _pass_candidates(logits, params, layout, vocab_size + vocab_start, vocab_start, (0, 8), logprobs,
                             V_rows, **kw)
     assert torch.equal(i.cpu(), ref_i.cpu())
     f, ref_f = f.view(layout.n_fields, -1).cpu(), ref_f.view(layout.n_fields, -1).cpu()
-    # Score, logit and tile max are the same floats; the tile's exp-sum is added up lane by
-    # lane instead of across the row: a different fp32 summation order (<= 128 terms).
     # A poisoned tile (NaN score) carries no meaningful logprob fields: stage 2 returns -1.
     torch.testing.assert_close(f[0], ref_f[0], rtol=0, atol=0, equal_nan=True)
     if logprobs:
+        # Score, logit and tile max are the same floats; the tile's exp-sum is added up lane
+        # by lane instead of across the row: a different fp32 summation order (<= 128 terms).
         live = ~torch.isnan(ref_f[0])
         torch.testing.assert_close(f[1:3][:, live], ref_f[1:3][:, live], rtol=0, atol=0)
         torch.testing.assert_close(f[3][live], ref_f[3][live], rtol=2e-5, atol=0)
-    # Poisoned: the tile holding the NaN logit of row 3, every tile of row 5 (bad temperature).
-    assert i.view(-1, logits.shape[0])[0, 3] == -1 and (i.view(-1, logits.shape[0])[1:, 3] >= 0).all()
-    assert (i.view(-1, logits.shape[0])[:, 5] == -1).all()
-    greedy_ids = i.view(-1, logits.shape[0])[:, 0].cpu()
-    for t in range(8):
+    ids = i.view(-1, B).cpu()
+    assert (ids[:, 3] == -1).all() and (ids[:, 5] == -1).all()  # NaN row, bad temperature
+    for t in range(8):  # the greedy row's candidates are the tile argmax
         cols = logits[0, t * BLOCK_V:(t + 1) * BLOCK_V].cpu()
         valid = (torch.arange(t * BLOCK_V, t * BLOCK_V + cols.numel()) + vocab_start) < vocab_size + vocab_start
-        assert int(greedy_ids[t]) == vocab_start + t * BLOCK_V + int(torch.where(valid, cols, -torch.inf).argmax())
+        assert int(ids[t, 0]) == vocab_start + t * BLOCK_V + int(torch.where(valid, cols, -torch.inf).argmax())
 
 
 def test_pass_over_a_chunk_that_starts_mid_vocabulary(device):
     """A chunk = tiles [t0, t1) of the weight; column 0 of its logits is row t0 * block_v."""
     V_rows = 1000
-    logits, params = _case(device, V_rows=V_rows, seed=1)
-    layout = CandidateLayout(1, 8, logits.shape[0])
-    ref_f, ref_i = _fused_candidates(logits, params, layout, V_rows, 0, (0, 8), False)
+    hidden, weight, logits, params = _case(device, V_rows=V_rows, seed=1)
+    B = logits.shape[0]
+    layout = CandidateLayout(1, 8, B)
+    ref_f, ref_i = _fused_candidates(hidden, weight, params, layout, V_rows, 0, False)
     f, i = layout.alloc(device)
     f.fill_(0.0)
     i.fill_(0)
@@ -100,13 +104,13 @@ def test_pass_over_a_chunk_that_starts_mid_vocabulary(device):
                              vocab_size=V_rows, tiles_per_program=2)
     assert torch.equal(i.cpu(), ref_i.cpu())
     torch.testing.assert_close(f.cpu(), ref_f.cpu(), rtol=0, atol=0, equal_nan=True)
-    tokens = launch_reduce(layout, f, i, logits.shape[0])[0].cpu()
+    tokens = launch_reduce(layout, f, i, B)[0].cpu()
     assert tokens[3] == -1 and tokens[5] == -1 and tokens[0] == int(logits[0].cpu().argmax())
 
 
 def test_all_greedy_scalar_temperature(device):
     """temperature = 0.0 as a scalar: no noise at all (NOISE=False), tokens = argmax."""
-    logits, _ = _case(device, seed=2)
+    _, _, logits, _ = _case(device, seed=2)
     logits = torch.nan_to_num(logits, nan=0.0)
     B = logits.shape[0]
     layout = CandidateLayout(1, 8, B)

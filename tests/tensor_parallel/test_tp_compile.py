@@ -3,7 +3,8 @@
 Under TRITON_INTERPRET=1 kernels run as Python, which accepts things the compiler
 rejects (e.g. a plain-int module global read inside @triton.jit code, or a scalar
 argument reassigned with another type). So each kernel of fsdist.ops.group_select, and
-stage 1 / stage 2 with the peer table and the device parity (the head's variants), is
+stage 1 (fused kernel and chunked path's pass) / stage 2 with the peer table and the device
+parity (the head's variants), is
 lowered to Triton IR for an sm_90 target in a subprocess with the interpreter off: no GPU
 is needed for that step, and a failure here would otherwise only show up on the GPU machine.
 """
@@ -42,7 +43,7 @@ print("LOWERED", spec["kernel"], len(str(mod)))
 ROW_PARAMS = {"seed_ptr": "*i64", "seed_val": "i64", "offset_ptr": "*i64", "offset_val": "i64",
               "temp_ptr": "*fp32", "temp_val": "fp32"}
 PARITY = {"parity_ptr": "*i64", "parity_stride_f": "i32", "parity_stride_i": "i32"}
-STAGE1 = dict(h_ptr="*bf16", w_ptr="*bf16", logits_ptr="*fp32", stride_lb="i32", tile_base="i32", cand_f="*i64",
+STAGE1 = dict(h_ptr="*bf16", w_ptr="*bf16", cand_f="*i64",
               cand_i="*i64", B="i32", D="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", stride_hb="i32",
               buf_offset="i32", buf_offset_i="i32", stride_field="i32", stride_slot="i32", **ROW_PARAMS, **PARITY)
 STAGE1_CONST = dict(BLOCK_B=16, BLOCK_V=128, BLOCK_K=128, EVEN_K=True, EVEN_V=True, SEED_PER_ROW=True,
@@ -68,11 +69,15 @@ CASES = {
                    off_i="i32", stride_field="i32", B="i32", **PARITY),
         constexprs=dict(BLOCK=128, PEER_TABLE=False, NPEERS=1, DEVICE_PARITY=False)),
     "stage1_fused_peers_parity": dict(
-        module="fsdist.ops.fused_sample", kernel="fused_sample_kernel", types=STAGE1,
-        constexprs=dict(STAGE1_CONST, FROM_LOGITS=False)),
-    "stage1_from_logits_parity": dict(
-        module="fsdist.ops.fused_sample", kernel="fused_sample_kernel", types=dict(STAGE1, cand_f="*fp32", cand_i="*i32"),
-        constexprs=dict(STAGE1_CONST, FROM_LOGITS=True, PEER_TABLE=False, NPEERS=1)),
+        module="fsdist.ops.fused_sample", kernel="fused_sample_kernel", types=STAGE1, constexprs=STAGE1_CONST),
+    "stage1_pass_peers_parity": dict(
+        module="fsdist.ops.sample_logits", kernel="sample_logits_kernel",
+        types=dict(logits_ptr="*fp32", stride_lb="i32", tile_base="i32", tile_end="i32", cand_f="*i64", cand_i="*i64",
+                   B="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", buf_offset="i32", buf_offset_i="i32",
+                   stride_field="i32", stride_slot="i32", **ROW_PARAMS, **PARITY),
+        constexprs=dict(BLOCK_B=32, BLOCK_V=128, TILES=2, SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True,
+                        NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4, FAST_LOG=True, SPLIT_LOAD=True,
+                        DEVICE_PARITY=True)),
     "stage2_parity": dict(
         module="fsdist.ops.reduce_candidates", kernel="reduce_candidates_kernel",
         types=dict(cand_f="*fp32", cand_i="*i32", tokens_ptr="*i64", logprob_ptr="*fp32", lse_ptr="*fp32", B="i32",
