@@ -52,6 +52,23 @@ def _store_candidates(base_f, base_i, dst, dst_i, stride_field, score, idx, logi
 
 
 @triton.jit
+def write_candidates(cand_f, cand_i, dst, dst_i, stride_field, score, idx, logit, tmax, tsum, mask_b,
+                     LOGPROBS: tl.constexpr, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr):
+    """Store one tile's candidates at element offsets dst / dst_i: into the local buffer, or
+    with PEER_TABLE into every peer's (cand_f / cand_i are then tables of base addresses)."""
+    if PEER_TABLE:
+        # Fan-out: the same candidates go to this rank's slot in every peer's buffer.
+        for p in tl.static_range(NPEERS):
+            base_f = tl.load(cand_f + p).to(tl.pointer_type(tl.float32))
+            base_i = tl.load(cand_i + p).to(tl.pointer_type(tl.int32))
+            _store_candidates(base_f, base_i, dst, dst_i, stride_field, score, idx, logit, tmax, tsum, mask_b,
+                              LOGPROBS)
+    else:
+        _store_candidates(cand_f, cand_i, dst, dst_i, stride_field, score, idx, logit, tmax, tsum, mask_b,
+                          LOGPROBS)
+
+
+@triton.jit
 def fused_sample_kernel(
     h_ptr, w_ptr,
     seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
@@ -144,13 +161,5 @@ def fused_sample_kernel(
         buf_offset_i += par * parity_stride_i
     dst = buf_offset + pid_v * stride_slot + offs_b
     dst_i = buf_offset_i + pid_v * stride_slot + offs_b
-    if PEER_TABLE:
-        # Fan-out: the same candidates go to this rank's slot in every peer's buffer.
-        for p in tl.static_range(NPEERS):
-            base_f = tl.load(cand_f + p).to(tl.pointer_type(tl.float32))
-            base_i = tl.load(cand_i + p).to(tl.pointer_type(tl.int32))
-            _store_candidates(base_f, base_i, dst, dst_i, stride_field, best_score, best_idx, best_logit,
-                              tmax, tsum, mask_b, LOGPROBS)
-    else:
-        _store_candidates(cand_f, cand_i, dst, dst_i, stride_field, best_score, best_idx, best_logit,
-                          tmax, tsum, mask_b, LOGPROBS)
+    write_candidates(cand_f, cand_i, dst, dst_i, stride_field, best_score, best_idx, best_logit, tmax, tsum, mask_b,
+                     LOGPROBS, PEER_TABLE, NPEERS)

@@ -22,7 +22,7 @@ instruction count, not memory, sets its cost. Two things keep it lean:
 import triton
 import triton.language as tl
 
-from .fused_sample import _load_row_param, _store_candidates
+from .fused_sample import _load_row_param, write_candidates
 from .noise import STREAM_VOCAB, gumbel_from_bits, philox_words
 
 
@@ -146,12 +146,5 @@ def sample_logits_kernel(
 
             dst = buf_offset + pid_v * stride_slot + offs_b
             dst_i = buf_offset_i + pid_v * stride_slot + offs_b
-            if PEER_TABLE:
-                for p in tl.static_range(NPEERS):
-                    base_f = tl.load(cand_f + p).to(tl.pointer_type(tl.float32))
-                    base_i = tl.load(cand_i + p).to(tl.pointer_type(tl.int32))
-                    _store_candidates(base_f, base_i, dst, dst_i, stride_field, best_score, best_idx, best_logit,
-                                      tmax, tsum, mask_b, LOGPROBS)
-            else:
-                _store_candidates(cand_f, cand_i, dst, dst_i, stride_field, best_score, best_idx, best_logit,
-                                  tmax, tsum, mask_b, LOGPROBS)
+            write_candidates(cand_f, cand_i, dst, dst_i, stride_field, best_score, best_idx, best_logit, tmax, tsum,
+                             mask_b, LOGPROBS, PEER_TABLE, NPEERS)
