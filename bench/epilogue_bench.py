@@ -43,7 +43,7 @@ from fsdist.ops.configs import pick_config  # noqa: E402
 from fsdist.ops.sampler import (CandidateLayout, chunk_logits, chunk_rows_for,  # noqa: E402
                                 launch_fused, launch_reduce, launch_sample_logits)
 
-PASS_VARIANTS = {  # name: launch_sample_logits keyword arguments (split_load is the default)
+PASS_VARIANTS = {  # name: launch_sample_logits keyword arguments
     "pass_default": dict(),  # what launch_chunked runs
     "pass_b16w4": dict(block_b=16, num_warps=4),
     "pass_b16w4t2": dict(block_b=16, num_warps=4, tiles_per_program=2),

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .noise import gumbel_from_bits, vocab_bits_tile
+from .parity import parity_offsets
 
 # Fields of the fp32 candidate buffer. Only F_SCORE is written unless LOGPROBS.
 F_SCORE = 0  # max over the tile of (logit / T + Gumbel); NaN marks a poisoned row
@@ -155,10 +156,8 @@ def fused_sample_kernel(
         tsum = best_score
         best_logit = best_score
 
-    if DEVICE_PARITY:
-        par = (tl.load(parity_ptr) & 1).to(tl.int32)
-        buf_offset += par * parity_stride_f
-        buf_offset_i += par * parity_stride_i
+    buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
+                                              parity_stride_i, DEVICE_PARITY)
     dst = buf_offset + pid_v * stride_slot + offs_b
     dst_i = buf_offset_i + pid_v * stride_slot + offs_b
     write_candidates(cand_f, cand_i, dst, dst_i, stride_field, best_score, best_idx, best_logit, tmax, tsum, mask_b,

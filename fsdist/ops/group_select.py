@@ -36,6 +36,7 @@ import triton.language as tl
 from .._validation import RowParams
 from .fused_sample import _load_row_param
 from .noise import STREAM_GROUP, gumbel
+from .parity import parity_offsets
 from .sampler import DeviceParity, _param_args, _parity_args
 
 X_LSE = 0  # fp32 field: the rank's log-mass for the row
@@ -92,10 +93,7 @@ def group_publish_kernel(tok_ptr, lp_ptr, lse_ptr, dst_f, dst_i, off_f, off_i, s
                          BLOCK: tl.constexpr, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr,
                          DEVICE_PARITY: tl.constexpr):
     """Store (token, logprob, lse) of rows [0, B) at element offsets off_f / off_i."""
-    if DEVICE_PARITY:
-        par = (tl.load(parity_ptr) & 1).to(tl.int32)
-        off_f += par * parity_stride_f
-        off_i += par * parity_stride_i
+    off_f, off_i = parity_offsets(off_f, off_i, parity_ptr, parity_stride_f, parity_stride_i, DEVICE_PARITY)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = rows < B
     tok = tl.load(tok_ptr + rows, mask=mask, other=-1).to(tl.int32)
@@ -120,10 +118,7 @@ def group_select_kernel(
     BLOCK_R: tl.constexpr, SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr,
     TEMP_PER_ROW: tl.constexpr, NOISE: tl.constexpr, STREAM: tl.constexpr, DEVICE_PARITY: tl.constexpr,
 ):
-    if DEVICE_PARITY:
-        par = (tl.load(parity_ptr) & 1).to(tl.int32)
-        base_f += par * parity_stride_f
-        base_i += par * parity_stride_i
+    base_f, base_i = parity_offsets(base_f, base_i, parity_ptr, parity_stride_f, parity_stride_i, DEVICE_PARITY)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask = rows < B
     temp = _load_row_param(temp_ptr, temp_val, rows, mask, tl.float32, TEMP_PER_ROW)

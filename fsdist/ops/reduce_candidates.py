@@ -23,6 +23,8 @@ a bad temperature, or when no id had a finite score.
 import triton
 import triton.language as tl
 
+from .parity import parity_offsets
+
 
 @triton.jit
 def reduce_candidates_kernel(
@@ -31,10 +33,8 @@ def reduce_candidates_kernel(
     parity_ptr, parity_stride_f, parity_stride_i,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, LOGPROBS: tl.constexpr, DEVICE_PARITY: tl.constexpr,
 ):
-    if DEVICE_PARITY:
-        par = (tl.load(parity_ptr) & 1).to(tl.int32)
-        buf_offset += par * parity_stride_f
-        buf_offset_i += par * parity_stride_i
+    buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
+                                              parity_stride_i, DEVICE_PARITY)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rows < B
     best = tl.full([BLOCK_R], float("-inf"), tl.float32)

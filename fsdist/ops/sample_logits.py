@@ -11,8 +11,9 @@ instruction count, not memory, sets its cost. Two things keep it lean:
 
 * Lanes instead of a reshape. Philox yields the noise of ids 4q .. 4q+3 as four
   separate words. Rather than interleaving those words into a [rows, BLOCK_V]
-  tile (a layout change that goes through shared memory), the kernel reads the
-  logits as four [rows, BLOCK_V / 4] lanes, ``lane j = ids 4q + j``, and pairs
+  tile (a layout change that goes through shared memory), the kernel loads the
+  logits tile contiguously and splits it in registers into four [rows, BLOCK_V / 4]
+  lanes, ``lane j = ids 4q + j`` (faster than four strided loads), and pairs
   each lane with its own word. The argmax does not care about column order; the
   winning id is rebuilt as 4q + j.
 * Cheap reductions. The four lanes are merged elementwise, then one float max
@@ -24,6 +25,7 @@ import triton.language as tl
 
 from .fused_sample import _load_row_param, write_candidates
 from .noise import STREAM_VOCAB, gumbel_from_bits, philox_words
+from .parity import parity_offsets
 
 
 @triton.jit
@@ -53,7 +55,7 @@ def sample_logits_kernel(
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
     NOISE: tl.constexpr, LOGPROBS: tl.constexpr,
-    PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr, FAST_LOG: tl.constexpr, SPLIT_LOAD: tl.constexpr,
+    PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr, FAST_LOG: tl.constexpr,
     DEVICE_PARITY: tl.constexpr,
 ):
     """Candidates of vocabulary tiles [tile_base, tile_end) from a logits chunk whose column 0
@@ -73,35 +75,25 @@ def sample_logits_kernel(
     seed = _load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
     offset = _load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
     row_ptr = logits_ptr + offs_b[:, None].to(tl.int64) * stride_lb
-    if DEVICE_PARITY:  # the double-buffer half of this step (see sampler.DeviceParity)
-        par = (tl.load(parity_ptr) & 1).to(tl.int32)
-        buf_offset += par * parity_stride_f
-        buf_offset_i += par * parity_stride_i
+    buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
+                                              parity_stride_i, DEVICE_PARITY)
 
     for t in tl.static_range(TILES):
         pid_v = tile_base + tl.program_id(1) * TILES + t
         if pid_v < tile_end:
             local = pid_v * BLOCK_V + 4 * q  # weight row of lane 0
-            col = (pid_v - tile_base) * BLOCK_V + 4 * q  # chunk column of lane 0
             gid = vocab_start + local  # global id of lane 0
             v0 = (local < V_rows) & (gid < vocab_size)
             v1 = (local + 1 < V_rows) & (gid + 1 < vocab_size)
             v2 = (local + 2 < V_rows) & (gid + 2 < vocab_size)
             v3 = (local + 3 < V_rows) & (gid + 3 < vocab_size)
-            if SPLIT_LOAD:
-                # One contiguous load, then lanes peeled off in registers.
-                cols = (pid_v - tile_base) * BLOCK_V + tl.arange(0, BLOCK_V)
-                inb = (pid_v * BLOCK_V + tl.arange(0, BLOCK_V)) < V_rows
-                tile = tl.load(row_ptr + cols[None, :], mask=mask_b[:, None] & inb[None, :], other=0.0)
-                xe, xo = tl.split(tl.reshape(tile, [BLOCK_B, Q, 2, 2]))  # lanes (0, 2) and (1, 3)
-                x0, x2 = tl.split(xe)
-                x1, x3 = tl.split(xo)
-            else:
-                p0 = row_ptr + col[None, :]
-                x0 = tl.load(p0, mask=mask_b[:, None] & v0[None, :], other=0.0)
-                x1 = tl.load(p0 + 1, mask=mask_b[:, None] & v1[None, :], other=0.0)
-                x2 = tl.load(p0 + 2, mask=mask_b[:, None] & v2[None, :], other=0.0)
-                x3 = tl.load(p0 + 3, mask=mask_b[:, None] & v3[None, :], other=0.0)
+            # One contiguous (vectorised) load of the tile, then the lanes peeled off in registers.
+            cols = (pid_v - tile_base) * BLOCK_V + tl.arange(0, BLOCK_V)
+            inb = (pid_v * BLOCK_V + tl.arange(0, BLOCK_V)) < V_rows
+            tile = tl.load(row_ptr + cols[None, :], mask=mask_b[:, None] & inb[None, :], other=0.0)
+            xe, xo = tl.split(tl.reshape(tile, [BLOCK_B, Q, 2, 2]))  # lanes (0, 2) and (1, 3)
+            x0, x2 = tl.split(xe)
+            x1, x3 = tl.split(xo)
             if NOISE:
                 r0, r1, r2, r3 = philox_words(seed[:, None], offset[:, None], (gid >> 2)[None, :], STREAM_VOCAB)
             else:

@@ -162,8 +162,7 @@ def chunk_rows_for(batch: int, V_rows: int, block_v: int, budget_bytes: int) -> 
     """Vocabulary rows per chunk: the fewest chunks whose fp32 logits [B, rows] fit the
     budget, all of about the same size (a small last chunk would run cuBLAS at a poor
     wave fill), in whole tiles of block_v."""
-    budget = budget_bytes
-    cap = max(block_v, budget // (4 * max(batch, 1)) // block_v * block_v)  # rows that fit, >= 1 tile
+    cap = max(block_v, budget_bytes // (4 * max(batch, 1)) // block_v * block_v)  # rows that fit, >= 1 tile
     n_chunks = triton.cdiv(V_rows, cap)
     # cdiv(V_rows, n_chunks) <= cap and cap is whole tiles, so rounding up stays within it.
     return triton.cdiv(triton.cdiv(V_rows, n_chunks), block_v) * block_v
@@ -245,7 +244,7 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
                          V_rows: int, vocab_size: int, vocab_start: int = 0, group: int = 0, base_f: int = 0,
                          base_i: int = 0, npeers: Optional[int] = None, logprobs: bool = False,
                          block_b: Optional[int] = None, tiles_per_program: int = 2, num_warps: Optional[int] = None,
-                         split_load: bool = True, parity: Optional[DeviceParity] = None):
+                         parity: Optional[DeviceParity] = None):
     """The chunked path's sampling pass over fp32 `logits` [B, n] (column 0 = weight row
     tiles[0] * block_v): candidates of vocabulary tiles [tiles[0], tiles[1])."""
     B = logits.shape[0]
@@ -276,6 +275,6 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
         NOISE=not params.all_greedy, LOGPROBS=logprobs,
         PEER_TABLE=npeers is not None, NPEERS=npeers or 1,
-        FAST_LOG=on_gpu and torch.version.hip is None, SPLIT_LOAD=split_load,
+        FAST_LOG=on_gpu and torch.version.hip is None,
         DEVICE_PARITY=par_on, num_warps=num_warps,
     )

@@ -1,8 +1,8 @@
 """The chunked path's sampling pass (fsdist/ops/sample_logits.py) against the fused epilogue.
 
 The pass must write the candidates the fused kernel writes for the same logits (score, id
-and, with logprobs, the log-sum-exp fields), whatever its row block, tiles per program or
-load mode: that is what makes the fused and the chunked paths return the same token for the
+and, with logprobs, the log-sum-exp fields), whatever its row block or tiles per program:
+that is what makes the fused and the chunked paths return the same token for the
 same (seed, offset). To give both kernels the same logits exactly, hidden is a one-hot
 matrix in fp32: the fused kernel's dot product then reproduces the weight's entries (one
 product by 1, the rest by 0), and the pass is fed torch's product of the same operands.
@@ -59,8 +59,8 @@ def _pass_candidates(logits, params, layout, vocab_size, vocab_start, tiles, log
 
 
 @pytest.mark.parametrize("logprobs", [False, True])
-@pytest.mark.parametrize("kw", [dict(), dict(split_load=True), dict(block_b=32, tiles_per_program=3)],
-                         ids=["lanes", "split-load", "bb32-3tiles"])
+@pytest.mark.parametrize("kw", [dict(), dict(block_b=16, tiles_per_program=1), dict(block_b=32, tiles_per_program=3)],
+                         ids=["default", "bb16-1tile", "bb32-3tiles"])
 def test_pass_writes_the_fused_epilogue_candidates(device, logprobs, kw):
     V_rows = 1000  # 8 tiles of 128, the last one partial
     hidden, weight, logits, params = _case(device, V_rows=V_rows)

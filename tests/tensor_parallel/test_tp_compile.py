@@ -76,7 +76,7 @@ CASES = {
                    B="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", buf_offset="i32", buf_offset_i="i32",
                    stride_field="i32", stride_slot="i32", **ROW_PARAMS, **PARITY),
         constexprs=dict(BLOCK_B=32, BLOCK_V=128, TILES=2, SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True,
-                        NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4, FAST_LOG=True, SPLIT_LOAD=True,
+                        NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4, FAST_LOG=True,
                         DEVICE_PARITY=True)),
     "stage2_parity": dict(
         module="fsdist.ops.reduce_candidates", kernel="reduce_candidates_kernel",
