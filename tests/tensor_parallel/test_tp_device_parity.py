@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 import fsdist
-from tp_helpers import ALL_TRANSPORTS, assert_same_on_all_ranks, problem, reference_group_logmass, tp_ranges
+from tp_helpers import (ALL_TRANSPORTS, assert_same_on_all_ranks, gather_objects, problem, reference_group_logmass,
+                        tp_ranges)
 
 mpi = pytest.mark.mpi(min_size=2)
 V, D, B = 1000, 32, 12
@@ -86,7 +87,14 @@ def test_device_counter_alternates_the_exchange_copy(dist_ctx, transport, reduct
 
 @mpi
 def test_num_buffers_one_is_a_single_copy(dist_ctx):
-    """The race test's knob: one copy, whatever the counter (strides 0)."""
+    """The race test's knob: one copy, whatever the counter (strides 0).
+
+    One copy is exactly what test_tp_race shows to be racy: a fast rank's next stage 1
+    may overwrite the slot a slow rank is still reducing. So every step here is fenced by
+    a barrier (each rank has read its buffer before any rank stores the next step), and
+    the checks are gathered before asserting, so a failure on one rank cannot leave the
+    others waiting in a collective it skipped.
+    """
     from tp_helpers import PEER_TRANSPORTS
 
     dev = dist_ctx.device
@@ -96,8 +104,14 @@ def test_num_buffers_one_is_a_single_copy(dist_ctx):
     head.load_full_weight(W)
     bufs = head._reduction.buffers
     assert bufs.num_buffers == 1 and bufs.parity.stride_f == 0 and bufs.parity.stride_i == 0
+    wrong = []
     for s in range(2):
         out = head(h, seed=3, offset=s)
-        assert torch.equal(out.tokens, fsdist.sample(h, W, seed=3, offset=s, vocab_size=V).tokens)
-    assert int(head.step_counter.item()) == 2
+        _sync(dev)  # one copy: nobody starts step s+1 until everyone has reduced step s
+        if not torch.equal(out.tokens, fsdist.sample(h, W, seed=3, offset=s, vocab_size=V).tokens):
+            wrong.append(s)
+    counter = int(head.step_counter.item())
     head.close()
+    everyone = gather_objects((wrong, counter))
+    assert all(w == [] for w, _ in everyone), f"steps with wrong tokens, per rank: {everyone}"
+    assert all(c == 2 for _, c in everyone), f"step counters, per rank: {everyone}"
