@@ -12,7 +12,9 @@ pieces side by side in one run, per shape and batch size:
   greedy_pass       sample_logits_kernel with no noise: its load + reduction floor
   sample_<MB>       fsdist.sample as shipped (its own path and budget), timed next to chunked_<MB>
   gemm_fn_/chunked_fn_<MB>  the same with torch.mm returning a new tensor per chunk, not out=
-  fused             the fused Triton GEMM + epilogue (the B <= 128 path), then stage 2
+  fused             the fused Triton GEMM + epilogue (the B <= 64 path), then stage 2
+  fused_<cfg>       the same with another tile config, e.g. 128x128x64w8s3 (block_b x block_v x
+                    block_k, warps, stages; a trailing t feeds the GEMM through TMA descriptors)
   gumbel_compiled   the best materialized baseline: cuBLAS + compiled Gumbel argmax
 
 Before timing it checks that every pass variant writes the default pass's candidates bit
@@ -27,6 +29,7 @@ two-stream variant; their JSONs in bench/results keep those rows.) Prints a tabl
     python3 bench/epilogue_bench.py [--shapes 4096x151936,8192x128256] [--batches 64,128,256]
 """
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -39,7 +42,7 @@ import triton  # noqa: E402
 
 import fsdist  # noqa: E402
 from fsdist._validation import RowParams  # noqa: E402
-from fsdist.ops.configs import pick_config  # noqa: E402
+from fsdist.ops.configs import TileConfig, pick_config  # noqa: E402
 from fsdist.ops.sampler import (CandidateLayout, chunk_logits, chunk_rows_for,  # noqa: E402
                                 launch_fused, launch_reduce, launch_sample_logits)
 
@@ -66,7 +69,20 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    p.add_argument("--fused-configs", default="",
+                   help="extra fused tile configs, comma separated: <bb>x<bv>x<bk>w<warps>s<stages>[t]")
+    p.add_argument("--only", default="",
+                   help="time only these methods (comma separated prefixes); checks still run")
     return p.parse_args(argv)
+
+
+def parse_fused_config(text: str) -> TileConfig:
+    """'128x128x64w8s3t' -> TileConfig(128, 128, 64, 8, 3, tma=True)."""
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(t?)", text.strip())
+    if not m:
+        raise SystemExit(f"--fused-configs: cannot read {text!r} (want e.g. 128x128x64w8s3 or 64x128x64w8s5t)")
+    bb, bv, bk, nw, ns = (int(g) for g in m.groups()[:5])
+    return TileConfig(bb, bv, bk, nw, ns, tma=bool(m.group(6)))
 
 
 class Cell:
@@ -120,7 +136,27 @@ def chunk_loop(c: Cell, h, budget_mib, sample_pass, functional=False):
         del lg
 
 
-def build_methods(c: Cell, budgets, baseline):
+class FusedVariant:
+    """The fused path with its own tile config (and so its own candidate layout)."""
+
+    def __init__(self, c: Cell, cfg: TileConfig):
+        self.cfg = cfg
+        self.layout = CandidateLayout(1, triton.cdiv(c.V, cfg.block_v), c.B)
+        self.cand = self.layout.alloc(c.W.device)
+        self.c = c
+
+    def __call__(self, h):
+        c = self.c
+        launch_fused(h, c.W, c.params, self.cfg, self.layout, self.cand[0], self.cand[1], **c.kw())
+        return launch_reduce(self.layout, self.cand[0], self.cand[1], c.B)[0]
+
+
+def config_name(cfg: TileConfig) -> str:
+    t = "t" if cfg.tma else ""
+    return f"fused_{cfg.block_b}x{cfg.block_v}x{cfg.block_k}w{cfg.num_warps}s{cfg.num_stages}{t}"
+
+
+def build_methods(c: Cell, budgets, baseline, fused_configs=()):
     m = {}
     m["cublas"] = lambda h: F.linear(h, c.W)
     m["cublas_fp32"] = lambda h: torch.mm(h, c.W.T, torch.float32)
@@ -154,6 +190,8 @@ def build_methods(c: Cell, budgets, baseline):
         launch_fused(h, c.W, c.params, c.cfg, c.layout, c.cand[0], c.cand[1], **c.kw())
         return reduce_()
     m["fused"] = fused
+    for cfg in fused_configs:
+        m[config_name(cfg)] = FusedVariant(c, cfg)
     if baseline is not None:
         m["gumbel_compiled"] = lambda h: baseline(h, c.W)
     return m
@@ -180,6 +218,15 @@ def check(c: Cell, methods, failures):
     ref = methods[chunked[0]](h).clone()
     c.mismatch = {n: int((methods[n](h) != ref).sum()) for n in chunked[1:]}
     c.fused_vs_chunked_mismatch = int((methods["fused"](h) != ref).sum())
+    # Tile configs change the fp32 summation order (near-ties only); TMA must change nothing.
+    for name, fn in methods.items():
+        if isinstance(fn, FusedVariant):
+            c.mismatch[name] = int((fn(h) != ref).sum())
+            twin = methods.get(name[:-1]) if name.endswith("t") else None
+            if twin is not None:
+                twin(h)
+                if not (torch.equal(fn.cand[1], twin.cand[1]) and torch.equal(fn.cand[0], twin.cand[0])):
+                    failures.append(f"B={c.B} D={c.D}: {name} candidates differ from {name[:-1]} (TMA changed a bit)")
 
 
 def main(argv=None) -> int:
@@ -191,6 +238,8 @@ def main(argv=None) -> int:
     shapes = C.parse_shapes(args.shapes)
     batches = C.parse_int_list(args.batches)
     budgets = C.parse_int_list(args.budgets)
+    fused_configs = [parse_fused_config(t) for t in args.fused_configs.split(",") if t.strip()]
+    only = tuple(t.strip() for t in args.only.split(",") if t.strip())
     out = C.ResultWriter("epilogue_bench", dev)
     out.data.update(env=C.env_info(), args=vars(args), cells=[])
     flush = C.L2Flusher(dev)
@@ -205,9 +254,11 @@ def main(argv=None) -> int:
         W = (torch.randn(V, D, device=dev) * D ** -0.5).to(torch.bfloat16)
         for B in batches:
             c = Cell(W, D, V, B, dev)
-            methods = build_methods(c, budgets, baseline)
+            methods = build_methods(c, budgets, baseline, fused_configs)
             C.log(f"D={D} V={V} B={B}: checking {len(methods)} methods")
             check(c, methods, failures)
+            if only:
+                methods = {k: v for k, v in methods.items() if k.startswith(only)}
             row = {"D": D, "V": V, "B": B, "fused_vs_chunked_mismatch_rows": c.fused_vs_chunked_mismatch,
                    "chunked_vs_v4_mismatch_rows": c.mismatch, "times": {}}
             for name, fn in methods.items():

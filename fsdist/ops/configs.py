@@ -22,12 +22,17 @@ class TileConfig:
     block_k: int
     num_warps: int = 4
     num_stages: int = 4
+    # Feed the fused kernel's GEMM through tensor descriptors (TMA) where the inputs allow
+    # it (sm_90+, 16-byte aligned rows, tiles <= 256); otherwise pointers. Same candidates.
+    tma: bool = False
 
     def __post_init__(self):
         for name in ("block_b", "block_v", "block_k"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"TileConfig.{name} must be a power of two >= 16, got {v}")
+        if not isinstance(self.tma, bool):
+            raise ValueError(f"TileConfig.tma must be a bool, got {self.tma!r}")
 
 
 def _block_k(hidden_size: int, cap: int) -> int:

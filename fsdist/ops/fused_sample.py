@@ -17,6 +17,9 @@ When PEER_TABLE is set, ``cand_f``/``cand_i`` are int64 tables of NPEERS base
 addresses and the epilogue stores the candidates into every one of them; this is
 how a rank writes straight into its peers' symmetric buffers. The kernel knows
 nothing about how those addresses were obtained.
+
+With TMA the operands arrive as tensor descriptors (Hopper's bulk tensor copies)
+instead of pointers; the arithmetic, hence every candidate, is the same.
 """
 import triton
 import triton.language as tl
@@ -84,7 +87,7 @@ def fused_sample_kernel(
     NOISE: tl.constexpr, LOGPROBS: tl.constexpr,
     PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    FAST_LOG: tl.constexpr, DEVICE_PARITY: tl.constexpr,
+    FAST_LOG: tl.constexpr, DEVICE_PARITY: tl.constexpr, TMA: tl.constexpr = False,
 ):
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
@@ -97,11 +100,18 @@ def fused_sample_kernel(
     mask_b = offs_b < B
     mask_v = offs_v < V_rows
 
-    h_ptrs = h_ptr + offs_b[:, None] * stride_hb + offs_k[None, :]
-    w_ptrs = w_ptr + offs_v[:, None].to(tl.int64) * D + offs_k[None, :]
+    if not TMA:
+        h_ptrs = h_ptr + offs_b[:, None] * stride_hb + offs_k[None, :]
+        w_ptrs = w_ptr + offs_v[:, None].to(tl.int64) * D + offs_k[None, :]
     acc = tl.zeros([BLOCK_B, BLOCK_V], dtype=tl.float32)
     for k in range(0, D, BLOCK_K):
-        if EVEN_K:
+        if TMA:
+            # h_ptr / w_ptr are tensor descriptors: the copy engine fetches whole tiles and
+            # zero-fills rows and columns past the tensor, so no masks and no address math
+            # in the loop (fewer registers and issue slots left to the epilogue).
+            h = h_ptr.load([pid_b * BLOCK_B, k])
+            w = w_ptr.load([pid_v * BLOCK_V, k])
+        elif EVEN_K:
             h = tl.load(h_ptrs, mask=mask_b[:, None], other=0.0)
             if EVEN_V:
                 w = tl.load(w_ptrs)
@@ -117,8 +127,9 @@ def fused_sample_kernel(
             h = h.to(tl.float32)
             w = w.to(tl.float32)
         acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
-        h_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+        if not TMA:
+            h_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
 
     # ---- epilogue: temperature, padding mask, noise, tile-local argmax ----
     temp = _load_row_param(temp_ptr, temp_val, offs_b, mask_b, tl.float32, TEMP_PER_ROW)

@@ -13,6 +13,7 @@ from .configs import TileConfig, choose_path, chunk_workspace_bytes
 from .fused_sample import N_FIELDS_LOGPROBS, N_FIELDS_SAMPLE, fused_sample_kernel
 from .reduce_candidates import reduce_candidates_kernel
 from .sample_logits import sample_logits_kernel
+from .._runtime import interpreting
 from .._validation import RowParams
 
 
@@ -109,6 +110,28 @@ def _check_fit(hidden, weight, cfg, layout, group, vocab_start):
     return n_vtiles
 
 
+def tma_operands(hidden: torch.Tensor, weight: torch.Tensor, cfg: TileConfig):
+    """(hidden, weight, TMA) kernel arguments: tensor descriptors when cfg.tma asks for them
+    and the hardware and layouts allow (the candidates do not depend on it), else the tensors."""
+    if not (cfg.tma and _tma_capable(hidden.device) and hidden.shape[0] > 0):
+        return hidden, weight, False
+    elem = hidden.element_size()
+    aligned = all(t.data_ptr() % 16 == 0 and t.stride(1) == 1 and (t.stride(0) * elem) % 16 == 0
+                  for t in (hidden, weight))
+    if not aligned or max(cfg.block_b, cfg.block_v, cfg.block_k) > 256:
+        return hidden, weight, False
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return (TensorDescriptor.from_tensor(hidden, [cfg.block_b, cfg.block_k]),
+            TensorDescriptor.from_tensor(weight, [cfg.block_v, cfg.block_k]), True)
+
+
+def _tma_capable(device: torch.device) -> bool:
+    if device.type == "cpu":
+        return interpreting()  # Triton's interpreter emulates descriptor loads (tests)
+    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
                  layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, *,
                  vocab_size: int, vocab_start: int = 0, group: int = 0, base_f: int = 0, base_i: int = 0,
@@ -128,8 +151,9 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     off_p, off_v, off_row = _param_args(params.offset, dummy)
     temp_p, temp_v, temp_row = _param_args(params.temperature, dummy)
     par_p, par_f, par_i, par_on = _parity_args(parity, dummy)
+    h_arg, w_arg, tma = tma_operands(hidden, weight, cfg)
     fused_sample_kernel[(triton.cdiv(B, cfg.block_b), n_vtiles)](
-        hidden, weight,
+        h_arg, w_arg,
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
         cand_f, cand_i,
         B, D, V_rows, vocab_size, vocab_start,
@@ -145,7 +169,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
         FAST_LOG=hidden.device.type == "cuda" and torch.version.hip is None,
-        DEVICE_PARITY=par_on, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DEVICE_PARITY=par_on, TMA=tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 

@@ -327,3 +327,51 @@ def test_stage2_block_shapes_agree(device, blocks):
     assert torch.equal(ref[0], got[0]) and int(got[0][4]) == -1
     torch.testing.assert_close(ref[1], got[1], equal_nan=True, rtol=1e-6, atol=1e-5)
     torch.testing.assert_close(ref[2], got[2], equal_nan=True, rtol=1e-6, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- TMA operand path
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B,D,V", [(5, 64, 1000), (33, 48, 777), (16, 128, 1024)])
+def test_tma_operands_write_the_pointer_path_candidates(device, dtype, B, D, V):
+    """Tensor-descriptor loads (zero-filled past the edges) give bit-identical candidates:
+    ragged batch tiles, a ragged last vocabulary tile, K not a multiple of block_k (D=48
+    with block_k 32), a strided hidden view, logprobs, NaN and greedy rows."""
+    from fsdist.ops.sampler import tma_operands
+
+    h_full, w = make_problem(B, 2 * D, V, dtype, device, seed=B + D)
+    h = h_full[:, :D]  # row stride 2*D: descriptors take the stride, the pointer path too
+    w = w[:, :D].contiguous()
+    h[1 % B, 3] = float("nan")
+    temp = torch.linspace(0, 1.5, B, device=device)  # row 0 greedy
+    params = fsdist._validation.row_params(temp, torch.arange(B, device=device) + 11, 7, B, h.device)
+    got = []
+    for tma in (False, True):
+        cfg = TileConfig(16, 128, 32, num_stages=1, tma=tma)
+        assert tma_operands(h, w, cfg)[2] == (tma and (device.type == "cuda" and
+                                                       torch.cuda.get_device_capability(device)[0] >= 9
+                                                       or device.type == "cpu"))
+        layout = CandidateLayout(4, -(-V // cfg.block_v), B)
+        cand_f, cand_i = layout.alloc(device)
+        cand_f.fill_(-7.0)
+        cand_i.fill_(-7)
+        launch_fused(h, w, params, cfg, layout, cand_f, cand_i, vocab_size=V - 3, logprobs=True)
+        got.append((cand_f.clone(), cand_i.clone()))
+    assert torch.equal(got[0][1], got[1][1])
+    assert torch.equal(got[0][0].nan_to_num(-9.0), got[1][0].nan_to_num(-9.0))
+
+
+def test_tma_falls_back_to_pointers_when_rows_are_misaligned(device):
+    """TMA needs 16-byte aligned row strides: a bf16 hidden with D = 36 (72-byte rows) must
+    take the pointer path, and still sample."""
+    from fsdist.ops.sampler import tma_operands
+
+    h, w = make_problem(4, 36, 300, torch.bfloat16, device, seed=3)
+    cfg = TileConfig(16, 128, 32, num_stages=1, tma=True)
+    assert tma_operands(h, w, cfg)[2] is False
+    out = fsdist.sample(h, w, seed=1, config=cfg)
+    ref = fsdist.sample(h, w, seed=1, config=TileConfig(16, 128, 32, num_stages=1))
+    assert torch.equal(out.tokens, ref.tokens)
+    with pytest.raises(ValueError, match="tma must be a bool"):
+        TileConfig(16, 128, 32, tma=1)

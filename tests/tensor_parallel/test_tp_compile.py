@@ -48,7 +48,7 @@ STAGE1 = dict(h_ptr="*bf16", w_ptr="*bf16", cand_f="*i64",
               buf_offset="i32", buf_offset_i="i32", stride_field="i32", stride_slot="i32", **ROW_PARAMS, **PARITY)
 STAGE1_CONST = dict(BLOCK_B=16, BLOCK_V=128, BLOCK_K=128, EVEN_K=True, EVEN_V=True, SEED_PER_ROW=True,
                     OFFSET_PER_ROW=True, TEMP_PER_ROW=True, NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4,
-                    DOT_PRECISION="tf32", DOT_UPCAST=False, FAST_LOG=True, DEVICE_PARITY=True)
+                    DOT_PRECISION="tf32", DOT_UPCAST=False, FAST_LOG=True, DEVICE_PARITY=True, TMA=False)
 
 CASES = {
     "group_select": dict(
@@ -70,6 +70,10 @@ CASES = {
         constexprs=dict(BLOCK=128, PEER_TABLE=False, NPEERS=1, DEVICE_PARITY=False)),
     "stage1_fused_peers_parity": dict(
         module="fsdist.ops.fused_sample", kernel="fused_sample_kernel", types=STAGE1, constexprs=STAGE1_CONST),
+    "stage1_fused_tma": dict(  # the operands as tensor descriptors (TileConfig.tma)
+        module="fsdist.ops.fused_sample", kernel="fused_sample_kernel",
+        types=dict(STAGE1, h_ptr="tensordesc<bf16[64, 64]>", w_ptr="tensordesc<bf16[128, 64]>"),
+        constexprs=dict(STAGE1_CONST, BLOCK_B=64, BLOCK_K=64, EVEN_K=False, EVEN_V=False, TMA=True)),
     "stage1_pass_peers_parity": dict(
         module="fsdist.ops.sample_logits", kernel="sample_logits_kernel",
         types=dict(logits_ptr="*fp32", stride_lb="i32", tile_base="i32", tile_end="i32", cand_f="*i64", cand_i="*i64",
