@@ -17,8 +17,11 @@ echo "== single-process suite =="
 
 for n in 2 4; do
     echo "== tensor-parallel suite, mpirun -n $n =="
-    # Each rank writes its own report; PMI_RANK is set by MPICH's launcher.
-    "$MPIRUN" -n "$n" bash -c "exec \"$PY\" -m pytest -q -p no:warnings --with-mpi tests/tensor_parallel \
+    # Each rank writes its own report; PMI_RANK is set by MPICH's launcher. -x: a rank that
+    # fails leaves the others inside a collective it skipped, so every later test would only
+    # time out; stopping at the first failure closes its sockets, the peers fail at once,
+    # and the real traceback is the one in the log instead of a wall of timeouts.
+    "$MPIRUN" -n "$n" bash -c "exec \"$PY\" -m pytest -q -x -p no:warnings --with-mpi tests/tensor_parallel \
         --junitxml=\"$reports/mpi$n-\${PMI_RANK:-0}.xml\"" || status=1
 done
 
