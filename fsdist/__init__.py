@@ -1,14 +1,10 @@
 """fsdist: exact LLM token sampling fused into the LM-head matmul (FlashSampling),
 on one GPU and across a tensor-parallel group."""
-import os as _os
+from . import _runtime
 
 # Without a GPU the kernels run under Triton's interpreter, which must be chosen
 # before the first kernel is defined. An explicit TRITON_INTERPRET wins.
-if "TRITON_INTERPRET" not in _os.environ:
-    import torch as _torch
-
-    if not _torch.cuda.is_available():
-        _os.environ["TRITON_INTERPRET"] = "1"
+_runtime.setup()
 
 from .ops.configs import TileConfig  # noqa: E402
 from .sampling import sample  # noqa: E402

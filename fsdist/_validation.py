@@ -122,6 +122,7 @@ def check_device_runnable(device: torch.device):
     if device.type == "cuda":
         return
     if device.type == "cpu" and _runtime.interpreting():
+        _runtime.check_interpreter()
         return
     raise ValueError(
         f"fsdist kernels run on CUDA tensors, or on CPU tensors under Triton's interpreter "
