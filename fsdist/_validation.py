@@ -1,10 +1,12 @@
 """Input checks shared by fsdist.sample and ShardedFlashLMHead.
 
-Every check raises TypeError or ValueError naming the offending argument. Checks
-that would need a device synchronisation (temperature values held in a tensor)
-are skipped while a CUDA graph is being captured; the kernel still turns a
-negative or NaN temperature into token -1 rather than a wrong token.
+Every check raises TypeError or ValueError naming the offending argument. Checks of
+shapes, dtypes and devices cost nothing; checks of the *values* held in device tensors
+would need a device-to-host synchronisation, so they are opt-in (``check_row_values``,
+``fsdist.sample(..., check=True)``). Without them the kernels handle bad values on the
+device: a negative or NaN temperature makes its row return token -1, never a wrong token.
 """
+import numbers
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -13,7 +15,8 @@ import torch
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
-Scalar = Union[int, float]
+# Temperatures below this are greedy, as in vLLM (the kernels use the same constant).
+GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass
@@ -26,7 +29,7 @@ class RowParams:
 
     @property
     def all_greedy(self) -> bool:
-        return not isinstance(self.temperature, torch.Tensor) and self.temperature == 0.0
+        return not isinstance(self.temperature, torch.Tensor) and self.temperature < GREEDY_TEMPERATURE
 
 
 def _capturing(device: torch.device) -> bool:
@@ -42,6 +45,8 @@ def check_hidden(hidden, dtype: Optional[torch.dtype] = None, hidden_size: Optio
         raise TypeError(f"hidden dtype must be one of bf16/fp16/fp32, got {hidden.dtype}")
     if dtype is not None and hidden.dtype != dtype:
         raise TypeError(f"hidden dtype {hidden.dtype} does not match weight dtype {dtype}")
+    if hidden.shape[1] == 0:
+        raise ValueError("hidden has D=0 (no hidden features): the LM head needs D >= 1")
     if hidden_size is not None and hidden.shape[1] != hidden_size:
         raise ValueError(f"hidden has D={hidden.shape[1]} but the weight expects D={hidden_size}")
 
@@ -89,31 +94,41 @@ def _row_tensor(x, name: str, batch: int, device: torch.device, integer: bool) -
 
 
 def row_params(temperature, seed, offset, batch: int, device: torch.device) -> RowParams:
+    """Validate shapes, dtypes and devices (never values held on the device: no sync)."""
     if isinstance(temperature, torch.Tensor):
-        temperature = _row_tensor(temperature, "temperature", batch, device, integer=False)
-        if not _capturing(device):
-            bad = (temperature < 0) | torch.isnan(temperature)
-            if bool(bad.any()):
-                raise ValueError("temperature must be >= 0 and not NaN in every row "
-                                 f"(bad rows: {bad.nonzero().flatten().tolist()[:8]})")
-        temperature = temperature.to(torch.float32)
-    elif isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
+        temperature = _row_tensor(temperature, "temperature", batch, device, integer=False).to(torch.float32)
+    elif isinstance(temperature, numbers.Real) and not isinstance(temperature, bool):
         temperature = float(temperature)
         if temperature != temperature or temperature < 0:
             raise ValueError(f"temperature must be >= 0 and not NaN, got {temperature}")
     else:
-        raise TypeError(f"temperature must be a float or a [B] tensor, got {type(temperature).__name__}")
+        raise TypeError(f"temperature must be a real number or a [B] tensor, got {type(temperature).__name__}")
 
     def as_int(x, name):
         if isinstance(x, torch.Tensor):
             return _row_tensor(x, name, batch, device, integer=True)
-        if isinstance(x, bool) or not isinstance(x, int):
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral):
             raise TypeError(f"{name} must be an int or a [B] int64 tensor, got {type(x).__name__}")
+        x = int(x)
         if not _INT64_MIN <= x <= _INT64_MAX:
             raise ValueError(f"{name} must fit in int64, got {x}")
         return x
 
     return RowParams(temperature, as_int(seed, "seed"), as_int(offset, "offset"))
+
+
+def check_row_values(params: RowParams) -> None:
+    """Opt-in check of the values held in device tensors (synchronises with the device).
+
+    Raises ValueError naming the argument and the first bad rows. Without it, such rows
+    return token -1 (the kernels check them on the device).
+    """
+    t = params.temperature
+    if isinstance(t, torch.Tensor):
+        bad = (t < 0) | torch.isnan(t)
+        if bool(bad.any()):
+            raise ValueError("temperature must be >= 0 and not NaN in every row "
+                             f"(bad rows: {bad.nonzero().flatten().tolist()[:8]})")
 
 
 def check_device_runnable(device: torch.device):

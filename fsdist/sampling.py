@@ -17,11 +17,13 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
            vocab_size: Optional[int] = None,
            return_logprobs: bool = False,
            config: Optional[TileConfig] = None,
-           path: Optional[str] = None) -> SampleOutput:
+           path: Optional[str] = None,
+           check: bool = False) -> SampleOutput:
     """Draw one token per row from softmax(hidden @ weight.T / T) without materializing logits.
 
     hidden: [B, D]; weight: [V, D] (nn.Linear layout, contiguous); same dtype, bf16/fp16/fp32.
-    temperature: float or [B] float tensor; 0 means greedy (argmax) for that row.
+    temperature: real number or [B] float tensor; below 1e-5 (vLLM's epsilon) the row is
+        greedy (argmax). A negative or NaN value in a tensor makes that row return -1.
     seed, offset: int or [B] int64 tensors. The noise for (row, vocabulary id v) is a pure
         function of (seed, offset, v), so the same pair gives the same token whatever the
         tile sizes or the row's batch position; use a new offset (e.g. the decode step) for
@@ -33,6 +35,8 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
         L2-sized vocabulary chunk, then a sampling pass with the same noise: faster from
         B = 65 on a GPU), or None to choose by batch size (see ops/configs.choose_path).
         Both draw the same noise, so they return the same tokens up to near-exact ties.
+    check: also validate the values inside per-row tensors and raise ValueError on a bad
+        one (this synchronises with the device; off by default, bad rows then return -1).
     """
     V.check_hidden(hidden)
     V.check_weight(weight, hidden)
@@ -40,6 +44,8 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     vocab_size = V.check_vocab_size(vocab_size, weight.shape[0])
     B, D = hidden.shape
     params = V.row_params(temperature, seed, offset, B, hidden.device)
+    if check:
+        V.check_row_values(params)
     if hidden.stride(1) != 1:
         hidden = hidden.contiguous()
     cfg = config or pick_config(B, D, hidden.device.type)
@@ -49,4 +55,4 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     cand_f, cand_i = layout.alloc(hidden.device)
     if B:
         launch(hidden, weight, params, cfg, layout, cand_f, cand_i, vocab_size=vocab_size, logprobs=return_logprobs)
-    return SampleOutput(*launch_reduce(layout, cand_f, cand_i, B, logprobs=return_logprobs))
+    return SampleOutput(*launch_reduce(layout, cand_f, cand_i, B, params=params, logprobs=return_logprobs))

@@ -1,10 +1,10 @@
 """Stage 1 of FlashSampling: LM-head GEMM with a sampling epilogue.
 
 One program owns a (batch tile, vocabulary tile). It computes the logits tile
-``hidden[BB, D] @ weight[BV, D]^T`` in fp32 registers, scales it by the row's
-1/T, masks ids >= vocab_size, adds Gumbel noise keyed by the global vocabulary
-id and keeps one (score, index) candidate per row. The [B, V] logits never leave
-the chip.
+``hidden[BB, D] @ weight[BV, D]^T`` in fp32 registers, masks ids >= vocab_size,
+adds T times Gumbel noise keyed by the global vocabulary id (argmax(logit + T g) is
+argmax(logit / T + g), without the overflow of logit / T) and keeps one (score,
+index) candidate per row. The [B, V] logits never leave the chip.
 
 Candidates live in a struct-of-arrays buffer ``cand_f[group, field, tile, b]``
 (fp32) and ``cand_i[group, tile, b]`` (int32 global id), batch innermost so one
@@ -27,13 +27,18 @@ import triton.language as tl
 from .noise import gumbel_from_bits, vocab_bits_tile
 from .parity import parity_offsets
 
-# Fields of the fp32 candidate buffer. Only F_SCORE is written unless LOGPROBS.
-F_SCORE = 0  # max over the tile of (logit / T + Gumbel); NaN marks a poisoned row
-F_LOGIT = 1  # logit / T of that winner (no noise), for its log-probability
-F_TMAX = 2  # max over the tile of logit / T (online log-sum-exp state)
-F_TSUM = 3  # sum over the tile of exp(logit / T - tile max)
+# Fields of the fp32 candidate buffer. Only F_SCORE is written unless LOGPROBS. Logits are
+# stored unscaled (not divided by T): logit / T overflows fp32 for tiny T or huge logits,
+# while (logit - max) / T, which is all the log-sum-exp needs, does not.
+F_SCORE = 0  # max over the tile of (logit + T * Gumbel); NaN marks a poisoned row
+F_LOGIT = 1  # raw logit of that winner, for its log-probability
+F_TMAX = 2  # max over the tile of the raw logit (online log-sum-exp state)
+F_TSUM = 3  # sum over the tile of exp((logit - tile max) / T)
 N_FIELDS_SAMPLE = 1
 N_FIELDS_LOGPROBS = 4
+
+# Temperatures below this are greedy (vLLM's epsilon): 1 / T stays far from fp32 overflow.
+GREEDY_BELOW = tl.constexpr(1e-5)
 
 
 @triton.jit
@@ -42,6 +47,31 @@ def _load_row_param(ptr, scalar, offs_b, mask_b, DTYPE: tl.constexpr, PER_ROW: t
         return tl.load(ptr + offs_b, mask=mask_b, other=0).to(DTYPE)
     else:
         return tl.full(offs_b.shape, 0, DTYPE) + scalar
+
+
+@triton.jit
+def row_temperature(temp):
+    """(inv_t, noise_scale, greedy, bad) of each row's temperature.
+
+    The perturbed score is ``logit + T * Gumbel``: the same argmax as ``logit / T + Gumbel``
+    for T > 0 (the paper's form), but it never overflows, and T = 0 makes it the logit itself.
+    A negative or NaN temperature is ``bad``: the row is poisoned (token -1) rather than
+    sampled wrongly; T < GREEDY_BELOW is greedy (noise scale 0, logprobs at T = 1).
+    """
+    bad = (temp < 0.0) | (temp != temp)
+    greedy = (temp < GREEDY_BELOW) & ~bad
+    off = greedy | bad
+    return tl.where(off, 1.0, 1.0 / tl.where(off, 1.0, temp)), tl.where(off, 0.0, temp), greedy, bad
+
+
+@triton.jit
+def tile_stats(logit, valid, inv_t):
+    """(max, sum of exp((logit - max) / T)) over axis 1 of raw logits; -inf / 0 where nothing is finite."""
+    tmax = tl.max(logit, axis=1)
+    safe = tl.where(tmax == float("-inf"), 0.0, tmax)
+    live = valid & (logit > float("-inf"))
+    tsum = tl.sum(tl.where(live, tl.exp((logit - safe[:, None]) * inv_t[:, None]), 0.0), axis=1)
+    return tmax, tsum
 
 
 @triton.jit
@@ -133,13 +163,13 @@ def fused_sample_kernel(
 
     # ---- epilogue: temperature, padding mask, noise, tile-local argmax ----
     temp = _load_row_param(temp_ptr, temp_val, offs_b, mask_b, tl.float32, TEMP_PER_ROW)
-    greedy = temp == 0.0
-    # A negative or NaN temperature poisons the row (token -1) rather than sampling wrongly.
-    bad_temp = (temp < 0.0) | (temp != temp)
-    inv_t = tl.where(greedy | bad_temp, 1.0, 1.0 / temp)
+    inv_t, noise_scale, greedy, bad_temp = row_temperature(temp)
     gid = vocab_start + offs_v  # global vocabulary id
     valid = (gid < vocab_size) & mask_v
-    scaled = tl.where(valid[None, :], acc * inv_t[:, None], float("-inf"))
+    logit = tl.where(valid[None, :], acc, float("-inf"))
+    # A NaN or +inf logit leaves the row without a distribution: poison it (token -1).
+    # -inf is a logit of probability 0 and is fine.
+    bad_logit = tl.max(((logit != logit) | (logit == float("inf"))).to(tl.int32), axis=1) > 0
     if NOISE:
         seed = _load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
         offset = _load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
@@ -147,21 +177,18 @@ def fused_sample_kernel(
         # tile's ids are whole Philox quads: one evaluation per 4 ids.
         bits = vocab_bits_tile(seed[:, None], offset[:, None], vocab_start + pid_v * BLOCK_V, BLOCK_B, BLOCK_V)
         g = gumbel_from_bits(bits, FAST_LOG)
-        score = tl.where(greedy[:, None], scaled, scaled + g)
+        score = logit + noise_scale[:, None] * g  # greedy rows: scale 0, the logit itself
     else:
-        score = scaled
-    has_nan = tl.max((scaled != scaled).to(tl.int32), axis=1) > 0
-    poisoned = has_nan | bad_temp
+        score = logit
+    poisoned = bad_logit | bad_temp
     best = tl.argmax(score, axis=1)
     best_score = tl.where(poisoned, float("nan"), tl.max(score, axis=1))
     best_idx = tl.where(poisoned, -1, vocab_start + pid_v * BLOCK_V + best).to(tl.int32)
 
     if LOGPROBS:
-        tmax = tl.max(scaled, axis=1)
-        shifted = tl.where(valid[None, :], tl.exp(scaled - tmax[:, None]), 0.0)
-        tsum = tl.sum(shifted, axis=1)
+        tmax, tsum = tile_stats(logit, valid[None, :], inv_t)
         is_best = tl.arange(0, BLOCK_V)[None, :] == best[:, None]
-        best_logit = tl.max(tl.where(is_best, scaled, float("-inf")), axis=1)
+        best_logit = tl.max(tl.where(is_best, logit, float("-inf")), axis=1)
     else:
         tmax = best_score
         tsum = best_score

@@ -1,30 +1,33 @@
 """Group-log-mass reduction kernels (paper Algorithm I.4): choose the rank, then its sample.
 
 Every tensor-parallel rank k has, per row, an exact local sample z_k from its shard,
-the shard's log-mass L_k = logsumexp(logits_k / T) and log p_k(z_k) (from the fused
-kernel run locally with logprobs). Lemma D.2 of the paper: drawing the shard K with
+its log-probability within the shard, and the shard's log-mass L_k = logsumexp(logits_k
+/ T), kept as (M_k, log S_k) with M_k the shard's largest raw logit and S_k = sum
+exp((logit - M_k) / T), so that L_k = M_k / T + log S_k never has to be formed (it
+overflows fp32 for tiny T). Lemma D.2 of the paper: drawing the shard K with
 P(K = k) = exp(L_k) / sum_j exp(L_j) and returning z_K is an exact sample of the full
-softmax. K is drawn by Gumbel-max over the L_k with noise
-``gumbel(seed_b, offset_b, k, STREAM_GROUP)``: counter-based, keyed by the rank and a
-stream of its own, so every rank draws the same K without communicating, the draw is
-independent of the in-shard noise (stream STREAM_VOCAB) and there is no host RNG (CUDA
-graph safe). Greedy rows (T = 0) pick the shard with the largest maximum logit, i.e.
-logprob + lse of its local argmax (T = 1 for greedy rows); ties go to the lowest
-rank, i.e. the lowest vocabulary id, like torch.argmax.
+softmax. K is drawn by Gumbel-max: argmax_k L_k + g_k = argmax_k M_k + T (log S_k + g_k)
+(times T > 0), with noise ``gumbel(seed_b, offset_b, k, STREAM_GROUP)``: counter-based,
+keyed by the rank and a stream of its own, so every rank draws the same K without
+communicating, the draw is independent of the in-shard noise (stream STREAM_VOCAB) and
+there is no host RNG (CUDA graph safe). Greedy rows (T < 1e-5) pick the shard with the
+largest maximum logit M_k (T = 0 in the same formula); ties go to the lowest rank, i.e.
+the lowest vocabulary id, like torch.argmax.
 
-The exchange buffer holds, per step, fp32 [n_ranks, 2, batch_cap] (LSE, LOGPROB) and
-int32 [n_ranks, batch_cap] (token), batch innermost. ``group_publish_kernel`` writes
-this rank's triple into its slot of every peer's buffer (peer table) or of its own;
-``group_select_kernel`` reads all ranks' slots and writes the global token, global
-log-sum-exp and the token's global log-probability
-``logprob_k + lse_k - lse_global``. Both kernels take an optional device parity
-(``DEVICE_PARITY``, see ``fsdist.ops.sampler.DeviceParity``) that picks the half of a
-double exchange buffer from a counter in device memory.
+The exchange buffer holds, per step, fp32 [n_ranks, 3, batch_cap] (LOGPROB, MAX,
+LOGSUM) and int32 [n_ranks, batch_cap] (token), batch innermost.
+``group_publish_kernel`` writes this rank's values into its slot of every peer's
+buffer (peer table) or of its own; ``group_select_kernel`` reads all ranks' slots and
+writes the global token, the global log-sum-exp M / T + log S (M = max_k M_k, S = sum_k
+S_k exp((M_k - M) / T)) and the token's global log-probability
+``logprob_k + log S_k + (M_k - M) / T - log S``. Both kernels take an optional device
+parity (``DEVICE_PARITY``, see ``fsdist.ops.sampler.DeviceParity``) that picks the half
+of a double exchange buffer from a counter in device memory.
 
-Rows that any rank poisoned (NaN logit or bad temperature: lse NaN) return token -1
-with NaN lse and logprob. Ranks whose shard has no valid id for the row (padding only:
-lse = -inf) carry no mass and are skipped; a row with no mass anywhere returns -1.
-Nothing here knows about process groups.
+Rows that any rank poisoned (NaN or +inf logit, bad temperature: NaN values) return
+token -1 with NaN lse and logprob. Ranks whose shard has no finite logit for the row
+(padding only: M_k = -inf) carry no mass and are skipped; a row with no mass anywhere
+returns -1. Nothing here knows about process groups.
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -34,21 +37,22 @@ import triton
 import triton.language as tl
 
 from .._validation import RowParams
-from .fused_sample import _load_row_param
+from .fused_sample import _load_row_param, row_temperature
 from .noise import STREAM_GROUP, gumbel
 from .parity import parity_offsets
 from .sampler import DeviceParity, _param_args, _parity_args
 
-X_LSE = 0  # fp32 field: the rank's log-mass for the row
-X_LOGPROB = 1  # fp32 field: log-probability of the rank's local sample within its shard
-N_X_FIELDS = 2
+X_LOGPROB = 0  # fp32 field: log-probability of the rank's local sample within its shard
+X_MAX = 1  # fp32 field: the shard's largest raw logit M_k for the row
+X_LOGSUM = 2  # fp32 field: log S_k, S_k = sum over the shard of exp((logit - M_k) / T)
+N_X_FIELDS = 3
 # The rank-choice noise stream, handed to the kernel as a constexpr argument.
 _STREAM_GROUP = int(getattr(STREAM_GROUP, "value", STREAM_GROUP))
 
 
 @dataclass(frozen=True)
 class ExchangeLayout:
-    """One step's exchange buffer: fp32 [n_ranks, 2, batch_cap], int32 [n_ranks, batch_cap]."""
+    """One step's exchange buffer: fp32 [n_ranks, 3, batch_cap], int32 [n_ranks, batch_cap]."""
 
     n_ranks: int
     batch_cap: int
@@ -78,35 +82,38 @@ class ExchangeLayout:
                 torch.empty(self.int_numel, dtype=torch.int32, device=device))
 
 
-# Kernels spell the field numbers out (0 = X_LSE, 1 = X_LOGPROB): Triton's compiler rejects
-# non-constexpr module globals inside @triton.jit code (the interpreter does not notice).
+# Kernels spell the field numbers out (0 = X_LOGPROB, 1 = X_MAX, 2 = X_LOGSUM): Triton's compiler
+# rejects non-constexpr module globals inside @triton.jit code (the interpreter does not notice).
 @triton.jit
-def _publish_store(base_f, base_i, off_f, off_i, stride_field, rows, tok, lp, lse, mask):
-    tl.store(base_f + off_f + rows, lse, mask=mask)  # X_LSE
-    tl.store(base_f + off_f + stride_field + rows, lp, mask=mask)  # X_LOGPROB
+def _publish_store(base_f, base_i, off_f, off_i, stride_field, rows, tok, lp, m, logs, mask):
+    tl.store(base_f + off_f + rows, lp, mask=mask)  # X_LOGPROB
+    tl.store(base_f + off_f + stride_field + rows, m, mask=mask)  # X_MAX
+    tl.store(base_f + off_f + 2 * stride_field + rows, logs, mask=mask)  # X_LOGSUM
     tl.store(base_i + off_i + rows, tok, mask=mask)
 
 
 @triton.jit
-def group_publish_kernel(tok_ptr, lp_ptr, lse_ptr, dst_f, dst_i, off_f, off_i, stride_field, B,
+def group_publish_kernel(tok_ptr, lp_ptr, stats_ptr, dst_f, dst_i, off_f, off_i, stride_field, B,
                          parity_ptr, parity_stride_f, parity_stride_i,
                          BLOCK: tl.constexpr, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr,
                          DEVICE_PARITY: tl.constexpr):
-    """Store (token, logprob, lse) of rows [0, B) at element offsets off_f / off_i."""
+    """Store (token, logprob, M, log S) of rows [0, B) at element offsets off_f / off_i.
+    stats_ptr: fp32 [2, B] = (M, log S) from stage 2's STATS output."""
     off_f, off_i = parity_offsets(off_f, off_i, parity_ptr, parity_stride_f, parity_stride_i, DEVICE_PARITY)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = rows < B
     tok = tl.load(tok_ptr + rows, mask=mask, other=-1).to(tl.int32)
     lp = tl.load(lp_ptr + rows, mask=mask, other=0.0)
-    lse = tl.load(lse_ptr + rows, mask=mask, other=0.0)
+    m = tl.load(stats_ptr + rows, mask=mask, other=0.0)
+    logs = tl.load(stats_ptr + B + rows, mask=mask, other=0.0)
     if PEER_TABLE:
-        # Fan-out: the same triple goes to this rank's slot in every peer's buffer.
+        # Fan-out: the same values go to this rank's slot in every peer's buffer.
         for p in tl.static_range(NPEERS):
             base_f = tl.load(dst_f + p).to(tl.pointer_type(tl.float32))
             base_i = tl.load(dst_i + p).to(tl.pointer_type(tl.int32))
-            _publish_store(base_f, base_i, off_f, off_i, stride_field, rows, tok, lp, lse, mask)
+            _publish_store(base_f, base_i, off_f, off_i, stride_field, rows, tok, lp, m, logs, mask)
     else:
-        _publish_store(dst_f, dst_i, off_f, off_i, stride_field, rows, tok, lp, lse, mask)
+        _publish_store(dst_f, dst_i, off_f, off_i, stride_field, rows, tok, lp, m, logs, mask)
 
 
 @triton.jit
@@ -122,49 +129,53 @@ def group_select_kernel(
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask = rows < B
     temp = _load_row_param(temp_ptr, temp_val, rows, mask, tl.float32, TEMP_PER_ROW)
-    greedy = temp == 0.0
+    inv_t, noise_scale, _greedy, _bad = row_temperature(temp)
     if NOISE:
         seed = _load_row_param(seed_ptr, seed_val, rows, mask, tl.int64, SEED_PER_ROW)
         offset = _load_row_param(offset_ptr, offset_val, rows, mask, tl.int64, OFFSET_PER_ROW)
     best_key = tl.full([BLOCK_R], float("-inf"), tl.float32)
     best_tok = tl.full([BLOCK_R], -1, tl.int32)
-    best_logit = tl.zeros([BLOCK_R], tl.float32)
+    best_rel = tl.zeros([BLOCK_R], tl.float32)  # logprob_k + log S_k of the chosen rank
+    best_m = tl.zeros([BLOCK_R], tl.float32)
     poisoned = tl.zeros([BLOCK_R], tl.int32)
     run_max = tl.full([BLOCK_R], float("-inf"), tl.float32)
     run_sum = tl.zeros([BLOCK_R], tl.float32)
     for k in range(0, n_ranks):
         slot = base_f + k * stride_rank + rows
-        lse_k = tl.load(ex_f + slot, mask=mask, other=float("-inf"))  # X_LSE
-        lp_k = tl.load(ex_f + slot + stride_field, mask=mask, other=0.0)  # X_LOGPROB
+        lp_k = tl.load(ex_f + slot, mask=mask, other=0.0)  # X_LOGPROB
+        m_k = tl.load(ex_f + slot + stride_field, mask=mask, other=float("-inf"))  # X_MAX
+        logs_k = tl.load(ex_f + slot + 2 * stride_field, mask=mask, other=float("-inf"))  # X_LOGSUM
         tok_k = tl.load(ex_i + base_i + k * stride_rank_i + rows, mask=mask, other=-1)
-        poisoned = poisoned | (lse_k != lse_k).to(tl.int32)
-        alive = lse_k > float("-inf")  # False for NaN too
-        logit_k = lp_k + lse_k  # the local sample's scaled logit
+        poisoned = poisoned | ((m_k != m_k) | (logs_k != logs_k)).to(tl.int32)
+        alive = m_k > float("-inf")  # False for NaN too
         if NOISE:
             g = gumbel(seed, offset, tl.zeros([BLOCK_R], tl.int32) + k, STREAM)
-            key = tl.where(greedy, logit_k, lse_k + g)
+            key = m_k + noise_scale * (logs_k + g)  # greedy rows: scale 0, the shard's max logit
         else:
-            key = logit_k
+            key = m_k
         key = tl.where(alive, key, float("-inf"))
         # Strictly greater: the lowest rank keeps ties (lowest vocabulary id).
         take = key > best_key
         best_key = tl.where(take, key, best_key)
         best_tok = tl.where(take, tok_k, best_tok)
-        best_logit = tl.where(take, logit_k, best_logit)
-        # Online log-sum-exp of the live ranks' log-masses.
-        m_k = tl.where(alive, lse_k, float("-inf"))
-        new_max = tl.maximum(run_max, m_k)
+        best_rel = tl.where(take, lp_k + logs_k, best_rel)
+        best_m = tl.where(take, m_k, best_m)
+        # Online (max, sum) of the live ranks' masses S_k exp(M_k / T).
+        new_max = tl.maximum(run_max, tl.where(alive, m_k, float("-inf")))
         safe = tl.where(new_max == float("-inf"), 0.0, new_max)
-        run_sum = tl.where(run_max > float("-inf"), run_sum * tl.exp(run_max - safe), 0.0) \
-            + tl.where(alive, tl.exp(m_k - safe), 0.0)
+        run_sum = tl.where(run_max > float("-inf"), run_sum * tl.exp((run_max - safe) * inv_t), 0.0) \
+            + tl.where(alive, tl.exp(logs_k + (m_k - safe) * inv_t), 0.0)
         run_max = new_max
     bad = poisoned > 0
     failed = bad | (best_key == float("-inf"))
-    # No live rank: lse = -inf (log of an empty sum), without evaluating log(0).
-    lse = tl.where(run_sum > 0.0, run_max + tl.log(tl.where(run_sum > 0.0, run_sum, 1.0)), float("-inf"))
+    # No live rank: log S = -inf and lse = -inf (log of an empty sum), without evaluating log(0).
+    live = run_sum > 0.0
+    log_sum = tl.where(live, tl.log(tl.where(live, run_sum, 1.0)), float("-inf"))
+    lse = tl.where(live, run_max * inv_t + log_sum, float("-inf"))
+    lp = best_rel + (best_m - run_max) * inv_t - log_sum
     tl.store(tokens_ptr + rows, tl.where(failed, -1, best_tok).to(tl.int64), mask=mask)
     tl.store(lse_ptr + rows, tl.where(bad, float("nan"), lse), mask=mask)
-    tl.store(logprob_ptr + rows, tl.where(failed, float("nan"), best_logit - lse), mask=mask)
+    tl.store(logprob_ptr + rows, tl.where(failed, float("nan"), lp), mask=mask)
 
 
 def _block_rows(batch: int, device: torch.device) -> int:
@@ -173,16 +184,16 @@ def _block_rows(batch: int, device: torch.device) -> int:
     return 128
 
 
-def launch_group_publish(tokens: torch.Tensor, logprobs: torch.Tensor, lse: torch.Tensor,
+def launch_group_publish(tokens: torch.Tensor, logprobs: torch.Tensor, stats: torch.Tensor,
                          layout: ExchangeLayout, dst_f: torch.Tensor, dst_i: torch.Tensor, *,
                          rank: int, base_f: int = 0, base_i: int = 0, npeers: Optional[int] = None,
                          parity: Optional[DeviceParity] = None):
-    """Write rows [0, B) of (tokens, logprobs, lse) into slot `rank` of the exchange buffer.
+    """Write rows [0, B) of (tokens, logprobs, stats = (M, log S)) into slot `rank` of the exchange buffer.
 
     base_f / base_i: element offsets of the step's buffer inside dst_f / dst_i, plus the
     half a device counter picks when `parity` is given. With
     npeers set, dst_f / dst_i are int64 tables of the peers' buffer base addresses and
-    every peer receives the triple.
+    every peer receives the values.
     """
     B = tokens.shape[0]
     if B > layout.batch_cap:
@@ -194,7 +205,7 @@ def launch_group_publish(tokens: torch.Tensor, logprobs: torch.Tensor, lse: torc
     block = _block_rows(B, tokens.device)
     par_p, par_f, par_i, par_on = _parity_args(parity, dst_i)
     group_publish_kernel[(triton.cdiv(B, block),)](
-        tokens, logprobs, lse, dst_f, dst_i,
+        tokens, logprobs, stats, dst_f, dst_i,
         base_f + rank * layout.stride_rank, base_i + rank * layout.stride_rank_i, layout.stride_field, B,
         par_p, par_f, par_i,
         BLOCK=block, PEER_TABLE=npeers is not None, NPEERS=npeers or 1, DEVICE_PARITY=par_on, num_warps=4,

@@ -23,7 +23,7 @@ instruction count, not memory, sets its cost. Two things keep it lean:
 import triton
 import triton.language as tl
 
-from .fused_sample import _load_row_param, write_candidates
+from .fused_sample import _load_row_param, row_temperature, write_candidates
 from .noise import STREAM_VOCAB, gumbel_from_bits, philox_words
 from .parity import parity_offsets
 
@@ -34,14 +34,20 @@ def _nan_max(a, b):
 
 
 @triton.jit
-def _lane_scores(x, valid, inv_t, greedy, bits, NOISE: tl.constexpr, FAST_LOG: tl.constexpr):
-    """(scaled logits, perturbed scores) of one lane."""
-    scaled = tl.where(valid, x * inv_t[:, None], float("-inf"))
+def _lane_scores(x, valid, noise_scale, bits, NOISE: tl.constexpr, FAST_LOG: tl.constexpr):
+    """(masked raw logits, perturbed scores logit + T * Gumbel) of one lane."""
+    logit = tl.where(valid, x, float("-inf"))
     if NOISE:
-        score = tl.where(greedy[:, None], scaled, scaled + gumbel_from_bits(bits, FAST_LOG))
+        score = logit + noise_scale[:, None] * gumbel_from_bits(bits, FAST_LOG)
     else:
-        score = scaled
-    return scaled, score
+        score = logit
+    return logit, score
+
+
+@triton.jit
+def _lane_sum(s, valid, tmax_safe, inv_t):
+    live = valid & (s > float("-inf"))
+    return tl.sum(tl.where(live, tl.exp((s - tmax_safe[:, None]) * inv_t[:, None]), 0.0), axis=1)
 
 
 @triton.jit
@@ -69,9 +75,7 @@ def sample_logits_kernel(
 
     # Row parameters: loaded once, shared by the program's tiles.
     temp = _load_row_param(temp_ptr, temp_val, offs_b, mask_b, tl.float32, TEMP_PER_ROW)
-    greedy = temp == 0.0
-    bad_temp = (temp < 0.0) | (temp != temp)
-    inv_t = tl.where(greedy | bad_temp, 1.0, 1.0 / temp)
+    inv_t, noise_scale, greedy, bad_temp = row_temperature(temp)
     seed = _load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
     offset = _load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
     row_ptr = logits_ptr + offs_b[:, None].to(tl.int64) * stride_lb
@@ -101,30 +105,30 @@ def sample_logits_kernel(
                 r1 = 0
                 r2 = 0
                 r3 = 0
-            s0, c0 = _lane_scores(x0, v0[None, :], inv_t, greedy, r0, NOISE, FAST_LOG)
-            s1, c1 = _lane_scores(x1, v1[None, :], inv_t, greedy, r1, NOISE, FAST_LOG)
-            s2, c2 = _lane_scores(x2, v2[None, :], inv_t, greedy, r2, NOISE, FAST_LOG)
-            s3, c3 = _lane_scores(x3, v3[None, :], inv_t, greedy, r3, NOISE, FAST_LOG)
+            s0, c0 = _lane_scores(x0, v0[None, :], noise_scale, r0, NOISE, FAST_LOG)
+            s1, c1 = _lane_scores(x1, v1[None, :], noise_scale, r1, NOISE, FAST_LOG)
+            s2, c2 = _lane_scores(x2, v2[None, :], noise_scale, r2, NOISE, FAST_LOG)
+            s3, c3 = _lane_scores(x3, v3[None, :], noise_scale, r3, NOISE, FAST_LOG)
 
             # Lanes are merged elementwise first, so each row needs only one float and one
             # integer reduction. The max propagates NaN: a NaN logit makes m NaN, which
-            # poisons the row (its noise is finite, so only the logit can be NaN).
+            # poisons the row (its noise is finite, so only the logit can be NaN); so does
+            # a +inf logit (m = +inf).
             m = tl.reduce(_nan_max(_nan_max(c0, c1), _nan_max(c2, c3)), 1, _nan_max)
             mm = m[:, None]
             lane = tl.where(c0 == mm, 0, tl.where(c1 == mm, 1, tl.where(c2 == mm, 2, tl.where(c3 == mm, 3, BIG))))
             best = tl.min(lane + (4 * q)[None, :], axis=1)  # the lowest id that reaches m
             lane0 = (4 * q)[None, :]
-            poisoned = (m != m) | bad_temp
+            poisoned = (m != m) | (m == float("inf")) | bad_temp
             best_score = tl.where(poisoned, float("nan"), m)
             best_idx = tl.where(poisoned, -1, vocab_start + pid_v * BLOCK_V + best).to(tl.int32)
 
             if LOGPROBS:
                 tmax = tl.maximum(tl.maximum(tl.max(s0, axis=1), tl.max(s1, axis=1)),
                                   tl.maximum(tl.max(s2, axis=1), tl.max(s3, axis=1)))
-                tsum = (tl.sum(tl.where(v0[None, :], tl.exp(s0 - tmax[:, None]), 0.0), axis=1)
-                        + tl.sum(tl.where(v1[None, :], tl.exp(s1 - tmax[:, None]), 0.0), axis=1)
-                        + tl.sum(tl.where(v2[None, :], tl.exp(s2 - tmax[:, None]), 0.0), axis=1)
-                        + tl.sum(tl.where(v3[None, :], tl.exp(s3 - tmax[:, None]), 0.0), axis=1))
+                safe = tl.where(tmax == float("-inf"), 0.0, tmax)
+                tsum = (_lane_sum(s0, v0[None, :], safe, inv_t) + _lane_sum(s1, v1[None, :], safe, inv_t)
+                        + _lane_sum(s2, v2[None, :], safe, inv_t) + _lane_sum(s3, v3[None, :], safe, inv_t))
                 b2 = best[:, None]
                 best_logit = tl.maximum(
                     tl.maximum(tl.max(tl.where(lane0 == b2, s0, float("-inf")), axis=1),

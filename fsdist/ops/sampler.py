@@ -235,16 +235,24 @@ def stage1_launcher(path: Optional[str], batch: int, hidden_size: int, device_ty
 
 
 def launch_reduce(layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.Tensor, batch: int, *,
-                  base_f: int = 0, base_i: int = 0, logprobs: bool = False, blocks: Optional[Tuple[int, int]] = None,
+                  params: Optional[RowParams] = None, base_f: int = 0, base_i: int = 0, logprobs: bool = False,
+                  stats: bool = False, blocks: Optional[Tuple[int, int]] = None,
                   parity: Optional[DeviceParity] = None):
     """Stage 2: tokens int64 [B], and logprobs / logsumexp fp32 [B] (or None).
 
-    blocks: (rows per program, slots per chunk) override, for tests. parity: as in launch_fused.
+    params: the rows' parameters (the temperature scales the log-sum-exp; needed with
+    logprobs). stats: also return fp32 [2, B] = (max raw logit M, log S) per row, where
+    S = sum exp((logit - M) / T) (group-log-mass publishes them). blocks: (rows per
+    program, slots per chunk) override, for tests. parity: as in launch_fused.
     """
     device = cand_f.device
+    if logprobs and params is None:
+        raise ValueError("launch_reduce needs params (the temperatures) when logprobs is set")
+    stats = stats and logprobs
     tokens = torch.empty(batch, dtype=torch.int64, device=device)
     lp = torch.empty(batch, dtype=torch.float32, device=device) if logprobs else tokens
     lse = torch.empty(batch, dtype=torch.float32, device=device) if logprobs else tokens
+    st = torch.empty(2, batch, dtype=torch.float32, device=device) if stats else tokens
     if batch:
         if device.type == "cpu":  # interpreter: few, large programs
             block_r, block_s = min(128, max(16, triton.next_power_of_2(batch))), min(triton.next_power_of_2(layout.n_slots), 2048)
@@ -254,13 +262,16 @@ def launch_reduce(layout: CandidateLayout, cand_f: torch.Tensor, cand_i: torch.T
             block_r, block_s = (2 if batch <= 64 else 4), min(triton.next_power_of_2(layout.n_slots), 1024)
         block_r, block_s = blocks or (block_r, block_s)
         par_p, par_f, par_i, par_on = _parity_args(parity, cand_i)
+        temp_p, temp_v, temp_row = _param_args(params.temperature if params is not None else 1.0, cand_i)
         reduce_candidates_kernel[(triton.cdiv(batch, block_r),)](
-            cand_f, cand_i, tokens, lp, lse,
+            cand_f, cand_i, tokens, lp, lse, st,
             batch, layout.n_slots, layout.n_local, base_f, base_i, layout.stride_group, layout.stride_group_i,
-            layout.stride_field, layout.stride_slot, par_p, par_f, par_i,
-            BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs, DEVICE_PARITY=par_on, num_warps=4,
+            layout.stride_field, layout.stride_slot, par_p, par_f, par_i, temp_p, float(temp_v),
+            BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs, DEVICE_PARITY=par_on,
+            TEMP_PER_ROW=temp_row, STATS=stats, num_warps=4,
         )
-    return tokens, (lp if logprobs else None), (lse if logprobs else None)
+    out = (tokens, (lp if logprobs else None), (lse if logprobs else None))
+    return out + (st,) if stats else out
 
 
 def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: CandidateLayout,

@@ -27,9 +27,14 @@ def materialize_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: O
     return logits
 
 
+GREEDY_TEMPERATURE = 1e-5  # below it a row is greedy (vLLM's epsilon), as in the kernels
+
+
 def _scaled(logits: torch.Tensor, temperature) -> torch.Tensor:
+    """(logits / T with T = 1 for greedy rows, greedy mask)."""
     t = _as_rows(temperature, logits.shape[0], logits.dtype, logits.device)
-    return logits / torch.where(t == 0, torch.ones_like(t), t)[:, None], t == 0
+    greedy = t < GREEDY_TEMPERATURE
+    return logits / torch.where(greedy, torch.ones_like(t), t)[:, None], greedy
 
 
 def reference_sample(hidden: torch.Tensor, weight: torch.Tensor, *,

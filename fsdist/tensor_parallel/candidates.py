@@ -73,4 +73,4 @@ class CandidatesReduction(Reduction):
             t.all_gather_into(out_i, out_i[self.rank * gi:(self.rank + 1) * gi])
         if hook:
             hook("before_stage2", step)
-        return launch_reduce(layout, bufs.f.local, bufs.i.local, B, logprobs=logprobs, parity=par)
+        return launch_reduce(layout, bufs.f.local, bufs.i.local, B, params=params, logprobs=logprobs, parity=par)

@@ -57,16 +57,17 @@ class GroupLogmassReduction(Reduction):
         # 1. local exact sample, log-probability and log-mass of this shard
         stage1(hidden, weight, params, cfg, self.local_layout, self.local_f, self.local_i,
                      vocab_size=part.vocab_size, vocab_start=part.start, group=0, logprobs=True)
-        tok, lp, lse = launch_reduce(self.local_layout, self.local_f, self.local_i, B, logprobs=True)
+        tok, lp, _lse, stats = launch_reduce(self.local_layout, self.local_f, self.local_i, B, params=params,
+                                             logprobs=True, stats=True)
         # 2. exchange the triples
         if t.peer_stores:
-            launch_group_publish(tok, lp, lse, x, bufs.f.peer_ptrs, bufs.i.peer_ptrs, rank=self.rank,
+            launch_group_publish(tok, lp, stats, x, bufs.f.peer_ptrs, bufs.i.peer_ptrs, rank=self.rank,
                                  npeers=self.tp, parity=par)
             t.barrier()
         else:
             # One copy (parity strides 0): the all-gather below needs host-known slices.
             f, i = bufs.f.local, bufs.i.local
-            launch_group_publish(tok, lp, lse, x, f, i, rank=self.rank, parity=par)
+            launch_group_publish(tok, lp, stats, x, f, i, rank=self.rank, parity=par)
             out_f = f[:x.float_numel]
             out_i = i[:x.int_numel]
             r = self.rank

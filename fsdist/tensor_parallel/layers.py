@@ -226,7 +226,7 @@ class ShardedFlashLMHead(nn.Module):
     def forward(self, hidden: torch.Tensor, temperature: Union[float, torch.Tensor] = 1.0,
                 seed: Union[int, torch.Tensor] = 0, offset: Union[int, torch.Tensor] = 0,
                 return_logprobs: bool = False, weight: Optional[torch.Tensor] = None,
-                path: Optional[str] = None) -> SampleOutput:
+                path: Optional[str] = None, check: bool = False) -> SampleOutput:
         """Sample one token per row from softmax(hidden @ W_full.T / T) over ids < vocab_size.
 
         A collective over tp_group (see the module docstring). ``weight`` overrides this
@@ -250,6 +250,8 @@ class ShardedFlashLMHead(nn.Module):
         V.check_weight(w, hidden, name="weight" if weight is None else "weight override")
         B = hidden.shape[0]
         params = V.row_params(temperature, seed, offset, B, hidden.device)
+        if check:
+            V.check_row_values(params)
         return_logprobs = bool(return_logprobs)
         stage1 = stage1_launcher(path, B, self.hidden_size, self.device.type)
         if B == 0:

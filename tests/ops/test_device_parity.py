@@ -69,8 +69,8 @@ def test_device_parity_selects_the_half_for_stage1_and_stage2(device, counter_va
     assert bool((ci[k, :, :, B:] == SENT_I).all()), "rows past the batch were touched"
 
     # Stage 2 through the counter == stage 2 at the host offset of that copy == fsdist.sample.
-    got = launch_reduce(layout, f, i, B, logprobs=logprobs, parity=parity)
-    host = launch_reduce(layout, f, i, B, logprobs=logprobs, base_f=k * layout.float_numel,
+    got = launch_reduce(layout, f, i, B, params=params, logprobs=logprobs, parity=parity)
+    host = launch_reduce(layout, f, i, B, params=params, logprobs=logprobs, base_f=k * layout.float_numel,
                          base_i=k * layout.int_numel)
     ref = fsdist.sample(h, W, temperature=params.temperature, seed=params.seed, offset=params.offset,
                         vocab_size=V, return_logprobs=logprobs)
@@ -113,7 +113,7 @@ def test_device_parity_chunked_stage1(device):
     cf, ci = copies(layout, f, i)
     assert bool((ci[0] == SENT_I).all()) and bool((cf[0] == SENT_F).all())
     assert bool((ci[1, :, :, :B] != SENT_I).all())
-    got = launch_reduce(layout, f, i, B, logprobs=True, parity=parity)
+    got = launch_reduce(layout, f, i, B, params=params, logprobs=True, parity=parity)
     ref = fsdist.sample(h, W, temperature=params.temperature, seed=params.seed, offset=params.offset, vocab_size=V,
                         return_logprobs=True)
     assert torch.equal(got[0], ref.tokens)

@@ -60,12 +60,12 @@ CASES = {
                         STREAM=1, DEVICE_PARITY=True)),
     "group_publish_peers": dict(
         module="fsdist.ops.group_select", kernel="group_publish_kernel",
-        types=dict(tok_ptr="*i64", lp_ptr="*fp32", lse_ptr="*fp32", dst_f="*i64", dst_i="*i64", off_f="i32",
+        types=dict(tok_ptr="*i64", lp_ptr="*fp32", stats_ptr="*fp32", dst_f="*i64", dst_i="*i64", off_f="i32",
                    off_i="i32", stride_field="i32", B="i32", **PARITY),
         constexprs=dict(BLOCK=128, PEER_TABLE=True, NPEERS=4, DEVICE_PARITY=True)),
     "group_publish_local": dict(
         module="fsdist.ops.group_select", kernel="group_publish_kernel",
-        types=dict(tok_ptr="*i64", lp_ptr="*fp32", lse_ptr="*fp32", dst_f="*fp32", dst_i="*i32", off_f="i32",
+        types=dict(tok_ptr="*i64", lp_ptr="*fp32", stats_ptr="*fp32", dst_f="*fp32", dst_i="*i32", off_f="i32",
                    off_i="i32", stride_field="i32", B="i32", **PARITY),
         constexprs=dict(BLOCK=128, PEER_TABLE=False, NPEERS=1, DEVICE_PARITY=False)),
     "stage1_fused_peers_parity": dict(
@@ -84,10 +84,11 @@ CASES = {
                         DEVICE_PARITY=True)),
     "stage2_parity": dict(
         module="fsdist.ops.reduce_candidates", kernel="reduce_candidates_kernel",
-        types=dict(cand_f="*fp32", cand_i="*i32", tokens_ptr="*i64", logprob_ptr="*fp32", lse_ptr="*fp32", B="i32",
-                   n_slots="i32", n_local="i32", buf_offset="i32", buf_offset_i="i32", stride_group="i32",
-                   stride_group_i="i32", stride_field="i32", stride_slot="i32", **PARITY),
-        constexprs=dict(BLOCK_R=2, BLOCK_S=1024, LOGPROBS=True, DEVICE_PARITY=True)),
+        types=dict(cand_f="*fp32", cand_i="*i32", tokens_ptr="*i64", logprob_ptr="*fp32", lse_ptr="*fp32",
+                   stats_ptr="*fp32", B="i32", n_slots="i32", n_local="i32", buf_offset="i32", buf_offset_i="i32",
+                   stride_group="i32", stride_group_i="i32", stride_field="i32", stride_slot="i32", temp_ptr="*fp32",
+                   temp_val="fp32", **PARITY),
+        constexprs=dict(BLOCK_R=2, BLOCK_S=1024, LOGPROBS=True, DEVICE_PARITY=True, TEMP_PER_ROW=True, STATS=True)),
 }
 
 

@@ -138,7 +138,7 @@ def test_weight_and_input_errors(dist_ctx):
     with pytest.raises(ValueError, match="temperature"):
         head(h, temperature=-1.0)
     with pytest.raises(ValueError, match="temperature"):
-        head(h, temperature=torch.tensor([1.0, float("nan"), 1.0, 1.0], device=dev))
+        head(h, temperature=torch.tensor([1.0, float("nan"), 1.0, 1.0], device=dev), check=True)
     with pytest.raises(ValueError, match="seed"):
         head(h, seed=torch.zeros(3, dtype=torch.int64, device=dev))
     with pytest.raises(ValueError, match="path"):

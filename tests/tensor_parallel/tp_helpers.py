@@ -4,7 +4,7 @@ import torch
 import torch.distributed as dist
 from scipy import stats
 
-from fsdist.reference import gumbel_noise, materialize_logits, vocab_gumbel, vocab_gumbel
+from fsdist.reference import gumbel_noise, materialize_logits, vocab_gumbel
 
 # Statistical threshold of every goodness-of-fit test here. Seeds are fixed, so each test is
 # deterministic; a correct sampler fails a given check with probability 1e-3 over seed choices.
@@ -40,7 +40,7 @@ def scaled_logits64(hidden, W, V, temperature):
     B = logits.shape[0]
     t = temperature if isinstance(temperature, torch.Tensor) else torch.full((B,), float(temperature))
     t = t.cpu().double()
-    greedy = t == 0
+    greedy = t < 1e-5  # vLLM's epsilon, as in the kernels
     return logits / torch.where(greedy, torch.ones_like(t), t)[:, None], greedy
 
 
