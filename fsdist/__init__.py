@@ -1,23 +1,33 @@
 """fsdist: exact LLM token sampling fused into the LM-head matmul (FlashSampling),
-on one GPU and across a tensor-parallel group."""
-from . import _runtime
+on one GPU and across a tensor-parallel group.
 
-# Without a GPU the kernels run under Triton's interpreter, which must be chosen
-# before the first kernel is defined. An explicit TRITON_INTERPRET wins.
-_runtime.setup()
-
-from .ops.configs import TileConfig  # noqa: E402
-from .sampling import sample  # noqa: E402
-from .types import SampleOutput  # noqa: E402
+``fsdist.sample`` (``sampling.py``) samples on one device; ``fsdist.ShardedFlashLMHead``
+(``tensor_parallel/``) is the vocabulary-parallel head. Everything is imported on first
+use, so ``import fsdist.env`` (the no-multicast switches) costs no torch import.
+"""
+import importlib
 
 __version__ = "0.1.0"
-__all__ = ["sample", "SampleOutput", "TileConfig", "ShardedFlashLMHead", "__version__"]
+
+# public name -> module that defines it
+_EXPORTS = {
+    "sample": "fsdist.sampling",
+    "SampleOutput": "fsdist.types",
+    "TileConfig": "fsdist.ops.configs",
+    "RowParams": "fsdist.params",
+    "ShardedFlashLMHead": "fsdist.tensor_parallel.layers",
+}
+__all__ = list(_EXPORTS) + ["__version__"]
 
 
 def __getattr__(name):
-    # The tensor-parallel head pulls in torch.distributed; load it on first use.
-    if name == "ShardedFlashLMHead":
-        from .tensor_parallel.layers import ShardedFlashLMHead
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fsdist' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
-        return ShardedFlashLMHead
-    raise AttributeError(f"module 'fsdist' has no attribute {name!r}")
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -37,22 +37,12 @@ from typing import Mapping, Optional
 import torch
 import torch.distributed as dist
 
+from . import nvshmem_runtime
+from .env import SAFE_ENV, apply_safe_env
+
 log = logging.getLogger("fsdist")
 
-SAFE_ENV = {"NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0"}
-
 DEFAULT_TIMEOUT = timedelta(minutes=10)
-
-
-def apply_safe_env(environ=None) -> None:
-    """Force the no-multicast switches into the environment (idempotent)."""
-    environ = os.environ if environ is None else environ
-    for key, value in SAFE_ENV.items():
-        old = environ.get(key)
-        if old is not None and old != value:
-            log.warning("fsdist: overriding %s=%s with %s (NVLink multicast stays off)", key, old, value)
-        environ[key] = value
-
 
 apply_safe_env()  # as early as possible: importing fsdist.distributed is usually the first step
 
@@ -150,25 +140,10 @@ class DistContext:
 
 class _State:
     ctx: Optional[DistContext] = None
-    nvshmem: bool = False  # NVSHMEM initialised by fsdist
-    # Live NVSHMEM transports, in creation order (the same on every rank). Held strongly:
-    # symmetric buffers must be freed collectively and explicitly (nvshmem4py raises if one
-    # is garbage collected), so a head dropped without close() is closed by finalize_nvshmem.
-    transports: list = []
-
-
-def _register_transport(t) -> None:
-    if t not in _State.transports:
-        _State.transports.append(t)
-
-
-def _forget_transport(t) -> None:
-    if t in _State.transports:
-        _State.transports.remove(t)
 
 
 def nvshmem_is_initialized() -> bool:
-    return _State.nvshmem
+    return nvshmem_runtime.initialized()
 
 
 def _pick_device(info: LaunchInfo, device) -> torch.device:
@@ -223,54 +198,14 @@ def init_distributed(backend: Optional[str] = None, *, device=None, nvshmem: boo
     return ctx
 
 
-def _cuda_core_device(index: int):
-    try:
-        from cuda.core import Device
-    except ImportError:
-        from cuda.core.experimental import Device
-    return Device(index)
-
-
 def init_nvshmem(device=None) -> None:
-    """Initialise NVSHMEM over the default process group (UID bootstrap; PE = global rank).
-
-    Rank 0 creates the unique id, torch.distributed broadcasts it, every rank calls
-    ``nvshmem.core.init(..., initializer_method="uid")`` on its GPU. Idempotent.
-    """
-    apply_safe_env()
-    if _State.nvshmem:
-        return
-    if not dist.is_initialized():
-        raise RuntimeError("init_nvshmem needs torch.distributed initialised first (init_distributed)")
-    if not torch.cuda.is_available():
-        raise RuntimeError("NVSHMEM needs CUDA GPUs; none is available")
-    from .tensor_parallel.transports.nvshmem import import_nvshmem
-
-    core, _ = import_nvshmem()
-    device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    torch.cuda.set_device(index)
-    cu_dev = _cuda_core_device(index)
-    cu_dev.set_current()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    holder = [core.get_unique_id() if rank == 0 else None]
-    dist.broadcast_object_list(holder, src=0)
-    core.init(device=cu_dev, uid=holder[0], rank=rank, nranks=world, initializer_method="uid")
-    _State.nvshmem = True
-    log.info("fsdist: NVSHMEM initialised, PE %d of %d on cuda:%d", rank, world, index)
+    """Initialise NVSHMEM over the default process group (see fsdist.nvshmem_runtime.init)."""
+    nvshmem_runtime.init(device)
 
 
 def finalize_nvshmem() -> None:
     """Close live NVSHMEM transports (collective frees), then finalise NVSHMEM. Collective."""
-    for t in list(_State.transports):
-        t.close()
-    _State.transports.clear()
-    if _State.nvshmem:
-        import nvshmem.core as core
-
-        torch.cuda.synchronize()
-        core.finalize()
-        _State.nvshmem = False
+    nvshmem_runtime.finalize()
 
 
 def shutdown(*, collective: bool = True) -> None:
@@ -280,10 +215,7 @@ def shutdown(*, collective: bool = True) -> None:
     (both collective), then the process group is destroyed if fsdist created it.
     collective=False (error path): skip everything that would wait for other ranks.
     """
-    if collective:
-        finalize_nvshmem()
-    else:
-        _State.transports.clear()
+    nvshmem_runtime.finalize(collective=collective)
     ctx = _State.ctx
     if ctx is not None and ctx.created_group and dist.is_initialized():
         dist.destroy_process_group()

@@ -1,12 +1,17 @@
-"""fsdist.sample: exact sampling fused into the LM-head matmul, on one device."""
+"""fsdist.sample: exact sampling fused into the LM-head matmul, on one device.
+
+One call: validate the arguments (``validation``), plan the launch (``ops.plan``), run
+stage 1 into a fresh candidate buffer, merge (``ops.merge_candidates``).
+"""
 from typing import Optional, Union
 
 import torch
-import triton
 
-from . import _validation as V
-from .ops.configs import TileConfig, pick_config
-from .ops.sampler import CandidateLayout, launch_reduce, stage1_launcher
+from . import validation
+from .ops.configs import TileConfig
+from .ops.layout import BufferPair
+from .ops.merge_candidates import launch_merge
+from .ops.plan import launch_stage1, plan_sample
 from .types import SampleOutput
 
 
@@ -37,22 +42,25 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
         Both draw the same noise, so they return the same tokens up to near-exact ties.
     check: also validate the values inside per-row tensors and raise ValueError on a bad
         one (this synchronises with the device; off by default, bad rows then return -1).
+
+    Example::
+
+        out = fsdist.sample(hidden, weight, temperature=torch.full((B,), 0.7, device="cuda"),
+                            seed=seeds, offset=step, return_logprobs=True)
+        out.tokens      # int64 [B]
     """
-    V.check_hidden(hidden)
-    V.check_weight(weight, hidden)
-    V.check_device_runnable(hidden.device)
-    vocab_size = V.check_vocab_size(vocab_size, weight.shape[0])
+    validation.check_hidden(hidden)
+    validation.check_weight(weight, hidden)
+    validation.check_device_runnable(hidden.device)
+    vocab_size = validation.check_vocab_size(vocab_size, weight.shape[0])
     B, D = hidden.shape
-    params = V.row_params(temperature, seed, offset, B, hidden.device)
+    params = validation.row_params(temperature, seed, offset, B, hidden.device)
     if check:
-        V.check_row_values(params)
+        validation.check_row_values(params)
     if hidden.stride(1) != 1:
         hidden = hidden.contiguous()
-    cfg = config or pick_config(B, D, hidden.device.type)
-    launch = stage1_launcher(path, B, D, hidden.device.type)
-    layout = CandidateLayout(CandidateLayout.fields(return_logprobs),
-                             triton.cdiv(weight.shape[0], cfg.block_v), max(B, 1))
-    cand_f, cand_i = layout.alloc(hidden.device)
-    if B:
-        launch(hidden, weight, params, cfg, layout, cand_f, cand_i, vocab_size=vocab_size, logprobs=return_logprobs)
-    return SampleOutput(*launch_reduce(layout, cand_f, cand_i, B, params=params, logprobs=return_logprobs))
+    plan = plan_sample(batch=B, hidden_size=D, weight_rows=weight.shape[0], device=hidden.device,
+                       logprobs=return_logprobs, config=config, path=path)
+    buffers = BufferPair.alloc(plan.layout, hidden.device)
+    launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size)
+    return SampleOutput(*launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs))

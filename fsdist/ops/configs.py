@@ -8,11 +8,12 @@ comes from L2 the second time). Configs are a pure function of the shape so
 that every tensor-parallel rank picks the same one.
 """
 import functools
+import re
 from dataclasses import dataclass
 
 import triton
 
-from .._runtime import interpreting
+from ..runtime import interpreting
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,27 @@ class TileConfig:
                 raise ValueError(f"TileConfig.{name} must be a power of two >= 16, got {v}")
         if not isinstance(self.tma, bool):
             raise ValueError(f"TileConfig.tma must be a bool, got {self.tma!r}")
+
+    @property
+    def name(self) -> str:
+        """'BBxBVxBKwWsS', plus 't' with TMA: e.g. '64x128x64w8s4' (parse() reads it back)."""
+        return (f"{self.block_b}x{self.block_v}x{self.block_k}w{self.num_warps}s{self.num_stages}"
+                + ("t" if self.tma else ""))
+
+    @classmethod
+    def parse(cls, text: str) -> "TileConfig":
+        """Read a config written as ``name`` ('64x128x64w8s4[t]') or as 'block_b:block_v:block_k[:warps[:stages]]'."""
+        text = text.strip()
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(t?)", text)
+        if m:
+            bb, bv, bk = (int(g) for g in m.groups()[:3])
+            kw = {k: int(v) for k, v in (("num_warps", m.group(4)), ("num_stages", m.group(5))) if v}
+            return cls(bb, bv, bk, tma=bool(m.group(6)), **kw)
+        parts = text.split(":")
+        if 3 <= len(parts) <= 5 and all(p.isdigit() for p in parts):
+            return cls(*(int(p) for p in parts))
+        raise ValueError(f"cannot read tile config {text!r}: want e.g. '64x128x64w8s4' (add 't' for TMA) "
+                         "or 'block_b:block_v:block_k[:num_warps[:num_stages]]'")
 
 
 def _block_k(hidden_size: int, cap: int) -> int:
@@ -90,11 +112,24 @@ def _l2_bytes(index: int) -> int:
     return int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or _FALLBACK_WORKSPACE)
 
 
+def chunk_rows_for(batch: int, V_rows: int, block_v: int, budget_bytes: int) -> int:
+    """Vocabulary rows per chunk: the fewest chunks whose fp32 logits [B, rows] fit the
+    budget, all of about the same size (a small last chunk would run cuBLAS at a poor
+    wave fill), in whole tiles of block_v."""
+    cap = max(block_v, budget_bytes // (4 * max(batch, 1)) // block_v * block_v)  # rows that fit, >= 1 tile
+    n_chunks = triton.cdiv(V_rows, cap)
+    # cdiv(V_rows, n_chunks) <= cap and cap is whole tiles, so rounding up stays within it.
+    return triton.cdiv(triton.cdiv(V_rows, n_chunks), block_v) * block_v
+
+
 # Batch size from which sample() computes logits with cuBLAS per vocabulary chunk instead
 # of the fused Triton GEMM. bench/epilogue_bench.py on an H200: at B = 64 fused is ~10%
 # faster than chunked; at B = 96 chunked is 1.3-1.4x faster (the fused kernel's batch
 # tiles are 64 rows, so B > 64 reads the weight in two batch tiles). See docs/performance.md.
 CHUNKED_MIN_BATCH = 65
+
+
+STAGE1_PATHS = ("fused", "chunked")
 
 
 def choose_path(batch: int, hidden_size: int, device_type: str) -> str:

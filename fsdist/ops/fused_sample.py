@@ -1,105 +1,28 @@
-"""Stage 1 of FlashSampling: LM-head GEMM with a sampling epilogue.
+"""Stage 1 of FlashSampling: the LM-head GEMM with a sampling epilogue (one kernel).
 
 One program owns a (batch tile, vocabulary tile). It computes the logits tile
-``hidden[BB, D] @ weight[BV, D]^T`` in fp32 registers, masks ids >= vocab_size,
-adds T times Gumbel noise keyed by the global vocabulary id (argmax(logit + T g) is
-argmax(logit / T + g), without the overflow of logit / T) and keeps one (score,
-index) candidate per row. The [B, V] logits never leave the chip.
+``hidden[BB, D] @ weight[BV, D]^T`` in fp32 registers, masks ids >= vocab_size, adds
+T times Gumbel noise keyed by the global vocabulary id and keeps one (score, id)
+candidate per row (``epilogue.py``). The [B, V] logits never leave the chip.
 
-Candidates live in a struct-of-arrays buffer ``cand_f[group, field, tile, b]``
-(fp32) and ``cand_i[group, tile, b]`` (int32 global id), batch innermost so one
-program's stores are contiguous (see ``fsdist.ops.sampler.CandidateLayout``).
-With tensor parallelism, group = rank: the host passes ``buf_offset`` pointing
-at this rank's group, in the parity half of the buffer it is using. With
-DEVICE_PARITY the half is read from a device counter instead (``parity_ptr``), so
-a CUDA graph replay picks the half of the step it replays, not of the capture.
-When PEER_TABLE is set, ``cand_f``/``cand_i`` are int64 tables of NPEERS base
-addresses and the epilogue stores the candidates into every one of them; this is
-how a rank writes straight into its peers' symmetric buffers. The kernel knows
-nothing about how those addresses were obtained.
-
-With TMA the operands arrive as tensor descriptors (Hopper's bulk tensor copies)
-instead of pointers; the arithmetic, hence every candidate, is the same.
+Where the candidates go is a ``layout.BufferPair``: this process's buffer, or a
+table of every tensor-parallel peer's buffer (the epilogue then stores into all of
+them). The kernel knows nothing about how those addresses were obtained. With TMA the
+operands arrive as tensor descriptors (Hopper's bulk tensor copies) instead of
+pointers; the arithmetic, hence every candidate, is the same.
 """
+import torch
 import triton
 import triton.language as tl
 
+from ..params import RowParams
+from ..runtime import interpreting
+from .configs import TileConfig
+from .epilogue import row_temperature, tile_stats, write_candidates
+from .layout import BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
-from .parity import parity_offsets
-
-# Fields of the fp32 candidate buffer. Only F_SCORE is written unless LOGPROBS. Logits are
-# stored unscaled (not divided by T): logit / T overflows fp32 for tiny T or huge logits,
-# while (logit - max) / T, which is all the log-sum-exp needs, does not.
-F_SCORE = 0  # max over the tile of (logit + T * Gumbel); NaN marks a poisoned row
-F_LOGIT = 1  # raw logit of that winner, for its log-probability
-F_TMAX = 2  # max over the tile of the raw logit (online log-sum-exp state)
-F_TSUM = 3  # sum over the tile of exp((logit - tile max) / T)
-N_FIELDS_SAMPLE = 1
-N_FIELDS_LOGPROBS = 4
-
-# Temperatures below this are greedy (vLLM's epsilon): 1 / T stays far from fp32 overflow.
-GREEDY_BELOW = tl.constexpr(1e-5)
-
-
-@triton.jit
-def _load_row_param(ptr, scalar, offs_b, mask_b, DTYPE: tl.constexpr, PER_ROW: tl.constexpr):
-    if PER_ROW:
-        return tl.load(ptr + offs_b, mask=mask_b, other=0).to(DTYPE)
-    else:
-        return tl.full(offs_b.shape, 0, DTYPE) + scalar
-
-
-@triton.jit
-def row_temperature(temp):
-    """(inv_t, noise_scale, greedy, bad) of each row's temperature.
-
-    The perturbed score is ``logit + T * Gumbel``: the same argmax as ``logit / T + Gumbel``
-    for T > 0 (the paper's form), but it never overflows, and T = 0 makes it the logit itself.
-    A negative or NaN temperature is ``bad``: the row is poisoned (token -1) rather than
-    sampled wrongly; T < GREEDY_BELOW is greedy (noise scale 0, logprobs at T = 1).
-    """
-    bad = (temp < 0.0) | (temp != temp)
-    greedy = (temp < GREEDY_BELOW) & ~bad
-    off = greedy | bad
-    return tl.where(off, 1.0, 1.0 / tl.where(off, 1.0, temp)), tl.where(off, 0.0, temp), greedy, bad
-
-
-@triton.jit
-def tile_stats(logit, valid, inv_t):
-    """(max, sum of exp((logit - max) / T)) over axis 1 of raw logits; -inf / 0 where nothing is finite."""
-    tmax = tl.max(logit, axis=1)
-    safe = tl.where(tmax == float("-inf"), 0.0, tmax)
-    live = valid & (logit > float("-inf"))
-    tsum = tl.sum(tl.where(live, tl.exp((logit - safe[:, None]) * inv_t[:, None]), 0.0), axis=1)
-    return tmax, tsum
-
-
-@triton.jit
-def _store_candidates(base_f, base_i, dst, dst_i, stride_field, score, idx, logit, tmax, tsum, mask_b,
-                      LOGPROBS: tl.constexpr):
-    tl.store(base_f + dst, score, mask=mask_b)
-    tl.store(base_i + dst_i, idx, mask=mask_b)
-    if LOGPROBS:
-        tl.store(base_f + 1 * stride_field + dst, logit, mask=mask_b)
-        tl.store(base_f + 2 * stride_field + dst, tmax, mask=mask_b)
-        tl.store(base_f + 3 * stride_field + dst, tsum, mask=mask_b)
-
-
-@triton.jit
-def write_candidates(cand_f, cand_i, dst, dst_i, stride_field, score, idx, logit, tmax, tsum, mask_b,
-                     LOGPROBS: tl.constexpr, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr):
-    """Store one tile's candidates at element offsets dst / dst_i: into the local buffer, or
-    with PEER_TABLE into every peer's (cand_f / cand_i are then tables of base addresses)."""
-    if PEER_TABLE:
-        # Fan-out: the same candidates go to this rank's slot in every peer's buffer.
-        for p in tl.static_range(NPEERS):
-            base_f = tl.load(cand_f + p).to(tl.pointer_type(tl.float32))
-            base_i = tl.load(cand_i + p).to(tl.pointer_type(tl.int32))
-            _store_candidates(base_f, base_i, dst, dst_i, stride_field, score, idx, logit, tmax, tsum, mask_b,
-                              LOGPROBS)
-    else:
-        _store_candidates(cand_f, cand_i, dst, dst_i, stride_field, score, idx, logit, tmax, tsum, mask_b,
-                          LOGPROBS)
+from .parity import parity_args, parity_offsets
+from .utils import fast_log_ok, load_row_param, row_param_args
 
 
 @triton.jit
@@ -162,8 +85,8 @@ def fused_sample_kernel(
             w_ptrs += BLOCK_K
 
     # ---- epilogue: temperature, padding mask, noise, tile-local argmax ----
-    temp = _load_row_param(temp_ptr, temp_val, offs_b, mask_b, tl.float32, TEMP_PER_ROW)
-    inv_t, noise_scale, greedy, bad_temp = row_temperature(temp)
+    temp = load_row_param(temp_ptr, temp_val, offs_b, mask_b, tl.float32, TEMP_PER_ROW)
+    inv_t, noise_scale, _greedy, bad_temp = row_temperature(temp)
     gid = vocab_start + offs_v  # global vocabulary id
     valid = (gid < vocab_size) & mask_v
     logit = tl.where(valid[None, :], acc, float("-inf"))
@@ -171,8 +94,8 @@ def fused_sample_kernel(
     # -inf is a logit of probability 0 and is fine.
     bad_logit = tl.max(((logit != logit) | (logit == float("inf"))).to(tl.int32), axis=1) > 0
     if NOISE:
-        seed = _load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
-        offset = _load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
+        seed = load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
+        offset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
         # Tiles start at multiples of BLOCK_V (and vocab_start at a multiple of 4), so the
         # tile's ids are whole Philox quads: one evaluation per 4 ids.
         bits = vocab_bits_tile(seed[:, None], offset[:, None], vocab_start + pid_v * BLOCK_V, BLOCK_B, BLOCK_V)
@@ -200,3 +123,61 @@ def fused_sample_kernel(
     dst_i = buf_offset_i + pid_v * stride_slot + offs_b
     write_candidates(cand_f, cand_i, dst, dst_i, stride_field, best_score, best_idx, best_logit, tmax, tsum, mask_b,
                      LOGPROBS, PEER_TABLE, NPEERS)
+
+
+def tma_operands(hidden: torch.Tensor, weight: torch.Tensor, cfg: TileConfig):
+    """(hidden, weight, TMA) kernel arguments: tensor descriptors when cfg.tma asks for them
+    and the hardware and layouts allow (the candidates do not depend on it), else the tensors."""
+    if not (cfg.tma and _tma_capable(hidden.device) and hidden.shape[0] > 0):
+        return hidden, weight, False
+    elem = hidden.element_size()
+    aligned = all(t.data_ptr() % 16 == 0 and t.stride(1) == 1 and (t.stride(0) * elem) % 16 == 0
+                  for t in (hidden, weight))
+    if not aligned or max(cfg.block_b, cfg.block_v, cfg.block_k) > 256:
+        return hidden, weight, False
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return (TensorDescriptor.from_tensor(hidden, [cfg.block_b, cfg.block_k]),
+            TensorDescriptor.from_tensor(weight, [cfg.block_v, cfg.block_k]), True)
+
+
+def _tma_capable(device: torch.device) -> bool:
+    if device.type == "cpu":
+        return interpreting()  # Triton's interpreter emulates descriptor loads (tests)
+    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
+                 layout: CandidateLayout, dest: BufferPair, *, vocab_size: int, vocab_start: int = 0,
+                 shard: int = 0, logprobs: bool = False) -> None:
+    """Write the candidates of every (row, vocabulary tile) of ``hidden @ weight.T`` into block
+    ``shard`` of ``dest``. weight holds global vocabulary ids [vocab_start, vocab_start + rows);
+    ids >= vocab_size are padding and never win."""
+    n_vtiles = layout.check_fit(hidden.shape[0], weight.shape[0], cfg.block_v, shard, vocab_start)
+    B, D = hidden.shape
+    V_rows = weight.shape[0]
+    dummy = dest.i  # any tensor: ignored by the kernel when a parameter is a scalar
+    seed_p, seed_v, seed_row = row_param_args(params.seed, dummy)
+    off_p, off_v, off_row = row_param_args(params.offset, dummy)
+    temp_p, temp_v, temp_row = row_param_args(params.temperature, dummy)
+    par_p, par_f, par_i, par_on = parity_args(dest.parity, dummy)
+    h_arg, w_arg, tma = tma_operands(hidden, weight, cfg)
+    fused_sample_kernel[(triton.cdiv(B, cfg.block_b), n_vtiles)](
+        h_arg, w_arg,
+        seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
+        dest.f, dest.i,
+        B, D, V_rows, vocab_size, vocab_start,
+        hidden.stride(0),
+        dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i,
+        layout.stride_field, layout.stride_slot,
+        par_p, par_f, par_i,
+        BLOCK_B=cfg.block_b, BLOCK_V=cfg.block_v, BLOCK_K=cfg.block_k,
+        EVEN_K=D % cfg.block_k == 0, EVEN_V=V_rows % cfg.block_v == 0,
+        SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
+        NOISE=not params.all_greedy, LOGPROBS=logprobs,
+        PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1,
+        DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
+        DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
+        FAST_LOG=fast_log_ok(hidden.device),
+        DEVICE_PARITY=par_on, TMA=tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )

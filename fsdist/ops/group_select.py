@@ -21,7 +21,7 @@ buffer (peer table) or of its own; ``group_select_kernel`` reads all ranks' slot
 writes the global token, the global log-sum-exp M / T + log S (M = max_k M_k, S = sum_k
 S_k exp((M_k - M) / T)) and the token's global log-probability
 ``logprob_k + log S_k + (M_k - M) / T - log S``. Both kernels take an optional device
-parity (``DEVICE_PARITY``, see ``fsdist.ops.sampler.DeviceParity``) that picks the half
+parity (``DEVICE_PARITY``, see ``fsdist.ops.parity``) that picks the half
 of a double exchange buffer from a counter in device memory.
 
 Rows that any rank poisoned (NaN or +inf logit, bad temperature: NaN values) return
@@ -30,21 +30,20 @@ token -1 with NaN lse and logprob. Ranks whose shard has no finite logit for the
 returns -1. Nothing here knows about process groups.
 """
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from .._validation import RowParams
-from .fused_sample import _load_row_param, row_temperature
+from ..params import RowParams
+from .epilogue import row_temperature
+from .layout import BufferPair
 from .noise import STREAM_GROUP, gumbel
-from .parity import parity_offsets
-from .sampler import DeviceParity, _param_args, _parity_args
+from .parity import parity_args, parity_offsets
+from .utils import load_row_param, row_param_args
 
-X_LOGPROB = 0  # fp32 field: log-probability of the rank's local sample within its shard
-X_MAX = 1  # fp32 field: the shard's largest raw logit M_k for the row
-X_LOGSUM = 2  # fp32 field: log S_k, S_k = sum over the shard of exp((logit - M_k) / T)
+# fp32 fields per rank and row: 0 the log-probability of the rank's local sample within its
+# shard, 1 the shard's largest raw logit M_k, 2 log S_k (S_k = sum exp((logit - M_k) / T)).
 N_X_FIELDS = 3
 # The rank-choice noise stream, handed to the kernel as a constexpr argument.
 _STREAM_GROUP = int(getattr(STREAM_GROUP, "value", STREAM_GROUP))
@@ -82,13 +81,13 @@ class ExchangeLayout:
                 torch.empty(self.int_numel, dtype=torch.int32, device=device))
 
 
-# Kernels spell the field numbers out (0 = X_LOGPROB, 1 = X_MAX, 2 = X_LOGSUM): Triton's compiler
+# Kernels spell the field numbers out (0 logprob, 1 max, 2 log-sum): Triton's compiler
 # rejects non-constexpr module globals inside @triton.jit code (the interpreter does not notice).
 @triton.jit
 def _publish_store(base_f, base_i, off_f, off_i, stride_field, rows, tok, lp, m, logs, mask):
-    tl.store(base_f + off_f + rows, lp, mask=mask)  # X_LOGPROB
-    tl.store(base_f + off_f + stride_field + rows, m, mask=mask)  # X_MAX
-    tl.store(base_f + off_f + 2 * stride_field + rows, logs, mask=mask)  # X_LOGSUM
+    tl.store(base_f + off_f + rows, lp, mask=mask)  # field 0: logprob
+    tl.store(base_f + off_f + stride_field + rows, m, mask=mask)  # field 1: M
+    tl.store(base_f + off_f + 2 * stride_field + rows, logs, mask=mask)  # field 2: log S
     tl.store(base_i + off_i + rows, tok, mask=mask)
 
 
@@ -128,11 +127,11 @@ def group_select_kernel(
     base_f, base_i = parity_offsets(base_f, base_i, parity_ptr, parity_stride_f, parity_stride_i, DEVICE_PARITY)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask = rows < B
-    temp = _load_row_param(temp_ptr, temp_val, rows, mask, tl.float32, TEMP_PER_ROW)
+    temp = load_row_param(temp_ptr, temp_val, rows, mask, tl.float32, TEMP_PER_ROW)
     inv_t, noise_scale, _greedy, _bad = row_temperature(temp)
     if NOISE:
-        seed = _load_row_param(seed_ptr, seed_val, rows, mask, tl.int64, SEED_PER_ROW)
-        offset = _load_row_param(offset_ptr, offset_val, rows, mask, tl.int64, OFFSET_PER_ROW)
+        seed = load_row_param(seed_ptr, seed_val, rows, mask, tl.int64, SEED_PER_ROW)
+        offset = load_row_param(offset_ptr, offset_val, rows, mask, tl.int64, OFFSET_PER_ROW)
     best_key = tl.full([BLOCK_R], float("-inf"), tl.float32)
     best_tok = tl.full([BLOCK_R], -1, tl.int32)
     best_rel = tl.zeros([BLOCK_R], tl.float32)  # logprob_k + log S_k of the chosen rank
@@ -142,9 +141,9 @@ def group_select_kernel(
     run_sum = tl.zeros([BLOCK_R], tl.float32)
     for k in range(0, n_ranks):
         slot = base_f + k * stride_rank + rows
-        lp_k = tl.load(ex_f + slot, mask=mask, other=0.0)  # X_LOGPROB
-        m_k = tl.load(ex_f + slot + stride_field, mask=mask, other=float("-inf"))  # X_MAX
-        logs_k = tl.load(ex_f + slot + 2 * stride_field, mask=mask, other=float("-inf"))  # X_LOGSUM
+        lp_k = tl.load(ex_f + slot, mask=mask, other=0.0)  # field 0: logprob
+        m_k = tl.load(ex_f + slot + stride_field, mask=mask, other=float("-inf"))  # field 1: M
+        logs_k = tl.load(ex_f + slot + 2 * stride_field, mask=mask, other=float("-inf"))  # field 2: log S
         tok_k = tl.load(ex_i + base_i + k * stride_rank_i + rows, mask=mask, other=-1)
         poisoned = poisoned | ((m_k != m_k) | (logs_k != logs_k)).to(tl.int32)
         alive = m_k > float("-inf")  # False for NaN too
@@ -185,16 +184,9 @@ def _block_rows(batch: int, device: torch.device) -> int:
 
 
 def launch_group_publish(tokens: torch.Tensor, logprobs: torch.Tensor, stats: torch.Tensor,
-                         layout: ExchangeLayout, dst_f: torch.Tensor, dst_i: torch.Tensor, *,
-                         rank: int, base_f: int = 0, base_i: int = 0, npeers: Optional[int] = None,
-                         parity: Optional[DeviceParity] = None):
-    """Write rows [0, B) of (tokens, logprobs, stats = (M, log S)) into slot `rank` of the exchange buffer.
-
-    base_f / base_i: element offsets of the step's buffer inside dst_f / dst_i, plus the
-    half a device counter picks when `parity` is given. With
-    npeers set, dst_f / dst_i are int64 tables of the peers' buffer base addresses and
-    every peer receives the values.
-    """
+                         layout: ExchangeLayout, dest: BufferPair, *, rank: int) -> None:
+    """Write rows [0, B) of (tokens, logprobs, stats = (M, log S)) into slot ``rank`` of the
+    exchange buffer ``dest`` (through its peer table into every peer's, if it has one)."""
     B = tokens.shape[0]
     if B > layout.batch_cap:
         raise ValueError(f"batch {B} exceeds the exchange buffer's capacity {layout.batch_cap}")
@@ -203,34 +195,35 @@ def launch_group_publish(tokens: torch.Tensor, logprobs: torch.Tensor, stats: to
     if B == 0:
         return
     block = _block_rows(B, tokens.device)
-    par_p, par_f, par_i, par_on = _parity_args(parity, dst_i)
+    par_p, par_f, par_i, par_on = parity_args(dest.parity, dest.i)
     group_publish_kernel[(triton.cdiv(B, block),)](
-        tokens, logprobs, stats, dst_f, dst_i,
-        base_f + rank * layout.stride_rank, base_i + rank * layout.stride_rank_i, layout.stride_field, B,
+        tokens, logprobs, stats, dest.f, dest.i,
+        dest.base_f + rank * layout.stride_rank, dest.base_i + rank * layout.stride_rank_i, layout.stride_field, B,
         par_p, par_f, par_i,
-        BLOCK=block, PEER_TABLE=npeers is not None, NPEERS=npeers or 1, DEVICE_PARITY=par_on, num_warps=4,
+        BLOCK=block, PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1, DEVICE_PARITY=par_on, num_warps=4,
     )
 
 
-def launch_group_select(layout: ExchangeLayout, ex_f: torch.Tensor, ex_i: torch.Tensor, batch: int,
-                        params: RowParams, *, base_f: int = 0, base_i: int = 0,
-                        parity: Optional[DeviceParity] = None):
-    """Pick each row's rank and return (tokens int64 [B], logprobs fp32 [B], lse fp32 [B])."""
-    device = ex_f.device
+def launch_group_select(layout: ExchangeLayout, src: BufferPair, batch: int, params: RowParams):
+    """Pick each row's rank from the local exchange buffer ``src``; returns (tokens int64 [B],
+    logprobs fp32 [B], logsumexp fp32 [B])."""
+    if src.peer_table:
+        raise ValueError("group select reads this process's buffers, not a peer table")
+    device = src.f.device
     tokens = torch.empty(batch, dtype=torch.int64, device=device)
     lp = torch.empty(batch, dtype=torch.float32, device=device)
     lse = torch.empty(batch, dtype=torch.float32, device=device)
     if batch > layout.batch_cap:
         raise ValueError(f"batch {batch} exceeds the exchange buffer's capacity {layout.batch_cap}")
     if batch:
-        dummy = ex_i
-        seed_p, seed_v, seed_row = _param_args(params.seed, dummy)
-        off_p, off_v, off_row = _param_args(params.offset, dummy)
-        temp_p, temp_v, temp_row = _param_args(params.temperature, dummy)
+        dummy = src.i
+        seed_p, seed_v, seed_row = row_param_args(params.seed, dummy)
+        off_p, off_v, off_row = row_param_args(params.offset, dummy)
+        temp_p, temp_v, temp_row = row_param_args(params.temperature, dummy)
         block = _block_rows(batch, device)
-        par_p, par_f, par_i, par_on = _parity_args(parity, dummy)
+        par_p, par_f, par_i, par_on = parity_args(src.parity, dummy)
         group_select_kernel[(triton.cdiv(batch, block),)](
-            ex_f, ex_i, base_f, base_i, layout.stride_rank, layout.stride_field, layout.stride_rank_i,
+            src.f, src.i, src.base_f, src.base_i, layout.stride_rank, layout.stride_field, layout.stride_rank_i,
             layout.n_ranks,
             seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
             tokens, lp, lse, batch,

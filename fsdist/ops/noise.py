@@ -44,9 +44,19 @@ def philox_bits(seed, offset, counter, stream: tl.constexpr):
 
 
 @triton.jit
+def vocab_quad_bits(seed, offset, quad):
+    """The sampler's bits of the four ids 4 * quad + j, as four words (lane j = word j).
+
+    The contract's quad-to-lane mapping lives here: id v draws word v & 3 of the Philox
+    evaluation at counter v >> 2. Kernels that keep the four lanes apart (the chunked
+    path's pass) use this; the others use vocab_bits / vocab_bits_tile."""
+    return philox_words(seed, offset, quad, STREAM_VOCAB)
+
+
+@triton.jit
 def vocab_bits(seed, offset, vocab_id):
     """The sampler's 32 random bits for arbitrary (broadcastable) ids: word id & 3 of counter id >> 2."""
-    r0, r1, r2, r3 = philox_words(seed, offset, vocab_id >> 2, STREAM_VOCAB)
+    r0, r1, r2, r3 = vocab_quad_bits(seed, offset, vocab_id >> 2)
     lane = vocab_id & 3
     return tl.where(lane == 0, r0, tl.where(lane == 1, r1, tl.where(lane == 2, r2, r3)))
 
@@ -58,7 +68,7 @@ def vocab_bits_tile(seed, offset, first_id, BLOCK_B: tl.constexpr, BLOCK_V: tl.c
     seed, offset: [BLOCK_B, 1]; first_id must be a multiple of 4. Returns [BLOCK_B, BLOCK_V].
     """
     quad = (first_id >> 2) + tl.arange(0, BLOCK_V // 4)
-    r0, r1, r2, r3 = philox_words(seed, offset, quad[None, :], STREAM_VOCAB)
+    r0, r1, r2, r3 = vocab_quad_bits(seed, offset, quad[None, :])
     # join(join(r0, r2), join(r1, r3))[b, q, i, j] = r_(2i + j): flattening (q, i, j)
     # gives column 4q + 2i + j, the id whose lane is 2i + j.
     return tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK_B, BLOCK_V])

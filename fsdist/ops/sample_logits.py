@@ -1,4 +1,4 @@
-"""The chunked path's sampling pass: Gumbel-max over fp32 logits that cuBLAS wrote.
+"""Stage 1 for large batches: cuBLAS logits per vocabulary chunk, then a sampling pass (one kernel).
 
 For large batches fsdist lets cuBLAS compute the logits of one vocabulary chunk
 (sized to stay in L2) and then runs this kernel over them. It writes exactly the
@@ -9,8 +9,8 @@ This pass is pure elementwise work (one Philox-4x32-10 per four ids, two logs pe
 id) over B x V elements: at B = 256 that is ~39 M Gumbel variates per call, so its
 instruction count, not memory, sets its cost. Two things keep it lean:
 
-* Lanes instead of a reshape. Philox yields the noise of ids 4q .. 4q+3 as four
-  separate words. Rather than interleaving those words into a [rows, BLOCK_V]
+* Lanes instead of a reshape. The RNG contract yields the noise of ids 4q .. 4q+3 as
+  four separate words (``noise.vocab_quad_bits``). Rather than interleaving those words into a [rows, BLOCK_V]
   tile (a layout change that goes through shared memory), the kernel loads the
   logits tile contiguously and splits it in registers into four [rows, BLOCK_V / 4]
   lanes, ``lane j = ids 4q + j`` (faster than four strided loads), and pairs
@@ -20,12 +20,19 @@ instruction count, not memory, sets its cost. Two things keep it lean:
   that propagates NaN (it doubles as the poisoned-row check) and one integer min
   over the ids that reach it (ties go to the lowest id, as in the fused kernel).
 """
+from typing import Optional, Tuple
+
+import torch
 import triton
 import triton.language as tl
 
-from .fused_sample import _load_row_param, row_temperature, write_candidates
-from .noise import STREAM_VOCAB, gumbel_from_bits, philox_words
-from .parity import parity_offsets
+from ..params import RowParams
+from .configs import TileConfig, chunk_rows_for, chunk_workspace_bytes
+from .epilogue import row_temperature, write_candidates
+from .layout import BufferPair, CandidateLayout
+from .noise import gumbel_from_bits, vocab_quad_bits
+from .parity import parity_args, parity_offsets
+from .utils import fast_log_ok, load_row_param, row_param_args
 
 
 @triton.jit
@@ -74,10 +81,10 @@ def sample_logits_kernel(
     q = tl.arange(0, Q)
 
     # Row parameters: loaded once, shared by the program's tiles.
-    temp = _load_row_param(temp_ptr, temp_val, offs_b, mask_b, tl.float32, TEMP_PER_ROW)
-    inv_t, noise_scale, greedy, bad_temp = row_temperature(temp)
-    seed = _load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
-    offset = _load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
+    temp = load_row_param(temp_ptr, temp_val, offs_b, mask_b, tl.float32, TEMP_PER_ROW)
+    inv_t, noise_scale, _greedy, bad_temp = row_temperature(temp)
+    seed = load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
+    offset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
     row_ptr = logits_ptr + offs_b[:, None].to(tl.int64) * stride_lb
     buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
                                               parity_stride_i, DEVICE_PARITY)
@@ -99,7 +106,7 @@ def sample_logits_kernel(
             x0, x2 = tl.split(xe)
             x1, x3 = tl.split(xo)
             if NOISE:
-                r0, r1, r2, r3 = philox_words(seed[:, None], offset[:, None], (gid >> 2)[None, :], STREAM_VOCAB)
+                r0, r1, r2, r3 = vocab_quad_bits(seed[:, None], offset[:, None], (gid >> 2)[None, :])
             else:
                 r0 = 0
                 r1 = 0
@@ -144,3 +151,76 @@ def sample_logits_kernel(
             dst_i = buf_offset_i + pid_v * stride_slot + offs_b
             write_candidates(cand_f, cand_i, dst, dst_i, stride_field, best_score, best_idx, best_logit, tmax, tsum,
                              mask_b, LOGPROBS, PEER_TABLE, NPEERS)
+
+
+def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: CandidateLayout, dest: BufferPair, *,
+                         block_v: int, tiles: Tuple[int, int], V_rows: int, vocab_size: int, vocab_start: int = 0,
+                         shard: int = 0, logprobs: bool = False, block_b: Optional[int] = None,
+                         tiles_per_program: int = 2, num_warps: Optional[int] = None) -> None:
+    """The sampling pass over fp32 ``logits`` [B, n] (column 0 = weight row tiles[0] * block_v):
+    candidates of vocabulary tiles [tiles[0], tiles[1]) into block ``shard`` of ``dest``."""
+    B = logits.shape[0]
+    if B == 0 or tiles[1] <= tiles[0]:
+        return
+    dummy = dest.i
+    seed_p, seed_v, seed_row = row_param_args(params.seed, dummy)
+    off_p, off_v, off_row = row_param_args(params.offset, dummy)
+    temp_p, temp_v, temp_row = row_param_args(params.temperature, dummy)
+    par_p, par_f, par_i, par_on = parity_args(dest.parity, dummy)
+    on_gpu = logits.device.type == "cuda"
+    if block_b is None:
+        # GPU (bench/epilogue_bench.py, H100 and H200): 16-row blocks while that still fills
+        # the SMs, 32 rows on 8 warps past B = 128. Interpreter: few, big programs.
+        block_b = (16 if B <= 128 else 32) if on_gpu else max(16, min(256, triton.next_power_of_2(B)))
+    if num_warps is None:
+        num_warps = 8 if block_b >= 32 and on_gpu else 4
+    grid = (triton.cdiv(B, block_b), triton.cdiv(tiles[1] - tiles[0], tiles_per_program))
+    sample_logits_kernel[grid](
+        logits, logits.stride(0), tiles[0], tiles[1],
+        seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
+        dest.f, dest.i,
+        B, V_rows, vocab_size, vocab_start,
+        dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i,
+        layout.stride_field, layout.stride_slot,
+        par_p, par_f, par_i,
+        BLOCK_B=block_b, BLOCK_V=block_v, TILES=tiles_per_program,
+        SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
+        NOISE=not params.all_greedy, LOGPROBS=logprobs,
+        PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1,
+        FAST_LOG=fast_log_ok(logits.device),
+        DEVICE_PARITY=par_on, num_warps=num_warps,
+    )
+
+
+def chunk_logits(hidden: torch.Tensor, weight_rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """fp32 logits hidden @ weight_rows.T into `out` ([B, n] contiguous), through cuBLAS on CUDA."""
+    if hidden.device.type == "cuda":
+        if hidden.dtype == torch.float32:
+            return torch.mm(hidden, weight_rows.T, out=out)
+        return torch.mm(hidden, weight_rows.T, torch.float32, out=out)
+    return torch.mm(hidden.float(), weight_rows.float().T, out=out)
+
+
+def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
+                   layout: CandidateLayout, dest: BufferPair, *, vocab_size: int, vocab_start: int = 0,
+                   shard: int = 0, logprobs: bool = False, chunk_rows: Optional[int] = None) -> None:
+    """Stage 1 for large batches: cuBLAS writes fp32 logits per vocabulary chunk, then
+    sample_logits_kernel turns them into candidates.
+
+    Writes the candidates launch_fused would (same noise, same tiles, same layout); the
+    logits differ only by fp32 accumulation order, so tokens agree except on near-exact
+    ties. Extra memory is one fp32 chunk of at most configs.chunk_workspace_bytes (the
+    L2 size by default) or of chunk_rows rows: O(L2), never O(B x V).
+    """
+    layout.check_fit(hidden.shape[0], weight.shape[0], cfg.block_v, shard, vocab_start)
+    B, V_rows = hidden.shape[0], weight.shape[0]
+    rows = chunk_rows or chunk_rows_for(B, V_rows, cfg.block_v, chunk_workspace_bytes(hidden.device))
+    if rows % cfg.block_v:
+        raise ValueError(f"chunk_rows ({rows}) must be a multiple of block_v ({cfg.block_v})")
+    buf = torch.empty(B * min(rows, V_rows), dtype=torch.float32, device=hidden.device)
+    for r0 in range(0, V_rows, rows):
+        r1 = min(r0 + rows, V_rows)
+        logits = chunk_logits(hidden, weight[r0:r1], buf[: B * (r1 - r0)].view(B, r1 - r0))
+        launch_sample_logits(logits, params, layout, dest, block_v=cfg.block_v,
+                             tiles=(r0 // cfg.block_v, triton.cdiv(r1, cfg.block_v)), V_rows=V_rows,
+                             vocab_size=vocab_size, vocab_start=vocab_start, shard=shard, logprobs=logprobs)

@@ -3,13 +3,16 @@
 Public pieces:
 
 * :class:`ShardedFlashLMHead` (``layers.py``) -- the module; also ``fsdist.ShardedFlashLMHead``.
-* :func:`vocab_partition` / :func:`pad_vocab_size` (``utils.py``) -- padding and per-rank ranges.
+* :func:`vocab_partition` / :func:`pad_vocab_size` (``vocab.py``) -- padding and per-rank ranges.
 * ``transports`` -- nvshmem / symm_mem / collective / shm exchange of small buffers.
+* :class:`HeadTestSeam` (``testing.py``) -- the door tests and benchmarks use into a head.
 
 See docs/tensor_parallel.md for the layout, the transports and how to launch.
 """
 from .layers import REDUCTIONS, ShardedFlashLMHead
+from .testing import HeadTestSeam
 from .transports import TRANSPORTS
-from .utils import VocabPartition, pad_vocab_size, vocab_partition
+from .vocab import VocabPartition, pad_vocab_size, vocab_partition
 
-__all__ = ["ShardedFlashLMHead", "VocabPartition", "pad_vocab_size", "vocab_partition", "TRANSPORTS", "REDUCTIONS"]
+__all__ = ["ShardedFlashLMHead", "HeadTestSeam", "VocabPartition", "pad_vocab_size", "vocab_partition",
+           "TRANSPORTS", "REDUCTIONS"]

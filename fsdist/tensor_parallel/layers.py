@@ -2,11 +2,11 @@
 
 Composition (each piece knows only its own job):
 
-* ``utils.vocab_partition``  -- padding and which global ids this rank owns;
+* ``vocab.vocab_partition``  -- padding and which global ids this rank owns;
 * ``agreement``              -- every rank built the same head (or everyone raises);
 * ``transports``             -- buffers every rank can see, a barrier, an all-gather;
 * ``candidates`` / ``group_logmass`` -- one sampling step across the group, built from
-  the single-GPU kernels in ``fsdist.ops`` (which know nothing of ranks).
+  the single-GPU plan and kernels in ``fsdist.ops`` (which know nothing of ranks).
 
 Lock-step contract: ``forward`` is a collective. Every rank of ``tp_group`` calls it the
 same number of times, with the same batch size, the same ``return_logprobs`` and the
@@ -29,16 +29,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import _validation as V
-from .._runtime import default_device
-from ..ops.configs import TileConfig, default_block_v, pick_config
-from ..ops.sampler import stage1_launcher
+from .. import validation
+from ..env import apply_safe_env
+from ..ops.configs import STAGE1_PATHS, TileConfig, default_block_v
+from ..runtime import default_device
 from ..types import SampleOutput
-from . import agreement
-from . import transports as T
+from . import agreement, transports
 from .candidates import CandidatesReduction
 from .group_logmass import GroupLogmassReduction
-from .utils import vocab_partition
+from .testing import HeadTestSeam
+from .vocab import vocab_partition
 
 log = logging.getLogger("fsdist")
 
@@ -84,6 +84,7 @@ class ShardedFlashLMHead(nn.Module):
             layout, so it is chosen once here (default: fsdist.ops.configs.default_block_v).
         max_batch_size: allocate exchange buffers for this batch at construction (they
             grow collectively on first use of a larger batch otherwise).
+        test_seam: tests and benchmarks only (``fsdist.tensor_parallel.testing``).
 
     Attributes: ``weight`` [V_padded / tp, D], this rank's contiguous rows
     ``[vocab_start, vocab_end)``; ``partition`` (fsdist.tensor_parallel.utils.VocabPartition);
@@ -93,12 +94,11 @@ class ShardedFlashLMHead(nn.Module):
     def __init__(self, hidden_size: int, vocab_size: int, *, tp_group=None, transport: str = "auto",
                  reduction: str = "candidates", make_vocab_size_divisible_by: int = 128,
                  params_dtype: torch.dtype = torch.bfloat16, device=None, block_v: Optional[int] = None,
-                 max_batch_size: Optional[int] = None, _num_buffers: int = 2):
+                 max_batch_size: Optional[int] = None, test_seam: Optional[HeadTestSeam] = None):
         super().__init__()
-        from .. import distributed as fsd
-
-        fsd.apply_safe_env()
+        apply_safe_env()
         what = "ShardedFlashLMHead"
+        seam = test_seam if test_seam is not None else HeadTestSeam()
 
         # ---- local argument checks (errors are raised after the gather, on every rank) ----
         error = None
@@ -107,17 +107,19 @@ class ShardedFlashLMHead(nn.Module):
             _positive_int(hidden_size, "hidden_size")
             _positive_int(vocab_size, "vocab_size")
             _positive_int(make_vocab_size_divisible_by, "make_vocab_size_divisible_by")
-            _positive_int(_num_buffers, "_num_buffers")
-            if _num_buffers > 2:
-                raise ValueError(f"_num_buffers must be 1 or 2 (a parity picks the copy), got {_num_buffers}")
+            if not isinstance(seam, HeadTestSeam):
+                raise TypeError(f"test_seam must be a HeadTestSeam, got {type(seam).__name__}")
+            if seam.num_buffers not in (1, 2):
+                raise ValueError(f"test_seam.num_buffers must be 1 or 2 (a parity picks the copy), "
+                                 f"got {seam.num_buffers}")
             if max_batch_size is not None:
                 _positive_int(max_batch_size, "max_batch_size")
-            if params_dtype not in V.SUPPORTED_DTYPES:
+            if params_dtype not in validation.SUPPORTED_DTYPES:
                 raise TypeError(f"params_dtype must be one of bf16/fp16/fp32, got {params_dtype}")
-            T.check_transport_name(transport)
+            transports.check_transport_name(transport)
             _check_reduction(reduction)
             dev = _resolve_device(device)
-            V.check_device_runnable(dev)
+            validation.check_device_runnable(dev)
             block_v = block_v or default_block_v(dev.type)
             TileConfig(16, block_v, 16)  # validates block_v (power of two >= 16)
         except (TypeError, ValueError) as e:
@@ -137,17 +139,17 @@ class ShardedFlashLMHead(nn.Module):
         local = {"error": error, "hidden_size": hidden_size, "vocab_size": vocab_size, "tp_size": tp,
                  "params_dtype": str(params_dtype), "transport": transport, "reduction": reduction,
                  "block_v": block_v, "make_vocab_size_divisible_by": make_vocab_size_divisible_by,
-                 "num_buffers": _num_buffers, "max_batch_size": max_batch_size,
+                 "num_buffers": seam.num_buffers, "max_batch_size": max_batch_size,
                  "device_type": dev.type if dev is not None else None,
                  "padded_vocab_size": None, "probe": {"ok": True, "why": ""}}
         if error is None:
             local["padded_vocab_size"] = vocab_partition(vocab_size, tp, rank,
                                                          make_vocab_size_divisible_by).padded_vocab_size
-            local["probe"] = T.probe(transport, dev)
+            local["probe"] = transports.probe(transport, dev)
         gathered = agreement.gather(local, group)
         agreement.raise_local_errors(gathered, what)
         agreement.check_agreement(gathered, what)
-        resolved, why = T.resolve(transport, [g["probe"] for g in gathered], group)
+        resolved, why = transports.resolve(transport, [g["probe"] for g in gathered], group)
         if transport == "auto":
             log.info("fsdist: ShardedFlashLMHead transport auto -> %s (%s)", resolved, why)
 
@@ -167,11 +169,10 @@ class ShardedFlashLMHead(nn.Module):
         with torch.no_grad():
             self.weight.normal_(0.0, 0.02)
             self.weight[self.partition.valid_rows:].zero_()
-        self.transport = T.make_transport(resolved, group, dev)
-        self._reduction = REDUCTIONS[reduction](self.transport, self.partition, block_v, _num_buffers, dev)
+        self.transport = transports.make_transport(resolved, group, dev)
+        self._reduction = REDUCTIONS[reduction](self.transport, self.partition, block_v, dev, seam)
+        seam.reduction = self._reduction
         self._step = 0
-        # Test hook: called as hook(point, step) with point "before_stage1" / "before_stage2".
-        self._debug_hook = None
         if max_batch_size is not None:
             self._reduction.ensure_capacity(max_batch_size)
 
@@ -187,6 +188,11 @@ class ShardedFlashLMHead(nn.Module):
     @property
     def padded_vocab_size(self) -> int:
         return self.partition.padded_vocab_size
+
+    @property
+    def max_batch_size(self) -> int:
+        """Rows the exchange buffers hold now (0 before the first call without max_batch_size)."""
+        return self._reduction.capacity
 
     @property
     def step(self) -> int:
@@ -237,7 +243,7 @@ class ShardedFlashLMHead(nn.Module):
         """
         if self.transport.closed:
             raise RuntimeError("this ShardedFlashLMHead was closed")
-        V.check_hidden(hidden, hidden_size=self.hidden_size)
+        validation.check_hidden(hidden, hidden_size=self.hidden_size)
         if hidden.device != self.device:
             raise ValueError(f"hidden is on {hidden.device} but the head lives on {self.device}")
         if weight is None:
@@ -247,24 +253,23 @@ class ShardedFlashLMHead(nn.Module):
                 raise ValueError(f"weight override must be this rank's shard of shape "
                                  f"{tuple(self.weight.shape)} ([V_padded / tp, D]), got {tuple(weight.shape)}")
             w = weight
-        V.check_weight(w, hidden, name="weight" if weight is None else "weight override")
+        validation.check_weight(w, hidden, name="weight" if weight is None else "weight override")
         B = hidden.shape[0]
-        params = V.row_params(temperature, seed, offset, B, hidden.device)
+        params = validation.row_params(temperature, seed, offset, B, hidden.device)
         if check:
-            V.check_row_values(params)
+            validation.check_row_values(params)
         return_logprobs = bool(return_logprobs)
-        stage1 = stage1_launcher(path, B, self.hidden_size, self.device.type)
+        if path is not None and path not in STAGE1_PATHS:
+            raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
         if B == 0:
             empty = torch.empty(0, dtype=torch.float32, device=self.device)
             return SampleOutput(torch.empty(0, dtype=torch.int64, device=self.device),
                                 empty if return_logprobs else None, empty.clone() if return_logprobs else None)
         if hidden.stride(1) != 1:
             hidden = hidden.contiguous()
-        cfg = pick_config(B, self.hidden_size, self.device.type, block_v=self.block_v)
         # The exchange buffer's copy is chosen on the device (step_counter), not from self._step:
-        # a host integer would be frozen into a captured CUDA graph. self._step feeds the debug hook.
-        tokens, lp, lse = self._reduction.run(hidden, w.detach(), params, cfg, self._step, return_logprobs,
-                                              self._debug_hook, stage1)
+        # a host integer would be frozen into a captured CUDA graph. self._step feeds the test seam.
+        tokens, lp, lse = self._reduction.run(hidden, w.detach(), params, return_logprobs, path, self._step)
         self._step += 1  # after run: a step refused before launching anything (e.g. growth in capture) is no step
         return SampleOutput(tokens, lp, lse)
 

@@ -1,4 +1,4 @@
-"""Common base of the two cross-rank reductions: batch capacity and step bookkeeping.
+"""Common base of the two cross-rank reductions: planning, batch capacity, step bookkeeping.
 
 The step counter that picks the exchange buffer's copy lives here, in device memory
 (``counter``, one int64), so that it survives buffer reallocation and a CUDA graph
@@ -13,15 +13,16 @@ CUDA graph is being captured: warm up with the largest batch first, or pass
 ``max_batch_size`` to the head. Growing after a capture would free buffers the graph
 still points into, so that raises too.
 """
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import triton
 
+from ..ops.plan import SamplePlan, plan_sample
+from ..params import RowParams
+from .testing import HeadTestSeam
 from .transports.base import Transport
-from .utils import VocabPartition
-
-DebugHook = Optional[Callable[[str, int], None]]
+from .vocab import VocabPartition
 
 
 def capacity_for(batch: int) -> int:
@@ -31,14 +32,12 @@ def capacity_for(batch: int) -> int:
 class Reduction:
     """Owns the exchange buffers of one head; ``run`` does one sampling step."""
 
-    name = "?"
-
-    def __init__(self, transport: Transport, partition: VocabPartition, block_v: int, num_buffers: int,
-                 device: torch.device):
+    def __init__(self, transport: Transport, partition: VocabPartition, block_v: int, device: torch.device,
+                 seam: HeadTestSeam):
         self.transport = transport
         self.partition = partition
         self.block_v = block_v
-        self.num_buffers = num_buffers
+        self.seam = seam
         self.device = device
         self.rank = transport.rank
         self.tp = transport.world_size
@@ -50,26 +49,32 @@ class Reduction:
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
         self.captured = False  # a CUDA graph holds pointers into the current buffers
 
-    # subclasses: allocate / free their buffers for self.capacity
+    # subclasses: allocate / free their buffers for self.capacity, and one step
     def _allocate(self) -> None:
         raise NotImplementedError
 
     def _release(self) -> None:
         raise NotImplementedError
 
-    def _sample(self, hidden: torch.Tensor, weight: torch.Tensor, params, cfg, step: int, logprobs: bool,
-                hook: DebugHook, stage1) -> Tuple:
+    def _sample(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, logprobs: bool,
+                path: Optional[str], step: int) -> Tuple:
         """One step on buffers of sufficient capacity: (tokens, logprobs or None, lse or None)."""
         raise NotImplementedError
 
-    def run(self, hidden: torch.Tensor, weight: torch.Tensor, params, cfg, step: int, logprobs: bool,
-            hook: DebugHook = None, stage1=None) -> Tuple:
-        """One sampling step across the group. ``step`` is the host count, for the debug hook only:
+    def plan(self, batch: int, hidden_size: int, logprobs: bool, path: Optional[str], n_shards: int) -> SamplePlan:
+        """Stage 1 of this rank's shard, into a buffer of the current capacity with n_shards blocks."""
+        return plan_sample(batch=batch, hidden_size=hidden_size, weight_rows=self.partition.rows, device=self.device,
+                           logprobs=logprobs, path=path, block_v=self.block_v, n_shards=n_shards,
+                           batch_cap=self.capacity)
+
+    def run(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, logprobs: bool,
+            path: Optional[str], step: int) -> Tuple:
+        """One sampling step across the group. ``step`` is the host count, for the test seam only:
         the exchange buffer's copy comes from ``self.counter``."""
         self.ensure_capacity(hidden.shape[0])
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             self.captured = True
-        out = self._sample(hidden, weight, params, cfg, step, logprobs, hook, stage1)
+        out = self._sample(hidden, weight, params, logprobs, path, step)
         # Stream ordered after stage 2 has read this step's copy, and captured by a graph,
         # so every replay advances it too.
         self.counter.add_(1)

@@ -28,15 +28,19 @@ from typing import Tuple
 
 import torch
 
-from ..ops.sampler import DeviceParity
+from ..ops.layout import BufferPair
+from ..ops.parity import DeviceParity
 from .transports.base import Transport
 
 
 class StepBuffers:
     """Up to two copies of an (fp32, int32) buffer pair, allocated from a transport.
 
-    ``parity`` is what the kernels get: the counter and the distance between the copies
-    (0 with a single copy). Launches use base offset 0; the kernel adds the copy's offset.
+    ``dest`` is what stage-1 kernels write through (the peer tables, or this rank's
+    buffers), ``src`` what stage 2 reads (this rank's buffers); both carry the parity
+    (the counter and the distance between the copies, 0 with a single copy), so launches
+    use base offset 0 and the kernel adds the copy's offset. ``exchange`` publishes this
+    rank's blocks and waits for everyone's (``Transport.exchange``).
     """
 
     def __init__(self, transport: Transport, float_numel: int, int_numel: int, counter: torch.Tensor,
@@ -52,6 +56,14 @@ class StepBuffers:
         # Collective allocations: every rank makes them in this order.
         self.f = transport.alloc(self.num_buffers * self.float_numel, torch.float32)
         self.i = transport.alloc(self.num_buffers * self.int_numel, torch.int32)
+        (wf, npeers), (wi, _) = transport.write_target(self.f), transport.write_target(self.i)
+        self.dest = BufferPair(wf, wi, npeers=npeers, parity=self.parity)
+        self.src = BufferPair(self.f.local, self.i.local, parity=self.parity)
+
+    def exchange(self, block_f: int, block_i: int) -> None:
+        """Every rank's block (block_f fp32 / block_i int32 elements, rank-major from offset 0
+        of the copy in use) becomes visible in every rank's buffers. Collective."""
+        self.transport.exchange([(self.f, 0, block_f), (self.i, 0, block_i)])
 
     def copy(self, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """This rank's (fp32, int32) views of copy k (tests and debugging)."""

@@ -10,8 +10,11 @@ import torch
 
 import fsdist
 from fsdist.ops.configs import TileConfig
-from fsdist.ops.sampler import CandidateLayout, launch_fused, launch_reduce
-from fsdist._validation import RowParams
+from fsdist.ops.fused_sample import launch_fused, tma_operands
+from fsdist.ops.layout import BufferPair, CandidateLayout
+from fsdist.ops.merge_candidates import launch_merge
+from fsdist.ops.sample_logits import launch_chunked
+from fsdist.params import RowParams
 from fsdist.reference import materialize_logits, reference_gumbel
 from statcheck import P_MIN, assert_samples_match, chi2_gof, pairs_independence, top_tokens_pvalue
 from scipy import stats
@@ -261,8 +264,8 @@ def test_bad_temperature_inside_kernel_poisons_row(device):
     cfg = fsdist.ops.configs.pick_config(B, D, device.type)
     layout = CandidateLayout(1, -(-V // cfg.block_v), B)
     cand_f, cand_i = layout.alloc(device)
-    launch_fused(h, w, RowParams(temp, 0, 0), cfg, layout, cand_f, cand_i, vocab_size=V)
-    tokens = launch_reduce(layout, cand_f, cand_i, B, params=RowParams(temp, 0, 0))[0].cpu()
+    launch_fused(h, w, RowParams(temp, 0, 0), cfg, layout, BufferPair(cand_f, cand_i), vocab_size=V)
+    tokens = launch_merge(layout, BufferPair(cand_f, cand_i), B, RowParams(temp, 0, 0))[0].cpu()
     assert tokens[1] == -1 and tokens[2] == -1 and tokens[0] >= 0 and tokens[3] >= 0
 
 
@@ -353,7 +356,6 @@ def test_numpy_scalars_are_accepted(device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunked_path_matches_fused_path(device, dtype):
     """Same noise, same layout: the cuBLAS-chunk path must return the fused path's tokens."""
-    from fsdist.ops.sampler import launch_chunked
 
     B, D, V, vocab = 40, 48, 3000, 2990
     h, w = make_problem(B, D, V, dtype, device, seed=13)
@@ -370,11 +372,11 @@ def test_chunked_path_matches_fused_path(device, dtype):
     torch.testing.assert_close(fused.logsumexp, chunked.logsumexp, rtol=1e-5, atol=1e-4)
     # Several chunks, one of them partial (3000 = 2 x 1024 + 952 rows at block_v 512 / 128).
     cfg = fsdist.ops.configs.pick_config(B, D, device.type)
-    params = fsdist._validation.row_params(temp, torch.arange(B, device=device) + 5, 3, B, h.device)
+    params = fsdist.validation.row_params(temp, torch.arange(B, device=device) + 5, 3, B, h.device)
     layout = CandidateLayout(1, -(-V // cfg.block_v), B)
     cand_f, cand_i = layout.alloc(device)
-    launch_chunked(h, w, params, cfg, layout, cand_f, cand_i, vocab_size=vocab, chunk_rows=2 * cfg.block_v)
-    small_chunks = launch_reduce(layout, cand_f, cand_i, B)[0]
+    launch_chunked(h, w, params, cfg, layout, BufferPair(cand_f, cand_i), vocab_size=vocab, chunk_rows=2 * cfg.block_v)
+    small_chunks = launch_merge(layout, BufferPair(cand_f, cand_i), B, RowParams(1.0, 0, 0))[0]
     assert torch.equal(small_chunks.cpu()[clear], fused.tokens.cpu()[clear])
 
 
@@ -393,10 +395,10 @@ def test_stage2_block_shapes_agree(device, blocks):
     cfg = TileConfig(16, 64, 32, num_stages=1)
     layout = CandidateLayout(4, -(-V // cfg.block_v), B)
     cand_f, cand_i = layout.alloc(device)
-    params = fsdist._validation.row_params(torch.linspace(0, 2, B, device=device), 3, 4, B, h.device)
-    launch_fused(h, w, params, cfg, layout, cand_f, cand_i, vocab_size=V - 5, logprobs=True)
-    ref = launch_reduce(layout, cand_f, cand_i, B, params=params, logprobs=True)
-    got = launch_reduce(layout, cand_f, cand_i, B, params=params, logprobs=True, blocks=blocks)
+    params = fsdist.validation.row_params(torch.linspace(0, 2, B, device=device), 3, 4, B, h.device)
+    launch_fused(h, w, params, cfg, layout, BufferPair(cand_f, cand_i), vocab_size=V - 5, logprobs=True)
+    ref = launch_merge(layout, BufferPair(cand_f, cand_i), B, params, logprobs=True)
+    got = launch_merge(layout, BufferPair(cand_f, cand_i), B, params, logprobs=True, blocks=blocks)
     assert torch.equal(ref[0], got[0]) and int(got[0][4]) == -1
     torch.testing.assert_close(ref[1], got[1], equal_nan=True, rtol=1e-6, atol=1e-5)
     torch.testing.assert_close(ref[2], got[2], equal_nan=True, rtol=1e-6, atol=1e-5)
@@ -411,14 +413,13 @@ def test_tma_operands_write_the_pointer_path_candidates(device, dtype, B, D, V):
     """Tensor-descriptor loads (zero-filled past the edges) give bit-identical candidates:
     ragged batch tiles, a ragged last vocabulary tile, K not a multiple of block_k (D=48
     with block_k 32), a strided hidden view, logprobs, NaN and greedy rows."""
-    from fsdist.ops.sampler import tma_operands
 
     h_full, w = make_problem(B, 2 * D, V, dtype, device, seed=B + D)
     h = h_full[:, :D]  # row stride 2*D: descriptors take the stride, the pointer path too
     w = w[:, :D].contiguous()
     h[1 % B, 3] = float("nan")
     temp = torch.linspace(0, 1.5, B, device=device)  # row 0 greedy
-    params = fsdist._validation.row_params(temp, torch.arange(B, device=device) + 11, 7, B, h.device)
+    params = fsdist.validation.row_params(temp, torch.arange(B, device=device) + 11, 7, B, h.device)
     got = []
     for tma in (False, True):
         cfg = TileConfig(16, 128, 32, num_stages=1, tma=tma)
@@ -429,7 +430,7 @@ def test_tma_operands_write_the_pointer_path_candidates(device, dtype, B, D, V):
         cand_f, cand_i = layout.alloc(device)
         cand_f.fill_(-7.0)
         cand_i.fill_(-7)
-        launch_fused(h, w, params, cfg, layout, cand_f, cand_i, vocab_size=V - 3, logprobs=True)
+        launch_fused(h, w, params, cfg, layout, BufferPair(cand_f, cand_i), vocab_size=V - 3, logprobs=True)
         got.append((cand_f.clone(), cand_i.clone()))
     assert torch.equal(got[0][1], got[1][1])
     assert torch.equal(got[0][0].nan_to_num(-9.0), got[1][0].nan_to_num(-9.0))
@@ -438,7 +439,6 @@ def test_tma_operands_write_the_pointer_path_candidates(device, dtype, B, D, V):
 def test_tma_falls_back_to_pointers_when_rows_are_misaligned(device):
     """TMA needs 16-byte aligned row strides: a bf16 hidden with D = 36 (72-byte rows) must
     take the pointer path, and still sample."""
-    from fsdist.ops.sampler import tma_operands
 
     h, w = make_problem(4, 36, 300, torch.bfloat16, device, seed=3)
     cfg = TileConfig(16, 128, 32, num_stages=1, tma=True)

@@ -12,8 +12,12 @@ import pytest
 import torch
 
 from fsdist.ops.configs import TileConfig
-from fsdist.ops.sampler import CandidateLayout, chunk_rows_for, launch_fused, launch_reduce, launch_sample_logits
-from fsdist._validation import RowParams
+from fsdist.ops.configs import chunk_rows_for
+from fsdist.ops.fused_sample import launch_fused
+from fsdist.ops.layout import BufferPair, CandidateLayout
+from fsdist.ops.merge_candidates import launch_merge
+from fsdist.ops.sample_logits import launch_sample_logits
+from fsdist.params import RowParams
 
 BLOCK_V = 128
 D = 64  # >= B: room for a one-hot hidden row per batch row
@@ -44,8 +48,7 @@ def _fused_candidates(hidden, weight, params, layout, vocab_size, vocab_start, l
     cand_f.fill_(123.0)
     cand_i.fill_(-7)
     cfg = TileConfig(block_b=64, block_v=BLOCK_V, block_k=64, num_warps=4, num_stages=1)
-    launch_fused(hidden, weight, params, cfg, layout, cand_f, cand_i, vocab_size=vocab_size,
-                 vocab_start=vocab_start, logprobs=logprobs)
+    launch_fused(hidden, weight, params, cfg, layout, BufferPair(cand_f, cand_i), vocab_size=vocab_size, vocab_start=vocab_start, logprobs=logprobs)
     return cand_f, cand_i
 
 
@@ -53,7 +56,7 @@ def _pass_candidates(logits, params, layout, vocab_size, vocab_start, tiles, log
     cand_f, cand_i = layout.alloc(logits.device)
     cand_f.fill_(123.0)
     cand_i.fill_(-7)
-    launch_sample_logits(logits, params, layout, cand_f, cand_i, block_v=BLOCK_V, tiles=tiles, V_rows=V_rows,
+    launch_sample_logits(logits, params, layout, BufferPair(cand_f, cand_i), block_v=BLOCK_V, tiles=tiles, V_rows=V_rows,
                          vocab_size=vocab_size, vocab_start=vocab_start, logprobs=logprobs, **kw)
     return cand_f, cand_i
 
@@ -100,11 +103,11 @@ def test_pass_over_a_chunk_that_starts_mid_vocabulary(device):
     i.fill_(0)
     for t0, t1 in [(0, 3), (3, 5), (5, 8)]:
         chunk = logits[:, t0 * BLOCK_V:min(t1 * BLOCK_V, V_rows)].contiguous()
-        launch_sample_logits(chunk, params, layout, f, i, block_v=BLOCK_V, tiles=(t0, t1), V_rows=V_rows,
+        launch_sample_logits(chunk, params, layout, BufferPair(f, i), block_v=BLOCK_V, tiles=(t0, t1), V_rows=V_rows,
                              vocab_size=V_rows, tiles_per_program=2)
     assert torch.equal(i.cpu(), ref_i.cpu())
     torch.testing.assert_close(f.cpu(), ref_f.cpu(), rtol=0, atol=0, equal_nan=True)
-    tokens = launch_reduce(layout, f, i, B)[0].cpu()
+    tokens = launch_merge(layout, BufferPair(f, i), B, RowParams(1.0, 0, 0))[0].cpu()
     assert tokens[3] == -1 and tokens[5] == -1 and tokens[0] == int(logits[0].cpu().argmax())
 
 
@@ -115,7 +118,7 @@ def test_all_greedy_scalar_temperature(device):
     B = logits.shape[0]
     layout = CandidateLayout(1, 8, B)
     f, i = _pass_candidates(logits, RowParams(0.0, 0, 0), layout, 1000, 0, (0, 8), False, 1000)
-    tokens = launch_reduce(layout, f, i, B)[0].cpu()
+    tokens = launch_merge(layout, BufferPair(f, i), B, RowParams(1.0, 0, 0))[0].cpu()
     assert torch.equal(tokens, logits.cpu().argmax(dim=1))
 
 

@@ -17,7 +17,7 @@ def _peer_transports():
     """Transports whose kernels store straight into peers' buffers, on this platform."""
     if not ON_GPU:
         return ["shm"]
-    from fsdist.tensor_parallel.transports.nvshmem import nvshmem_importable
+    from fsdist.nvshmem_runtime import importable as nvshmem_importable
 
     return (["nvshmem"] if nvshmem_importable() else []) + ["symm_mem"]
 
@@ -123,6 +123,6 @@ def assert_same_on_all_ranks(out, group=None):
 
 
 def tp_ranges(V, tp, divisible_by=128):
-    from fsdist.tensor_parallel.utils import vocab_partition
+    from fsdist.tensor_parallel.vocab import vocab_partition
 
     return [vocab_partition(V, tp, r, divisible_by).range_of(r) for r in range(tp)]

@@ -56,8 +56,8 @@ def probe(name: str, device: torch.device) -> dict:
 
     Returns {"ok": bool, "why": str} plus, for "auto", the facts resolve() needs.
     """
-    from ..._runtime import interpreting
-    from .nvshmem import nvshmem_importable
+    from ... import nvshmem_runtime
+    from ...runtime import interpreting
 
     name = check_transport_name(name)
     device = torch.device(device)
@@ -78,14 +78,14 @@ def probe(name: str, device: torch.device) -> dict:
     if name == "nvshmem":
         if not cuda:
             return {"ok": False, "why": f"nvshmem needs CUDA tensors (device is {device})"}
-        if not nvshmem_importable():
+        if not nvshmem_runtime.importable():
             return {"ok": False, "why": "nvshmem4py is not importable (pip install nvshmem4py-cu13)"}
         return {"ok": True, "why": ""}
     # auto
     facts = {"ok": True, "why": "", "cuda": cuda, "host": socket.gethostname(), "nvshmem": False, "peer": False,
              "peer_why": ""}
     if cuda:
-        facts["nvshmem"] = nvshmem_importable()
+        facts["nvshmem"] = nvshmem_runtime.importable()
         facts["peer"], facts["peer_why"] = _peer_access_ok(device)
     return facts
 

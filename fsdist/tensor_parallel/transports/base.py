@@ -13,10 +13,15 @@ Two families:
   the group), which a kernel uses to store straight into its peers' memory. After the
   stores, :meth:`Transport.barrier` makes them visible everywhere.
 * collective transports (``collective``): buffers are private; each rank writes its own
-  block and :meth:`Transport.all_gather_into` assembles the blocks on every rank.
+  block and an all-gather assembles the blocks on every rank.
+
+Either way a step is the same two calls, so nothing above a transport branches on the
+family: kernels write through :meth:`Transport.write_target` (a peer table, or the
+local buffer), then :meth:`Transport.exchange` makes every rank's block visible to every
+rank (a barrier, or the all-gather).
 """
 import abc
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -36,10 +41,6 @@ class SymmetricBuffer:
         self.peer_ptrs = peer_ptrs
         self._state = state  # transport-private: keeps mappings / peer views alive
         self.freed = False
-
-    @property
-    def numel(self) -> int:
-        return self.local.numel()
 
 
 class Transport(abc.ABC):
@@ -88,6 +89,29 @@ class Transport(abc.ABC):
             self._buffers.remove(buf)
         self._free(buf)
 
+    # ---- the exchange ----------------------------------------------------------------
+    def write_target(self, buf: SymmetricBuffer) -> Tuple[torch.Tensor, Optional[int]]:
+        """(what a kernel stores through, number of peers or None) for rank blocks of ``buf``:
+        the peer address table and the group size, or this rank's own buffer."""
+        if self.peer_stores:
+            return buf.peer_ptrs, self.world_size
+        return buf.local, None
+
+    def exchange(self, blocks: Sequence[Tuple[SymmetricBuffer, int, int]]) -> None:
+        """Publish this rank's block of each buffer and see everyone's.
+
+        blocks: (buffer, element offset of the blocks, elements per rank block); rank r's
+        block is ``[offset + r * n, offset + (r + 1) * n)``. Every rank has written its own
+        block through :meth:`write_target`. On return every rank's buffer holds every
+        block (stream ordered on GPUs). Collective.
+        """
+        if self.peer_stores:
+            self.barrier()
+            return
+        for buf, offset, n in blocks:
+            out = buf.local[offset:offset + self.world_size * n]
+            self.all_gather_into(out, out[self.rank * n:(self.rank + 1) * n])
+
     # ---- synchronisation -----------------------------------------------------------
     def barrier(self) -> None:
         """Every rank's earlier stores into any buffer of this transport are visible on return.
@@ -127,9 +151,6 @@ class Transport(abc.ABC):
         for buf in list(self._buffers):
             self.free(buf)
         self.closed = True
-
-    def describe(self) -> str:
-        return f"{self.name} transport (rank {self.rank} of {self.world_size}, {self.device})"
 
 
 def _all_gather_via_list(out: torch.Tensor, inp: torch.Tensor, group=None) -> None:

@@ -17,50 +17,17 @@ Restrictions (nvshmem4py 0.4.1):
 * Freeing is collective (``free_tensor``); peer views are dropped before it, and
   nvshmem4py does not free peer views itself (they alias memory it owns).
 
-nvshmem4py is imported lazily so the package works without it.
+nvshmem4py is imported lazily (``fsdist.nvshmem_runtime``) so the package works without it.
 """
 import logging
 
 import torch
 import torch.distributed as dist
 
+from ... import nvshmem_runtime
 from .base import SymmetricBuffer, Transport
 
 log = logging.getLogger("fsdist")
-
-
-def import_nvshmem():
-    """(nvshmem.core, nvshmem.core.interop.torch), or RuntimeError saying how to get them."""
-    try:
-        import nvshmem.core as core
-        from nvshmem.core.interop import torch as nvtorch
-    except Exception as e:  # ImportError, or a CUDA library failing to load
-        raise RuntimeError(
-            "the nvshmem transport needs nvshmem4py (pip install nvshmem4py-cu13; on the GPU image "
-            f"install the carried wheel with --no-deps): import failed with {type(e).__name__}: {e}") from e
-    return core, nvtorch
-
-
-def nvshmem_importable() -> bool:
-    try:
-        import_nvshmem()
-        return True
-    except RuntimeError:
-        return False
-
-
-def nvshmem_initialized(core) -> bool:
-    """Whether NVSHMEM is initialised in this process (by fsdist or by the caller)."""
-    from ... import distributed
-
-    if distributed.nvshmem_is_initialized():
-        return True
-    try:  # nvshmem4py's own bookkeeping (internal, hence guarded)
-        from nvshmem.core import _internal_tracking as tracking
-
-        return int(tracking._is_initialized["status"]) == 1
-    except Exception:
-        return False
 
 
 class NvshmemTransport(Transport):
@@ -71,26 +38,22 @@ class NvshmemTransport(Transport):
         super().__init__(group, device)
         if self.device.type != "cuda":
             raise ValueError(f"the nvshmem transport needs CUDA tensors, got device {self.device}")
-        self._core, self._nvtorch = import_nvshmem()
+        self._core, self._nvtorch = nvshmem_runtime.import_nvshmem()
         world = dist.get_world_size()
         if self.world_size != world:
             raise ValueError(
                 f"the nvshmem transport needs the tensor-parallel group to be the whole job "
                 f"(group size {self.world_size}, world size {world}): NVSHMEM allocations and "
                 "barrier_all span every PE. Use transport='symm_mem' or 'collective' for sub-groups.")
-        if not nvshmem_initialized(self._core):
-            from ... import distributed
-
+        if not nvshmem_runtime.initialized():
             log.info("fsdist: initialising NVSHMEM (UID bootstrap over torch.distributed)")
-            distributed.init_nvshmem(device=self.device)
+            nvshmem_runtime.init(device=self.device)
         # PE of each group rank: NVSHMEM is initialised with the global rank as PE.
         self._pes = [dist.get_global_rank(group, r) for r in range(self.world_size)]
         n_pes = int(self._core.n_pes())
         if n_pes != self.world_size:
             raise ValueError(f"NVSHMEM has {n_pes} PEs but the tensor-parallel group has {self.world_size} ranks")
-        from ... import distributed
-
-        distributed._register_transport(self)  # closed before NVSHMEM is finalised
+        nvshmem_runtime.track(self)  # closed before NVSHMEM is finalised
 
     def _alloc(self, numel: int, dtype: torch.dtype) -> SymmetricBuffer:
         with torch.cuda.device(self.device):
@@ -117,7 +80,5 @@ class NvshmemTransport(Transport):
         self._core.barrier_all(stream=torch.cuda.current_stream(self.device))
 
     def close(self) -> None:
-        from ... import distributed
-
         super().close()
-        distributed._forget_transport(self)
+        nvshmem_runtime.untrack(self)

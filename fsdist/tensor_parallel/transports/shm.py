@@ -20,7 +20,7 @@ from multiprocessing import resource_tracker, shared_memory
 import torch
 import torch.distributed as dist
 
-from ..._runtime import interpreting
+from ...runtime import interpreting
 from .base import SymmetricBuffer, Transport
 
 # Segments this process created and has not unlinked yet, by name. Held strongly so that

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import fsdist
+from fsdist.tensor_parallel import HeadTestSeam
 from tp_helpers import P_MIN, chi2_pvalue, reference_group_logmass, scaled_logits64, tp_ranges
 
 pytestmark = pytest.mark.gpu
@@ -23,7 +24,7 @@ V_REAL = 128256  # Llama-3 vocabulary
 
 
 def _need(transport):
-    from fsdist.tensor_parallel.transports.nvshmem import nvshmem_importable
+    from fsdist.nvshmem_runtime import importable as nvshmem_importable
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
@@ -117,13 +118,14 @@ def _graph_problem(dist_ctx, transport, reduction, B=16, D=1024, V=32000):
     dev = dist_ctx.device
     W, h = _weights(V, D, B, dev, seed=4, scale=3.0)
     kw = dict(transport=transport, reduction=reduction, device=dev, max_batch_size=B)
-    head, fresh = fsdist.ShardedFlashLMHead(D, V, **kw), fsdist.ShardedFlashLMHead(D, V, **kw)
+    seam = HeadTestSeam()
+    head, fresh = fsdist.ShardedFlashLMHead(D, V, test_seam=seam, **kw), fsdist.ShardedFlashLMHead(D, V, **kw)
     head.load_full_weight(W)
     fresh.load_full_weight(W)
     rows = torch.arange(B, device=dev)
     inputs = dict(temperature=torch.where(rows % 3 == 0, 0.0, 0.9), seed=rows * 7 + 1,
                   offset=torch.zeros(B, dtype=torch.int64, device=dev))
-    return head, fresh, h, inputs
+    return head, seam, fresh, h, inputs
 
 
 def _same(a, b):
@@ -140,7 +142,7 @@ def test_gpu_cuda_graph_replays_alternate_the_exchange_buffers(dist_ctx, transpo
     import torch.distributed as dist
 
     _need(transport)
-    head, fresh, h, inp = _graph_problem(dist_ctx, transport, reduction)
+    head, seam, fresh, h, inp = _graph_problem(dist_ctx, transport, reduction)
     B = h.shape[0]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -153,8 +155,8 @@ def test_gpu_cuda_graph_replays_alternate_the_exchange_buffers(dist_ctx, transpo
     with torch.cuda.graph(graph):
         out = head(h, return_logprobs=True, **inp)
     assert int(head.step_counter.item()) == 2  # capturing runs nothing
-    bufs = head._reduction.buffers
-    cap, world = head._reduction.capacity, dist_ctx.world_size
+    bufs = seam.step_buffers()
+    cap, world = head.max_batch_size, dist_ctx.world_size
     parities = []
     for r in range(6):
         inp["offset"].copy_(torch.arange(B, device=h.device) + 1000 * r)

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 import fsdist
+from fsdist.tensor_parallel import HeadTestSeam
 from tp_helpers import ON_GPU, problem
 
 mpi = pytest.mark.mpi(min_size=2)
@@ -23,7 +24,7 @@ mpi = pytest.mark.mpi(min_size=2)
     (dict(block_v=100), "block_v"),
     (dict(params_dtype=torch.int32), "params_dtype"),
     (dict(make_vocab_size_divisible_by=0), "make_vocab_size_divisible_by"),
-    (dict(_num_buffers=3), "_num_buffers must be 1 or 2"),
+    (dict(test_seam=HeadTestSeam(num_buffers=3)), "num_buffers must be 1 or 2"),
 ])
 def test_invalid_arguments_raise_value_error(kwargs, match):
     with pytest.raises(ValueError, match=match):

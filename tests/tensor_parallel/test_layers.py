@@ -136,7 +136,7 @@ def test_batch_growth_empty_batch_and_nan_rows(dist_ctx, reduction):
     caps = []
     for B in (3, 40, 0, 5):
         out = head(h[:B], seed=2, offset=B, return_logprobs=True)
-        caps.append(head._reduction.capacity)
+        caps.append(head.max_batch_size)
         assert out.tokens.shape == (B,) and out.logprobs.shape == (B,)
         if reduction == "candidates" and B:
             assert torch.equal(out.tokens, fsdist.sample(h[:B], W, seed=2, offset=B, vocab_size=V).tokens)
@@ -157,9 +157,9 @@ def test_max_batch_size_preallocates(dist_ctx):
     V, D = 1000, 16
     W, h = problem(V, D, 20, torch.float32, seed=8, device=dist_ctx.device)
     head = make_head(dist_ctx, D, V, W, transport="collective", max_batch_size=100)
-    assert head._reduction.capacity == 128
+    assert head.max_batch_size == 128
     head(h, seed=3)
-    assert head._reduction.capacity == 128
+    assert head.max_batch_size == 128
     head.close()
 
 

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 import fsdist
+from fsdist.tensor_parallel import HeadTestSeam
 from tp_helpers import (ALL_TRANSPORTS, assert_same_on_all_ranks, gather_objects, problem, reference_group_logmass,
                         tp_ranges)
 
@@ -50,17 +51,18 @@ def _check_tokens(reduction, out, h, W, seeds, offset, world):
 def test_device_counter_alternates_the_exchange_copy(dist_ctx, transport, reduction, start):
     dev, world = dist_ctx.device, dist_ctx.world_size
     W, h = problem(V, D, B, torch.float32, seed=41, scale=3.0, device=dev)
+    seam = HeadTestSeam()
     head = fsdist.ShardedFlashLMHead(D, V, transport=transport, reduction=reduction, params_dtype=torch.float32,
-                                     device=dev, max_batch_size=B)
+                                     device=dev, max_batch_size=B, test_seam=seam)
     head.load_full_weight(W)
-    bufs = head._reduction.buffers
+    bufs = seam.step_buffers()
     peer = head.transport.peer_stores
     assert bufs.num_buffers == (2 if peer else 1)  # collective: one copy, see step_buffers.py
     counter = head.step_counter
     assert counter.dtype == torch.int64 and counter.numel() == 1 and counter.device == dev
     counter.fill_(start)  # on every rank alike: ranks must keep equal counters
     seeds = torch.arange(B, dtype=torch.int64, device=dev) * 31 + 7
-    cap = head._reduction.capacity
+    cap = head.max_batch_size
     used = []
     for s in range(5):
         for k in range(bufs.num_buffers):
@@ -89,7 +91,7 @@ def test_device_counter_alternates_the_exchange_copy(dist_ctx, transport, reduct
 def test_num_buffers_one_is_a_single_copy(dist_ctx):
     """The race test's knob: one copy, whatever the counter (strides 0).
 
-    One copy is exactly what test_tp_race shows to be racy: a fast rank's next stage 1
+    One copy is exactly what test_step_buffers shows to be racy: a fast rank's next stage 1
     may overwrite the slot a slow rank is still reducing. So every step here is fenced by
     a barrier (each rank has read its buffer before any rank stores the next step), and
     the checks are gathered before asserting, so a failure on one rank cannot leave the
@@ -99,10 +101,11 @@ def test_num_buffers_one_is_a_single_copy(dist_ctx):
 
     dev = dist_ctx.device
     W, h = problem(V, D, B, torch.float32, seed=42, scale=3.0, device=dev)
+    seam = HeadTestSeam(num_buffers=1)
     head = fsdist.ShardedFlashLMHead(D, V, transport=PEER_TRANSPORTS[0], params_dtype=torch.float32, device=dev,
-                                     max_batch_size=B, _num_buffers=1)
+                                     max_batch_size=B, test_seam=seam)
     head.load_full_weight(W)
-    bufs = head._reduction.buffers
+    bufs = seam.step_buffers()
     assert bufs.num_buffers == 1 and bufs.parity.stride_f == 0 and bufs.parity.stride_i == 0
     wrong = []
     for s in range(2):

@@ -3,7 +3,7 @@
 The tensor-parallel head keeps its step counter on the device so that a CUDA graph
 replay uses the buffer half of the step it replays (fsdist/tensor_parallel/step_buffers.py).
 Here the kernels are driven directly, on a two-copy buffer laid out like the head's
-(two groups = two "ranks" written from two weight shards), with the counter at 0, 1, 2, 3
+(two shard blocks = two "ranks" written from two weight shards), with the counter at 0, 1, 2, 3
 and -1: the candidates must land in copy ``counter & 1`` only, stage 2 must read that copy,
 and the tokens must equal fsdist.sample on the full weight and the host-offset launch.
 """
@@ -11,9 +11,13 @@ import pytest
 import torch
 
 import fsdist
-from fsdist._validation import RowParams
+from fsdist.params import RowParams
 from fsdist.ops.configs import TileConfig
-from fsdist.ops.sampler import CandidateLayout, DeviceParity, launch_chunked, launch_fused, launch_reduce
+from fsdist.ops.fused_sample import launch_fused
+from fsdist.ops.layout import BufferPair, CandidateLayout
+from fsdist.ops.merge_candidates import launch_merge
+from fsdist.ops.parity import DeviceParity
+from fsdist.ops.sample_logits import launch_chunked
 
 V, VP, D, B, CAP = 1000, 1024, 40, 13, 16
 CFG = TileConfig(16, 128, 64, num_warps=4, num_stages=1)  # block_k as fsdist.sample picks on CPU
@@ -38,24 +42,24 @@ def two_copy_buffer(layout, device):
 
 
 def copies(layout, f, i):
-    """[2, groups, fields, tiles, cap] and [2, groups, tiles, cap] views of both copies."""
-    return (f.view(2, layout.n_groups, layout.n_fields, layout.n_local, layout.batch_cap),
-            i.view(2, layout.n_groups, layout.n_local, layout.batch_cap))
+    """[2, shards, fields, tiles, cap] and [2, shards, tiles, cap] views of both copies."""
+    return (f.view(2, layout.n_shards, layout.n_fields, layout.n_local, layout.batch_cap),
+            i.view(2, layout.n_shards, layout.n_local, layout.batch_cap))
 
 
-def stage1_both_shards(launch, W, h, params, layout, f, i, logprobs, **kw):
-    """What two TP ranks write: group r from shard r, global ids from vocab_start = r * 512."""
+def stage1_both_shards(launch, W, h, params, layout, f, i, logprobs, parity, **kw):
+    """What two TP ranks write: block r from shard r, global ids from vocab_start = r * 512."""
     rows = VP // 2
     for r in range(2):
-        launch(h, W[r * rows:(r + 1) * rows].contiguous(), params, CFG, layout, f, i, vocab_size=V,
-               vocab_start=r * rows, group=r, logprobs=logprobs, **kw)
+        launch(h, W[r * rows:(r + 1) * rows].contiguous(), params, CFG, layout, BufferPair(f, i, parity=parity),
+               vocab_size=V, vocab_start=r * rows, shard=r, logprobs=logprobs, **kw)
 
 
 @pytest.mark.parametrize("logprobs", [False, True])
 @pytest.mark.parametrize("counter_value", [0, 1, 2, 3, -1])
 def test_device_parity_selects_the_half_for_stage1_and_stage2(device, counter_value, logprobs):
     W, h, params = problem(device)
-    layout = CandidateLayout(CandidateLayout.fields(logprobs), VP // 2 // CFG.block_v, CAP, n_groups=2)
+    layout = CandidateLayout(CandidateLayout.fields(logprobs), VP // 2 // CFG.block_v, CAP, n_shards=2)
     counter = torch.tensor([counter_value], dtype=torch.int64, device=device)
     parity = DeviceParity(counter, layout.float_numel, layout.int_numel)
     f, i = two_copy_buffer(layout, device)
@@ -69,9 +73,8 @@ def test_device_parity_selects_the_half_for_stage1_and_stage2(device, counter_va
     assert bool((ci[k, :, :, B:] == SENT_I).all()), "rows past the batch were touched"
 
     # Stage 2 through the counter == stage 2 at the host offset of that copy == fsdist.sample.
-    got = launch_reduce(layout, f, i, B, params=params, logprobs=logprobs, parity=parity)
-    host = launch_reduce(layout, f, i, B, params=params, logprobs=logprobs, base_f=k * layout.float_numel,
-                         base_i=k * layout.int_numel)
+    got = launch_merge(layout, BufferPair(f, i, parity=parity), B, params, logprobs=logprobs)
+    host = launch_merge(layout, BufferPair(f, i, base_f=k * layout.float_numel, base_i=k * layout.int_numel), B, params, logprobs=logprobs)
     ref = fsdist.sample(h, W, temperature=params.temperature, seed=params.seed, offset=params.offset,
                         vocab_size=V, return_logprobs=logprobs)
     assert torch.equal(got[0], ref.tokens) and torch.equal(host[0], ref.tokens)
@@ -86,7 +89,7 @@ def test_device_parity_reads_the_counter_at_launch(device):
     """Two steps into the two copies with different offsets, then each copy reduced on its own:
     the counter, not an argument, decided where each step went."""
     W, h, params = problem(device)
-    layout = CandidateLayout(1, VP // 2 // CFG.block_v, CAP, n_groups=2)
+    layout = CandidateLayout(1, VP // 2 // CFG.block_v, CAP, n_shards=2)
     counter = torch.zeros(1, dtype=torch.int64, device=device)
     parity = DeviceParity(counter, layout.float_numel, layout.int_numel)
     f, i = two_copy_buffer(layout, device)
@@ -97,15 +100,15 @@ def test_device_parity_reads_the_counter_at_launch(device):
     for s, p in enumerate(steps):
         ref = fsdist.sample(h, W, temperature=p.temperature, seed=p.seed, offset=p.offset, vocab_size=V).tokens
         counter.fill_(s)
-        assert torch.equal(launch_reduce(layout, f, i, B, parity=parity)[0], ref)
-    assert not torch.equal(launch_reduce(layout, f, i, B, base_f=0, base_i=0)[0],
-                           launch_reduce(layout, f, i, B, base_f=layout.float_numel, base_i=layout.int_numel)[0])
+        assert torch.equal(launch_merge(layout, BufferPair(f, i, parity=parity), B, RowParams(1.0, 0, 0))[0], ref)
+    assert not torch.equal(launch_merge(layout, BufferPair(f, i, base_f=0, base_i=0), B, RowParams(1.0, 0, 0))[0],
+                           launch_merge(layout, BufferPair(f, i, base_f=layout.float_numel, base_i=layout.int_numel), B, RowParams(1.0, 0, 0))[0])
 
 
 def test_device_parity_chunked_stage1(device):
     """The chunked stage 1 (several chunks) honours the parity like the fused one."""
     W, h, params = problem(device)
-    layout = CandidateLayout(CandidateLayout.fields(True), VP // 2 // CFG.block_v, CAP, n_groups=2)
+    layout = CandidateLayout(CandidateLayout.fields(True), VP // 2 // CFG.block_v, CAP, n_shards=2)
     counter = torch.ones(1, dtype=torch.int64, device=device)
     parity = DeviceParity(counter, layout.float_numel, layout.int_numel)
     f, i = two_copy_buffer(layout, device)
@@ -113,7 +116,7 @@ def test_device_parity_chunked_stage1(device):
     cf, ci = copies(layout, f, i)
     assert bool((ci[0] == SENT_I).all()) and bool((cf[0] == SENT_F).all())
     assert bool((ci[1, :, :, :B] != SENT_I).all())
-    got = launch_reduce(layout, f, i, B, params=params, logprobs=True, parity=parity)
+    got = launch_merge(layout, BufferPair(f, i, parity=parity), B, params, logprobs=True)
     ref = fsdist.sample(h, W, temperature=params.temperature, seed=params.seed, offset=params.offset, vocab_size=V,
                         return_logprobs=True)
     assert torch.equal(got[0], ref.tokens)
@@ -122,11 +125,11 @@ def test_device_parity_chunked_stage1(device):
 def test_device_parity_with_zero_stride_is_a_single_copy(device):
     """Strides 0 (one copy, as the collective transport and the race test's knob use): copy 0 always."""
     W, h, params = problem(device)
-    layout = CandidateLayout(1, VP // 2 // CFG.block_v, CAP, n_groups=2)
+    layout = CandidateLayout(1, VP // 2 // CFG.block_v, CAP, n_shards=2)
     parity = DeviceParity(torch.ones(1, dtype=torch.int64, device=device), 0, 0)
     f, i = two_copy_buffer(layout, device)
     stage1_both_shards(launch_fused, W, h, params, layout, f, i, False, parity=parity)
     cf, ci = copies(layout, f, i)
     assert bool((ci[1] == SENT_I).all()) and bool((ci[0, :, :, :B] != SENT_I).all())
     ref = fsdist.sample(h, W, temperature=params.temperature, seed=params.seed, offset=params.offset, vocab_size=V)
-    assert torch.equal(launch_reduce(layout, f, i, B, parity=parity)[0], ref.tokens)
+    assert torch.equal(launch_merge(layout, BufferPair(f, i, parity=parity), B, RowParams(1.0, 0, 0))[0], ref.tokens)

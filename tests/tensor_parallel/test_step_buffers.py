@@ -6,7 +6,7 @@ rank's buffer -- including the slot the slow rank has not reduced yet. So the sl
 rank is delayed exactly there: after the barrier, before its stage 2 (plus, on some
 steps, before stage 1, which only makes the others wait). With two buffers (parity)
 step s+1 writes the other copy and every step's tokens equal the reference. With the
-``_num_buffers=1`` debug knob the same schedule makes the slow rank reduce candidates
+``HeadTestSeam(num_buffers=1)`` knob the same schedule makes the slow rank reduce candidates
 of the next step, and the test checks that this is detected -- the race test is not
 vacuous.
 
@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import fsdist
+from fsdist.tensor_parallel import HeadTestSeam
 from tp_helpers import PEER_TRANSPORTS, gather_objects, problem
 
 V, D, B = 1000, 16, 16
@@ -31,8 +32,9 @@ def delays(step: int, scale: float = 1.0):
 
 def run_steps(ctx, reduction, transport, steps, num_buffers=2, slow=None, scale=1.0):
     W, h = problem(V, D, B, torch.float32, seed=21, scale=3.0, device=ctx.device)
+    seam = HeadTestSeam(num_buffers=num_buffers)
     head = fsdist.ShardedFlashLMHead(D, V, transport=transport, reduction=reduction, params_dtype=torch.float32,
-                                     device=ctx.device, _num_buffers=num_buffers)
+                                     device=ctx.device, test_seam=seam)
     head.load_full_weight(W)
     if slow is not None and ctx.rank == slow:
         def hook(point, step):
@@ -41,7 +43,7 @@ def run_steps(ctx, reduction, transport, steps, num_buffers=2, slow=None, scale=
                 torch.cuda.synchronize()
             time.sleep(before1 if point == "before_stage1" else before2)
 
-        head._debug_hook = hook
+        seam.hook = hook
     seeds = torch.arange(B, dtype=torch.int64, device=ctx.device) + 100
     tokens = [head(h, seed=seeds, offset=1000 + s).tokens.cpu() for s in range(steps)]
     head.close()

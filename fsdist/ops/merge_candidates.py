@@ -1,4 +1,4 @@
-"""Stage 2 of FlashSampling: reduce per-tile candidates to one token per row.
+"""Stage 2 of FlashSampling: merge per-tile candidates into one token per row (one kernel).
 
 The winner is the slot with the largest perturbed score (the argmax over tiles
 equals the argmax over the whole row, so this is exact pathwise). Ties go to the
@@ -9,8 +9,8 @@ logsumexp(logits / T) = M / T + log S. Everything stays finite for any T >= 1e-5
 except that last sum, which overflows to +-inf only when logits / T itself leaves
 the fp32 range. STATS also writes (M, log S) per row (group-log-mass publishes them).
 
-Slots are numbered group * n_local + tile, groups being the tensor-parallel
-ranks' blocks of the buffer (one group on a single GPU); the slot order is the
+Slots are numbered shard * n_local + tile, shards being the tensor-parallel
+ranks' blocks of the buffer (one shard on a single GPU); the slot order is the
 vocabulary order, so "lowest slot" is "lowest id" across ranks too.
 
 A program owns BLOCK_R rows and walks the slots in chunks of BLOCK_S, keeping a
@@ -20,20 +20,26 @@ registers; rows are innermost in the buffer, so every chunk load is coalesced.
 With DEVICE_PARITY, ``(*parity_ptr & 1) * parity_stride_*`` is added to the buffer
 offsets: the parity half of a double buffer is chosen on the device (CUDA graphs).
 
-A row returns token -1 (and NaN log-probability) when any tile saw a NaN logit or
-a bad temperature, or when no id had a finite score.
+A row returns token -1 (and NaN log-probability) when any tile saw a NaN or +inf
+logit or a bad temperature, or when no id had a finite score.
 """
+from typing import Optional, Tuple
+
+import torch
 import triton
 import triton.language as tl
 
-from .fused_sample import _load_row_param, row_temperature
-from .parity import parity_offsets
+from ..params import RowParams
+from .epilogue import row_temperature
+from .layout import BufferPair, CandidateLayout
+from .parity import parity_args, parity_offsets
+from .utils import load_row_param, row_param_args
 
 
 @triton.jit
-def reduce_candidates_kernel(
+def merge_candidates_kernel(
     cand_f, cand_i, tokens_ptr, logprob_ptr, lse_ptr, stats_ptr,
-    B, n_slots, n_local, buf_offset, buf_offset_i, stride_group, stride_group_i, stride_field, stride_slot,
+    B, n_slots, n_local, buf_offset, buf_offset_i, stride_shard, stride_shard_i, stride_field, stride_slot,
     parity_ptr, parity_stride_f, parity_stride_i, temp_ptr, temp_val,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, LOGPROBS: tl.constexpr, DEVICE_PARITY: tl.constexpr,
     TEMP_PER_ROW: tl.constexpr, STATS: tl.constexpr,
@@ -44,7 +50,7 @@ def reduce_candidates_kernel(
     mask_r = rows < B
     if LOGPROBS:
         inv_t, _scale, _greedy, _bad = row_temperature(
-            _load_row_param(temp_ptr, temp_val, rows, mask_r, tl.float32, TEMP_PER_ROW))
+            load_row_param(temp_ptr, temp_val, rows, mask_r, tl.float32, TEMP_PER_ROW))
     best = tl.full([BLOCK_R], float("-inf"), tl.float32)
     best_slot = tl.zeros([BLOCK_R], tl.int32)
     poisoned = tl.zeros([BLOCK_R], tl.int32)
@@ -53,8 +59,8 @@ def reduce_candidates_kernel(
     for s0 in range(0, n_slots, BLOCK_S):
         slots = s0 + tl.arange(0, BLOCK_S)
         mask = (slots < n_slots)[:, None] & mask_r[None, :]
-        # slot = group * n_local + tile; groups (ranks) are blocks of the buffer.
-        offs = (buf_offset + (slots // n_local) * stride_group + (slots % n_local) * stride_slot)[:, None] \
+        # slot = shard * n_local + tile; shards (ranks) are blocks of the buffer.
+        offs = (buf_offset + (slots // n_local) * stride_shard + (slots % n_local) * stride_slot)[:, None] \
             + rows[None, :]
         score = tl.load(cand_f + offs, mask=mask, other=float("-inf"))
         poisoned = poisoned | tl.max((score != score).to(tl.int32), axis=0)
@@ -77,10 +83,10 @@ def reduce_candidates_kernel(
             run_sum = old + c_sum
             run_max = new_max
     failed = (poisoned > 0) | (best == float("-inf"))
-    g = best_slot // n_local
+    shard = best_slot // n_local
     t = best_slot % n_local
-    win = buf_offset + g * stride_group + t * stride_slot + rows
-    idx = tl.load(cand_i + buf_offset_i + g * stride_group_i + t * stride_slot + rows, mask=mask_r, other=-1)
+    win = buf_offset + shard * stride_shard + t * stride_slot + rows
+    idx = tl.load(cand_i + buf_offset_i + shard * stride_shard_i + t * stride_slot + rows, mask=mask_r, other=-1)
     tl.store(tokens_ptr + rows, tl.where(failed, -1, idx).to(tl.int64), mask=mask_r)
     if LOGPROBS:
         # No finite logit anywhere: M = -inf, S = 0, log S = -inf, lse = -inf (no log(0) evaluated).
@@ -92,3 +98,43 @@ def reduce_candidates_kernel(
         if STATS:
             tl.store(stats_ptr + rows, tl.where(poisoned > 0, float("nan"), run_max), mask=mask_r)
             tl.store(stats_ptr + B + rows, tl.where(poisoned > 0, float("nan"), log_sum), mask=mask_r)
+
+
+def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: RowParams, *,
+                 logprobs: bool = False, stats: bool = False, blocks: Optional[Tuple[int, int]] = None):
+    """Stage 2 over the local buffers ``src``: (tokens int64 [B], logprobs fp32 [B] or None,
+    logsumexp fp32 [B] or None), plus, with ``stats``, fp32 [2, B] = (max raw logit M, log S)
+    per row, S = sum exp((logit - M) / T) (the group-log-mass reduction publishes them).
+
+    params: the rows' parameters (the temperature scales the log-sum-exp). blocks: (rows
+    per program, slots per chunk) override, for tests.
+    """
+    if src.peer_table:
+        raise ValueError("stage 2 reads this process's buffers, not a peer table")
+    device = src.f.device
+    stats = stats and logprobs
+    tokens = torch.empty(batch, dtype=torch.int64, device=device)
+    lp = torch.empty(batch, dtype=torch.float32, device=device) if logprobs else tokens
+    lse = torch.empty(batch, dtype=torch.float32, device=device) if logprobs else tokens
+    st = torch.empty(2, batch, dtype=torch.float32, device=device) if stats else tokens
+    if batch:
+        if device.type == "cpu":  # interpreter: few, large programs
+            block_r = min(128, max(16, triton.next_power_of_2(batch)))
+            block_s = min(triton.next_power_of_2(layout.n_slots), 2048)
+        else:
+            # Latency bound: many programs of a few rows each, one pass over <= 1024 slots,
+            # so a decode batch spreads over SMs instead of looping in one program.
+            block_r, block_s = (2 if batch <= 64 else 4), min(triton.next_power_of_2(layout.n_slots), 1024)
+        block_r, block_s = blocks or (block_r, block_s)
+        par_p, par_f, par_i, par_on = parity_args(src.parity, src.i)
+        temp_p, temp_v, temp_row = row_param_args(params.temperature, src.i)
+        merge_candidates_kernel[(triton.cdiv(batch, block_r),)](
+            src.f, src.i, tokens, lp, lse, st,
+            batch, layout.n_slots, layout.n_local, src.base_f, src.base_i, layout.stride_shard,
+            layout.stride_shard_i, layout.stride_field, layout.stride_slot, par_p, par_f, par_i,
+            temp_p, float(temp_v),
+            BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs, DEVICE_PARITY=par_on,
+            TEMP_PER_ROW=temp_row, STATS=stats, num_warps=4,
+        )
+    out = (tokens, (lp if logprobs else None), (lse if logprobs else None))
+    return out + (st,) if stats else out

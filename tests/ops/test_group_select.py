@@ -14,11 +14,12 @@ import pytest
 import torch
 from scipy import stats
 
-from fsdist._validation import RowParams
 from fsdist.ops.group_select import ExchangeLayout, launch_group_publish, launch_group_select
-from fsdist.ops.sampler import DeviceParity
+from fsdist.ops.layout import BufferPair
+from fsdist.ops.parity import DeviceParity
+from fsdist.params import RowParams
 from fsdist.reference import gumbel_noise
-from tp_helpers import P_MIN
+from statcheck import P_MIN
 
 DEV = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
@@ -89,7 +90,7 @@ def test_matches_mirror_with_poison_empty_and_greedy_rows():
     layout = ExchangeLayout(R, cap)
     f, i = fill(layout, B, lp, m, logs, tok)
     params = RowParams(temperature.to(DEV), seed.to(DEV), offset.to(DEV))
-    tokens, glp, glse = launch_group_select(layout, f, i, B, params)
+    tokens, glp, glse = launch_group_select(layout, BufferPair(f, i), B, params)
     ref_tok, ref_lp, ref_lse, margin = mirror(lp, m, logs, tok, temperature, seed, offset)
     decided = margin.abs() > 1e-4
     assert decided.sum() > B - 5
@@ -114,7 +115,7 @@ def test_greedy_ties_go_to_the_lowest_rank_and_scalars_work():
     tok = torch.arange(R)[:, None].expand(R, B) * 1000
     layout = ExchangeLayout(R, cap)
     f, i = fill(layout, B, lp, m, logs, tok)
-    tokens, glp, glse = launch_group_select(layout, f, i, B, RowParams(0.0, 5, 6))
+    tokens, glp, glse = launch_group_select(layout, BufferPair(f, i), B, RowParams(0.0, 5, 6))
     assert tokens.tolist() == [0] * B
     torch.testing.assert_close(glse.cpu(), torch.full((B,), 2.0 + math.log(R)))
 
@@ -131,7 +132,7 @@ def test_rank_choice_follows_softmax_of_log_masses():
     layout = ExchangeLayout(R, B)
     f, i = fill(layout, B, lp, m, logs, tok)
     params = RowParams(T, torch.arange(B, dtype=torch.int64, device=DEV) * 7919 + 3, 11)
-    tokens, _, _ = launch_group_select(layout, f, i, B, params)
+    tokens, _, _ = launch_group_select(layout, BufferPair(f, i), B, params)
     counts = np.bincount(tokens.cpu().numpy(), minlength=R)
     expected = torch.softmax(L.double(), 0).numpy() * B
     p = stats.chisquare(counts, expected).pvalue
@@ -151,7 +152,7 @@ def test_publish_fans_out_through_a_peer_table():
     tok = torch.arange(B, dtype=torch.int64, device=DEV) + 100
     lp = -torch.arange(B, dtype=torch.float32, device=DEV)
     st = torch.stack([torch.arange(B, dtype=torch.float32, device=DEV) * 0.5, torch.ones(B, device=DEV)])
-    launch_group_publish(tok, lp, st, layout, table_f, table_i, rank=1, npeers=R)
+    launch_group_publish(tok, lp, st, layout, BufferPair(table_f, table_i, npeers=R), rank=1)
     for f, i in peers:
         fv, iv = f.view(R, 3, cap), i.view(R, cap)
         assert torch.equal(iv[1, :B].long(), tok) and torch.equal(fv[1, 0, :B], lp)
@@ -160,7 +161,7 @@ def test_publish_fans_out_through_a_peer_table():
     # without a table: only the local buffer, at an offset (the parity half of a double buffer)
     f, i = ExchangeLayout(R, cap).alloc(DEV)
     f2, i2 = torch.zeros(2 * f.numel(), device=DEV), torch.zeros(2 * i.numel(), dtype=torch.int32, device=DEV)
-    launch_group_publish(tok, lp, st, layout, f2, i2, rank=2, base_f=f.numel(), base_i=i.numel())
+    launch_group_publish(tok, lp, st, layout, BufferPair(f2, i2, base_f=f.numel(), base_i=i.numel()), rank=2)
     assert torch.equal(i2[i.numel():].view(R, cap)[2, :B].long(), tok)
     assert not i2[:i.numel()].any()
 
@@ -179,15 +180,15 @@ def test_device_parity_picks_the_exchange_copy(counter_value):
     lp, m, logs, tok = random_values(R, B, g)
     for r in range(R):  # as the R ranks would, each into its own slot
         st = torch.stack([m[r], logs[r]]).to(DEV)
-        launch_group_publish(tok[r].to(DEV), lp[r].to(DEV), st, layout, f2, i2, rank=r, parity=parity)
+        launch_group_publish(tok[r].to(DEV), lp[r].to(DEV), st, layout, BufferPair(f2, i2, parity=parity), rank=r)
     k = counter_value & 1
     fv, iv = f2.view(2, R, 3, cap), i2.view(2, R, cap)
     assert torch.equal(iv[k, :, :B].cpu().long(), tok) and torch.equal(fv[k, :, 1, :B].cpu(), m)
     assert bool((iv[1 - k] == -7).all()) and bool(fv[1 - k].isnan().all()), "the other copy was touched"
     params = RowParams(1.0, torch.arange(B, dtype=torch.int64, device=DEV) + 5, 3)
-    got = launch_group_select(layout, f2, i2, B, params, parity=parity)
-    host = launch_group_select(layout, f2, i2, B, params, base_f=k * layout.float_numel,
-                               base_i=k * layout.int_numel)
+    got = launch_group_select(layout, BufferPair(f2, i2, parity=parity), B, params)
+    host = launch_group_select(layout, BufferPair(f2, i2, base_f=k * layout.float_numel, base_i=k * layout.int_numel),
+                               B, params)
     want = mirror(lp, m, logs, tok, torch.ones(B), params.seed.cpu(), torch.full((B,), 3))[0]
     assert all(torch.equal(a, b) for a, b in zip(got, host))
     assert torch.equal(got[0].cpu(), want)
@@ -198,4 +199,4 @@ def test_capacity_is_checked():
     layout = ExchangeLayout(2, 16)
     f, i = layout.alloc(DEV)
     with pytest.raises(ValueError, match="capacity"):
-        launch_group_select(layout, f, i, 17, RowParams(1.0, 0, 0))
+        launch_group_select(layout, BufferPair(f, i), 17, RowParams(1.0, 0, 0))

@@ -1,7 +1,7 @@
 """Vocabulary padding and per-rank ranges (single process, no MPI)."""
 import pytest
 
-from fsdist.tensor_parallel.utils import pad_vocab_size, vocab_partition
+from fsdist.tensor_parallel.vocab import pad_vocab_size, vocab_partition
 
 
 @pytest.mark.parametrize("V,tp,div,expected", [

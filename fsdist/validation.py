@@ -7,33 +7,15 @@ would need a device-to-host synchronisation, so they are opt-in (``check_row_val
 device: a negative or NaN temperature makes its row return token -1, never a wrong token.
 """
 import numbers
-from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 
+from . import runtime
+from .params import RowParams
+
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-# Temperatures below this are greedy, as in vLLM (the kernels use the same constant).
-GREEDY_TEMPERATURE = 1e-5
-
-
-@dataclass
-class RowParams:
-    """Per-row sampling parameters, each a Python scalar or a [B] device tensor."""
-
-    temperature: Union[float, torch.Tensor]
-    seed: Union[int, torch.Tensor]
-    offset: Union[int, torch.Tensor]
-
-    @property
-    def all_greedy(self) -> bool:
-        return not isinstance(self.temperature, torch.Tensor) and self.temperature < GREEDY_TEMPERATURE
-
-
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def check_hidden(hidden, dtype: Optional[torch.dtype] = None, hidden_size: Optional[int] = None):
@@ -132,12 +114,10 @@ def check_row_values(params: RowParams) -> None:
 
 
 def check_device_runnable(device: torch.device):
-    from . import _runtime
-
     if device.type == "cuda":
         return
-    if device.type == "cpu" and _runtime.interpreting():
-        _runtime.check_interpreter()
+    if device.type == "cpu" and runtime.interpreting():
+        runtime.check_interpreter()
         return
     raise ValueError(
         f"fsdist kernels run on CUDA tensors, or on CPU tensors under Triton's interpreter "

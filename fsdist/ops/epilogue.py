@@ -1,0 +1,73 @@
+"""The sampling epilogue every stage-1 kernel shares: temperature, tile statistics, stores.
+
+A stage-1 kernel holds a [rows, ids] tile of raw logits in registers (the fused GEMM's
+accumulator, or a chunk of cuBLAS output) and turns it into one candidate per row:
+
+* ``row_temperature``: each row's 1/T, the noise scale T, greedy and bad flags.
+  The perturbed score is ``logit + T * Gumbel``: the argmax of ``logit / T + Gumbel``
+  for T > 0 (the paper's form), but it never overflows, and T = 0 gives the logit.
+* ``tile_stats``: the online log-sum-exp state (max raw logit, sum of exp((logit -
+  max) / T)), kept unscaled because logit / T overflows fp32 for tiny T or huge logits.
+* ``write_candidates``: the stores, into the local buffer or, through a peer address
+  table, into every tensor-parallel peer's buffer.
+
+Candidate fields (fp32, see ``layout.py``): 0 score (the tile's best perturbed score; NaN
+poisons the row), and with logprobs 1 the winner's raw logit, 2 the tile's max raw
+logit, 3 the tile's sum of exp((logit - max) / T); int32: the winner's global id.
+"""
+import triton
+import triton.language as tl
+
+# Temperatures below this are greedy (vLLM's epsilon; fsdist.params.GREEDY_TEMPERATURE).
+GREEDY_BELOW = tl.constexpr(1e-5)
+
+
+@triton.jit
+def row_temperature(temp):
+    """(inv_t, noise_scale, greedy, bad) of each row's temperature.
+
+    A negative or NaN temperature is ``bad``: the row is poisoned (token -1) rather than
+    sampled wrongly. T < GREEDY_BELOW is greedy: noise scale 0, logprobs at T = 1.
+    """
+    bad = (temp < 0.0) | (temp != temp)
+    greedy = (temp < GREEDY_BELOW) & ~bad
+    off = greedy | bad
+    return tl.where(off, 1.0, 1.0 / tl.where(off, 1.0, temp)), tl.where(off, 0.0, temp), greedy, bad
+
+
+@triton.jit
+def tile_stats(logit, valid, inv_t):
+    """(max, sum of exp((logit - max) / T)) over axis 1 of raw logits; -inf / 0 where nothing is finite."""
+    tmax = tl.max(logit, axis=1)
+    safe = tl.where(tmax == float("-inf"), 0.0, tmax)
+    live = valid & (logit > float("-inf"))
+    tsum = tl.sum(tl.where(live, tl.exp((logit - safe[:, None]) * inv_t[:, None]), 0.0), axis=1)
+    return tmax, tsum
+
+
+@triton.jit
+def _store_candidates(base_f, base_i, dst, dst_i, stride_field, score, idx, logit, tmax, tsum, mask_b,
+                      LOGPROBS: tl.constexpr):
+    tl.store(base_f + dst, score, mask=mask_b)
+    tl.store(base_i + dst_i, idx, mask=mask_b)
+    if LOGPROBS:
+        tl.store(base_f + 1 * stride_field + dst, logit, mask=mask_b)
+        tl.store(base_f + 2 * stride_field + dst, tmax, mask=mask_b)
+        tl.store(base_f + 3 * stride_field + dst, tsum, mask=mask_b)
+
+
+@triton.jit
+def write_candidates(cand_f, cand_i, dst, dst_i, stride_field, score, idx, logit, tmax, tsum, mask_b,
+                     LOGPROBS: tl.constexpr, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr):
+    """Store one tile's candidates at element offsets dst / dst_i: into the local buffer, or
+    with PEER_TABLE into every peer's (cand_f / cand_i are then tables of base addresses)."""
+    if PEER_TABLE:
+        # Fan-out: the same candidates go to this rank's slot in every peer's buffer.
+        for p in tl.static_range(NPEERS):
+            base_f = tl.load(cand_f + p).to(tl.pointer_type(tl.float32))
+            base_i = tl.load(cand_i + p).to(tl.pointer_type(tl.int32))
+            _store_candidates(base_f, base_i, dst, dst_i, stride_field, score, idx, logit, tmax, tsum, mask_b,
+                              LOGPROBS)
+    else:
+        _store_candidates(cand_f, cand_i, dst, dst_i, stride_field, score, idx, logit, tmax, tsum, mask_b,
+                          LOGPROBS)

@@ -1,0 +1,107 @@
+"""Where candidates live: the buffer layout, and the value object that says where a launch writes.
+
+One candidate buffer holds, for every (row, vocabulary tile) of every shard, the tile's
+best perturbed score and winning id (and, with logprobs, the log-sum-exp state):
+
+    fp32  [n_shards, n_fields, n_local, batch_cap]
+    int32 [n_shards, n_local, batch_cap]
+
+A *shard* is one tensor-parallel rank's block (its vocabulary range); a single GPU has
+one. Rows are innermost so one program's stores and stage 2's loads coalesce, and the
+shard-major order lets an all-gather of per-rank blocks land in this layout as is.
+Slots are numbered shard * n_local + tile, which is vocabulary order.
+The fields are listed in ``epilogue.py``.
+"""
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from .parity import DeviceParity
+
+N_FIELDS_SAMPLE = 1  # score only
+N_FIELDS_LOGPROBS = 4  # score, winner's logit, tile max, tile sum
+
+
+@dataclass(frozen=True)
+class CandidateLayout:
+    n_fields: int
+    n_local: int  # vocabulary tiles per shard
+    batch_cap: int
+    n_shards: int = 1
+
+    @staticmethod
+    def fields(logprobs: bool) -> int:
+        return N_FIELDS_LOGPROBS if logprobs else N_FIELDS_SAMPLE
+
+    @property
+    def n_slots(self) -> int:
+        return self.n_shards * self.n_local
+
+    @property
+    def stride_slot(self) -> int:
+        return self.batch_cap
+
+    @property
+    def stride_field(self) -> int:
+        return self.n_local * self.batch_cap
+
+    @property
+    def stride_shard(self) -> int:
+        return self.n_fields * self.n_local * self.batch_cap
+
+    @property
+    def stride_shard_i(self) -> int:
+        return self.n_local * self.batch_cap
+
+    @property
+    def float_numel(self) -> int:
+        return self.n_shards * self.stride_shard
+
+    @property
+    def int_numel(self) -> int:
+        return self.n_shards * self.stride_shard_i
+
+    def alloc(self, device) -> Tuple[torch.Tensor, torch.Tensor]:
+        return (torch.empty(self.float_numel, dtype=torch.float32, device=device),
+                torch.empty(self.int_numel, dtype=torch.int32, device=device))
+
+    def check_fit(self, batch: int, weight_rows: int, block_v: int, shard: int, vocab_start: int) -> int:
+        """Raise unless a stage-1 launch fits: batch within capacity, the weight's tiles = a
+        shard's tiles, vocab_start on a whole Philox quad. Returns the number of tiles."""
+        if self.batch_cap < batch:
+            raise ValueError(f"batch {batch} exceeds the candidate buffer's capacity {self.batch_cap}")
+        if vocab_start % 4:
+            raise ValueError(f"vocab_start must be a multiple of 4 (the noise is drawn in quads), got {vocab_start}")
+        n_vtiles = -(-weight_rows // block_v)
+        if n_vtiles != self.n_local or not 0 <= shard < self.n_shards:
+            raise ValueError(f"candidate layout {self} does not fit {weight_rows} rows in tiles of "
+                             f"{block_v} (shard {shard})")
+        return n_vtiles
+
+
+@dataclass(frozen=True)
+class BufferPair:
+    """An fp32 + int32 buffer pair as the kernels address it: where stage 1 (and the
+    group-log-mass publish) writes, and what stage 2 (and the group select) reads.
+
+    f, i: this process's flat fp32 / int32 buffers, or, when ``npeers`` is set, int64
+    tables of the base addresses of every peer's buffers (stage 1 then stores into all of
+    them: the tensor-parallel fan-out). base_f / base_i: element offsets of the buffer
+    inside f / i. parity: add the copy a device counter picks (see parity.py).
+    """
+
+    f: torch.Tensor
+    i: torch.Tensor
+    base_f: int = 0
+    base_i: int = 0
+    npeers: Optional[int] = None
+    parity: Optional[DeviceParity] = None
+
+    @classmethod
+    def alloc(cls, layout: CandidateLayout, device) -> "BufferPair":
+        return cls(*layout.alloc(device))
+
+    @property
+    def peer_table(self) -> bool:
+        return self.npeers is not None

@@ -1,0 +1,61 @@
+"""The one planning step: (shape, device, options) -> a frozen plan of what a call will do.
+
+Both callers, ``fsdist.sample`` and the tensor-parallel head, make their decisions here
+and nowhere else: which stage-1 path (``fused``: logits tiles computed in the kernel;
+``chunked``: cuBLAS logits per L2-sized vocabulary chunk, then a sampling pass), which
+tile configuration, and the candidate buffer's layout. A plan is a pure function of
+its inputs, so every tensor-parallel rank with the same batch plans the same launch.
+:func:`launch_stage1` then runs a plan's stage 1; stage 2 is ``launch_merge``.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+
+from ..params import RowParams
+from .configs import STAGE1_PATHS, TileConfig, choose_path, pick_config
+from .fused_sample import launch_fused
+from .layout import BufferPair, CandidateLayout
+from .sample_logits import launch_chunked
+
+
+@dataclass(frozen=True)
+class SamplePlan:
+    path: str  # "fused" | "chunked"
+    config: TileConfig
+    layout: CandidateLayout
+    logprobs: bool
+
+
+def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch.device, logprobs: bool = False,
+                config: Optional[TileConfig] = None, path: Optional[str] = None, block_v: Optional[int] = None,
+                n_shards: int = 1, batch_cap: Optional[int] = None, n_fields: Optional[int] = None) -> SamplePlan:
+    """Plan one sampling call.
+
+    weight_rows: rows of the weight (one shard's, with tensor parallelism); n_shards: how
+    many such shards the candidate buffer holds; batch_cap: the buffer's row capacity
+    (default: the batch); n_fields: fp32 fields per slot (default: what ``logprobs``
+    needs; a head sizes its buffers for the largest). config / path / block_v override
+    the choices (tests and benchmarks; block_v fixes a head's layout).
+    """
+    device = torch.device(device)
+    path = path or choose_path(batch, hidden_size, device.type)
+    if path not in STAGE1_PATHS:
+        raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
+    cfg = config or pick_config(batch, hidden_size, device.type, block_v=block_v)
+    if block_v is not None and cfg.block_v != block_v:
+        raise ValueError(f"config.block_v = {cfg.block_v} but the buffers are laid out for block_v = {block_v}")
+    layout = CandidateLayout(n_fields or CandidateLayout.fields(logprobs), triton.cdiv(weight_rows, cfg.block_v),
+                             max(batch_cap or batch, 1), n_shards)
+    return SamplePlan(path, cfg, layout, bool(logprobs))
+
+
+def launch_stage1(plan: SamplePlan, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams,
+                  dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0) -> None:
+    """Run a plan's stage 1: candidates of ``hidden @ weight.T`` into block ``shard`` of ``dest``."""
+    if hidden.shape[0] == 0:
+        return
+    launch = launch_chunked if plan.path == "chunked" else launch_fused
+    launch(hidden, weight, params, plan.config, plan.layout, dest, vocab_size=vocab_size, vocab_start=vocab_start,
+           shard=shard, logprobs=plan.logprobs)

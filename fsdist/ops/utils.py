@@ -1,0 +1,28 @@
+"""Small pieces every kernel launcher and kernel shares: per-row parameters, device flags."""
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_row_param(ptr, scalar, offs, mask, DTYPE: tl.constexpr, PER_ROW: tl.constexpr):
+    """One value per row: loaded from ptr[offs] (PER_ROW) or the scalar broadcast to offs' shape."""
+    if PER_ROW:
+        return tl.load(ptr + offs, mask=mask, other=0).to(DTYPE)
+    else:
+        return tl.full(offs.shape, 0, DTYPE) + scalar
+
+
+def row_param_args(x, dummy: torch.Tensor):
+    """(pointer, scalar, per_row) kernel arguments for a scalar-or-[B]-tensor row parameter.
+
+    dummy: any tensor on the kernel's device, passed as the pointer of a scalar parameter
+    (the kernel never reads it then)."""
+    if isinstance(x, torch.Tensor):
+        return x, 0, True
+    return dummy, x, False
+
+
+def fast_log_ok(device: torch.device) -> bool:
+    """The GPU's lg2.approx is available (NVIDIA CUDA); the interpreter and ROCm use tl.log."""
+    return device.type == "cuda" and torch.version.hip is None

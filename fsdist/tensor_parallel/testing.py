@@ -1,0 +1,30 @@
+"""The one documented door that tests and benchmarks have into a head's internals.
+
+Production code never needs it. Pass a :class:`HeadTestSeam` to
+``ShardedFlashLMHead(..., test_seam=seam)``; the head fills in the back references.
+
+* ``num_buffers``: copies of the exchange buffer (2, the default; 1 exists only so a
+  test can show that a single copy races, see step_buffers.py).
+* ``hook``: called as ``hook(point, step)`` at ``"before_stage1"`` and
+  ``"before_stage2"`` of every step, ``step`` being the host-side count (delay a rank,
+  time the pieces of a step).
+* ``step_buffers()``: the live exchange buffers (``StepBuffers``), to look at copies.
+"""
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+
+@dataclass
+class HeadTestSeam:
+    num_buffers: int = 2
+    hook: Optional[Callable[[str, int], None]] = None
+    reduction: Optional[object] = field(default=None, repr=False)  # set by the head
+
+    def step_buffers(self):
+        if self.reduction is None:
+            raise RuntimeError("this seam is not attached to a head yet")
+        return self.reduction.buffers
+
+    def call(self, point: str, step: int) -> None:
+        if self.hook is not None:
+            self.hook(point, step)
