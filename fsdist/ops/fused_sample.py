@@ -22,6 +22,7 @@ from .epilogue import row_temperature, tile_stats, write_candidates
 from .layout import BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
 from .parity import parity_args, parity_offsets
+from .step_check import call_flags, write_row_fingerprints, write_step_record
 from .utils import fast_log_ok, load_row_param, row_param_args
 
 
@@ -34,13 +35,14 @@ def fused_sample_kernel(
     stride_hb,
     buf_offset, buf_offset_i, stride_field, stride_slot,
     parity_ptr, parity_stride_f, parity_stride_i,
+    hdr_off_i, flags,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_V: tl.constexpr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
     NOISE: tl.constexpr, LOGPROBS: tl.constexpr,
     PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    FAST_LOG: tl.constexpr, DEVICE_PARITY: tl.constexpr, TMA: tl.constexpr = False,
+    FAST_LOG: tl.constexpr, DEVICE_PARITY: tl.constexpr, TMA: tl.constexpr = False, HEADER: tl.constexpr = False,
 ):
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
@@ -123,6 +125,16 @@ def fused_sample_kernel(
     dst_i = buf_offset_i + pid_v * stride_slot + offs_b
     write_candidates(cand_f, cand_i, dst, dst_i, stride_field, best_score, best_idx, best_logit, tmax, tsum, mask_b,
                      LOGPROBS, PEER_TABLE, NPEERS)
+    if HEADER:
+        # The call's header (step_check.py), written by the first vocabulary tile of each batch tile.
+        if pid_v == 0:
+            hseed = load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
+            hoffset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
+            write_row_fingerprints(cand_i, buf_offset_i + hdr_off_i, offs_b, mask_b, hseed, hoffset, temp,
+                                   PEER_TABLE, NPEERS)
+            if pid_b == 0:
+                write_step_record(cand_i, buf_offset_i + hdr_off_i + stride_slot, parity_ptr, B, flags, 0,
+                                  PEER_TABLE, NPEERS)
 
 
 def tma_operands(hidden: torch.Tensor, weight: torch.Tensor, cfg: TileConfig):
@@ -171,6 +183,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i,
         layout.stride_field, layout.stride_slot,
         par_p, par_f, par_i,
+        layout.fingerprint_slot, call_flags(logprobs, chunked=False),
         BLOCK_B=cfg.block_b, BLOCK_V=cfg.block_v, BLOCK_K=cfg.block_k,
         EVEN_K=D % cfg.block_k == 0, EVEN_V=V_rows % cfg.block_v == 0,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
@@ -179,5 +192,13 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
         FAST_LOG=fast_log_ok(hidden.device),
-        DEVICE_PARITY=par_on, TMA=tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DEVICE_PARITY=par_on, TMA=tma, HEADER=_header(layout, dest),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+
+
+def _header(layout: CandidateLayout, dest: BufferPair) -> bool:
+    """A checked layout gets the call's header; its step comes from the device counter."""
+    if layout.checked and dest.parity is None:
+        raise ValueError("a checked candidate layout needs the caller's device step counter (dest.parity)")
+    return layout.checked

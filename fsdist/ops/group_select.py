@@ -15,7 +15,9 @@ largest maximum logit M_k (T = 0 in the same formula); ties go to the lowest ran
 the lowest vocabulary id, like torch.argmax.
 
 The exchange buffer holds, per step, fp32 [n_ranks, 3, batch_cap] (LOGPROB, MAX,
-LOGSUM) and int32 [n_ranks, batch_cap] (token), batch innermost.
+LOGSUM) and int32 [n_ranks, batch_cap] (token), batch innermost; a checked layout adds
+two int32 slots per rank for the call's header (row fingerprints, step record; see
+``step_check.py``), which the publish writes and the select verifies.
 ``group_publish_kernel`` writes this rank's values into its slot of every peer's
 buffer (peer table) or of its own; ``group_select_kernel`` reads all ranks' slots and
 writes the global token, the global log-sum-exp M / T + log S (M = max_k M_k, S = sum_k
@@ -30,6 +32,7 @@ token -1 with NaN lse and logprob. Ranks whose shard has no finite logit for the
 returns -1. Nothing here knows about process groups.
 """
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
@@ -40,6 +43,7 @@ from .epilogue import row_temperature
 from .layout import BufferPair
 from .noise import STREAM_GROUP, gumbel
 from .parity import parity_args, parity_offsets
+from .step_check import HeaderCheck, check_headers, write_row_fingerprints, write_step_record
 from .utils import load_row_param, row_param_args
 
 # fp32 fields per rank and row: 0 the log-probability of the rank's local sample within its
@@ -51,10 +55,11 @@ _STREAM_GROUP = int(getattr(STREAM_GROUP, "value", STREAM_GROUP))
 
 @dataclass(frozen=True)
 class ExchangeLayout:
-    """One step's exchange buffer: fp32 [n_ranks, 3, batch_cap], int32 [n_ranks, batch_cap]."""
+    """One step's exchange buffer: fp32 [n_ranks, 3, batch_cap], int32 [n_ranks, 1 (+2), batch_cap]."""
 
     n_ranks: int
     batch_cap: int
+    checked: bool = False  # two header slots per rank (step_check.py)
 
     @property
     def stride_field(self) -> int:
@@ -66,7 +71,15 @@ class ExchangeLayout:
 
     @property
     def stride_rank_i(self) -> int:
+        return (3 if self.checked else 1) * self.batch_cap
+
+    @property
+    def fingerprint_slot(self) -> int:
         return self.batch_cap
+
+    @property
+    def record_slot(self) -> int:
+        return 2 * self.batch_cap
 
     @property
     def float_numel(self) -> int:
@@ -94,9 +107,12 @@ def _publish_store(base_f, base_i, off_f, off_i, stride_field, rows, tok, lp, m,
 @triton.jit
 def group_publish_kernel(tok_ptr, lp_ptr, stats_ptr, dst_f, dst_i, off_f, off_i, stride_field, B,
                          parity_ptr, parity_stride_f, parity_stride_i,
+                         seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, hdr_off_i, rec_off_i, flags,
                          BLOCK: tl.constexpr, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr,
-                         DEVICE_PARITY: tl.constexpr):
-    """Store (token, logprob, M, log S) of rows [0, B) at element offsets off_f / off_i.
+                         DEVICE_PARITY: tl.constexpr, SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr,
+                         TEMP_PER_ROW: tl.constexpr, HEADER: tl.constexpr):
+    """Store (token, logprob, M, log S) of rows [0, B) at element offsets off_f / off_i, and with
+    HEADER the call's header (row fingerprints at off_i + hdr_off_i, the step record at off_i + rec_off_i).
     stats_ptr: fp32 [2, B] = (M, log S) from stage 2's STATS output."""
     off_f, off_i = parity_offsets(off_f, off_i, parity_ptr, parity_stride_f, parity_stride_i, DEVICE_PARITY)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -113,6 +129,13 @@ def group_publish_kernel(tok_ptr, lp_ptr, stats_ptr, dst_f, dst_i, off_f, off_i,
             _publish_store(base_f, base_i, off_f, off_i, stride_field, rows, tok, lp, m, logs, mask)
     else:
         _publish_store(dst_f, dst_i, off_f, off_i, stride_field, rows, tok, lp, m, logs, mask)
+    if HEADER:
+        seed = load_row_param(seed_ptr, seed_val, rows, mask, tl.int64, SEED_PER_ROW)
+        offset = load_row_param(offset_ptr, offset_val, rows, mask, tl.int64, OFFSET_PER_ROW)
+        temp = load_row_param(temp_ptr, temp_val, rows, mask, tl.float32, TEMP_PER_ROW)
+        write_row_fingerprints(dst_i, off_i + hdr_off_i, rows, mask, seed, offset, temp, PEER_TABLE, NPEERS)
+        if tl.program_id(0) == 0:
+            write_step_record(dst_i, off_i + rec_off_i, parity_ptr, B, flags, 0, PEER_TABLE, NPEERS)
 
 
 @triton.jit
@@ -121,8 +144,10 @@ def group_select_kernel(
     seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
     tokens_ptr, logprob_ptr, lse_ptr, B,
     parity_ptr, parity_stride_f, parity_stride_i,
+    me, status_ptr, fp_slot, rec_slot,
     BLOCK_R: tl.constexpr, SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr,
     TEMP_PER_ROW: tl.constexpr, NOISE: tl.constexpr, STREAM: tl.constexpr, DEVICE_PARITY: tl.constexpr,
+    CHECK: tl.constexpr = False,
 ):
     base_f, base_i = parity_offsets(base_f, base_i, parity_ptr, parity_stride_f, parity_stride_i, DEVICE_PARITY)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -165,6 +190,10 @@ def group_select_kernel(
         run_sum = tl.where(run_max > float("-inf"), run_sum * tl.exp((run_max - safe) * inv_t), 0.0) \
             + tl.where(alive, tl.exp(logs_k + (m_k - safe) * inv_t), 0.0)
         run_max = new_max
+    if CHECK:
+        # Every rank's header must match this rank's (step_check.py); a mismatch poisons rows.
+        mismatch = check_headers(ex_i, base_i, me, n_ranks, stride_rank_i, fp_slot, rec_slot, rows, mask, status_ptr)
+        poisoned = poisoned | mismatch.to(tl.int32)
     bad = poisoned > 0
     failed = bad | (best_key == float("-inf"))
     # No live rank: log S = -inf and lse = -inf (log of an empty sum), without evaluating log(0).
@@ -184,9 +213,11 @@ def _block_rows(batch: int, device: torch.device) -> int:
 
 
 def launch_group_publish(tokens: torch.Tensor, logprobs: torch.Tensor, stats: torch.Tensor,
-                         layout: ExchangeLayout, dest: BufferPair, *, rank: int) -> None:
+                         layout: ExchangeLayout, dest: BufferPair, *, rank: int,
+                         params: Optional[RowParams] = None, flags: int = 0) -> None:
     """Write rows [0, B) of (tokens, logprobs, stats = (M, log S)) into slot ``rank`` of the
-    exchange buffer ``dest`` (through its peer table into every peer's, if it has one)."""
+    exchange buffer ``dest`` (through its peer table into every peer's, if it has one).
+    A checked layout also gets the call's header: needs ``params`` and ``dest.parity``."""
     B = tokens.shape[0]
     if B > layout.batch_cap:
         raise ValueError(f"batch {B} exceeds the exchange buffer's capacity {layout.batch_cap}")
@@ -194,21 +225,32 @@ def launch_group_publish(tokens: torch.Tensor, logprobs: torch.Tensor, stats: to
         raise ValueError(f"rank {rank} outside the exchange layout's {layout.n_ranks} ranks")
     if B == 0:
         return
+    if layout.checked and (params is None or dest.parity is None):
+        raise ValueError("a checked exchange layout needs params and the caller's device step counter")
     block = _block_rows(B, tokens.device)
     par_p, par_f, par_i, par_on = parity_args(dest.parity, dest.i)
+    p = params or RowParams(1.0, 0, 0)
+    seed_p, seed_v, seed_row = row_param_args(p.seed, dest.i)
+    off_p, off_v, off_row = row_param_args(p.offset, dest.i)
+    temp_p, temp_v, temp_row = row_param_args(p.temperature, dest.i)
     group_publish_kernel[(triton.cdiv(B, block),)](
         tokens, logprobs, stats, dest.f, dest.i,
         dest.base_f + rank * layout.stride_rank, dest.base_i + rank * layout.stride_rank_i, layout.stride_field, B,
         par_p, par_f, par_i,
-        BLOCK=block, PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1, DEVICE_PARITY=par_on, num_warps=4,
+        seed_p, seed_v, off_p, off_v, temp_p, float(temp_v), layout.fingerprint_slot, layout.record_slot, flags,
+        BLOCK=block, PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1, DEVICE_PARITY=par_on,
+        SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row, HEADER=layout.checked, num_warps=4,
     )
 
 
-def launch_group_select(layout: ExchangeLayout, src: BufferPair, batch: int, params: RowParams):
+def launch_group_select(layout: ExchangeLayout, src: BufferPair, batch: int, params: RowParams,
+                        check: Optional[HeaderCheck] = None):
     """Pick each row's rank from the local exchange buffer ``src``; returns (tokens int64 [B],
-    logprobs fp32 [B], logsumexp fp32 [B])."""
+    logprobs fp32 [B], logsumexp fp32 [B]). check: a checked layout's header check."""
     if src.peer_table:
         raise ValueError("group select reads this process's buffers, not a peer table")
+    if layout.checked != (check is not None):
+        raise ValueError("a checked layout needs a HeaderCheck, and only a checked layout takes one")
     device = src.f.device
     tokens = torch.empty(batch, dtype=torch.int64, device=device)
     lp = torch.empty(batch, dtype=torch.float32, device=device)
@@ -228,7 +270,9 @@ def launch_group_select(layout: ExchangeLayout, src: BufferPair, batch: int, par
             seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
             tokens, lp, lse, batch,
             par_p, par_f, par_i,
+            check.me if check else 0, check.status if check else dummy, layout.fingerprint_slot, layout.record_slot,
             BLOCK_R=block, SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
-            NOISE=not params.all_greedy, STREAM=_STREAM_GROUP, DEVICE_PARITY=par_on, num_warps=4,
+            NOISE=not params.all_greedy, STREAM=_STREAM_GROUP, DEVICE_PARITY=par_on, CHECK=check is not None,
+            num_warps=4,
         )
     return tokens, lp, lse

@@ -10,7 +10,9 @@ A *shard* is one tensor-parallel rank's block (its vocabulary range); a single G
 one. Rows are innermost so one program's stores and stage 2's loads coalesce, and the
 shard-major order lets an all-gather of per-rank blocks land in this layout as is.
 Slots are numbered shard * n_local + tile, which is vocabulary order.
-The fields are listed in ``epilogue.py``.
+The fields are listed in ``epilogue.py``. A *checked* layout (tensor parallelism) adds
+two int32 slots per shard after its tiles for the call's header (``step_check.py``):
+the row fingerprints, then the step record.
 """
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -29,6 +31,7 @@ class CandidateLayout:
     n_local: int  # vocabulary tiles per shard
     batch_cap: int
     n_shards: int = 1
+    checked: bool = False  # two header slots per shard in the int32 buffer (step_check.py)
 
     @staticmethod
     def fields(logprobs: bool) -> int:
@@ -52,7 +55,17 @@ class CandidateLayout:
 
     @property
     def stride_shard_i(self) -> int:
+        return (self.n_local + (2 if self.checked else 0)) * self.batch_cap
+
+    @property
+    def fingerprint_slot(self) -> int:
+        """int32 offset of the row fingerprints inside a shard's block (checked layouts)."""
         return self.n_local * self.batch_cap
+
+    @property
+    def record_slot(self) -> int:
+        """int32 offset of the step record inside a shard's block (checked layouts)."""
+        return (self.n_local + 1) * self.batch_cap
 
     @property
     def float_numel(self) -> int:

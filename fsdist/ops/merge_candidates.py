@@ -33,6 +33,7 @@ from ..params import RowParams
 from .epilogue import row_temperature
 from .layout import BufferPair, CandidateLayout
 from .parity import parity_args, parity_offsets
+from .step_check import HeaderCheck, check_headers
 from .utils import load_row_param, row_param_args
 
 
@@ -41,8 +42,9 @@ def merge_candidates_kernel(
     cand_f, cand_i, tokens_ptr, logprob_ptr, lse_ptr, stats_ptr,
     B, n_slots, n_local, buf_offset, buf_offset_i, stride_shard, stride_shard_i, stride_field, stride_slot,
     parity_ptr, parity_stride_f, parity_stride_i, temp_ptr, temp_val,
+    me, status_ptr, fp_slot, rec_slot,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, LOGPROBS: tl.constexpr, DEVICE_PARITY: tl.constexpr,
-    TEMP_PER_ROW: tl.constexpr, STATS: tl.constexpr,
+    TEMP_PER_ROW: tl.constexpr, STATS: tl.constexpr, CHECK: tl.constexpr = False,
 ):
     buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
                                               parity_stride_i, DEVICE_PARITY)
@@ -82,6 +84,11 @@ def merge_candidates_kernel(
             old = tl.where(run_max > float("-inf"), run_sum * tl.exp((run_max - safe) * inv_t), 0.0)
             run_sum = old + c_sum
             run_max = new_max
+    if CHECK:
+        # Every shard's header must match this rank's (step_check.py); a mismatch poisons rows.
+        mismatch = check_headers(cand_i, buf_offset_i, me, n_slots // n_local, stride_shard_i, fp_slot, rec_slot,
+                                 rows, mask_r, status_ptr)
+        poisoned = poisoned | mismatch.to(tl.int32)
     failed = (poisoned > 0) | (best == float("-inf"))
     shard = best_slot // n_local
     t = best_slot % n_local
@@ -101,16 +108,21 @@ def merge_candidates_kernel(
 
 
 def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: RowParams, *,
-                 logprobs: bool = False, stats: bool = False, blocks: Optional[Tuple[int, int]] = None):
+                 logprobs: bool = False, stats: bool = False, blocks: Optional[Tuple[int, int]] = None,
+                 check: Optional[HeaderCheck] = None):
     """Stage 2 over the local buffers ``src``: (tokens int64 [B], logprobs fp32 [B] or None,
     logsumexp fp32 [B] or None), plus, with ``stats``, fp32 [2, B] = (max raw logit M, log S)
     per row, S = sum exp((logit - M) / T) (the group-log-mass reduction publishes them).
 
     params: the rows' parameters (the temperature scales the log-sum-exp). blocks: (rows
-    per program, slots per chunk) override, for tests.
+    per program, slots per chunk) override, for tests. check: a checked layout's header
+    check (step_check.py): rows whose shards' headers disagree with shard ``check.me``'s
+    return -1 and the check's status word records why.
     """
     if src.peer_table:
         raise ValueError("stage 2 reads this process's buffers, not a peer table")
+    if layout.checked != (check is not None):
+        raise ValueError("a checked layout needs a HeaderCheck, and only a checked layout takes one")
     device = src.f.device
     stats = stats and logprobs
     tokens = torch.empty(batch, dtype=torch.int64, device=device)
@@ -133,8 +145,10 @@ def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: R
             batch, layout.n_slots, layout.n_local, src.base_f, src.base_i, layout.stride_shard,
             layout.stride_shard_i, layout.stride_field, layout.stride_slot, par_p, par_f, par_i,
             temp_p, float(temp_v),
+            check.me if check else 0, check.status if check else src.i,
+            layout.fingerprint_slot, layout.record_slot,
             BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs, DEVICE_PARITY=par_on,
-            TEMP_PER_ROW=temp_row, STATS=stats, num_warps=4,
+            TEMP_PER_ROW=temp_row, STATS=stats, CHECK=check is not None, num_warps=4,
         )
     out = (tokens, (lp if logprobs else None), (lse if logprobs else None))
     return out + (st,) if stats else out

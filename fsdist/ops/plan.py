@@ -18,6 +18,7 @@ from .configs import STAGE1_PATHS, TileConfig, choose_path, pick_config
 from .fused_sample import launch_fused
 from .layout import BufferPair, CandidateLayout
 from .sample_logits import launch_chunked
+from .step_check import call_flags
 
 
 @dataclass(frozen=True)
@@ -27,16 +28,23 @@ class SamplePlan:
     layout: CandidateLayout
     logprobs: bool
 
+    @property
+    def flags(self) -> int:
+        """The call's flags as a header records them (step_check.py)."""
+        return call_flags(self.logprobs, self.path == "chunked")
+
 
 def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch.device, logprobs: bool = False,
                 config: Optional[TileConfig] = None, path: Optional[str] = None, block_v: Optional[int] = None,
-                n_shards: int = 1, batch_cap: Optional[int] = None, n_fields: Optional[int] = None) -> SamplePlan:
+                n_shards: int = 1, batch_cap: Optional[int] = None, n_fields: Optional[int] = None,
+                checked: bool = False) -> SamplePlan:
     """Plan one sampling call.
 
     weight_rows: rows of the weight (one shard's, with tensor parallelism); n_shards: how
     many such shards the candidate buffer holds; batch_cap: the buffer's row capacity
     (default: the batch); n_fields: fp32 fields per slot (default: what ``logprobs``
-    needs; a head sizes its buffers for the largest). config / path / block_v override
+    needs; a head sizes its buffers for the largest); checked: the int32 buffer carries the
+    call's header (``step_check.py``; tensor parallelism). config / path / block_v override
     the choices (tests and benchmarks; block_v fixes a head's layout).
     """
     device = torch.device(device)
@@ -47,7 +55,7 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     if block_v is not None and cfg.block_v != block_v:
         raise ValueError(f"config.block_v = {cfg.block_v} but the buffers are laid out for block_v = {block_v}")
     layout = CandidateLayout(n_fields or CandidateLayout.fields(logprobs), triton.cdiv(weight_rows, cfg.block_v),
-                             max(batch_cap or batch, 1), n_shards)
+                             max(batch_cap or batch, 1), n_shards, checked)
     return SamplePlan(path, cfg, layout, bool(logprobs))
 
 
@@ -56,6 +64,8 @@ def launch_stage1(plan: SamplePlan, hidden: torch.Tensor, weight: torch.Tensor, 
     """Run a plan's stage 1: candidates of ``hidden @ weight.T`` into block ``shard`` of ``dest``."""
     if hidden.shape[0] == 0:
         return
+    if hidden.shape[0] > plan.layout.batch_cap:
+        raise ValueError(f"batch {hidden.shape[0]} exceeds the planned capacity {plan.layout.batch_cap}")
     launch = launch_chunked if plan.path == "chunked" else launch_fused
     launch(hidden, weight, params, plan.config, plan.layout, dest, vocab_size=vocab_size, vocab_start=vocab_start,
            shard=shard, logprobs=plan.logprobs)

@@ -32,6 +32,7 @@ from .epilogue import row_temperature, write_candidates
 from .layout import BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_quad_bits
 from .parity import parity_args, parity_offsets
+from .step_check import call_flags, write_row_fingerprints, write_step_record
 from .utils import fast_log_ok, load_row_param, row_param_args
 
 
@@ -65,11 +66,12 @@ def sample_logits_kernel(
     B, V_rows, vocab_size, vocab_start,
     buf_offset, buf_offset_i, stride_field, stride_slot,
     parity_ptr, parity_stride_f, parity_stride_i,
+    hdr_off_i, flags,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
     NOISE: tl.constexpr, LOGPROBS: tl.constexpr,
     PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr, FAST_LOG: tl.constexpr,
-    DEVICE_PARITY: tl.constexpr,
+    DEVICE_PARITY: tl.constexpr, HEADER: tl.constexpr = False,
 ):
     """Candidates of vocabulary tiles [tile_base, tile_end) from a logits chunk whose column 0
     is weight row tile_base * BLOCK_V. A program covers BLOCK_B rows and TILES tiles."""
@@ -152,6 +154,14 @@ def sample_logits_kernel(
             write_candidates(cand_f, cand_i, dst, dst_i, stride_field, best_score, best_idx, best_logit, tmax, tsum,
                              mask_b, LOGPROBS, PEER_TABLE, NPEERS)
 
+    if HEADER:
+        # The call's header (step_check.py), written by the programs that own vocabulary tile 0.
+        if (tile_base == 0) & (tl.program_id(1) == 0):
+            write_row_fingerprints(cand_i, buf_offset_i + hdr_off_i, offs_b, mask_b, seed, offset, temp,
+                                   PEER_TABLE, NPEERS)
+            if pid_b == 0:
+                write_step_record(cand_i, buf_offset_i + hdr_off_i + stride_slot, parity_ptr, B, flags, 0,
+                                  PEER_TABLE, NPEERS)
 
 def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: CandidateLayout, dest: BufferPair, *,
                          block_v: int, tiles: Tuple[int, int], V_rows: int, vocab_size: int, vocab_start: int = 0,
@@ -162,6 +172,8 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
     B = logits.shape[0]
     if B == 0 or tiles[1] <= tiles[0]:
         return
+    if layout.checked and dest.parity is None:
+        raise ValueError("a checked candidate layout needs the caller's device step counter (dest.parity)")
     dummy = dest.i
     seed_p, seed_v, seed_row = row_param_args(params.seed, dummy)
     off_p, off_v, off_row = row_param_args(params.offset, dummy)
@@ -183,12 +195,13 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
         dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i,
         layout.stride_field, layout.stride_slot,
         par_p, par_f, par_i,
+        layout.fingerprint_slot, call_flags(logprobs, chunked=True),
         BLOCK_B=block_b, BLOCK_V=block_v, TILES=tiles_per_program,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
         NOISE=not params.all_greedy, LOGPROBS=logprobs,
         PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1,
         FAST_LOG=fast_log_ok(logits.device),
-        DEVICE_PARITY=par_on, num_warps=num_warps,
+        DEVICE_PARITY=par_on, HEADER=layout.checked, num_warps=num_warps,
     )
 
 

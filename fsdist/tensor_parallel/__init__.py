@@ -9,10 +9,11 @@ Public pieces:
 
 See docs/tensor_parallel.md for the layout, the transports and how to launch.
 """
+from .health import TensorParallelMismatchError
 from .layers import REDUCTIONS, ShardedFlashLMHead
 from .testing import HeadTestSeam
 from .transports import TRANSPORTS
 from .vocab import VocabPartition, pad_vocab_size, vocab_partition
 
-__all__ = ["ShardedFlashLMHead", "HeadTestSeam", "VocabPartition", "pad_vocab_size", "vocab_partition",
+__all__ = ["ShardedFlashLMHead", "TensorParallelMismatchError", "HeadTestSeam", "VocabPartition", "pad_vocab_size", "vocab_partition",
            "TRANSPORTS", "REDUCTIONS"]

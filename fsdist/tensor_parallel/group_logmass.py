@@ -15,8 +15,10 @@ One step:
   2. publish the record into this rank's slot of the exchange buffer and exchange
      (``Transport.write_target`` / ``exchange``);
   3. group select on every rank (identical inputs, identical noise: identical result).
-The exchange buffer is doubled by step parity like the candidate buffer (the parity
-comes from the reduction's device counter; one copy with the collective transport).
+The record carries the call's header (``fsdist.ops.step_check``), checked by the select
+on every rank. The exchange buffer is doubled by step parity like the candidate buffer
+(the parity comes from the reduction's device counter; one copy with the collective
+transport).
 """
 from typing import Optional
 
@@ -36,9 +38,15 @@ class GroupLogmassReduction(Reduction):
     def _allocate(self) -> None:
         # Private: only this rank's own stages touch it, in stream order.
         self.local = None  # allocated per plan's layout below, sized for the capacity
-        self.exchange_layout = ExchangeLayout(self.tp, self.capacity)
+        self.exchange_layout = ExchangeLayout(self.tp, self.capacity, checked=True)
         self.buffers = StepBuffers(self.transport, self.exchange_layout.float_numel, self.exchange_layout.int_numel,
                                    self.counter, self.seam.num_buffers)
+
+    def _blocks(self):
+        return self.exchange_layout.stride_rank, self.exchange_layout.stride_rank_i
+
+    def _header_slots(self):
+        return self.exchange_layout.stride_rank_i, self.exchange_layout.record_slot
 
     def _release(self) -> None:
         self.buffers.free()
@@ -57,9 +65,10 @@ class GroupLogmassReduction(Reduction):
         launch_stage1(plan, hidden, weight, params, self.local, vocab_size=part.vocab_size, vocab_start=part.start)
         tok, lp, _lse, stats = launch_merge(plan.layout, self.local, B, params, logprobs=True, stats=True)
         # 2. exchange the records
-        launch_group_publish(tok, lp, stats, x, bufs.dest, rank=self.rank)
+        flags = self.plan(B, hidden.shape[1], logprobs, path, n_shards=1).flags
+        launch_group_publish(tok, lp, stats, x, bufs.dest, rank=self.rank, params=params, flags=flags)
         bufs.exchange(x.stride_rank, x.stride_rank_i)
         self.seam.call("before_stage2", step)
         # 3. choose the shard, identically on every rank
-        tokens, glp, glse = launch_group_select(x, bufs.src, B, params)
+        tokens, glp, glse = launch_group_select(x, bufs.src, B, params, check=self.header_check())
         return tokens, (glp if logprobs else None), (glse if logprobs else None)

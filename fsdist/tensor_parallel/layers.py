@@ -32,11 +32,14 @@ from torch import nn
 from .. import validation
 from ..env import apply_safe_env
 from ..ops.configs import STAGE1_PATHS, TileConfig, default_block_v
+from ..ops.step_check import ERROR_INPUT, call_flags
 from ..runtime import default_device
 from ..types import SampleOutput
 from . import agreement, transports
 from .candidates import CandidatesReduction
 from .group_logmass import GroupLogmassReduction
+from .health import TensorParallelMismatchError  # noqa: F401  (documented with forward)
+from .reduction import DEFAULT_MAX_BATCH_SIZE
 from .testing import HeadTestSeam
 from .vocab import vocab_partition
 
@@ -82,8 +85,8 @@ class ShardedFlashLMHead(nn.Module):
         device: device of the shard (default: the current CUDA device, else CPU).
         block_v: vocabulary tile of the fused kernel. It fixes the exchange buffer's
             layout, so it is chosen once here (default: fsdist.ops.configs.default_block_v).
-        max_batch_size: allocate exchange buffers for this batch at construction (they
-            grow collectively on first use of a larger batch otherwise).
+        max_batch_size: rows the exchange buffers hold (default 256), allocated here. A
+            larger batch raises (on every rank); grow with :meth:`reserve` on every rank.
         test_seam: tests and benchmarks only (``fsdist.tensor_parallel.testing``).
 
     Attributes: ``weight`` [V_padded / tp, D], this rank's contiguous rows
@@ -100,9 +103,20 @@ class ShardedFlashLMHead(nn.Module):
         what = "ShardedFlashLMHead"
         seam = test_seam if test_seam is not None else HeadTestSeam()
 
-        # ---- local argument checks (errors are raised after the gather, on every rank) ----
+        initialized = dist.is_available() and dist.is_initialized()
+        group, rank, tp = None, 0, 1
+        if initialized:
+            group = tp_group if tp_group is not None else dist.group.WORLD
+            rank = dist.get_rank(group)
+            if rank < 0:
+                raise ValueError(f"{what}: this process is not a member of tp_group")
+            tp = dist.get_world_size(group)
+
+        # ---- local work that can fail: any error is raised after the gather, on every rank ----
         error = None
-        dev = None
+        dev = partition = weight = None
+        probe = {"ok": True, "why": ""}
+        max_batch_size = DEFAULT_MAX_BATCH_SIZE if max_batch_size is None else max_batch_size
         try:
             _positive_int(hidden_size, "hidden_size")
             _positive_int(vocab_size, "vocab_size")
@@ -112,8 +126,7 @@ class ShardedFlashLMHead(nn.Module):
             if seam.num_buffers not in (1, 2):
                 raise ValueError(f"test_seam.num_buffers must be 1 or 2 (a parity picks the copy), "
                                  f"got {seam.num_buffers}")
-            if max_batch_size is not None:
-                _positive_int(max_batch_size, "max_batch_size")
+            _positive_int(max_batch_size, "max_batch_size")
             if params_dtype not in validation.SUPPORTED_DTYPES:
                 raise TypeError(f"params_dtype must be one of bf16/fp16/fp32, got {params_dtype}")
             transports.check_transport_name(transport)
@@ -122,30 +135,29 @@ class ShardedFlashLMHead(nn.Module):
             validation.check_device_runnable(dev)
             block_v = block_v or default_block_v(dev.type)
             TileConfig(16, block_v, 16)  # validates block_v (power of two >= 16)
-        except (TypeError, ValueError) as e:
+            partition = vocab_partition(vocab_size, tp, rank, make_vocab_size_divisible_by)
+            if partition.start % 4 or partition.rows % 4:
+                # The noise is drawn in Philox quads of 4 consecutive ids (fsdist.ops.noise): a
+                # rank's range must start on a quad.
+                raise ValueError(f"make_vocab_size_divisible_by must be a multiple of 4 with tensor parallelism "
+                                 f"(each rank's vocabulary range must start at a multiple of 4), got "
+                                 f"{make_vocab_size_divisible_by} with tp_size {tp}")
+            probe = transports.probe(transport, dev)
+            weight = torch.empty(partition.rows, hidden_size, dtype=params_dtype, device=dev)
+        except Exception as e:  # anything: a rank that raised alone would leave its peers in the gather
             error = f"{type(e).__name__}: {e}"
-
-        if not (dist.is_available() and dist.is_initialized()):
+        if not initialized:
             if error:
                 raise ValueError(f"{what}: {error}")
             raise RuntimeError(f"{what} needs torch.distributed to be initialised (e.g. "
                                "fsdist.distributed.init_distributed(), under torchrun or mpirun)")
-        group = tp_group if tp_group is not None else dist.group.WORLD
-        rank = dist.get_rank(group)
-        if rank < 0:
-            raise ValueError(f"{what}: this process is not a member of tp_group")
-        tp = dist.get_world_size(group)
 
         local = {"error": error, "hidden_size": hidden_size, "vocab_size": vocab_size, "tp_size": tp,
                  "params_dtype": str(params_dtype), "transport": transport, "reduction": reduction,
                  "block_v": block_v, "make_vocab_size_divisible_by": make_vocab_size_divisible_by,
                  "num_buffers": seam.num_buffers, "max_batch_size": max_batch_size,
                  "device_type": dev.type if dev is not None else None,
-                 "padded_vocab_size": None, "probe": {"ok": True, "why": ""}}
-        if error is None:
-            local["padded_vocab_size"] = vocab_partition(vocab_size, tp, rank,
-                                                         make_vocab_size_divisible_by).padded_vocab_size
-            local["probe"] = transports.probe(transport, dev)
+                 "padded_vocab_size": partition.padded_vocab_size if partition else None, "probe": probe}
         gathered = agreement.gather(local, group)
         agreement.raise_local_errors(gathered, what)
         agreement.check_agreement(gathered, what)
@@ -164,17 +176,15 @@ class ShardedFlashLMHead(nn.Module):
         self.block_v = block_v
         self.reduction = reduction
         self.transport_name = resolved
-        self.partition = vocab_partition(vocab_size, tp, rank, make_vocab_size_divisible_by)
-        self.weight = nn.Parameter(torch.empty(self.partition.rows, hidden_size, dtype=params_dtype, device=dev))
+        self.partition = partition
+        self.weight = nn.Parameter(weight)
         with torch.no_grad():
             self.weight.normal_(0.0, 0.02)
             self.weight[self.partition.valid_rows:].zero_()
         self.transport = transports.make_transport(resolved, group, dev)
-        self._reduction = REDUCTIONS[reduction](self.transport, self.partition, block_v, dev, seam)
+        self._reduction = REDUCTIONS[reduction](self.transport, self.partition, block_v, dev, seam, max_batch_size)
         seam.reduction = self._reduction
         self._step = 0
-        if max_batch_size is not None:
-            self._reduction.ensure_capacity(max_batch_size)
 
     # ---- vocabulary range -------------------------------------------------------------
     @property
@@ -191,7 +201,8 @@ class ShardedFlashLMHead(nn.Module):
 
     @property
     def max_batch_size(self) -> int:
-        """Rows the exchange buffers hold now (0 before the first call without max_batch_size)."""
+        """Rows the exchange buffers hold (the constructor's max_batch_size rounded up to a power
+        of two, at least 16; grown by :meth:`reserve`)."""
         return self._reduction.capacity
 
     @property
@@ -240,9 +251,43 @@ class ShardedFlashLMHead(nn.Module):
         same shape, dtype and device as ``head.weight``, contiguous). ``path``: stage 1
         as "fused" (logits in the kernel) or "chunked" (cuBLAS logits per L2-sized
         chunk, then the same epilogue); None chooses by batch size like fsdist.sample.
+        ``check``: also validate the values inside per-row tensors (synchronises).
+
+        Errors never leave the group out of step. A bad argument on this rank raises here
+        *after* this rank has taken part in the step (it publishes an error header instead
+        of candidates), so its peers are not left waiting; they return -1 for the step and
+        raise :class:`TensorParallelMismatchError` (at once on CPU, within a call or two on
+        a GPU, or from :meth:`check`). Ranks that made different calls (batch size, flags,
+        step count, per-row parameters) get the same treatment.
         """
         if self.transport.closed:
             raise RuntimeError("this ShardedFlashLMHead was closed")
+        try:
+            hidden, w, params, return_logprobs = self._prepare(hidden, temperature, seed, offset, return_logprobs,
+                                                               weight, path, check)
+        except Exception:
+            # Take part in the step anyway, with an error header and no candidates.
+            self._reduction.skip_step(-1, 0, ERROR_INPUT, self._step)
+            self._step += 1
+            raise
+        B = hidden.shape[0]
+        if B == 0:
+            # Nothing to sample, but the step still happens on every rank (headers alone).
+            self._reduction.skip_step(0, call_flags(return_logprobs, False), 0, self._step)
+            empty = torch.empty(0, dtype=torch.float32, device=self.device)
+            out = SampleOutput(torch.empty(0, dtype=torch.int64, device=self.device),
+                               empty if return_logprobs else None, empty.clone() if return_logprobs else None)
+        else:
+            # The exchange buffer's copy is chosen on the device (step_counter), not from self._step:
+            # a host integer would be frozen into a captured CUDA graph. self._step feeds the test seam.
+            out = SampleOutput(*self._reduction.run(hidden, w, params, return_logprobs, path, self._step))
+        self._step += 1
+        monitor = self._reduction.monitor
+        monitor.raise_if_mismatched(monitor.poll())
+        return out
+
+    def _prepare(self, hidden, temperature, seed, offset, return_logprobs, weight, path, check):
+        """Every local check of a forward call; raises on a bad argument."""
         validation.check_hidden(hidden, hidden_size=self.hidden_size)
         if hidden.device != self.device:
             raise ValueError(f"hidden is on {hidden.device} but the head lives on {self.device}")
@@ -255,23 +300,29 @@ class ShardedFlashLMHead(nn.Module):
             w = weight
         validation.check_weight(w, hidden, name="weight" if weight is None else "weight override")
         B = hidden.shape[0]
+        if B > self.max_batch_size:
+            raise ValueError(f"batch {B} exceeds the head's max_batch_size {self.max_batch_size}: construct the "
+                             "head with a larger max_batch_size, or call head.reserve(batch) on every rank")
         params = validation.row_params(temperature, seed, offset, B, hidden.device)
         if check:
             validation.check_row_values(params)
-        return_logprobs = bool(return_logprobs)
         if path is not None and path not in STAGE1_PATHS:
             raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
-        if B == 0:
-            empty = torch.empty(0, dtype=torch.float32, device=self.device)
-            return SampleOutput(torch.empty(0, dtype=torch.int64, device=self.device),
-                                empty if return_logprobs else None, empty.clone() if return_logprobs else None)
         if hidden.stride(1) != 1:
             hidden = hidden.contiguous()
-        # The exchange buffer's copy is chosen on the device (step_counter), not from self._step:
-        # a host integer would be frozen into a captured CUDA graph. self._step feeds the test seam.
-        tokens, lp, lse = self._reduction.run(hidden, w.detach(), params, return_logprobs, path, self._step)
-        self._step += 1  # after run: a step refused before launching anything (e.g. growth in capture) is no step
-        return SampleOutput(tokens, lp, lse)
+        return hidden, w.detach(), params, bool(return_logprobs)
+
+    def reserve(self, batch_size: int) -> None:
+        """Grow the exchange buffers to hold ``batch_size`` rows. Collective: call on every rank
+        with the same value, outside CUDA-graph capture and before capturing."""
+        _positive_int(batch_size, "batch_size")
+        self._reduction.reserve(batch_size)
+
+    def check(self) -> None:
+        """Raise TensorParallelMismatchError if the group has diverged (synchronises with the
+        device; the forward path finds out without synchronising, a little later on a GPU)."""
+        monitor = self._reduction.monitor
+        monitor.raise_if_mismatched(monitor.check())
 
     # ---- lifetime ---------------------------------------------------------------------
     def close(self) -> None:

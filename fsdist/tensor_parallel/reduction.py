@@ -1,39 +1,46 @@
-"""Common base of the two cross-rank reductions: planning, batch capacity, step bookkeeping.
+"""Common base of the two cross-rank reductions: planning, buffers, step bookkeeping.
+
+Every call of the head is one *step* on every rank, and every step goes through the
+same exchange on every rank, whatever happened locally: a normal step publishes this
+rank's candidates (or group-log-mass record) with the call's header
+(``fsdist.ops.step_check``); a rank that hit a local error, or has an empty batch,
+publishes a header alone (:meth:`Reduction.skip_step`). So no rank ever waits in an
+exchange that a peer skipped, and every rank's merge sees what every other rank did.
 
 The step counter that picks the exchange buffer's copy lives here, in device memory
-(``counter``, one int64), so that it survives buffer reallocation and a CUDA graph
-captured around a step reads and advances it at replay time (see step_buffers.py).
+(``counter``, one int64), so that a CUDA graph captured around a step reads and advances
+it at replay time (see step_buffers.py); the header's step word is read from it too.
 
-Buffers are laid out for a batch capacity (batch is the innermost dimension). When a
-larger batch arrives the buffers are reallocated, collectively: every rank sees the
-same batch size (the head's contract), so every rank grows at the same step. Capacity
-grows to the next power of two (at least 16) so a slowly growing batch reallocates
-only a few times. Growing allocates symmetric memory, so it must not happen while a
-CUDA graph is being captured: warm up with the largest batch first, or pass
-``max_batch_size`` to the head. Growing after a capture would free buffers the graph
-still points into, so that raises too.
+Buffers are laid out for a batch capacity fixed at construction (``max_batch_size``)
+and grown only by :meth:`reserve`, a collective every rank calls. A forward never grows
+them: growing inside a step would be a collective that a rank with another batch size
+skips, i.e. a hang. A batch larger than the capacity is a local error like any other.
 """
 from typing import Optional, Tuple
 
 import torch
-import triton
 
 from ..ops.plan import SamplePlan, plan_sample
+from ..ops.step_check import HeaderCheck, launch_step_record, launch_verify_step
 from ..params import RowParams
+from .health import StepMonitor
 from .testing import HeadTestSeam
 from .transports.base import Transport
 from .vocab import VocabPartition
 
+DEFAULT_MAX_BATCH_SIZE = 256
+
 
 def capacity_for(batch: int) -> int:
-    return max(16, triton.next_power_of_2(max(1, batch)))
+    """Rows to allocate for ``batch``: the next power of two, at least 16."""
+    return max(16, 1 << (max(1, batch) - 1).bit_length())
 
 
 class Reduction:
     """Owns the exchange buffers of one head; ``run`` does one sampling step."""
 
     def __init__(self, transport: Transport, partition: VocabPartition, block_v: int, device: torch.device,
-                 seam: HeadTestSeam):
+                 seam: HeadTestSeam, max_batch_size: int):
         self.transport = transport
         self.partition = partition
         self.block_v = block_v
@@ -41,16 +48,19 @@ class Reduction:
         self.device = device
         self.rank = transport.rank
         self.tp = transport.world_size
-        self.n_local = triton.cdiv(partition.rows, block_v)  # vocabulary tiles per rank
+        self.n_local = -(-partition.rows // block_v)  # vocabulary tiles per rank
         self.capacity = 0
-        self.buffers = None  # StepBuffers once a batch has arrived
+        self.buffers = None  # StepBuffers
         # Steps run on the device (eager calls and graph replays); parity = copy in use.
         # int64: never wraps in practice.
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+        self.monitor = StepMonitor(device, where=f"rank {self.rank} of {self.tp}")
         self.captured = False  # a CUDA graph holds pointers into the current buffers
+        self.reserve(max_batch_size)
 
-    # subclasses: allocate / free their buffers for self.capacity, and one step
+    # ---- subclasses ----------------------------------------------------------------
     def _allocate(self) -> None:
+        """Allocate the buffers for self.capacity (collective)."""
         raise NotImplementedError
 
     def _release(self) -> None:
@@ -58,44 +68,71 @@ class Reduction:
 
     def _sample(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, logprobs: bool,
                 path: Optional[str], step: int) -> Tuple:
-        """One step on buffers of sufficient capacity: (tokens, logprobs or None, lse or None)."""
+        """One step: (tokens, logprobs or None, lse or None)."""
         raise NotImplementedError
 
-    def plan(self, batch: int, hidden_size: int, logprobs: bool, path: Optional[str], n_shards: int) -> SamplePlan:
+    def _blocks(self) -> Tuple[int, int]:
+        """(fp32, int32) elements of one rank's block of the exchange buffers."""
+        raise NotImplementedError
+
+    def _header_slots(self) -> Tuple[int, int]:
+        """(int32 stride between ranks' blocks, offset of the step record inside a block)."""
+        raise NotImplementedError
+
+    # ---- shared ----------------------------------------------------------------------
+    def plan(self, batch: int, hidden_size: int, logprobs: bool, path: Optional[str], n_shards: int,
+             n_fields: Optional[int] = None, checked: bool = False) -> SamplePlan:
         """Stage 1 of this rank's shard, into a buffer of the current capacity with n_shards blocks."""
         return plan_sample(batch=batch, hidden_size=hidden_size, weight_rows=self.partition.rows, device=self.device,
                            logprobs=logprobs, path=path, block_v=self.block_v, n_shards=n_shards,
-                           batch_cap=self.capacity)
+                           batch_cap=self.capacity, n_fields=n_fields, checked=checked)
+
+    def header_check(self) -> HeaderCheck:
+        return HeaderCheck(self.rank, self.monitor.status)
+
+    def _note_capture(self) -> None:
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            self.captured = True
 
     def run(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, logprobs: bool,
             path: Optional[str], step: int) -> Tuple:
-        """One sampling step across the group. ``step`` is the host count, for the test seam only:
-        the exchange buffer's copy comes from ``self.counter``."""
-        self.ensure_capacity(hidden.shape[0])
-        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            self.captured = True
+        """One sampling step across the group (the batch fits the capacity: the head checked).
+        ``step`` is the host count, for the test seam only: the exchange buffer's copy and the
+        header's step come from ``self.counter``."""
+        self._note_capture()
         out = self._sample(hidden, weight, params, logprobs, path, step)
-        # Stream ordered after stage 2 has read this step's copy, and captured by a graph,
-        # so every replay advances it too.
-        self.counter.add_(1)
+        self._end_step()
         return out
 
-    def ensure_capacity(self, batch: int) -> None:
-        """Collective when it (re)allocates; a no-op when the batch fits."""
+    def skip_step(self, batch: int, flags: int, error: int, step: int) -> None:
+        """Take part in a step without candidates: publish a header alone, exchange, check the
+        records. What a rank does on a local error (error != 0) or an empty batch."""
+        self._note_capture()
+        stride_i, record = self._header_slots()
+        self.seam.call("before_stage1", step)
+        launch_step_record(self.buffers.dest, self.rank * stride_i + record, batch, flags, error)
+        self.buffers.exchange(*self._blocks())
+        self.seam.call("before_stage2", step)
+        launch_verify_step(self.buffers.src, self.rank, self.tp, stride_i, record, self.monitor.status)
+        self._end_step()
+
+    def _end_step(self) -> None:
+        # Stream ordered after this step's merge has read its copy, and captured by a graph,
+        # so every replay advances it too.
+        self.counter.add_(1)
+        self.monitor.after_step()
+
+    def reserve(self, batch: int) -> None:
+        """Make the buffers hold ``batch`` rows. Collective when it (re)allocates: every rank
+        must call it with the same value; a no-op when the batch fits."""
         if batch <= self.capacity:
             return
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"batch {batch} exceeds the tensor-parallel head's buffer capacity {self.capacity} while a "
-                "CUDA graph is being captured; growing needs a collective allocation. Warm up with the "
-                "largest batch first (one eager step before capturing), or construct the head with "
-                "max_batch_size.")
+            raise RuntimeError(f"reserve({batch}) during CUDA-graph capture: growing needs a collective allocation")
         if self.captured:
             raise RuntimeError(
-                f"batch {batch} exceeds the tensor-parallel head's buffer capacity {self.capacity}, and a CUDA "
-                "graph was captured on the current buffers: growing would free memory the graph still uses. "
-                "Warm up with the largest batch first (before any capture), or construct the head with "
-                "max_batch_size.")
+                f"reserve({batch}) after a CUDA graph was captured on the current buffers: growing would free "
+                "memory the graph still uses. Reserve the largest batch before any capture.")
         if self.capacity:
             self._release()
         self.capacity = capacity_for(batch)

@@ -42,31 +42,37 @@ print("LOWERED", spec["kernel"], len(str(mod)))
 ROW_PARAMS = {"seed_ptr": "*i64", "seed_val": "i64", "offset_ptr": "*i64", "offset_val": "i64",
               "temp_ptr": "*fp32", "temp_val": "fp32"}
 PARITY = {"parity_ptr": "*i64", "parity_stride_f": "i32", "parity_stride_i": "i32"}
+CHECK = {"me": "i32", "status_ptr": "*i32", "fp_slot": "i32", "rec_slot": "i32"}
 STAGE1 = dict(h_ptr="*bf16", w_ptr="*bf16", cand_f="*i64",
               cand_i="*i64", B="i32", D="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", stride_hb="i32",
-              buf_offset="i32", buf_offset_i="i32", stride_field="i32", stride_slot="i32", **ROW_PARAMS, **PARITY)
+              buf_offset="i32", buf_offset_i="i32", stride_field="i32", stride_slot="i32", hdr_off_i="i32", flags="i32",
+              **ROW_PARAMS, **PARITY)
 STAGE1_CONST = dict(BLOCK_B=16, BLOCK_V=128, BLOCK_K=128, EVEN_K=True, EVEN_V=True, SEED_PER_ROW=True,
                     OFFSET_PER_ROW=True, TEMP_PER_ROW=True, NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4,
-                    DOT_PRECISION="tf32", DOT_UPCAST=False, FAST_LOG=True, DEVICE_PARITY=True, TMA=False)
+                    DOT_PRECISION="tf32", DOT_UPCAST=False, FAST_LOG=True, DEVICE_PARITY=True, TMA=False, HEADER=True)
 
 CASES = {
     "group_select": dict(
         module="fsdist.ops.group_select", kernel="group_select_kernel",
         types=dict(ex_f="*fp32", ex_i="*i32", base_f="i32", base_i="i32", stride_rank="i32", stride_field="i32",
                    stride_rank_i="i32", n_ranks="i32", tokens_ptr="*i64", logprob_ptr="*fp32", lse_ptr="*fp32",
-                   B="i32", **ROW_PARAMS, **PARITY),
+                   B="i32", **ROW_PARAMS, **PARITY, **CHECK),
         constexprs=dict(BLOCK_R=128, SEED_PER_ROW=True, OFFSET_PER_ROW=False, TEMP_PER_ROW=True, NOISE=True,
-                        STREAM=1, DEVICE_PARITY=True)),
+                        STREAM=1, DEVICE_PARITY=True, CHECK=True)),
     "group_publish_peers": dict(
         module="fsdist.ops.group_select", kernel="group_publish_kernel",
         types=dict(tok_ptr="*i64", lp_ptr="*fp32", stats_ptr="*fp32", dst_f="*i64", dst_i="*i64", off_f="i32",
-                   off_i="i32", stride_field="i32", B="i32", **PARITY),
-        constexprs=dict(BLOCK=128, PEER_TABLE=True, NPEERS=4, DEVICE_PARITY=True)),
+                   off_i="i32", stride_field="i32", B="i32", hdr_off_i="i32", rec_off_i="i32", flags="i32",
+                   **ROW_PARAMS, **PARITY),
+        constexprs=dict(BLOCK=128, PEER_TABLE=True, NPEERS=4, DEVICE_PARITY=True, SEED_PER_ROW=True,
+                        OFFSET_PER_ROW=True, TEMP_PER_ROW=True, HEADER=True)),
     "group_publish_local": dict(
         module="fsdist.ops.group_select", kernel="group_publish_kernel",
         types=dict(tok_ptr="*i64", lp_ptr="*fp32", stats_ptr="*fp32", dst_f="*fp32", dst_i="*i32", off_f="i32",
-                   off_i="i32", stride_field="i32", B="i32", **PARITY),
-        constexprs=dict(BLOCK=128, PEER_TABLE=False, NPEERS=1, DEVICE_PARITY=False)),
+                   off_i="i32", stride_field="i32", B="i32", hdr_off_i="i32", rec_off_i="i32", flags="i32",
+                   **ROW_PARAMS, **PARITY),
+        constexprs=dict(BLOCK=128, PEER_TABLE=False, NPEERS=1, DEVICE_PARITY=False, SEED_PER_ROW=False,
+                        OFFSET_PER_ROW=False, TEMP_PER_ROW=False, HEADER=False)),
     "stage1_fused_peers_parity": dict(
         module="fsdist.ops.fused_sample", kernel="fused_sample_kernel", types=STAGE1, constexprs=STAGE1_CONST),
     "stage1_fused_tma": dict(  # the operands as tensor descriptors (TileConfig.tma)
@@ -77,17 +83,27 @@ CASES = {
         module="fsdist.ops.sample_logits", kernel="sample_logits_kernel",
         types=dict(logits_ptr="*fp32", stride_lb="i32", tile_base="i32", tile_end="i32", cand_f="*i64", cand_i="*i64",
                    B="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", buf_offset="i32", buf_offset_i="i32",
-                   stride_field="i32", stride_slot="i32", **ROW_PARAMS, **PARITY),
+                   stride_field="i32", stride_slot="i32", hdr_off_i="i32", flags="i32", **ROW_PARAMS, **PARITY),
         constexprs=dict(BLOCK_B=32, BLOCK_V=128, TILES=2, SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True,
                         NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4, FAST_LOG=True,
-                        DEVICE_PARITY=True)),
+                        DEVICE_PARITY=True, HEADER=True)),
     "stage2_parity": dict(
         module="fsdist.ops.merge_candidates", kernel="merge_candidates_kernel",
         types=dict(cand_f="*fp32", cand_i="*i32", tokens_ptr="*i64", logprob_ptr="*fp32", lse_ptr="*fp32",
                    stats_ptr="*fp32", B="i32", n_slots="i32", n_local="i32", buf_offset="i32", buf_offset_i="i32",
                    stride_shard="i32", stride_shard_i="i32", stride_field="i32", stride_slot="i32", temp_ptr="*fp32",
-                   temp_val="fp32", **PARITY),
-        constexprs=dict(BLOCK_R=2, BLOCK_S=1024, LOGPROBS=True, DEVICE_PARITY=True, TEMP_PER_ROW=True, STATS=True)),
+                   temp_val="fp32", **PARITY, **CHECK),
+        constexprs=dict(BLOCK_R=2, BLOCK_S=1024, LOGPROBS=True, DEVICE_PARITY=True, TEMP_PER_ROW=True, STATS=True,
+                        CHECK=True)),
+    "step_record_peers": dict(
+        module="fsdist.ops.step_check", kernel="step_record_kernel",
+        types=dict(dst_i="*i64", off_i="i32", batch="i32", flags="i32", error="i32", **PARITY),
+        constexprs=dict(PEER_TABLE=True, NPEERS=4)),
+    "verify_step": dict(
+        module="fsdist.ops.step_check", kernel="verify_step_kernel",
+        types=dict(src_i="*i32", base_i="i32", me="i32", n_writers="i32", stride_writer_i="i32", rec_slot="i32",
+                   status_ptr="*i32", **PARITY),
+        constexprs=dict()),
 }
 
 

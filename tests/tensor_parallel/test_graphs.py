@@ -75,8 +75,14 @@ def test_device_counter_alternates_the_exchange_copy(dist_ctx, transport, reduct
         k = (before & 1) if peer else 0
         used.append(k)
         ints = [bufs.copy(j)[1].view(world, -1, cap) for j in range(bufs.num_buffers)]
-        assert bool((ints[k][:, :, :B] != SENT).all()), f"step {s}: copy {k} lacks some rank's entries"
-        assert bool((ints[k][:, :, B:] == SENT).all()), f"step {s}: rows past the batch were written"
+        # Per rank: the entry slots (tiles, or the group record's token), then the call's header:
+        # row fingerprints and the 4-word step record (fsdist.ops.step_check).
+        entries, fps, record = ints[k][:, :-2], ints[k][:, -2], ints[k][:, -1]
+        assert bool((entries[:, :, :B] != SENT).all()), f"step {s}: copy {k} lacks some rank's entries"
+        assert bool((entries[:, :, B:] == SENT).all()), f"step {s}: rows past the batch were written"
+        assert bool((fps[:, :B] != SENT).all()) and bool((fps[:, B:] == SENT).all()), f"step {s}: fingerprints"
+        assert record[:, 1].tolist() == [B] * world, f"step {s}: step records {record[:, :4].tolist()}"
+        assert bool((record[:, 4:] == SENT).all())
         if peer:
             assert bool((ints[1 - k] == SENT).all()), f"step {s}: copy {1 - k} was written"
         _check_tokens(reduction, out, h, W, seeds, 500 + s, world)

@@ -129,20 +129,23 @@ def test_group_logmass_matches_float64_mirror(dist_ctx, transport):
 
 @mpi
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_batch_growth_empty_batch_and_nan_rows(dist_ctx, reduction):
+def test_batch_sizes_reserve_empty_batch_and_nan_rows(dist_ctx, reduction):
     V, D = 1000, 16
     W, h = problem(V, D, 40, torch.float32, seed=7, device=dist_ctx.device)
-    head = make_head(dist_ctx, D, V, W, reduction=reduction, transport=ALL_TRANSPORTS[-1])
-    caps = []
+    head = make_head(dist_ctx, D, V, W, reduction=reduction, transport=ALL_TRANSPORTS[-1], max_batch_size=10)
+    assert head.max_batch_size == 16
+    with pytest.raises(ValueError, match="exceeds the head's max_batch_size 16"):
+        head(h[:40], seed=2)  # every rank raises alike and the group stays in step
+    head.reserve(40)  # collective, every rank
+    assert head.max_batch_size == 64
     for B in (3, 40, 0, 5):
         out = head(h[:B], seed=2, offset=B, return_logprobs=True)
-        caps.append(head.max_batch_size)
         assert out.tokens.shape == (B,) and out.logprobs.shape == (B,)
         if reduction == "candidates" and B:
             assert torch.equal(out.tokens, fsdist.sample(h[:B], W, seed=2, offset=B, vocab_size=V).tokens)
         assert bool((out.tokens >= 0).all()) and bool((out.tokens < V).all())
-    assert caps == [16, 64, 64, 64]
-    assert head.step == 3  # the empty batch is not a step
+    assert head.step == 5  # every call is a step, the refused and the empty one included
+    head.check()
     bad = h[:6].clone()
     bad[2, 0] = float("nan")
     out = head(bad, seed=1, return_logprobs=True)
@@ -160,6 +163,9 @@ def test_max_batch_size_preallocates(dist_ctx):
     assert head.max_batch_size == 128
     head(h, seed=3)
     assert head.max_batch_size == 128
+    head.close()
+    head = make_head(dist_ctx, D, V, W, transport="collective")
+    assert head.max_batch_size == 256  # the default
     head.close()
 
 

@@ -31,7 +31,7 @@ def test_chi_squared_and_logprobs(dist_ctx, reduction, transport):
     # block_v = 128 (not the interpreter's default 512): tiles no wider than a shard keep
     # the interpreter's work, and the test's runtime, proportional to the shard.
     head = fsdist.ShardedFlashLMHead(D, V, transport=transport, reduction=reduction, params_dtype=torch.bfloat16,
-                                     device=dist_ctx.device, block_v=128)
+                                     device=dist_ctx.device, block_v=128, max_batch_size=N_SAMPLES)
     head.load_full_weight(W)
     h = h1.expand(N_SAMPLES, D).contiguous()
     seeds = torch.arange(N_SAMPLES, dtype=torch.int64, device=dist_ctx.device) * 1_000_003 + 12345

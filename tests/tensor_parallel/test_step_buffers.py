@@ -7,8 +7,11 @@ rank is delayed exactly there: after the barrier, before its stage 2 (plus, on s
 steps, before stage 1, which only makes the others wait). With two buffers (parity)
 step s+1 writes the other copy and every step's tokens equal the reference. With the
 ``HeadTestSeam(num_buffers=1)`` knob the same schedule makes the slow rank reduce candidates
-of the next step, and the test checks that this is detected -- the race test is not
-vacuous.
+of the next step, and the test checks that this is noticed -- the race test is not
+vacuous. (It is now usually caught twice: the next step's header no longer matches, so
+the slow rank gets -1 and a TensorParallelMismatchError instead of wrong tokens; the
+header is written first on the interpreter, but a GPU gives no such order, which is why
+the double buffer, not the header, is what prevents the race.)
 
 The reference is a ``collective`` head (whose all-gather cannot race) with the same
 reduction, seeds and offsets: the tokens do not depend on the transport.
@@ -19,7 +22,7 @@ import pytest
 import torch
 
 import fsdist
-from fsdist.tensor_parallel import HeadTestSeam
+from fsdist.tensor_parallel import HeadTestSeam, TensorParallelMismatchError
 from tp_helpers import PEER_TRANSPORTS, gather_objects, problem
 
 V, D, B = 1000, 16, 16
@@ -45,9 +48,20 @@ def run_steps(ctx, reduction, transport, steps, num_buffers=2, slow=None, scale=
 
         seam.hook = hook
     seeds = torch.arange(B, dtype=torch.int64, device=ctx.device) + 100
-    tokens = [head(h, seed=seeds, offset=1000 + s).tokens.cpu() for s in range(steps)]
+    tokens = []
+    for s in range(steps):
+        # A mismatch error is raised after this rank took part in the step, so the ranks stay
+        # in step whatever each one sees: record it and go on.
+        try:
+            tokens.append(head(h, seed=seeds, offset=1000 + s).tokens.cpu())
+        except TensorParallelMismatchError:
+            tokens.append(None)
     head.close()
     return tokens
+
+
+def differs(got, ref):
+    return got is None or not torch.equal(got, ref)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -56,9 +70,9 @@ def test_slow_rank_with_double_buffering(dist_ctx, reduction):
     steps = 30
     ref = run_steps(dist_ctx, reduction, "collective", steps)
     got = run_steps(dist_ctx, reduction, PEER_TRANSPORTS[0], steps, num_buffers=2, slow=dist_ctx.world_size - 1)
-    bad = [s for s in range(steps) if not torch.equal(got[s], ref[s])]
+    bad = [s for s in range(steps) if differs(got[s], ref[s])]
     everyone = gather_objects(bad)
-    assert all(not b for b in everyone), f"steps with wrong tokens, per rank: {everyone}"
+    assert all(not b for b in everyone), f"steps with wrong tokens or errors, per rank: {everyone}"
 
 
 @pytest.mark.mpi(min_size=2)
@@ -69,8 +83,8 @@ def test_single_buffer_race_is_detected(dist_ctx, reduction):
     # Longer delays than above: the fast ranks must finish the next stage 1 inside the window.
     got = run_steps(dist_ctx, reduction, PEER_TRANSPORTS[0], steps, num_buffers=1, slow=dist_ctx.world_size - 1,
                     scale=2.5)
-    bad = [s for s in range(steps) if not torch.equal(got[s], ref[s])]
+    bad = [s for s in range(steps) if differs(got[s], ref[s])]
     everyone = gather_objects(bad)
-    print(f"[rank {dist_ctx.rank}] {reduction}, one buffer: wrong steps per rank {everyone}")
+    print(f"[rank {dist_ctx.rank}] {reduction}, one buffer: noticed steps per rank {everyone}")
     assert sum(len(b) for b in everyone) > 0, "single buffering with a slow rank went unnoticed"
     assert everyone[-1], "the slow rank should be the one reading overwritten slots"

@@ -1,0 +1,195 @@
+"""A fingerprint of each call, written with the candidates, checked where they are merged.
+
+Callers that write into a shared buffer from several processes (the tensor-parallel
+head) must all make the *same* call: same step, same batch, same flags, same per-row
+parameters. Checking that on the host would take a collective per step; instead every
+writer stores, next to its candidates, a small header:
+
+* a **step record** of RECORD_WORDS int32: the step (the low 31 bits of the device step
+  counter the caller keeps, see parity.py), the batch size, the call's flags, and an
+  error word (non-zero: this writer hit a local error and wrote no candidates; writers
+  that all report the same error made the same call, which is not a mismatch);
+* a **row fingerprint** per row: 32 bits of Philox keyed by the row's seed, at the
+  row's offset and temperature bits (stream STREAM_CHECK), so two rows agree only if
+  their (seed, offset, temperature) agree, up to a 2**-32 collision.
+
+The kernel that merges the blocks compares every block's header with its own block's.
+A row whose fingerprints differ, or any row of a step whose records differ or carry an
+error, returns token -1, and the merge ORs a STATUS_* bit into a sticky device status
+word; once that word is set every later merge returns -1 too (a group that diverged
+once cannot be trusted again). Nothing here synchronises with the host: the caller
+copies the status word to pinned memory asynchronously and raises when it lands.
+
+Layout: in a checked ``CandidateLayout`` (``checked=True``) each shard's int32 block
+has two more slots after its tiles: slot n_local holds the row fingerprints, slot
+n_local + 1 the step record (its first RECORD_WORDS entries).
+"""
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .layout import BufferPair
+from .noise import philox_bits
+from .parity import parity_args, parity_offsets
+
+RECORD_WORDS = 4  # step, batch, flags, error
+# Flags of a call (record word 2): everything that changes what the merge must do.
+FLAG_LOGPROBS = 1
+FLAG_CHUNKED = 2
+# Error word (record word 3) of a writer that skipped its candidates.
+ERROR_INPUT = 1
+# Sticky status bits (the merge ORs them into the caller's status word).
+STATUS_RECORD_MISMATCH = 1  # steps, batch sizes or flags differ between writers
+STATUS_PEER_ERROR = 2  # a writer reported a local error for this step
+STATUS_ROW_MISMATCH = 4  # some row's (seed, offset, temperature) differs between writers
+
+STREAM_CHECK = tl.constexpr(2)  # noise stream of the fingerprints (0, 1: the sampler's)
+
+
+@dataclass(frozen=True)
+class HeaderCheck:
+    """What a merge needs to check headers: whose block is its own, and the status word."""
+
+    me: int
+    status: torch.Tensor  # int32 [1], sticky
+
+
+def call_flags(logprobs: bool, chunked: bool) -> int:
+    return (FLAG_LOGPROBS if logprobs else 0) | (FLAG_CHUNKED if chunked else 0)
+
+
+def describe_status(bits: int) -> str:
+    """Human-readable list of what a status word says."""
+    what = []
+    if bits & STATUS_PEER_ERROR:
+        what.append("a rank reported an input error for a step (its exception says which)")
+    if bits & STATUS_RECORD_MISMATCH:
+        what.append("ranks made different calls (step count, batch size or flags such as return_logprobs)")
+    if bits & STATUS_ROW_MISMATCH:
+        what.append("ranks passed different per-row parameters (seed, offset or temperature)")
+    return "; ".join(what) or "no mismatch"
+
+
+@triton.jit
+def row_fingerprint(seed, offset, temp):
+    """32 bits identifying a row's (seed, offset, temperature)."""
+    bits = temp.to(tl.int32, bitcast=True)
+    return philox_bits(seed, offset, bits, STREAM_CHECK).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _store_ints(base, off, values, mask, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr):
+    if PEER_TABLE:
+        for p in tl.static_range(NPEERS):
+            ptr = tl.load(base + p).to(tl.pointer_type(tl.int32))
+            tl.store(ptr + off, values, mask=mask)
+    else:
+        tl.store(base + off, values, mask=mask)
+
+
+@triton.jit
+def write_row_fingerprints(dst_i, off_i, rows, mask, seed, offset, temp,
+                           PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr):
+    """Store the rows' fingerprints at int32 offset off_i + rows (locally or into every peer)."""
+    _store_ints(dst_i, off_i + rows, row_fingerprint(seed, offset, temp), mask, PEER_TABLE, NPEERS)
+
+
+@triton.jit
+def write_step_record(dst_i, off_i, step_ptr, batch, flags, error, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr):
+    """Store the RECORD_WORDS-word record (step, batch, flags, error) at int32 offset off_i."""
+    w = tl.arange(0, 4)
+    step = (tl.load(step_ptr) & 0x7FFFFFFF).to(tl.int32)
+    values = tl.where(w == 0, step, tl.where(w == 1, batch, tl.where(w == 2, flags, error)))
+    _store_ints(dst_i, off_i + w, values, w < 4, PEER_TABLE, NPEERS)
+
+
+@triton.jit
+def compare_records(src_i, base_i, me, n_writers, stride_writer_i, rec_slot):
+    """(records differ, some writer reported an error) over all writers, against writer ``me``."""
+    w = tl.arange(0, 4)
+    mine = tl.load(src_i + base_i + me * stride_writer_i + rec_slot + w)
+    differ = tl.max(tl.zeros_like(w), axis=0)
+    err = tl.max(tl.zeros_like(w), axis=0)
+    for k in range(0, n_writers):
+        other = tl.load(src_i + base_i + k * stride_writer_i + rec_slot + w)
+        differ = differ | tl.max((other != mine).to(tl.int32), axis=0)
+        err = err | tl.max(((w == 3) & (other != 0)).to(tl.int32), axis=0)
+    return differ != 0, err != 0
+
+
+@triton.jit
+def status_bits(differ, err):
+    # STATUS_RECORD_MISMATCH, plus STATUS_PEER_ERROR when some writer's record carries an error.
+    # Writers that all report the same error made the same (bad) call: no mismatch.
+    return tl.where(differ, 1, 0) | tl.where(differ & err, 2, 0)
+
+
+@triton.jit
+def check_headers(src_i, base_i, me, n_writers, stride_writer_i, fp_slot, rec_slot, rows, mask, status_ptr):
+    """Compare every writer's header with writer ``me``'s; returns whether each row is bad.
+
+    fp_slot / rec_slot: int32 offsets of the fingerprints / the record inside a writer's
+    block (stride_writer_i apart). The status word is read first: a set word poisons every
+    row. New findings are ORed into it (STATUS_* bits).
+    """
+    sticky = tl.load(status_ptr)
+    differ, err = compare_records(src_i, base_i, me, n_writers, stride_writer_i, rec_slot)
+    fp_mine = tl.load(src_i + base_i + me * stride_writer_i + fp_slot + rows, mask=mask, other=0)
+    row_bad = tl.zeros(rows.shape, tl.int32)
+    for k in range(0, n_writers):
+        fp = tl.load(src_i + base_i + k * stride_writer_i + fp_slot + rows, mask=mask, other=0)
+        row_bad = row_bad | (fp != fp_mine).to(tl.int32)
+    # A step whose records differ is poisoned whole; fingerprints only mean something otherwise.
+    row_bad = (row_bad != 0) & ~differ & mask
+    any_row = tl.max(row_bad.to(tl.int32), axis=0) != 0
+    bits = status_bits(differ, err) | tl.where(any_row, 4, 0)  # STATUS_ROW_MISMATCH
+    tl.atomic_or(status_ptr, bits)
+    return row_bad | differ | (sticky != 0)
+
+
+@triton.jit
+def verify_step_kernel(src_i, base_i, parity_ptr, parity_stride_f, parity_stride_i, me, n_writers,
+                       stride_writer_i, rec_slot, status_ptr):
+    """The record check alone, for a step without rows to merge (a local error, an empty batch)."""
+    _off_f, base_i = parity_offsets(0, base_i, parity_ptr, parity_stride_f, parity_stride_i, True)
+    differ, err = compare_records(src_i, base_i, me, n_writers, stride_writer_i, rec_slot)
+    tl.atomic_or(status_ptr, status_bits(differ, err))
+
+
+@triton.jit
+def step_record_kernel(dst_i, off_i, parity_ptr, parity_stride_f, parity_stride_i, batch, flags, error,
+                       PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr):
+    """A record on its own: what a writer publishes when it has no candidates for a step
+    (a local error, or an empty batch)."""
+    _off_f, off_i = parity_offsets(0, off_i, parity_ptr, parity_stride_f, parity_stride_i, True)
+    write_step_record(dst_i, off_i, parity_ptr, batch, flags, error, PEER_TABLE, NPEERS)
+
+
+def launch_step_record(dest: BufferPair, record_offset: int, batch: int, flags: int, error: int) -> None:
+    """Publish a step record at int32 element ``record_offset`` of ``dest`` (the writer's own
+    block; through the peer table into every peer's). Needs the device step counter (dest.parity)."""
+    if dest.parity is None:
+        raise ValueError("a step record needs the caller's device step counter (dest.parity)")
+    par_p, par_f, par_i, _ = parity_args(dest.parity, dest.i)
+    step_record_kernel[(1,)](dest.i, dest.base_i + record_offset, par_p, par_f, par_i, batch, flags, error,
+                             PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1, num_warps=1)
+
+
+def launch_verify_step(src: BufferPair, me: int, n_writers: int, stride_writer_i: int, record_slot: int,
+                       status: torch.Tensor) -> None:
+    """Compare the step records in ``src`` (after the exchange) and OR what differs into ``status``."""
+    par_p, par_f, par_i, _ = parity_args(src.parity, src.i)
+    verify_step_kernel[(1,)](src.i, src.base_i, par_p, par_f, par_i, me, n_writers, stride_writer_i, record_slot,
+                             status, num_warps=1)
+
+
+def new_status(device) -> torch.Tensor:
+    """A zeroed int32 status word (one element) on ``device``."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+__all__ = ["HeaderCheck", "call_flags", "RECORD_WORDS", "FLAG_LOGPROBS", "FLAG_CHUNKED", "ERROR_INPUT", "STATUS_RECORD_MISMATCH",
+           "STATUS_PEER_ERROR", "STATUS_ROW_MISMATCH", "describe_status", "row_fingerprint", "write_row_fingerprints",
+           "write_step_record", "check_headers", "launch_step_record", "launch_verify_step", "new_status"]
