@@ -36,7 +36,8 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 
 GREEDY_EPS = 1e-5
-"""A row with temperature < GREEDY_EPS is greedy (vLLM's sampler epsilon, ``_SAMPLING_EPS``)."""
+"""A row with temperature < GREEDY_EPS is greedy (vLLM's sampler epsilon, ``_SAMPLING_EPS``).
+The comparison is made in the temperature's own dtype (float64 for a Python float)."""
 
 MAX_TOP_LOGPROBS = 20
 LOGPROBS_MODES = ("raw", "scaled", "processed")
@@ -327,6 +328,9 @@ def serving_semantics(logits: torch.Tensor, *, temperature: Row = 1.0, top_k: Ro
     vocab_size = _check_vocab_size(vocab_size, width)
     device = logits.device
 
+    # Greedy is decided in the temperature's own precision, as vLLM and the kernels compare it:
+    # a float32 temperature of 1e-5 is float32(1e-5), which is not < float32(1e-5).
+    greedy_in = temperature < GREEDY_EPS if isinstance(temperature, torch.Tensor) else None
     temperature = _row("temperature", temperature, batch, device)
     top_k = _row("top_k", top_k, batch, device, integer=True)
     top_p = _row("top_p", top_p, batch, device)
@@ -355,9 +359,9 @@ def serving_semantics(logits: torch.Tensor, *, temperature: Row = 1.0, top_k: Ro
     if penalties is not None:
         _apply_penalties(processed, penalties, vocab_size)
 
-    greedy = temperature < GREEDY_EPS
+    greedy = temperature < GREEDY_EPS if greedy_in is None else greedy_in.to(device).expand(batch)
     scaled = processed / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
-    usable = scaled.nan_to_num(nan=_NEG_INF)
+    usable = scaled.masked_fill(torch.isnan(scaled), _NEG_INF)
     valid = ~broken & ~torch.isnan(scaled).any(dim=1) & ~torch.isposinf(scaled).any(dim=1) \
         & torch.isfinite(scaled).any(dim=1)
     # Rows without a distribution go through the filters as a harmless uniform row, then get NaN.
