@@ -264,7 +264,7 @@ def assert_same_kept_set(case: Case, ours: torch.Tensor, theirs: torch.Tensor, t
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 def test_pieces_match(seed, dtype):
     case = make_case(seed)
     if seed % 3 == 0:  # top-k without top-p: vLLM's sort-free apply_top_k_only
@@ -283,6 +283,9 @@ def test_pieces_match(seed, dtype):
     theirs = torch.softmax(filtered.double(), dim=1)
     ptol = dict(rtol=0, atol=1e-6) if dtype == torch.float32 else dict(rtol=0, atol=1e-12)
     torch.testing.assert_close(theirs[sampled], sem.probs[sampled, :VOCAB], **ptol)
+    kept = torch.isfinite(sem.filtered[sampled, :VOCAB]).sum(dim=1).tolist()
+    err = float((theirs[sampled] - sem.probs[sampled, :VOCAB]).abs().max())
+    print(f"seed {seed} {dtype}: ids kept per sampled row {kept}; max |p_vllm - p_ref| = {err:.1e}")
     # Greedy rows: vLLM's argmax of the processed logits, lowest id on ties.
     assert torch.equal(processed[sem.greedy].argmax(dim=1), sem.tokens[sem.greedy])
 
@@ -327,6 +330,8 @@ def test_sampler_draws_follow_the_reference_distribution():
         probs = sem.probs[b, :VOCAB]
         assert bool((probs[tokens] > 0).all()), f"row {b}: vLLM drew an id the reference filters out"
         p, stat, dof = chi2_gof(tokens, probs)
+        print(f"row {b}: {int((probs > 0).sum())} ids kept, {tokens.numel()} vLLM draws, "
+              f"chi2 {stat:.1f} on {dof} dof, p = {p:.3f}")
         assert p > P_MIN, f"row {b}: chi2 {stat:.1f} on {dof} dof, p = {p:.2e}"
 
 

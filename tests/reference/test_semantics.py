@@ -261,6 +261,27 @@ def test_penalties_come_before_temperature_and_filters():
     assert kept(t64([4.0, 3.0]), penalties=pen, top_k=1, temperature=0.7) == [[1]]
 
 
+def test_worked_example_of_docs_semantics_md():
+    logits = t64([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, 9.0, 9.0])
+    bm = bitmask_from_allowed(torch.tensor([[True, True, True, False, True, True]]))
+    assert bm.tolist() == [[55]]
+    params = dict(vocab_size=6, token_bitmask=bm, logit_bias=SparseLogits(torch.tensor([[4]]), torch.tensor([[1.0]])),
+                  penalties=Penalties(repetition=2.0, frequency=0.25, presence=0.5, output_ids=torch.tensor([[2, 2]]),
+                                      prompt_ids=torch.tensor([[0, -1]])),
+                  temperature=0.5, min_p=0.01, top_k=2, top_p=0.7)
+    sem = serving_semantics(logits, **params)
+    assert sem.processed.tolist() == [[1.0, 1.5, -0.5, -INF, 1.0, -1.0, -INF, -INF]]
+    assert sem.scaled.tolist() == [[2.0, 3.0, -1.0, -INF, 2.0, -2.0, -INF, -INF]]
+    assert kept(logits, **params) == [[0, 1, 4]]
+    e = math.e
+    torch.testing.assert_close(sem.probs, t64([1 / (2 + e), e / (2 + e), 0, 0, 1 / (2 + e), 0, 0, 0]))
+    assert kept(logits, **dict(params, top_p=0.5)) == [[1]]
+    assert serving_semantics(logits, **dict(params, temperature=0.0)).tokens.tolist() == [1]
+    ids, vals = reference_top_logprobs(logits, 3, mode="scaled", **params)
+    assert ids.tolist() == [[1, 0, 4]]
+    torch.testing.assert_close(vals, t64([-0.5658, -1.5658, -1.5658]), atol=1e-4, rtol=0)
+
+
 # --------------------------------------------------------------------------------------------
 # Greedy rows
 # --------------------------------------------------------------------------------------------
