@@ -5,6 +5,10 @@ on the sampling device, one value per row. ``fsdist.validation.row_params`` buil
 :class:`RowParams` from user arguments (checking shapes, dtypes and devices, never the
 values inside device tensors); the host launchers in ``fsdist.ops`` turn each field into
 a (pointer, scalar, per-row flag) kernel argument triple.
+
+The filters follow vLLM V1's order: logits / T -> min-p -> top-k -> top-p on the
+renormalised survivors. Their "off" values: top_k 0 (or >= the vocabulary), top_p 1.0,
+min_p 0.0. A greedy row (temperature < GREEDY_TEMPERATURE) ignores them.
 """
 from dataclasses import dataclass
 from typing import Union
@@ -15,19 +19,37 @@ import torch
 # the same constant (fsdist.ops.epilogue.GREEDY_BELOW): 1 / T then stays far from overflow.
 GREEDY_TEMPERATURE = 1e-5
 
+# The ``logprobs_mode`` values, in the order the kernels number them.
+LOGPROBS_MODES = ("scaled", "raw", "processed")
+MAX_TOP_LOGPROBS = 20
+
 
 @dataclass(frozen=True)
 class RowParams:
-    """temperature (float or fp32 [B]), seed and offset (int or int64 [B]) of each row."""
+    """temperature (float or fp32 [B]), seed and offset (int or int64 [B]), and the filters
+    top_k (int or int32 [B]), top_p and min_p (float or fp32 [B]) of each row."""
 
     temperature: Union[float, torch.Tensor]
     seed: Union[int, torch.Tensor]
     offset: Union[int, torch.Tensor]
+    top_k: Union[int, torch.Tensor] = 0
+    top_p: Union[float, torch.Tensor] = 1.0
+    min_p: Union[float, torch.Tensor] = 0.0
 
     @property
     def all_greedy(self) -> bool:
         """True when no row needs noise (a scalar temperature below GREEDY_TEMPERATURE)."""
         return not isinstance(self.temperature, torch.Tensor) and self.temperature < GREEDY_TEMPERATURE
 
+    def filtered(self, vocab_size: int) -> bool:
+        """Whether any row may have a filter on (per-row tensors count as "may": their values
+        are checked on the device). False means the filter machinery can be skipped."""
+        if self.all_greedy:
+            return False
+        k, p, mp = self.top_k, self.top_p, self.min_p
+        return (isinstance(k, torch.Tensor) or 0 < k < vocab_size
+                or isinstance(p, torch.Tensor) or p < 1.0
+                or isinstance(mp, torch.Tensor) or mp > 0.0)
 
-__all__ = ["GREEDY_TEMPERATURE", "RowParams"]
+
+__all__ = ["GREEDY_TEMPERATURE", "LOGPROBS_MODES", "MAX_TOP_LOGPROBS", "RowParams"]

@@ -1,7 +1,9 @@
 """fsdist.sample: exact sampling fused into the LM-head matmul, on one device.
 
 One call: validate the arguments (``validation``), plan the launch (``ops.plan``), run
-stage 1 into a fresh candidate buffer, merge (``ops.merge_candidates``).
+stage 1 into a fresh candidate buffer, merge (``ops.merge_candidates``); with filters or
+top-N logprobs, finish those rows from the kept logits (``ops.select_filtered``) and
+resolve the rows they cannot prove exactly (``ops.fallback``).
 """
 from typing import Optional, Union
 
@@ -9,9 +11,11 @@ import torch
 
 from . import validation
 from .ops.configs import TileConfig
+from .ops.fallback import run_fallback
 from .ops.layout import BufferPair
 from .ops.merge_candidates import launch_merge
 from .ops.plan import launch_stage1, plan_sample
+from .ops.select_filtered import launch_select_filtered
 from .types import SampleOutput
 
 
@@ -20,7 +24,12 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
            seed: Union[int, torch.Tensor] = 0,
            offset: Union[int, torch.Tensor] = 0,
            vocab_size: Optional[int] = None,
+           top_k: Union[int, torch.Tensor] = 0,
+           top_p: Union[float, torch.Tensor] = 1.0,
+           min_p: Union[float, torch.Tensor] = 0.0,
            return_logprobs: bool = False,
+           top_logprobs: int = 0,
+           logprobs_mode: str = "scaled",
            config: Optional[TileConfig] = None,
            path: Optional[str] = None,
            check: bool = False) -> SampleOutput:
@@ -34,7 +43,16 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
         tile sizes or the row's batch position; use a new offset (e.g. the decode step) for
         a fresh draw.
     vocab_size: true vocabulary size; ids >= vocab_size (padding rows of weight) are never sampled.
-    return_logprobs: also return log_softmax(logits / T)[token] and logsumexp(logits / T).
+    top_k, top_p, min_p: filters, each a scalar or a [B] tensor, applied in vLLM V1's order
+        (logits / T -> min-p -> top-k -> top-p on the renormalised survivors; see
+        docs/semantics.md). Off: top_k 0, top_p 1.0, min_p 0.0. Greedy rows ignore them.
+        Exact: rows the kept logits cannot prove are resolved by an exact fallback, reported
+        in ``SampleOutput.fallback``.
+    return_logprobs: also return the token's logprob (in ``logprobs_mode``) and
+        logsumexp(logits / T).
+    top_logprobs: N in [0, 20]: also return the N most likely ids and their logprobs.
+    logprobs_mode: "scaled" log_softmax(logits / T) (default), "raw" log_softmax(logits)
+        or "processed" (the probability the token was drawn with, after the filters).
     config: override the tile configuration (benchmarks and tests).
     path: "fused" (logits tiles computed in the kernel), "chunked" (cuBLAS fp32 logits per
         L2-sized vocabulary chunk, then a sampling pass with the same noise: faster from
@@ -46,21 +64,39 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     Example::
 
         out = fsdist.sample(hidden, weight, temperature=torch.full((B,), 0.7, device="cuda"),
-                            seed=seeds, offset=step, return_logprobs=True)
+                            seed=seeds, offset=step, top_p=0.9, top_k=50, return_logprobs=True)
         out.tokens      # int64 [B]
     """
     validation.check_hidden(hidden)
     validation.check_weight(weight, hidden)
     validation.check_device_runnable(hidden.device)
     vocab_size = validation.check_vocab_size(vocab_size, weight.shape[0])
+    validation.check_logprobs_options(top_logprobs, logprobs_mode)
     B, D = hidden.shape
-    params = validation.row_params(temperature, seed, offset, B, hidden.device)
+    params = validation.row_params(temperature, seed, offset, B, hidden.device, top_k=top_k, top_p=top_p,
+                                   min_p=min_p)
     if check:
         validation.check_row_values(params)
     if hidden.stride(1) != 1:
         hidden = hidden.contiguous()
+    filtered = params.filtered(vocab_size)
+    raw = return_logprobs and logprobs_mode == "raw"
+    extended = filtered or top_logprobs > 0 or raw
     plan = plan_sample(batch=B, hidden_size=D, weight_rows=weight.shape[0], device=hidden.device,
-                       logprobs=return_logprobs, config=config, path=path)
+                       logprobs=return_logprobs, config=config, path=path, extended=extended)
     buffers = BufferPair.alloc(plan.layout, hidden.device)
     launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size)
-    return SampleOutput(*launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs))
+    tokens, lp, lse = launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs, raw=raw)
+    top_ids = top_lp = fallback = None
+    if filtered or top_logprobs:
+        if top_logprobs:
+            top_ids = torch.empty(B, top_logprobs, dtype=torch.int64, device=hidden.device)
+            top_lp = torch.empty(B, top_logprobs, dtype=torch.float32, device=hidden.device)
+        fallback, fb_count, fb_rows = launch_select_filtered(
+            plan.layout, buffers, B, params, vocab_size=vocab_size, tokens=tokens, logprobs=lp,
+            top_n=top_logprobs, mode=logprobs_mode, top_ids=top_ids, top_lp=top_lp)
+        run_fallback(hidden, weight, params, vocab_size=vocab_size, fb_count=fb_count, fb_rows=fb_rows,
+                     tokens=tokens, logprobs=lp, top_n=top_logprobs, mode=logprobs_mode, top_ids=top_ids,
+                     top_lp=top_lp, block_k=plan.config.block_k)
+        fallback = fallback.bool()
+    return SampleOutput(tokens, lp, lse, top_ids, top_lp, fallback)

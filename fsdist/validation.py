@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from . import runtime
-from .params import RowParams
+from .params import LOGPROBS_MODES, MAX_TOP_LOGPROBS, RowParams
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -62,23 +62,39 @@ def check_vocab_size(vocab_size, rows: int) -> int:
     return vocab_size
 
 
-def _row_tensor(x, name: str, batch: int, device: torch.device, integer: bool) -> torch.Tensor:
+def _row_tensor(x, name: str, batch: int, device: torch.device, kind: str) -> torch.Tensor:
     if x.dim() != 1 or x.shape[0] != batch:
         raise ValueError(f"{name} tensor must have shape [{batch}] (one per row), got {tuple(x.shape)}")
     if x.device != device:
         raise ValueError(f"{name} is on {x.device} but hidden is on {device}")
-    if integer:
+    if kind == "int64":
         if x.dtype != torch.int64:
             raise TypeError(f"{name} tensor must be int64, got {x.dtype}")
+    elif kind == "int":
+        if x.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{name} tensor must be int32 or int64, got {x.dtype}")
     elif not x.is_floating_point():
         raise TypeError(f"{name} tensor must be floating point, got {x.dtype}")
     return x.contiguous()
 
 
-def row_params(temperature, seed, offset, batch: int, device: torch.device) -> RowParams:
-    """Validate shapes, dtypes and devices (never values held on the device: no sync)."""
+def _real(x, name: str, lo: float, hi: float, lo_open: bool = False) -> float:
+    """A real scalar in [lo, hi] (or (lo, hi] with lo_open)."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a real number or a [B] tensor, got {type(x).__name__}")
+    x = float(x)
+    if x != x or x > hi or x < lo or (lo_open and x == lo):
+        interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+        raise ValueError(f"{name} must be in {interval}, got {x}")
+    return x
+
+
+def row_params(temperature, seed, offset, batch: int, device: torch.device, *, top_k=0, top_p=1.0,
+               min_p=0.0) -> RowParams:
+    """Validate shapes, dtypes and devices, and the values of scalars (never the values held in
+    device tensors: that would synchronise; the kernels handle those, see check_row_values)."""
     if isinstance(temperature, torch.Tensor):
-        temperature = _row_tensor(temperature, "temperature", batch, device, integer=False).to(torch.float32)
+        temperature = _row_tensor(temperature, "temperature", batch, device, "float").to(torch.float32)
     elif isinstance(temperature, numbers.Real) and not isinstance(temperature, bool):
         temperature = float(temperature)
         if temperature != temperature or temperature < 0:
@@ -88,7 +104,7 @@ def row_params(temperature, seed, offset, batch: int, device: torch.device) -> R
 
     def as_int(x, name):
         if isinstance(x, torch.Tensor):
-            return _row_tensor(x, name, batch, device, integer=True)
+            return _row_tensor(x, name, batch, device, "int64")
         if isinstance(x, bool) or not isinstance(x, numbers.Integral):
             raise TypeError(f"{name} must be an int or a [B] int64 tensor, got {type(x).__name__}")
         x = int(x)
@@ -96,7 +112,33 @@ def row_params(temperature, seed, offset, batch: int, device: torch.device) -> R
             raise ValueError(f"{name} must fit in int64, got {x}")
         return x
 
-    return RowParams(temperature, as_int(seed, "seed"), as_int(offset, "offset"))
+    if isinstance(top_k, torch.Tensor):
+        top_k = _row_tensor(top_k, "top_k", batch, device, "int").to(torch.int32)
+    else:
+        if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
+            raise TypeError(f"top_k must be an int or a [B] int tensor, got {type(top_k).__name__}")
+        if top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+        top_k = min(int(top_k), 2**31 - 1)
+    if isinstance(top_p, torch.Tensor):
+        top_p = _row_tensor(top_p, "top_p", batch, device, "float").to(torch.float32)
+    else:
+        top_p = _real(top_p, "top_p", 0.0, 1.0, lo_open=True)
+    if isinstance(min_p, torch.Tensor):
+        min_p = _row_tensor(min_p, "min_p", batch, device, "float").to(torch.float32)
+    else:
+        min_p = _real(min_p, "min_p", 0.0, 1.0)
+    return RowParams(temperature, as_int(seed, "seed"), as_int(offset, "offset"), top_k, top_p, min_p)
+
+
+def check_logprobs_options(top_logprobs, logprobs_mode) -> None:
+    if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, numbers.Integral):
+        raise TypeError(f"top_logprobs must be an int, got {type(top_logprobs).__name__}")
+    if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs}")
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode must be one of {', '.join(map(repr, LOGPROBS_MODES))}, "
+                         f"got {logprobs_mode!r}")
 
 
 def check_row_values(params: RowParams) -> None:
@@ -105,12 +147,15 @@ def check_row_values(params: RowParams) -> None:
     Raises ValueError naming the argument and the first bad rows. Without it, such rows
     return token -1 (the kernels check them on the device).
     """
-    t = params.temperature
-    if isinstance(t, torch.Tensor):
-        bad = (t < 0) | torch.isnan(t)
-        if bool(bad.any()):
-            raise ValueError("temperature must be >= 0 and not NaN in every row "
-                             f"(bad rows: {bad.nonzero().flatten().tolist()[:8]})")
+    checks = [("temperature", params.temperature, lambda t: (t < 0) | torch.isnan(t), "be >= 0 and not NaN"),
+              ("top_k", params.top_k, lambda k: k < 0, "be >= 0"),
+              ("top_p", params.top_p, lambda p: ~((p > 0) & (p <= 1)), "be in (0, 1]"),
+              ("min_p", params.min_p, lambda p: ~((p >= 0) & (p <= 1)), "be in [0, 1]")]
+    for name, x, is_bad, rule in checks:
+        if isinstance(x, torch.Tensor):
+            bad = is_bad(x)
+            if bool(bad.any()):
+                raise ValueError(f"{name} must {rule} in every row (bad rows: {bad.nonzero().flatten().tolist()[:8]})")
 
 
 def check_device_runnable(device: torch.device):

@@ -11,9 +11,16 @@ accumulator, or a chunk of cuBLAS output) and turns it into one candidate per ro
 * ``write_candidates``: the stores, into the local buffer or, through a peer address
   table, into every tensor-parallel peer's buffer.
 
+* ``tile_topk`` / ``write_kept``: with filters or top-N logprobs (an *extended* layout),
+  the tile's KEEP largest raw logits with their global ids, and the *boundary*: the
+  largest logit the tile did not keep. Stage 2 (``select_filtered.py``) proves a row's
+  filtered set from these alone whenever every boundary lies below its threshold.
+
 Candidate fields (fp32, see ``layout.py``): 0 score (the tile's best perturbed score; NaN
 poisons the row), and with logprobs 1 the winner's raw logit, 2 the tile's max raw
-logit, 3 the tile's sum of exp((logit - max) / T); int32: the winner's global id.
+logit, 3 the tile's sum of exp((logit - max) / T); extended: 4 the sum of exp(logit -
+max) (for raw logprobs), 5 .. 5 + KEEP - 1 the kept logits (largest first), 5 + KEEP the
+boundary. int32: 0 the winner's global id; extended: 1 .. KEEP the kept logits' ids.
 """
 import triton
 import triton.language as tl
@@ -43,6 +50,58 @@ def tile_stats(logit, valid, inv_t):
     live = valid & (logit > float("-inf"))
     tsum = tl.sum(tl.where(live, tl.exp((logit - safe[:, None]) * inv_t[:, None]), 0.0), axis=1)
     return tmax, tsum
+
+
+@triton.jit
+def tile_topk(logit, cols, KEEP: tl.constexpr):
+    """The KEEP largest values of each row of a [rows, cols] tile, largest first (lowest column
+    first among equal values; -inf once a row runs out), their columns, and the boundary: the
+    largest value not kept (-inf if none). A few row reductions per kept value."""
+    BIG: tl.constexpr = 1 << 30
+    slot = tl.arange(0, KEEP)[None, :]
+    vals = tl.full([logit.shape[0], KEEP], float("-inf"), tl.float32)
+    idx = tl.zeros([logit.shape[0], KEEP], tl.int32)
+    x = logit
+    for j in tl.static_range(KEEP):
+        m = tl.max(x, axis=1)
+        c = tl.min(tl.where(x == m[:, None], cols[None, :], BIG), axis=1)
+        vals = tl.where(slot == j, m[:, None], vals)
+        idx = tl.where(slot == j, c[:, None], idx)
+        x = tl.where(cols[None, :] == c[:, None], float("-inf"), x)
+    return vals, idx, tl.max(x, axis=1)
+
+
+@triton.jit
+def raw_sum(logit, valid, tmax):
+    """sum over axis 1 of exp(logit - tmax): the raw (T = 1) log-sum-exp state next to tile_stats'."""
+    safe = tl.where(tmax == float("-inf"), 0.0, tmax)
+    live = valid & (logit > float("-inf"))
+    return tl.sum(tl.where(live, tl.exp(logit - safe[:, None]), 0.0), axis=1)
+
+
+@triton.jit
+def _store_kept(base_f, base_i, dst, dst_i, stride_field, stride_ifield, rsum, kept, kept_ids, boundary, mask_b,
+                KEEP: tl.constexpr):
+    j = tl.arange(0, KEEP)[None, :]
+    tl.store(base_f + 4 * stride_field + dst, rsum, mask=mask_b)
+    tl.store(base_f + (5 + j) * stride_field + dst[:, None], kept, mask=mask_b[:, None])
+    tl.store(base_f + (5 + KEEP) * stride_field + dst, boundary, mask=mask_b)
+    tl.store(base_i + (1 + j) * stride_ifield + dst_i[:, None], kept_ids, mask=mask_b[:, None])
+
+
+@triton.jit
+def write_kept(cand_f, cand_i, dst, dst_i, stride_field, stride_ifield, rsum, kept, kept_ids, boundary, mask_b,
+               KEEP: tl.constexpr, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr):
+    """Store an extended layout's fields (raw sum, kept logits and ids, boundary) like write_candidates."""
+    if PEER_TABLE:
+        for p in tl.static_range(NPEERS):
+            base_f = tl.load(cand_f + p).to(tl.pointer_type(tl.float32))
+            base_i = tl.load(cand_i + p).to(tl.pointer_type(tl.int32))
+            _store_kept(base_f, base_i, dst, dst_i, stride_field, stride_ifield, rsum, kept, kept_ids, boundary,
+                        mask_b, KEEP)
+    else:
+        _store_kept(cand_f, cand_i, dst, dst_i, stride_field, stride_ifield, rsum, kept, kept_ids, boundary,
+                    mask_b, KEEP)
 
 
 @triton.jit

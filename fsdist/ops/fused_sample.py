@@ -18,8 +18,8 @@ import triton.language as tl
 from ..params import RowParams
 from ..runtime import interpreting
 from .configs import TileConfig
-from .epilogue import row_temperature, tile_stats, write_candidates
-from .layout import BufferPair, CandidateLayout
+from .epilogue import raw_sum, row_temperature, tile_stats, tile_topk, write_candidates, write_kept
+from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
 from .parity import parity_args, parity_offsets
 from .step_check import call_flags, write_row_fingerprints, write_step_record
@@ -35,7 +35,7 @@ def fused_sample_kernel(
     stride_hb,
     buf_offset, buf_offset_i, stride_field, stride_slot,
     parity_ptr, parity_stride_f, parity_stride_i,
-    hdr_off_i, flags,
+    hdr_off_i, flags, stride_ifield,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_V: tl.constexpr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
@@ -43,6 +43,7 @@ def fused_sample_kernel(
     PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
     FAST_LOG: tl.constexpr, DEVICE_PARITY: tl.constexpr, TMA: tl.constexpr = False, HEADER: tl.constexpr = False,
+    EXTENDED: tl.constexpr = False, KEEP: tl.constexpr = 4,
 ):
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
@@ -125,6 +126,12 @@ def fused_sample_kernel(
     dst_i = buf_offset_i + pid_v * stride_slot + offs_b
     write_candidates(cand_f, cand_i, dst, dst_i, stride_field, best_score, best_idx, best_logit, tmax, tsum, mask_b,
                      LOGPROBS, PEER_TABLE, NPEERS)
+    if EXTENDED:
+        # Filters / top-N logprobs: the tile's KEEP largest logits, their ids, the boundary
+        # (largest logit not kept) and the raw log-sum-exp state (epilogue.py).
+        kept, kept_cols, boundary = tile_topk(logit, tl.arange(0, BLOCK_V), KEEP)
+        write_kept(cand_f, cand_i, dst, dst_i, stride_field, stride_ifield, raw_sum(logit, valid[None, :], tmax),
+                   kept, vocab_start + pid_v * BLOCK_V + kept_cols, boundary, mask_b, KEEP, PEER_TABLE, NPEERS)
     if HEADER:
         # The call's header (step_check.py), written by the first vocabulary tile of each batch tile.
         if pid_v == 0:
@@ -183,16 +190,16 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i,
         layout.stride_field, layout.stride_slot,
         par_p, par_f, par_i,
-        layout.fingerprint_slot, call_flags(logprobs, chunked=False),
+        layout.fingerprint_slot, call_flags(logprobs, chunked=False), layout.stride_ifield,
         BLOCK_B=cfg.block_b, BLOCK_V=cfg.block_v, BLOCK_K=cfg.block_k,
         EVEN_K=D % cfg.block_k == 0, EVEN_V=V_rows % cfg.block_v == 0,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
-        NOISE=not params.all_greedy, LOGPROBS=logprobs,
+        NOISE=not params.all_greedy, LOGPROBS=logprobs or layout.extended,
         PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1,
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
         FAST_LOG=fast_log_ok(hidden.device),
-        DEVICE_PARITY=par_on, TMA=tma, HEADER=_header(layout, dest),
+        DEVICE_PARITY=par_on, TMA=tma, HEADER=_header(layout, dest), EXTENDED=layout.extended, KEEP=KEEP,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 

@@ -1,10 +1,11 @@
 """Where candidates live: the buffer layout, and the value object that says where a launch writes.
 
 One candidate buffer holds, for every (row, vocabulary tile) of every shard, the tile's
-best perturbed score and winning id (and, with logprobs, the log-sum-exp state):
+best perturbed score and winning id (and, with logprobs, the log-sum-exp state; with
+filters or top-N logprobs, the tile's KEEP largest logits and their ids):
 
     fp32  [n_shards, n_fields, n_local, batch_cap]
-    int32 [n_shards, n_local, batch_cap]
+    int32 [n_shards, n_ifields * n_local (+ 2 header slots), batch_cap]
 
 A *shard* is one tensor-parallel rank's block (its vocabulary range); a single GPU has
 one. Rows are innermost so one program's stores and stage 2's loads coalesce, and the
@@ -23,6 +24,12 @@ from .parity import DeviceParity
 
 N_FIELDS_SAMPLE = 1  # score only
 N_FIELDS_LOGPROBS = 4  # score, winner's logit, tile max, tile sum
+KEEP = 4  # logits kept per (row, tile) for filters and top-N (see select_filtered.py)
+# score, winner's logit, tile max, scaled sum, raw sum, KEEP kept logits, the boundary
+N_FIELDS_EXTENDED = 5 + KEEP + 1
+F_RAW_SUM = 4
+F_KEPT = 5
+F_BOUNDARY = 5 + KEEP
 
 
 @dataclass(frozen=True)
@@ -32,10 +39,17 @@ class CandidateLayout:
     batch_cap: int
     n_shards: int = 1
     checked: bool = False  # two header slots per shard in the int32 buffer (step_check.py)
+    n_ifields: int = 1  # 1 + KEEP when extended (the kept logits' ids)
 
     @staticmethod
-    def fields(logprobs: bool) -> int:
+    def fields(logprobs: bool, extended: bool = False) -> int:
+        if extended:
+            return N_FIELDS_EXTENDED
         return N_FIELDS_LOGPROBS if logprobs else N_FIELDS_SAMPLE
+
+    @property
+    def extended(self) -> bool:
+        return self.n_fields == N_FIELDS_EXTENDED
 
     @property
     def n_slots(self) -> int:
@@ -55,17 +69,21 @@ class CandidateLayout:
 
     @property
     def stride_shard_i(self) -> int:
-        return (self.n_local + (2 if self.checked else 0)) * self.batch_cap
+        return (self.n_ifields * self.n_local + (2 if self.checked else 0)) * self.batch_cap
+
+    @property
+    def stride_ifield(self) -> int:
+        return self.n_local * self.batch_cap
 
     @property
     def fingerprint_slot(self) -> int:
         """int32 offset of the row fingerprints inside a shard's block (checked layouts)."""
-        return self.n_local * self.batch_cap
+        return self.n_ifields * self.n_local * self.batch_cap
 
     @property
     def record_slot(self) -> int:
         """int32 offset of the step record inside a shard's block (checked layouts)."""
-        return (self.n_local + 1) * self.batch_cap
+        return (self.n_ifields * self.n_local + 1) * self.batch_cap
 
     @property
     def float_numel(self) -> int:

@@ -44,7 +44,7 @@ def merge_candidates_kernel(
     parity_ptr, parity_stride_f, parity_stride_i, temp_ptr, temp_val,
     me, status_ptr, fp_slot, rec_slot,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, LOGPROBS: tl.constexpr, DEVICE_PARITY: tl.constexpr,
-    TEMP_PER_ROW: tl.constexpr, STATS: tl.constexpr, CHECK: tl.constexpr = False,
+    TEMP_PER_ROW: tl.constexpr, STATS: tl.constexpr, CHECK: tl.constexpr = False, RAW: tl.constexpr = False,
 ):
     buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
                                               parity_stride_i, DEVICE_PARITY)
@@ -58,6 +58,7 @@ def merge_candidates_kernel(
     poisoned = tl.zeros([BLOCK_R], tl.int32)
     run_max = tl.full([BLOCK_R], float("-inf"), tl.float32)
     run_sum = tl.zeros([BLOCK_R], tl.float32)
+    run_raw = tl.zeros([BLOCK_R], tl.float32)  # sum of exp(logit - max): raw logprobs (extended layouts)
     for s0 in range(0, n_slots, BLOCK_S):
         slots = s0 + tl.arange(0, BLOCK_S)
         mask = (slots < n_slots)[:, None] & mask_r[None, :]
@@ -83,6 +84,10 @@ def merge_candidates_kernel(
                            axis=0)
             old = tl.where(run_max > float("-inf"), run_sum * tl.exp((run_max - safe) * inv_t), 0.0)
             run_sum = old + c_sum
+            if RAW:
+                rsum = tl.load(cand_f + stride_field * 4 + offs, mask=mask, other=0.0)
+                run_raw = tl.where(run_max > float("-inf"), run_raw * tl.exp(run_max - safe), 0.0) \
+                    + tl.sum(tl.where(tmax > float("-inf"), rsum * tl.exp(tmax - safe[None, :]), 0.0), axis=0)
             run_max = new_max
     if CHECK:
         # Every shard's header must match this rank's (step_check.py); a mismatch poisons rows.
@@ -101,7 +106,11 @@ def merge_candidates_kernel(
         lse = tl.where(run_sum > 0.0, run_max * inv_t + log_sum, float("-inf"))
         logit = tl.load(cand_f + stride_field + win, mask=mask_r, other=0.0)
         tl.store(lse_ptr + rows, tl.where(poisoned > 0, float("nan"), lse), mask=mask_r)
-        tl.store(logprob_ptr + rows, tl.where(failed, float("nan"), (logit - run_max) * inv_t - log_sum), mask=mask_r)
+        if RAW:  # log_softmax(logits) of the token, whatever the temperature
+            lp = (logit - run_max) - tl.log(tl.where(run_raw > 0.0, run_raw, 1.0))
+        else:
+            lp = (logit - run_max) * inv_t - log_sum
+        tl.store(logprob_ptr + rows, tl.where(failed, float("nan"), lp), mask=mask_r)
         if STATS:
             tl.store(stats_ptr + rows, tl.where(poisoned > 0, float("nan"), run_max), mask=mask_r)
             tl.store(stats_ptr + B + rows, tl.where(poisoned > 0, float("nan"), log_sum), mask=mask_r)
@@ -109,13 +118,14 @@ def merge_candidates_kernel(
 
 def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: RowParams, *,
                  logprobs: bool = False, stats: bool = False, blocks: Optional[Tuple[int, int]] = None,
-                 check: Optional[HeaderCheck] = None):
+                 check: Optional[HeaderCheck] = None, raw: bool = False):
     """Stage 2 over the local buffers ``src``: (tokens int64 [B], logprobs fp32 [B] or None,
     logsumexp fp32 [B] or None), plus, with ``stats``, fp32 [2, B] = (max raw logit M, log S)
     per row, S = sum exp((logit - M) / T) (the group-log-mass reduction publishes them).
 
     params: the rows' parameters (the temperature scales the log-sum-exp). blocks: (rows
-    per program, slots per chunk) override, for tests. check: a checked layout's header
+    per program, slots per chunk) override, for tests. raw: logprobs of log_softmax(logits)
+    instead of log_softmax(logits / T) (needs an extended layout). check: a checked layout's header
     check (step_check.py): rows whose shards' headers disagree with shard ``check.me``'s
     return -1 and the check's status word records why.
     """
@@ -123,6 +133,8 @@ def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: R
         raise ValueError("stage 2 reads this process's buffers, not a peer table")
     if layout.checked != (check is not None):
         raise ValueError("a checked layout needs a HeaderCheck, and only a checked layout takes one")
+    if raw and not layout.extended:
+        raise ValueError("raw logprobs need an extended candidate layout")
     device = src.f.device
     stats = stats and logprobs
     tokens = torch.empty(batch, dtype=torch.int64, device=device)
@@ -148,7 +160,7 @@ def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: R
             check.me if check else 0, check.status if check else src.i,
             layout.fingerprint_slot, layout.record_slot,
             BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs, DEVICE_PARITY=par_on,
-            TEMP_PER_ROW=temp_row, STATS=stats, CHECK=check is not None, num_warps=4,
+            TEMP_PER_ROW=temp_row, STATS=stats, CHECK=check is not None, RAW=raw and logprobs, num_warps=4,
         )
     out = (tokens, (lp if logprobs else None), (lse if logprobs else None))
     return out + (st,) if stats else out

@@ -16,7 +16,7 @@ import triton
 from ..params import RowParams
 from .configs import STAGE1_PATHS, TileConfig, choose_path, pick_config
 from .fused_sample import launch_fused
-from .layout import BufferPair, CandidateLayout
+from .layout import KEEP, BufferPair, CandidateLayout
 from .sample_logits import launch_chunked
 from .step_check import call_flags
 
@@ -37,14 +37,15 @@ class SamplePlan:
 def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch.device, logprobs: bool = False,
                 config: Optional[TileConfig] = None, path: Optional[str] = None, block_v: Optional[int] = None,
                 n_shards: int = 1, batch_cap: Optional[int] = None, n_fields: Optional[int] = None,
-                checked: bool = False) -> SamplePlan:
+                checked: bool = False, extended: bool = False) -> SamplePlan:
     """Plan one sampling call.
 
     weight_rows: rows of the weight (one shard's, with tensor parallelism); n_shards: how
     many such shards the candidate buffer holds; batch_cap: the buffer's row capacity
     (default: the batch); n_fields: fp32 fields per slot (default: what ``logprobs``
     needs; a head sizes its buffers for the largest); checked: the int32 buffer carries the
-    call's header (``step_check.py``; tensor parallelism). config / path / block_v override
+    call's header (``step_check.py``; tensor parallelism); extended: keep the tiles' largest
+    logits too (filters, top-N and raw logprobs; ``select_filtered.py``). config / path / block_v override
     the choices (tests and benchmarks; block_v fixes a head's layout).
     """
     device = torch.device(device)
@@ -54,8 +55,10 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     cfg = config or pick_config(batch, hidden_size, device.type, block_v=block_v)
     if block_v is not None and cfg.block_v != block_v:
         raise ValueError(f"config.block_v = {cfg.block_v} but the buffers are laid out for block_v = {block_v}")
+    if extended:
+        n_fields = CandidateLayout.fields(logprobs, extended=True)
     layout = CandidateLayout(n_fields or CandidateLayout.fields(logprobs), triton.cdiv(weight_rows, cfg.block_v),
-                             max(batch_cap or batch, 1), n_shards, checked)
+                             max(batch_cap or batch, 1), n_shards, checked, 1 + KEEP if extended else 1)
     return SamplePlan(path, cfg, layout, bool(logprobs))
 
 

@@ -28,8 +28,8 @@ import triton.language as tl
 
 from ..params import RowParams
 from .configs import TileConfig, chunk_rows_for, chunk_workspace_bytes
-from .epilogue import row_temperature, write_candidates
-from .layout import BufferPair, CandidateLayout
+from .epilogue import raw_sum, row_temperature, tile_topk, write_candidates, write_kept
+from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_quad_bits
 from .parity import parity_args, parity_offsets
 from .step_check import call_flags, write_row_fingerprints, write_step_record
@@ -66,12 +66,13 @@ def sample_logits_kernel(
     B, V_rows, vocab_size, vocab_start,
     buf_offset, buf_offset_i, stride_field, stride_slot,
     parity_ptr, parity_stride_f, parity_stride_i,
-    hdr_off_i, flags,
+    hdr_off_i, flags, stride_ifield,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
     NOISE: tl.constexpr, LOGPROBS: tl.constexpr,
     PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr, FAST_LOG: tl.constexpr,
-    DEVICE_PARITY: tl.constexpr, HEADER: tl.constexpr = False,
+    DEVICE_PARITY: tl.constexpr, HEADER: tl.constexpr = False, EXTENDED: tl.constexpr = False,
+    KEEP: tl.constexpr = 4,
 ):
     """Candidates of vocabulary tiles [tile_base, tile_end) from a logits chunk whose column 0
     is weight row tile_base * BLOCK_V. A program covers BLOCK_B rows and TILES tiles."""
@@ -153,6 +154,14 @@ def sample_logits_kernel(
             dst_i = buf_offset_i + pid_v * stride_slot + offs_b
             write_candidates(cand_f, cand_i, dst, dst_i, stride_field, best_score, best_idx, best_logit, tmax, tsum,
                              mask_b, LOGPROBS, PEER_TABLE, NPEERS)
+            if EXTENDED:
+                # The kept logits, from the tile in its natural column order (epilogue.py).
+                col = tl.arange(0, BLOCK_V)
+                ok = ((pid_v * BLOCK_V + col) < V_rows) & ((vocab_start + pid_v * BLOCK_V + col) < vocab_size)
+                full = tl.where(ok[None, :], tile, float("-inf"))
+                kept, kept_cols, boundary = tile_topk(full, col, KEEP)
+                write_kept(cand_f, cand_i, dst, dst_i, stride_field, stride_ifield, raw_sum(full, ok[None, :], tmax),
+                           kept, vocab_start + pid_v * BLOCK_V + kept_cols, boundary, mask_b, KEEP, PEER_TABLE, NPEERS)
 
     if HEADER:
         # The call's header (step_check.py), written by the programs that own vocabulary tile 0.
@@ -195,13 +204,13 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
         dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i,
         layout.stride_field, layout.stride_slot,
         par_p, par_f, par_i,
-        layout.fingerprint_slot, call_flags(logprobs, chunked=True),
+        layout.fingerprint_slot, call_flags(logprobs, chunked=True), layout.stride_ifield,
         BLOCK_B=block_b, BLOCK_V=block_v, TILES=tiles_per_program,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
-        NOISE=not params.all_greedy, LOGPROBS=logprobs,
+        NOISE=not params.all_greedy, LOGPROBS=logprobs or layout.extended,
         PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1,
         FAST_LOG=fast_log_ok(logits.device),
-        DEVICE_PARITY=par_on, HEADER=layout.checked, num_warps=num_warps,
+        DEVICE_PARITY=par_on, HEADER=layout.checked, EXTENDED=layout.extended, KEEP=KEEP, num_warps=num_warps,
     )
 
 

@@ -457,11 +457,11 @@ def reference_top_logprobs(logits: torch.Tensor, n: int, *, mode: str = "scaled"
                            **params) -> Tuple[torch.Tensor, torch.Tensor]:
     """The `n` (0..20) most likely ids under `mode` and their logprobs, most likely first.
 
-    Returns (ids int64 [B, n], values float64 [B, n]); ties go to the lower id first. Ids
-    with -inf logprob (filtered, masked) are listed after all finite ones, lowest id first;
-    padding ids only when n exceeds vocab_size, which is refused. Rows without a
-    distribution: ids -1, values NaN. `mode` and other keyword arguments: as in
-    :func:`reference_logprobs`.
+    Ties go to the lower id first. In "processed" mode the ids the filters drop (-inf) come
+    after the kept ones in the order of their logits (the kept ones are the largest logits,
+    so this is simply the "scaled" order, with -inf values for the dropped ids).
+    Returns (ids int64 [B, n], values float64 [B, n]). Rows without a distribution: ids -1,
+    values NaN. `mode` and other keyword arguments: as in :func:`reference_logprobs`.
     """
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
         raise TypeError(f"n (top_logprobs) must be an int, got {type(n).__name__}")
@@ -470,8 +470,10 @@ def reference_top_logprobs(logits: torch.Tensor, n: int, *, mode: str = "scaled"
     if not 0 <= n <= min(MAX_TOP_LOGPROBS, vocab_size):
         raise ValueError(f"n (top_logprobs) must be in [0, {min(MAX_TOP_LOGPROBS, vocab_size)}], got {n}")
     logp = _mode_logprobs(sem, mode)
-    values, ids = logp.sort(dim=1, descending=True, stable=True)  # stable: equal values keep id order
-    values, ids = values[:, :n], ids[:, :n]
+    order = {"raw": sem.raw, "scaled": sem.scaled, "processed": sem.scaled}[mode]
+    order = torch.where(sem.valid[:, None], order, torch.zeros_like(order))
+    ids = order.sort(dim=1, descending=True, stable=True).indices[:, :n]  # stable: equal logits keep id order
+    values = logp.gather(1, ids)
     invalid = ~sem.valid[:, None]
     return (torch.where(invalid, torch.full_like(ids, -1), ids),
             torch.where(invalid, torch.full_like(values, float("nan")), values))

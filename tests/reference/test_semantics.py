@@ -446,7 +446,7 @@ def test_top_logprobs_order_and_ties():
     assert ids.tolist() == [[1, 3, 2, 4, 0, 5]]            # most likely first, ties: lower id first
     torch.testing.assert_close(vals, torch.log_softmax(logits, dim=1)[:, [1, 3, 2, 4, 0, 5]])
     ids, vals = reference_top_logprobs(logits, 4, mode="processed", top_k=1)
-    assert ids.tolist() == [[1, 3, 0, 2]]                  # -inf ids after the finite ones, by id
+    assert ids.tolist() == [[1, 3, 2, 4]]                  # dropped ids (-inf) after the kept ones, by logit
     assert vals[0, :2].tolist() == [math.log(0.5)] * 2 and torch.isneginf(vals[0, 2:]).all()
     ids, vals = reference_top_logprobs(logits, 0)
     assert ids.shape == (1, 0) and vals.shape == (1, 0) and ids.dtype == torch.int64

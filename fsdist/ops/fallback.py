@@ -1,0 +1,259 @@
+"""The exact fallback for filtered rows the kept logits cannot prove (two kernels).
+
+``select_filtered`` leaves a compact list of such rows on the device (a count and the row
+ids). Their logits are recomputed and resolved here, without the host ever learning how
+many there are (no synchronisation):
+
+* ``materialize_kernel`` recomputes the full logits row of up to POOL_ROWS listed rows
+  per *round* into a fixed workspace [POOL_ROWS, V] (the only [rows, V] tensor fsdist ever
+  holds, and only rows that need it);
+* ``resolve_kernel`` runs, per pooled row, the same thresholds as ``select_filtered``
+  (bisection on order-preserving keys; see there), but over every logit of the row, so
+  nothing needs proving; then the token (argmax of logit + T * Gumbel over the kept
+  ids, with the contract's noise), its logprob and the top-N logprobs.
+
+The host launches ceil(B / POOL_ROWS) rounds; a round whose slots are past the count
+exits at once (a few microseconds when nothing falls back). The fallback is slow when it
+runs (a second pass over the weight for the listed rows, then a few dozen passes over
+each pooled row) and is meant to be rare: ``bench/`` reports how often it runs.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..params import LOGPROBS_MODES, RowParams
+from .epilogue import row_temperature
+from .noise import gumbel_from_bits, vocab_bits
+from .select_filtered import order_key, scalar_param
+from .utils import fast_log_ok, row_param_args
+
+POOL_ROWS = 16  # rows resolved per round (tl.dot needs >= 16 rows)
+
+
+@triton.jit
+def materialize_kernel(h_ptr, w_ptr, pool_ptr, fb_count_ptr, fb_rows_ptr, round_start,
+                       D, V_rows, vocab_size, vocab_start, stride_hb, stride_pool,
+                       POOL: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):
+    """Logits of this round's listed rows for vocabulary tile program_id(0) into the pool
+    (columns = global ids; padding ids and ids past this weight's rows untouched)."""
+    pid_v = tl.program_id(0)
+    n = tl.load(fb_count_ptr)
+    slots = round_start + tl.arange(0, POOL)
+    active = slots < n
+    if tl.max(active.to(tl.int32), axis=0) > 0:
+        rows = tl.load(fb_rows_ptr + slots, mask=active, other=0)
+        offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+        offs_k = tl.arange(0, BLOCK_K)
+        mask_v = offs_v < V_rows
+        acc = tl.zeros([POOL, BLOCK_V], dtype=tl.float32)
+        for k in range(0, D, BLOCK_K):
+            mk = (k + offs_k) < D
+            h = tl.load(h_ptr + rows[:, None].to(tl.int64) * stride_hb + (k + offs_k)[None, :],
+                        mask=active[:, None] & mk[None, :], other=0.0)
+            w = tl.load(w_ptr + offs_v[:, None].to(tl.int64) * D + (k + offs_k)[None, :],
+                        mask=mask_v[:, None] & mk[None, :], other=0.0)
+            if DOT_UPCAST:
+                h = h.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        gid = vocab_start + offs_v
+        ok = mask_v & (gid < vocab_size)
+        tl.store(pool_ptr + tl.arange(0, POOL)[:, None].to(tl.int64) * stride_pool + gid[None, :], acc,
+                 mask=active[:, None] & ok[None, :])
+
+
+@triton.jit
+def _count_ge(row_ptr, V, x, BLOCK: tl.constexpr):
+    n = tl.zeros([], tl.int32)
+    for c in range(0, V, BLOCK):
+        offs = c + tl.arange(0, BLOCK)
+        v = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
+        n += tl.sum(((v > float("-inf")) & (order_key(v) >= x)).to(tl.int32), axis=0)
+    return n
+
+
+@triton.jit
+def _mass_where(row_ptr, V, m, inv_t, lo_key, gt_key, BLOCK: tl.constexpr):
+    """sum of exp((l - m) / T) over logits with key >= lo_key and key > gt_key."""
+    z = tl.zeros([], tl.float32)
+    for c in range(0, V, BLOCK):
+        offs = c + tl.arange(0, BLOCK)
+        v = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
+        k = order_key(v)
+        sel = (v > float("-inf")) & (k >= lo_key) & (k > gt_key)
+        z += tl.sum(tl.where(sel, tl.exp((v - m) * inv_t), 0.0), axis=0)
+    return z
+
+
+@triton.jit
+def resolve_kernel(pool_ptr, stride_pool, fb_count_ptr, fb_rows_ptr, round_start, V,
+                   seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
+                   topk_ptr, topk_val, topp_ptr, topp_val, minp_ptr, minp_val,
+                   tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
+                   SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
+                   TOPK_PER_ROW: tl.constexpr, TOPP_PER_ROW: tl.constexpr, MINP_PER_ROW: tl.constexpr,
+                   BLOCK: tl.constexpr, TOP_N: tl.constexpr, TOP_N_POW2: tl.constexpr, MODE: tl.constexpr,
+                   LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr):
+    slot = round_start + tl.program_id(0)
+    if slot < tl.load(fb_count_ptr):
+        row = tl.load(fb_rows_ptr + slot)
+        row_ptr = pool_ptr + tl.program_id(0).to(tl.int64) * stride_pool
+        temp = scalar_param(temp_ptr, temp_val, row, tl.float32, TEMP_PER_ROW)
+        inv_t, noise_scale, greedy, _bad = row_temperature(temp)
+        top_k = scalar_param(topk_ptr, topk_val, row, tl.int32, TOPK_PER_ROW)
+        top_p = scalar_param(topp_ptr, topp_val, row, tl.float32, TOPP_PER_ROW)
+        min_p = scalar_param(minp_ptr, minp_val, row, tl.float32, MINP_PER_ROW)
+        use_k = (top_k > 0) & (top_k < V)
+        use_p = top_p < 1.0
+        use_minp = min_p > 0.0
+        filtered = ~greedy & (use_k | use_p | use_minp)
+
+        # the row's max and normalisers
+        m = tl.full([], float("-inf"), tl.float32)
+        for c in range(0, V, BLOCK):
+            offs = c + tl.arange(0, BLOCK)
+            m = tl.maximum(m, tl.max(tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")), axis=0))
+        z_full = _mass_where(row_ptr, V, m, inv_t, 0, -1, BLOCK)
+        n_live = _count_ge(row_ptr, V, 0, BLOCK)
+
+        # thresholds: exactly select_filtered's, over every logit
+        key_s = tl.full([], 0, tl.int64)
+        if use_minp:
+            key_s = tl.maximum(key_s, order_key(m + temp * tl.log(tl.where(use_minp, min_p, 1.0))))
+        if use_k:
+            kk = tl.minimum(top_k, n_live)
+            lo = tl.full([], 0, tl.int64)
+            hi = tl.full([], 4294967296, tl.int64)
+            for _ in range(32):
+                mid = (lo + hi) // 2
+                big = _count_ge(row_ptr, V, mid, BLOCK) >= kk
+                lo = tl.where(big, mid, lo)
+                hi = tl.where(big, hi, mid)
+            key_s = tl.maximum(key_s, lo)
+        z_s = tl.where(key_s > 0, _mass_where(row_ptr, V, m, inv_t, key_s, -1, BLOCK), z_full)
+        key_t = key_s
+        if use_p:
+            lo2 = tl.full([], -1, tl.int64)
+            hi2 = tl.full([], 4294967295, tl.int64)
+            for _ in range(32):
+                mid = (lo2 + hi2) // 2
+                ok = _mass_where(row_ptr, V, m, inv_t, key_s, mid, BLOCK) < top_p * z_s
+                hi2 = tl.where(ok, mid, hi2)
+                lo2 = tl.where(ok, lo2, mid)
+            key_t = tl.maximum(key_t, hi2)
+
+        if filtered:
+            seed = scalar_param(seed_ptr, seed_val, row, tl.int64, SEED_PER_ROW)
+            offset = scalar_param(offset_ptr, offset_val, row, tl.int64, OFFSET_PER_ROW)
+            best = tl.full([], float("-inf"), tl.float32)
+            tok = tl.full([], 2147483647, tl.int32)
+            l_tok = tl.full([], float("-inf"), tl.float32)
+            z_kept = tl.zeros([], tl.float32)
+            for c in range(0, V, BLOCK):
+                offs = c + tl.arange(0, BLOCK)
+                v = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
+                kept = (v > float("-inf")) & (order_key(v) >= key_t)
+                g = gumbel_from_bits(vocab_bits(seed, offset, offs), FAST_LOG)
+                score = tl.where(kept, v + noise_scale * g, float("-inf"))
+                cb = tl.max(score, axis=0)
+                cid = tl.min(tl.where(kept & (score == cb), offs, 2147483647), axis=0)
+                cv = tl.max(tl.where(offs == cid, v, float("-inf")), axis=0)
+                take = cb > best  # strictly: an earlier (lower-id) chunk keeps ties
+                best = tl.where(take, cb, best)
+                tok = tl.where(take, cid, tok)
+                l_tok = tl.where(take, cv, l_tok)
+                z_kept += tl.sum(tl.where(kept, tl.exp((v - m) * inv_t), 0.0), axis=0)
+            tl.store(tokens_ptr + row, tok.to(tl.int64))
+            if LOGPROBS:
+                if MODE == 1:
+                    lp = (l_tok - m) - tl.log(_mass_where(row_ptr, V, m, 1.0, 0, -1, BLOCK))
+                elif MODE == 2:
+                    lp = (l_tok - m) * inv_t - tl.log(z_kept)
+                else:
+                    lp = (l_tok - m) * inv_t - tl.log(z_full)
+                tl.store(logprob_ptr + row, lp)
+
+        if TOP_N > 0:
+            if MODE == 1:
+                log_z = tl.log(_mass_where(row_ptr, V, m, 1.0, 0, -1, BLOCK))
+                scale = 1.0
+            else:
+                log_z = tl.log(z_full)
+                scale = inv_t
+            if MODE == 2:
+                if filtered:
+                    log_z = tl.log(_mass_where(row_ptr, V, m, inv_t, key_t, -1, BLOCK))
+            n = tl.arange(0, TOP_N_POW2)
+            out_ids = tl.full([TOP_N_POW2], -1, tl.int64)
+            out_lp = tl.full([TOP_N_POW2], float("-inf"), tl.float32)
+            # the previous pick, as (key, id): the next is the largest strictly below it in (key desc, id asc)
+            prev_key = tl.full([], 4294967296, tl.int64)
+            prev_id = tl.full([], -1, tl.int32)
+            for t in tl.static_range(TOP_N):
+                kmax = tl.full([], -1, tl.int64)
+                for c in range(0, V, BLOCK):
+                    offs = c + tl.arange(0, BLOCK)
+                    v = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
+                    k = order_key(v)
+                    after = (k < prev_key) | ((k == prev_key) & (offs > prev_id))
+                    kmax = tl.maximum(kmax, tl.max(tl.where((v > float("-inf")) & after, k, -1), axis=0))
+                idsel = tl.full([], 2147483647, tl.int32)
+                vsel = tl.full([], float("-inf"), tl.float32)
+                for c in range(0, V, BLOCK):
+                    offs = c + tl.arange(0, BLOCK)
+                    v = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
+                    k = order_key(v)
+                    after = (k < prev_key) | ((k == prev_key) & (offs > prev_id))
+                    pick = (v > float("-inf")) & after & (k == kmax)
+                    cid = tl.min(tl.where(pick, offs, 2147483647), axis=0)
+                    vsel = tl.where(cid < idsel, tl.max(tl.where(offs == cid, v, float("-inf")), axis=0), vsel)
+                    idsel = tl.minimum(idsel, cid)
+                have = kmax >= 0
+                lpv = (vsel - m) * scale - log_z
+                if MODE == 2:
+                    if filtered:
+                        lpv = tl.where(kmax >= key_t, lpv, float("-inf"))
+                out_ids = tl.where(n == t, tl.where(have, idsel, -1).to(tl.int64), out_ids)
+                out_lp = tl.where(n == t, tl.where(have, lpv, float("-inf")), out_lp)
+                prev_key = tl.where(have, kmax, prev_key)
+                prev_id = tl.where(have, idsel, prev_id)
+            tl.store(top_ids_ptr + row * TOP_N + n, out_ids, mask=n < TOP_N)
+            tl.store(top_lp_ptr + row * TOP_N + n, out_lp, mask=n < TOP_N)
+
+
+def run_fallback(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, *, vocab_size: int,
+                 fb_count: torch.Tensor, fb_rows: torch.Tensor, tokens: torch.Tensor, logprobs=None,
+                 top_n: int = 0, mode: str = "scaled", top_ids=None, top_lp=None, block_k: int = 64) -> None:
+    """Resolve the listed rows exactly (see the module docstring). Launches ceil(B / POOL_ROWS)
+    rounds of (materialize, resolve), each a no-op once its slots are past the device count."""
+    B, D = hidden.shape
+    if B == 0:
+        return
+    device = hidden.device
+    on_gpu = device.type == "cuda"
+    V = vocab_size
+    pool = torch.empty(POOL_ROWS, V, dtype=torch.float32, device=device)
+    block_v = 128
+    block_k = max(16, min(block_k, triton.next_power_of_2(D)))
+    dummy = fb_rows
+    args, flags = [], {}
+    for name, x in (("SEED", params.seed), ("OFFSET", params.offset), ("TEMP", params.temperature),
+                    ("TOPK", params.top_k), ("TOPP", params.top_p), ("MINP", params.min_p)):
+        p, v, per_row = row_param_args(x, dummy)
+        args += [p, float(v) if name in ("TEMP", "TOPP", "MINP") else v]
+        flags[f"{name}_PER_ROW"] = per_row
+    for start in range(0, B, POOL_ROWS):
+        # Every column of the pool (ids < vocab_size) is rewritten for the round's rows.
+        materialize_kernel[(triton.cdiv(weight.shape[0], block_v),)](
+            hidden, weight, pool, fb_count, fb_rows, start, D, weight.shape[0], vocab_size, 0, hidden.stride(0),
+            pool.stride(0), POOL=POOL_ROWS, BLOCK_V=block_v, BLOCK_K=block_k,
+            DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
+            DOT_UPCAST=hidden.dtype == torch.bfloat16 and not on_gpu, num_warps=4, num_stages=2 if on_gpu else 1)
+        resolve_kernel[(POOL_ROWS,)](
+            pool, pool.stride(0), fb_count, fb_rows, start, V, *args,
+            tokens, logprobs if logprobs is not None else dummy,
+            top_ids if top_ids is not None else dummy, top_lp if top_lp is not None else dummy,
+            **flags, BLOCK=4096 if on_gpu else 1024, TOP_N=top_n, TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)),
+            MODE=LOGPROBS_MODES.index(mode), LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device),
+            num_warps=8 if on_gpu else 4)
