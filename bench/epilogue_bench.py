@@ -28,13 +28,11 @@ two-stream variant; their JSONs in bench/results keep those rows.) Prints a tabl
 
     python3 bench/epilogue_bench.py [--shapes 4096x151936,8192x128256] [--batches 64,128,256]
 """
-import argparse
-import re
-import sys
-from pathlib import Path
+import common as C  # first: the repo root on sys.path, fsdist.env.apply_safe_env() before torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common as C  # noqa: E402  (sets the no-multicast environment before torch)
+import argparse  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -260,7 +258,7 @@ def main(argv=None) -> int:
                    "chunked_vs_v4_mismatch_rows": c.mismatch, "times": {}}
             for name, fn in methods.items():
                 try:
-                    xs = C.time_events(fn, [(h,) for h in c.hs], warmup=args.warmup, reps=args.reps, flush=flush,
+                    xs = C.time_calls(fn, [(h,) for h in c.hs], warmup=args.warmup, reps=args.reps, flush=flush,
                                        device=dev)
                 except Exception as e:  # noqa: BLE001
                     failures.append(f"B={B} D={D}: timing {name} failed: {type(e).__name__}: {str(e)[:300]}")

@@ -25,9 +25,7 @@ check is reported next to the table and makes the exit status 1.
 CPU smoke run (Triton interpreter, tiny shape):   python bench/kernel_bench.py
 Full GPU run: see bench/README.md.
 """
-import os
-
-os.environ.update({"NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0"})
+import common as C  # first: the repo root on sys.path, fsdist.env.apply_safe_env() before torch
 
 import argparse  # noqa: E402
 import importlib  # noqa: E402
@@ -38,10 +36,6 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 from typing import Callable, Dict, List, Optional  # noqa: E402
-
-_BENCH = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [_BENCH, os.path.dirname(_BENCH)]  # bench/ for common, the repo root for fsdist (no install needed)
-import common as C  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -686,7 +680,7 @@ def main(argv=None) -> int:
                         break
                     try:
                         w = warmup if rep == 0 else min(5, warmup)  # later runs only re-warm the clocks
-                        samples[name].append(C.time_events(lambda h: fn(h), [(h,) for h in hs], warmup=w,
+                        samples[name].append(C.time_calls(lambda h: fn(h), [(h,) for h in hs], warmup=w,
                                                            reps=reps, flush=flush, before_call=bump, device=device))
                     except Exception as e:  # noqa: BLE001
                         errors[name] = f"{type(e).__name__}: {str(e)[:300]}"

@@ -35,14 +35,13 @@ Rank 0 prints a table last and writes bench/results/tp_sweep_tp<N>_<gpu>_<date>.
 range; candidates mode gives fsdist.sample's tokens on the full weight; greedy rows
 give the argmax); failures are printed under the table and make the exit status 1.
 """
-import os
-
-os.environ.update({"NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0"})
+import common as C  # first: the repo root on sys.path, fsdist.env.apply_safe_env() before torch/NCCL
 
 import argparse  # noqa: E402
 import glob  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import os  # noqa: E402
 import re  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -50,10 +49,6 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from typing import Callable, Dict, List, Optional  # noqa: E402
-
-_BENCH = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [_BENCH, os.path.dirname(_BENCH)]  # bench/ for common, the repo root for fsdist (no install needed)
-import common as C  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -149,46 +144,24 @@ def time_lockstep(comm: Comm, fn: Callable, hs: List[torch.Tensor], *, warmup: i
     per_run = []
     for _ in range(runs):
         comm.barrier()
-        if comm.device.type == "cuda":
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for i in range(iters):
-                fn(hs[i % len(hs)])
-            e.record()
-            torch.cuda.synchronize()
-            per_run.append(s.elapsed_time(e) * 1e3 / iters)
-        else:
-            t = time.perf_counter()
-            for i in range(iters):
-                fn(hs[i % len(hs)])
-            per_run.append((time.perf_counter() - t) * 1e6 / iters)
+        start = C.Stamp(comm.device)
+        for i in range(iters):
+            fn(hs[i % len(hs)])
+        end = C.Stamp(comm.device)
+        C.sync(comm.device)
+        per_run.append(start.us_to(end) / iters)
     return comm.max_list(per_run)
-
-
-class _Stamp:
-    """A point on the stream: a CUDA event, or the host clock on CPU."""
-
-    def __init__(self, device):
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.ev = torch.cuda.Event(enable_timing=True)
-            self.ev.record()
-        else:
-            self.t = time.perf_counter()
-
-    def us_to(self, other: "_Stamp") -> float:
-        return self.ev.elapsed_time(other.ev) * 1e3 if self.cuda else (other.t - self.t) * 1e6
 
 
 def hook_breakdown(comm: Comm, head, call: Callable, hs, iters: int) -> Optional[Dict]:
     """Stream time stage1 start -> stage2 start (stage 1 + exchange) and stage2 start -> end."""
     if not hasattr(head, "_debug_hook"):
         return None
-    stamps: Dict[str, _Stamp] = {}
+    stamps: Dict[str, C.Stamp] = {}
     a, b = [], []
 
     def hook(point, step):
-        stamps[point] = _Stamp(comm.device)
+        stamps[point] = C.Stamp(comm.device)
 
     old = head._debug_hook
     head._debug_hook = hook
@@ -198,7 +171,7 @@ def hook_breakdown(comm: Comm, head, call: Callable, hs, iters: int) -> Optional
         for i in range(iters):
             stamps.clear()
             call(hs[i % len(hs)])
-            end = _Stamp(comm.device)
+            end = C.Stamp(comm.device)
             rows.append((stamps.get("before_stage1"), stamps.get("before_stage2"), end))
         C.sync(comm.device)
         for s1, s2, e in rows:

@@ -5,16 +5,14 @@
 Prints, per (shape, B), cuBLAS time and the best configs; writes every timing as JSON
 to bench/results/ (and $OUT when set). Its winners feed fsdist/ops/configs.py.
 """
-import argparse
-import itertools
-import json
-import os
-import sys
-import time
+import common as C  # first: the repo root on sys.path, fsdist.env.apply_safe_env() before torch
 
-os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
-os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+import argparse  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
 
 import torch  # noqa: E402
 import triton  # noqa: E402
