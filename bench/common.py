@@ -129,6 +129,31 @@ def parse_shapes(text: str) -> List[tuple]:
     return shapes
 
 
+# --------------------------------------------------------------------------- sampling parameters
+def row_temperatures(batch: int, center: float, spread: float = 0.25, greedy_rows: int = 0,
+                     device: Optional[torch.device] = None) -> torch.Tensor:
+    """The serving case's per-row temperatures, fp32 [B] on `device`.
+
+    Distinct values evenly spaced over center * [1 - spread, 1 + spread] (center alone at
+    B = 1), then `greedy_rows` rows, evenly spaced through the batch, set to 0 (greedy).
+    A pure function of its arguments: every rank and every run gets the same rows.
+    """
+    if batch == 1:
+        t = torch.full((1,), float(center))
+    else:
+        t = center * (1.0 + spread * torch.linspace(-1.0, 1.0, batch, dtype=torch.float64))
+    n = min(max(int(greedy_rows), 0), batch)
+    if n:
+        t[torch.linspace(0, batch - 1, n, dtype=torch.float64).round().long()] = 0.0
+    return t.to(device=device or bench_device(), dtype=torch.float32)
+
+
+def describe_row_temperatures(center: float, spread: float, greedy_rows: int) -> str:
+    lo, hi = center * (1 - spread), center * (1 + spread)
+    greedy = f", {greedy_rows} greedy row(s) (T=0) per batch" if greedy_rows else ", no greedy rows"
+    return f"[B] fp32 tensor, evenly spaced over [{lo:.3g}, {hi:.3g}] (center {center:g} at B=1){greedy}"
+
+
 # --------------------------------------------------------------------------- statistics
 def summarize(samples_us: Sequence[float]) -> Dict[str, float]:
     xs = sorted(float(x) for x in samples_us if x is not None and math.isfinite(x))
