@@ -24,6 +24,7 @@ import triton  # noqa: E402
 
 import fsdist  # noqa: E402
 from fsdist.ops.configs import TileConfig, pick_config  # noqa: E402
+from fsdist.timing import median_us  # noqa: E402
 
 
 def candidates(B, quick):
@@ -65,7 +66,7 @@ def main():
     flush = C.L2Flusher(dev)
 
     def bench(fn, arg_sets):
-        return fsdist.timing.median_us(fn, arg_sets, warmup=args.warmup, reps=args.reps, flush=flush, device=dev)
+        return median_us(fn, arg_sets, warmup=args.warmup, reps=args.reps, flush=flush, device=dev)
 
     rows = []
     summary = []
