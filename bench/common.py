@@ -1,32 +1,30 @@
-"""Shared helpers for the fsdist benchmarks: timing, ceilings, environment, results.
+"""Shared helpers for the fsdist benchmarks: environment, ceilings, results, tables.
 
-Every bench script imports this module before anything that touches CUDA. The
-module is usable on a machine without a GPU: timing then falls back to a host
-clock and the ceilings are measured on the CPU (labelled as such), so smoke runs
-exercise the same code paths as a GPU run.
+Every bench script imports this module first, before anything that touches CUDA: it
+puts the repository root on ``sys.path`` (no install needed) and applies
+``fsdist.env.apply_safe_env()`` (NVLink multicast off in NCCL, torch symmetric memory
+and NVSHMEM) before torch is imported. The module is usable on a machine without a
+GPU: timing then falls back to a host clock and the ceilings are measured on the CPU
+(labelled as such), so smoke runs exercise the same code paths as a GPU run.
 
-Timing conventions (see docs/benchmarks.md):
-  * ``time_events``: per-call device-event timing in the style of
-    ``triton.testing.do_bench``: warm-up calls, then for every timed call an
-    optional L2 flush, a start event, the call, an end event. The host queues all
-    calls before it synchronises once, so host launch cost is hidden unless the
-    call itself synchronises. Returns one sample (microseconds) per call.
-  * ``time_graph``: the calls captured once in a CUDA graph (``calls_per_graph``
-    calls rotating over the input sets), replayed; one sample per replay, divided
-    by the number of calls in the graph. A ``before_replay`` hook runs outside the
-    timed region (e.g. to advance a device-held offset tensor).
-  * Input rotation: callers pass several input sets (different hidden-state
-    buffers); call i uses set i % n. A [V, D] weight much larger than L2
-    (151936 x 4096 bf16 = 1.24 GB against 50/60 MB of L2) is cold on every call
-    anyway; rotating the hidden states keeps them from being L2-resident from
-    the previous call, and the L2 flush removes whatever the last call left.
+Timing is ``fsdist.timing`` (per-call CUDA events with an L2 flush and input rotation,
+CUDA-graph replay, medians; see its docstring), re-exported here as ``time_calls``,
+``time_graph``, ``CapturedGraph``, ``L2Flusher`` and ``Stamp``. A [V, D] weight much
+larger than L2 (151936 x 4096 bf16 = 1.24 GB against 50/60 MB of L2) is cold on every
+call anyway; rotating the hidden states keeps them from being L2-resident from the
+previous call, and the L2 flush removes whatever the last call left.
 """
 import os
+import sys
+from pathlib import Path
 
-# NVLink multicast can take a shared host's GPUs down: keep it off in every
-# library, before torch (and NCCL / NVSHMEM) are imported.
-_SAFE_ENV = {"NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0"}
-os.environ.update(_SAFE_ENV)
+REPO = Path(__file__).resolve().parent.parent
+if sys.path[:1] != [str(REPO)]:
+    sys.path.insert(0, str(REPO))  # the working tree's fsdist, ahead of an installed one
+
+from fsdist.env import SAFE_ENV, apply_safe_env  # noqa: E402  (standard library only, no torch)
+
+apply_safe_env()
 
 import datetime as _dt  # noqa: E402
 import hashlib  # noqa: E402
@@ -37,14 +35,14 @@ import re  # noqa: E402
 import shlex  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Callable, Dict, List, Optional, Sequence  # noqa: E402
+from typing import Dict, List, Optional, Sequence  # noqa: E402
 
 import torch  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+from fsdist.timing import (CapturedGraph, L2Flusher, Stamp, default_device, synchronize,  # noqa: E402,F401
+                           time_calls, time_graph)
+
 RESULTS_DIR = REPO / "bench" / "results"
 SCHEMA = "fsdist-bench/1"
 _T0 = time.perf_counter()
@@ -81,12 +79,11 @@ def has_gpu() -> bool:
 
 
 def bench_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if has_gpu() else torch.device("cpu")
+    return default_device()
 
 
 def sync(device: Optional[torch.device] = None):
-    if (device is None and has_gpu()) or (device is not None and device.type == "cuda"):
-        torch.cuda.synchronize(device)
+    synchronize(device)
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -132,6 +129,31 @@ def parse_shapes(text: str) -> List[tuple]:
     return shapes
 
 
+# --------------------------------------------------------------------------- sampling parameters
+def row_temperatures(batch: int, center: float, spread: float = 0.25, greedy_rows: int = 0,
+                     device: Optional[torch.device] = None) -> torch.Tensor:
+    """The serving case's per-row temperatures, fp32 [B] on `device`.
+
+    Distinct values evenly spaced over center * [1 - spread, 1 + spread] (center alone at
+    B = 1), then `greedy_rows` rows, evenly spaced through the batch, set to 0 (greedy).
+    A pure function of its arguments: every rank and every run gets the same rows.
+    """
+    if batch == 1:
+        t = torch.full((1,), float(center))
+    else:
+        t = center * (1.0 + spread * torch.linspace(-1.0, 1.0, batch, dtype=torch.float64))
+    n = min(max(int(greedy_rows), 0), batch)
+    if n:
+        t[torch.linspace(0, batch - 1, n, dtype=torch.float64).round().long()] = 0.0
+    return t.to(device=device or bench_device(), dtype=torch.float32)
+
+
+def describe_row_temperatures(center: float, spread: float, greedy_rows: int) -> str:
+    lo, hi = center * (1 - spread), center * (1 + spread)
+    greedy = f", {greedy_rows} greedy row(s) (T=0) per batch" if greedy_rows else ", no greedy rows"
+    return f"[B] fp32 tensor, evenly spaced over [{lo:.3g}, {hi:.3g}] (center {center:g} at B=1){greedy}"
+
+
 # --------------------------------------------------------------------------- statistics
 def summarize(samples_us: Sequence[float]) -> Dict[str, float]:
     xs = sorted(float(x) for x in samples_us if x is not None and math.isfinite(x))
@@ -145,103 +167,13 @@ def summarize(samples_us: Sequence[float]) -> Dict[str, float]:
             "mean_us": statistics.fmean(xs), "p10_us": q(0.1), "p90_us": q(0.9)}
 
 
-# --------------------------------------------------------------------------- timing
-class L2Flusher:
-    """Writes a buffer larger than L2 (twice its size, at least 256 MB) between timed calls."""
-
-    def __init__(self, device: torch.device):
-        self.buf = None
-        if device.type == "cuda":
-            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20) or (50 << 20)
-            self.buf = torch.empty(max(256 << 20, 2 * l2), dtype=torch.int8, device=device)
-
-    def __call__(self):
-        if self.buf is not None:
-            self.buf.zero_()
-
-
-def time_events(fn: Callable, arg_sets: Sequence[tuple], *, warmup: int, reps: int,
-                flush: Optional[L2Flusher] = None, before_call: Optional[Callable[[int], None]] = None,
-                device: Optional[torch.device] = None) -> List[float]:
-    """Per-call times in microseconds (see the module docstring)."""
-    device = device or bench_device()
-    n = len(arg_sets)
-    for i in range(warmup):
-        fn(*arg_sets[i % n])
-    sync(device)
-    if device.type != "cuda":
-        out = []
-        for i in range(reps):
-            if before_call is not None:
-                before_call(i)
-            t = time.perf_counter()
-            fn(*arg_sets[i % n])
-            out.append((time.perf_counter() - t) * 1e6)
-        return out
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        if before_call is not None:
-            before_call(i)
-        if flush is not None:
-            flush()
-        starts[i].record()
-        fn(*arg_sets[i % n])
-        ends[i].record()
-    torch.cuda.synchronize(device)
-    return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
-
-
-class CapturedGraph:
-    """`calls` calls of fn over the rotating input sets, captured once in a CUDA graph."""
-
-    def __init__(self, fn: Callable, arg_sets: Sequence[tuple], calls: int, warmup: int = 3):
-        self.calls = calls
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up off the capture stream (workspaces, lazy init)
-            for i in range(max(warmup, 1)):
-                fn(*arg_sets[i % len(arg_sets)])
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.outputs = [fn(*arg_sets[i % len(arg_sets)]) for i in range(calls)]
-        torch.cuda.synchronize()
-
-    def replay(self):
-        self.graph.replay()
-
-
-def time_graph(graph: CapturedGraph, *, warmup: int, reps: int, flush: Optional[L2Flusher] = None,
-               before_replay: Optional[Callable[[int], None]] = None) -> List[float]:
-    """Microseconds per call (replay time / calls in the graph), one sample per replay."""
-    for i in range(warmup):
-        if before_replay is not None:
-            before_replay(i)
-        graph.replay()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        if before_replay is not None:
-            before_replay(i)
-        if flush is not None:
-            flush()
-        starts[i].record()
-        graph.replay()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) * 1e3 / graph.calls for s, e in zip(starts, ends)]
-
-
 # --------------------------------------------------------------------------- ceilings
 def measure_copy_bandwidth(device: torch.device, nbytes: Optional[int] = None, reps: int = 20) -> Dict:
     """Device-to-device copy rate, counting bytes read plus bytes written (bytes/s)."""
     nbytes = nbytes or ((1 << 30) if device.type == "cuda" else (64 << 20))
     src = torch.randint(-100, 100, (nbytes // 4,), dtype=torch.int32, device=device)
     dst = torch.empty_like(src)
-    ts = time_events(lambda: dst.copy_(src), [()], warmup=3, reps=reps, device=device)
+    ts = time_calls(lambda: dst.copy_(src), [()], warmup=3, reps=reps, device=device)
     s = summarize(ts)
     moved = 2 * src.numel() * src.element_size()
     del src, dst
@@ -253,7 +185,7 @@ def measure_read_bandwidth(device: torch.device, nbytes: Optional[int] = None, r
     """Read-only rate through a full reduction (x.sum()), informational."""
     nbytes = nbytes or ((1 << 30) if device.type == "cuda" else (64 << 20))
     x = torch.randn(nbytes // 4, dtype=torch.float32, device=device)
-    ts = time_events(lambda: x.sum(), [()], warmup=3, reps=reps, device=device)
+    ts = time_calls(lambda: x.sum(), [()], warmup=3, reps=reps, device=device)
     s = summarize(ts)
     moved = x.numel() * 4
     del x
@@ -269,7 +201,7 @@ def measure_matmul_rate(device: torch.device, dtype=torch.bfloat16, n: Optional[
     n = n or 8192
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    ts = time_events(lambda: a @ b, [()], warmup=3, reps=reps, device=device)
+    ts = time_calls(lambda: a @ b, [()], warmup=3, reps=reps, device=device)
     s = summarize(ts)
     flops = 2.0 * n ** 3
     del a, b
@@ -344,7 +276,7 @@ def env_info(argv: Optional[Sequence[str]] = None) -> Dict:
         "cpu_count": os.cpu_count(),
         "source_sha256_16": _source_hash(),
         "env": {k: os.environ.get(k) for k in
-                ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "LOCAL_WORLD_SIZE", *_SAFE_ENV)
+                ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "LOCAL_WORLD_SIZE", *SAFE_ENV)
                 if os.environ.get(k) is not None},
     }
     try:

@@ -16,6 +16,7 @@ pieces side by side in one run, per shape and batch size:
   fused_<cfg>       the same with another tile config, e.g. 128x128x64w8s3 (block_b x block_v x
                     block_k, warps, stages; a trailing t feeds the GEMM through TMA descriptors)
   gumbel_compiled   the best materialized baseline: cuBLAS + compiled Gumbel argmax
+                    (fsdist.reference.baselines.compiled_sampler("gumbel"))
 
 Before timing it checks that every pass variant writes the default pass's candidates bit
 for bit, and reports how many rows the chunked variants and the fused path disagree on
@@ -27,24 +28,26 @@ two-stream variant; their JSONs in bench/results keep those rows.) Prints a tabl
 (bench/results/epilogue_bench_<gpu>_<date>.json, mirrored to $OUT) keeps everything.
 
     python3 bench/epilogue_bench.py [--shapes 4096x151936,8192x128256] [--batches 64,128,256]
-"""
-import argparse
-import re
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common as C  # noqa: E402  (sets the no-multicast environment before torch)
+GPU only: on a machine without one it says so and exits 0 (nothing to measure).
+"""
+import common as C  # first: the repo root on sys.path, fsdist.env.apply_safe_env() before torch
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 import fsdist  # noqa: E402
-from fsdist._validation import RowParams  # noqa: E402
-from fsdist.ops.configs import TileConfig, pick_config  # noqa: E402
-from fsdist.ops.sampler import (CandidateLayout, chunk_logits, chunk_rows_for,  # noqa: E402
-                                launch_fused, launch_reduce, launch_sample_logits)
+from fsdist.ops.configs import TileConfig, chunk_rows_for, pick_config  # noqa: E402
+from fsdist.ops.fused_sample import launch_fused  # noqa: E402
+from fsdist.ops.layout import BufferPair, CandidateLayout  # noqa: E402
+from fsdist.ops.merge_candidates import launch_merge  # noqa: E402
+from fsdist.ops.sample_logits import chunk_logits, launch_sample_logits  # noqa: E402
+from fsdist.params import RowParams  # noqa: E402
+from fsdist.reference import baselines  # noqa: E402
 
 PASS_VARIANTS = {  # name: launch_sample_logits keyword arguments
     "pass_default": dict(),  # what launch_chunked runs
@@ -70,19 +73,19 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--fused-configs", default="",
-                   help="extra fused tile configs, comma separated: <bb>x<bv>x<bk>w<warps>s<stages>[t]")
+                   help="extra fused tile configs, comma separated, as TileConfig.name writes them: "
+                        "<bb>x<bv>x<bk>w<warps>s<stages>[t] (t: TMA), e.g. 128x128x64w8s3")
     p.add_argument("--only", default="",
                    help="time only these methods (comma separated prefixes); checks still run")
     return p.parse_args(argv)
 
 
-def parse_fused_config(text: str) -> TileConfig:
-    """'128x128x64w8s3t' -> TileConfig(128, 128, 64, 8, 3, tma=True)."""
-    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(t?)", text.strip())
-    if not m:
-        raise SystemExit(f"--fused-configs: cannot read {text!r} (want e.g. 128x128x64w8s3 or 64x128x64w8s5t)")
-    bb, bv, bk, nw, ns = (int(g) for g in m.groups()[:5])
-    return TileConfig(bb, bv, bk, nw, ns, tma=bool(m.group(6)))
+def parse_fused_configs(text: str):
+    """'128x128x64w8s3,64x128x64w8s5t' -> TileConfigs (TileConfig.parse; 't' = TMA)."""
+    try:
+        return [TileConfig.parse(t) for t in text.split(",") if t.strip()]
+    except ValueError as e:
+        raise SystemExit(f"--fused-configs: {e}") from None
 
 
 class Cell:
@@ -98,7 +101,7 @@ class Cell:
         self.bv = self.cfg.block_v
         self.n_tiles = triton.cdiv(V, self.bv)
         self.layout = CandidateLayout(1, self.n_tiles, B)
-        self.cand = self.layout.alloc(dev)
+        self.cand = BufferPair.alloc(self.layout, dev)
         self.logits = torch.mm(self.hs[0], W.T, torch.float32)  # full fp32 logits for the pass-only rows
         self.bufs = {}
 
@@ -111,8 +114,8 @@ class Cell:
         return dict(vocab_size=self.V, vocab_start=0)
 
 
-def pass_new(c: Cell, logits, tiles, cand, variant):
-    launch_sample_logits(logits, c.params, c.layout, cand[0], cand[1], block_v=c.bv, tiles=tiles, V_rows=c.V,
+def pass_new(c: Cell, logits, tiles, cand: BufferPair, variant):
+    launch_sample_logits(logits, c.params, c.layout, cand, block_v=c.bv, tiles=tiles, V_rows=c.V,
                          vocab_size=c.V, **PASS_VARIANTS[variant])
 
 
@@ -142,18 +145,13 @@ class FusedVariant:
     def __init__(self, c: Cell, cfg: TileConfig):
         self.cfg = cfg
         self.layout = CandidateLayout(1, triton.cdiv(c.V, cfg.block_v), c.B)
-        self.cand = self.layout.alloc(c.W.device)
+        self.cand = BufferPair.alloc(self.layout, c.W.device)
         self.c = c
 
     def __call__(self, h):
         c = self.c
-        launch_fused(h, c.W, c.params, self.cfg, self.layout, self.cand[0], self.cand[1], **c.kw())
-        return launch_reduce(self.layout, self.cand[0], self.cand[1], c.B)[0]
-
-
-def config_name(cfg: TileConfig) -> str:
-    t = "t" if cfg.tma else ""
-    return f"fused_{cfg.block_b}x{cfg.block_v}x{cfg.block_k}w{cfg.num_warps}s{cfg.num_stages}{t}"
+        launch_fused(h, c.W, c.params, self.cfg, self.layout, self.cand, **c.kw())
+        return launch_merge(self.layout, self.cand, c.B, c.params)[0]
 
 
 def build_methods(c: Cell, budgets, baseline, fused_configs=()):
@@ -168,7 +166,7 @@ def build_methods(c: Cell, budgets, baseline, fused_configs=()):
         m[v] = lambda h, v=v: pass_new(c, c.logits, (0, c.n_tiles), c.cand, v)
 
     def reduce_():
-        return launch_reduce(c.layout, c.cand[0], c.cand[1], c.B)[0]
+        return launch_merge(c.layout, c.cand, c.B, c.params)[0]
 
     for mb in budgets:
         def chunked(h, mb=mb):
@@ -183,31 +181,31 @@ def build_methods(c: Cell, budgets, baseline, fused_configs=()):
         m[f"sample_{mb}"] = lambda h: fsdist.sample(h, c.W, temperature=1.0, seed=c.params.seed,
                                                     offset=c.params.offset).tokens
     m["greedy_pass"] = lambda h: launch_sample_logits(  # no noise: the pass's load + reduction floor
-        c.logits, RowParams(0.0, 0, 0), c.layout, c.cand[0], c.cand[1], block_v=c.bv, tiles=(0, c.n_tiles),
+        c.logits, RowParams(0.0, 0, 0), c.layout, c.cand, block_v=c.bv, tiles=(0, c.n_tiles),
         V_rows=c.V, vocab_size=c.V, block_b=16, num_warps=4)
 
     m["fused"] = FusedVariant(c, c.cfg)
     for cfg in fused_configs:
-        m[config_name(cfg)] = FusedVariant(c, cfg)
+        m[f"fused_{cfg.name}"] = FusedVariant(c, cfg)
     if baseline is not None:
-        m["gumbel_compiled"] = lambda h: baseline(h, c.W)
+        m["gumbel_compiled"] = lambda h: baseline(h, c.W, 1.0)
     return m
 
 
 def check(c: Cell, methods, failures):
     """Every pass variant writes the default pass's candidates bit for bit; token disagreements
     between chunk sizes and with the fused path (fp32 summation-order near-ties) are counted."""
-    ref_cand = c.layout.alloc(c.W.device)
+    ref_cand = BufferPair.alloc(c.layout, c.W.device)
     pass_new(c, c.logits, (0, c.n_tiles), ref_cand, "pass_default")
     for v in PASS_VARIANTS:
-        cand = c.layout.alloc(c.W.device)
+        cand = BufferPair.alloc(c.layout, c.W.device)
         try:
             pass_new(c, c.logits, (0, c.n_tiles), cand, v)
         except Exception as e:  # noqa: BLE001  (a variant that does not compile is dropped, not fatal)
             failures.append(f"B={c.B} D={c.D}: {v} failed: {type(e).__name__}: {str(e)[:300]}")
             methods.pop(v, None)
             continue
-        same = torch.equal(cand[1], ref_cand[1]) and torch.equal(cand[0], ref_cand[0])
+        same = torch.equal(cand.i, ref_cand.i) and torch.equal(cand.f, ref_cand.f)
         if not same:
             failures.append(f"B={c.B} D={c.D}: {v} candidates differ from pass_default")
     h = c.hs[0]
@@ -221,7 +219,7 @@ def check(c: Cell, methods, failures):
             twin = methods.get(name[:-1]) if name.endswith("t") else None
             if twin is not None:
                 twin(h)
-                if not (torch.equal(fn.cand[1], twin.cand[1]) and torch.equal(fn.cand[0], twin.cand[0])):
+                if not (torch.equal(fn.cand.i, twin.cand.i) and torch.equal(fn.cand.f, twin.cand.f)):
                     failures.append(f"B={c.B} D={c.D}: {name} candidates differ from {name[:-1]} (TMA changed a bit)")
     c.fused_vs_chunked_mismatch = c.mismatch.pop("fused")
 
@@ -230,21 +228,20 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     dev = C.bench_device()
     if dev.type != "cuda":
-        print("epilogue_bench needs a CUDA GPU (it times cuBLAS against Triton passes)")
+        print("epilogue_bench: skipped, no CUDA GPU here. It times cuBLAS GEMMs against Triton sampling "
+              "passes, which means nothing under the interpreter; run it on a GPU (bench/README.md).", flush=True)
         return 0
     shapes = C.parse_shapes(args.shapes)
     batches = C.parse_int_list(args.batches)
     budgets = C.parse_int_list(args.budgets)
-    fused_configs = [parse_fused_config(t) for t in args.fused_configs.split(",") if t.strip()]
+    fused_configs = parse_fused_configs(args.fused_configs)
     only = tuple(t.strip() for t in args.only.split(",") if t.strip())
     out = C.ResultWriter("epilogue_bench", dev)
     out.data.update(env=C.env_info(), args=vars(args), cells=[])
     flush = C.L2Flusher(dev)
     baseline = None
     if not args.no_compile:
-        from kernel_bench import make_torch_samplers
-
-        baseline = torch.compile(make_torch_samplers(1.0)["gumbel"], dynamic=None)
+        baseline = baselines.compiled_sampler("gumbel", dynamic=None)
     failures = []
     table = []
     for D, V in shapes:
@@ -260,7 +257,7 @@ def main(argv=None) -> int:
                    "chunked_vs_v4_mismatch_rows": c.mismatch, "times": {}}
             for name, fn in methods.items():
                 try:
-                    xs = C.time_events(fn, [(h,) for h in c.hs], warmup=args.warmup, reps=args.reps, flush=flush,
+                    xs = C.time_calls(fn, [(h,) for h in c.hs], warmup=args.warmup, reps=args.reps, flush=flush,
                                        device=dev)
                 except Exception as e:  # noqa: BLE001
                     failures.append(f"B={B} D={D}: timing {name} failed: {type(e).__name__}: {str(e)[:300]}")

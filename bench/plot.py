@@ -27,7 +27,8 @@ LABELS = {
     "cublas": "cuBLAS matmul only (floor)",
     "fsdist": "fsdist",
     "fsdist_logprobs": "fsdist + logprobs",
-    "fsdist_tvec": "fsdist, [B] temperature",
+    "fsdist_scalar": "fsdist, one float temperature",
+    "fsdist_tvec": "fsdist, [B] temperature",  # runs of 2026-11-21 only (equal temperatures)
     "multinomial_eager": "matmul+softmax+multinomial (eager)",
     "multinomial_compiled": "matmul+softmax+multinomial (compiled)",
     "gumbel_eager": "matmul+Gumbel argmax (eager)",
@@ -35,7 +36,8 @@ LABELS = {
     "fi_topk_topp": "FlashInfer top_k_top_p_sampling_from_logits (FI1)",
     "fi_sampling": "FlashInfer sampling_from_logits (FI2)",
 }
-SHORT = {"cublas": "cuBLAS", "fsdist": "fsdist", "fsdist_logprobs": "fsdist+lp", "fsdist_tvec": "fsdist tvec",
+SHORT = {"cublas": "cuBLAS", "fsdist": "fsdist", "fsdist_logprobs": "fsdist+lp", "fsdist_scalar": "fsdist scalar T",
+         "fsdist_tvec": "fsdist tvec",
          "multinomial_eager": "mn eager", "multinomial_compiled": "mn compiled", "gumbel_eager": "gumbel eager",
          "gumbel_compiled": "gumbel compiled", "fi_topk_topp": "FI1", "fi_sampling": "FI2"}
 BASELINES = ["multinomial_eager", "multinomial_compiled", "gumbel_eager", "gumbel_compiled", "fi_topk_topp",
@@ -64,6 +66,28 @@ PAPER_SPEEDUP = {
     },
 }
 PAPER_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+# Since 2026-11-23 the benchmarks' default fsdist methods (and the baselines) get per-row [B]
+# temperatures, the serving case; older JSONs passed one float temperature. The method names
+# did not change, so labels and table notes read the mode from the JSON's args.
+def row_params_mode(data) -> str:
+    return "rows" if (data.get("args") or {}).get("fsdist_row_params") else "scalar"
+
+
+def labels_for(data) -> dict:
+    """LABELS with the default fsdist methods' parameters spelled out for this JSON."""
+    tag = "[B] temperature, seed, offset" if row_params_mode(data) == "rows" else "one float temperature"
+    return dict(LABELS, fsdist=f"fsdist ({tag})", fsdist_logprobs=f"fsdist + logprobs ({tag})")
+
+
+def params_note(data) -> str:
+    args = data.get("args") or {}
+    if row_params_mode(data) == "rows":
+        return (f"fsdist and the baselines sample the serving case: per-row temperatures "
+                f"{args.get('row_temperatures', '[B] tensor')}; seeds and offsets [B] device tensors.")
+    return (f"fsdist methods: one float temperature T={args.get('temperature')} for the batch, seeds and "
+            f"offsets [B] device tensors (runs before 2026-11-23).")
 
 
 def paper_speedup(baseline: str, gpu: str, D: int, B: int):
@@ -154,7 +178,8 @@ def kernel_markdown(data, source: str, plot_files) -> str:
                    f"{ceil['matmul']['dtype']} matmul {ceil['matmul']['flop_per_s'] / 1e12:.0f} TFLOP/s.  ")
     out.append(f"dtype {args.get('dtype')}, T={args.get('temperature')}, {args.get('repeats')}×{args.get('reps')} "
                f"timed calls after {args.get('warmup')} warm-up, L2 flushed: {args.get('flush_l2')}, "
-               f"torch.compile batch dim: {args.get('compile_mode')}. Times are medians in µs.")
+               f"torch.compile batch dim: {args.get('compile_mode')}. Times are medians in µs.  ")
+    out.append(params_note(data))
     out.append("")
     methods_present = {r["method"] for r in data.get("results", []) if r.get("median_us")}
     base_cols = [m for m in BASELINES if m in methods_present]
@@ -217,6 +242,7 @@ def kernel_plots(data, plots_dir: Path, stem: str):
     import matplotlib.pyplot as plt
 
     idx = _kernel_index(data)
+    labels = labels_for(data)
     summ = {(s["D"], s["V"], s["B"]): s for s in data.get("summary", [])}
     shapes = sorted({(r["D"], r["V"]) for r in data.get("results", [])})
     methods = []
@@ -241,7 +267,7 @@ def kernel_plots(data, plots_dir: Path, stem: str):
                 pts = [(B, y) for B, y in zip(bs, ys) if y]
                 if not pts or (mode == "graph" and m not in ("fsdist", "cublas")):
                     continue
-                ax.plot(*zip(*pts), ls, marker="o", ms=3, label=LABELS.get(m, m) + (" [graph]" if mode == "graph" else ""),
+                ax.plot(*zip(*pts), ls, marker="o", ms=3, label=labels.get(m, m) + (" [graph]" if mode == "graph" else ""),
                         lw=2.2 if m == "fsdist" else 1.2)
         fl = [(B, summ.get((D, V, B), {}).get("floor_us")) for B in bs]
         fl = [(B, y) for B, y in fl if y]
@@ -271,7 +297,7 @@ def kernel_plots(data, plots_dir: Path, stem: str):
                 if fs and b:
                     pts.append((B, b / fs))
             if pts:
-                ax.plot(*zip(*pts), "-o", ms=3, label=f"vs {LABELS.get(m, m)}")
+                ax.plot(*zip(*pts), "-o", ms=3, label=f"vs {labels.get(m, m)}")
         for m, mk in (("multinomial_compiled", "x"), ("fi_topk_topp", "+"), ("fi_sampling", "^")):
             pp = [(B, paper_speedup(m, gpu, D, B)) for B in bs]
             pp = [(B, y) for B, y in pp if y]
@@ -280,7 +306,7 @@ def kernel_plots(data, plots_dir: Path, stem: str):
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size B")
-        ax.set_ylabel("baseline time / fsdist time")
+        ax.set_ylabel(f"baseline time / {labels['fsdist']} time")
         ax.set_title(f"{title}: fsdist speedup, D={D}, V={V}")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=7)
@@ -304,7 +330,7 @@ def kernel_plots(data, plots_dir: Path, stem: str):
                         nbytes = V * D * elem + B * D * elem
                         pts.append((B, 100.0 * nbytes / (t * 1e-6) / copy))
                 if pts:
-                    ax.plot(*zip(*pts), "-o", ms=3, label=LABELS.get(m, m))
+                    ax.plot(*zip(*pts), "-o", ms=3, label=labels.get(m, m))
             ax.axhline(100.0, color="k", lw=0.8, ls="--")
             ax.set_xscale("log", base=2)
             ax.set_ylim(0, 110)
@@ -360,7 +386,7 @@ def roofline_plot(data, path: Path):
         return min(ts) if ts else None
 
     series = (("cublas", "cuBLAS matmul only", "#444444", 1.0, 1.2),
-              ("fsdist", "fsdist", "C0", 1.0, 2.0),
+              ("fsdist", labels_for(data)["fsdist"], "C0", 1.0, 2.0),
               ("best", "best materialized baseline (per B)", "C1", 0.45, 1.0))
     markers = ["o", "s", "^", "D", "v"]
     fig, ax = plt.subplots(figsize=(8.5, 5.8))
@@ -432,17 +458,32 @@ def roofline_plot(data, path: Path):
 
 
 # --------------------------------------------------------------------------- tensor parallel
+SCALAR_TAG = " [scalar T]"
+
+
+def _results_by_key(d):
+    for r in d.get("results", []):
+        if r.get("min_us") is not None:
+            yield (gpu_of(d), r["D"], r["V"]), r
+
+
 def tp_merge(datas):
-    """{(gpu, D, V): {(method, B): {tp: row}}} from several tp_sweep JSONs (min over duplicates)."""
+    """{(gpu, D, V): {(method, B): {tp: row}}} from several tp_sweep JSONs (min over duplicates).
+
+    Where JSONs with per-row [B] temperatures and older scalar-temperature ones meet in one
+    (gpu, D, V), the older ones' fsdist methods get SCALAR_TAG so that the two are not mixed.
+    """
     merged = defaultdict(lambda: defaultdict(dict))
     meta = {}
+    modes = defaultdict(set)
     for d in datas:
-        gpu = gpu_of(d)
-        for r in d.get("results", []):
-            if r.get("min_us") is None:
-                continue
-            key = (gpu, r["D"], r["V"])
-            cell = merged[key][(r["method"], r["B"])]
+        for key, _ in _results_by_key(d):
+            modes[key].add(row_params_mode(d))
+    for d in datas:
+        for key, r in _results_by_key(d):
+            tagged = len(modes[key]) > 1 and row_params_mode(d) == "scalar" and r["method"].startswith("fsdist")
+            method = r["method"] + (SCALAR_TAG if tagged else "")
+            cell = merged[key][(method, r["B"])]
             tp = r["tp"]
             if tp not in cell or r["min_us"] < cell[tp]["min_us"]:
                 cell[tp] = r
@@ -455,11 +496,15 @@ def tp_markdown(datas, sources) -> str:
     out = []
     for (gpu, D, V), cells in sorted(merged.items()):
         d = meta[(gpu, D, V)]
+        here = [x for x in datas if any(key == (gpu, D, V) for key, _ in _results_by_key(x))]
+        notes = sorted({params_note(x) for x in here})
+        if len({row_params_mode(x) for x in here}) > 1:
+            notes.append(f"The older runs' fsdist rows carry `{SCALAR_TAG.strip()}`.")
         tps = sorted({tp for c in cells.values() for tp in c})
         out += [f"### {gpu.upper()}: D={D}, V={V} (tensor parallel)", "",
                 f"{env_line(d)}. Sources: " + ", ".join(f"`{s}`" for s in sources) + ".  ",
                 "Minimum over runs of per-iteration mean time (µs), every rank in lock-step; "
-                "'ideal' is the TP=1 time / N; speedup is TP=1 / TP=N.", ""]
+                "'ideal' is the TP=1 time / N; speedup is TP=1 / TP=N.  "] + [f"{n}  " for n in notes] + [""]
         hdr = ["B", "method"] + [f"TP={t}" for t in tps] + [f"ideal TP={t}" for t in tps if t > 1] + \
               [f"speedup TP={t}" for t in tps if t > 1]
         out.append("| " + " | ".join(hdr) + " |")

@@ -4,6 +4,11 @@
     torchrun --nproc-per-node N bench/tp_sweep.py [options]       # N = 1, 2, 4, 8
     mpirun -n 2 python bench/tp_sweep.py                          # CPU smoke run (gloo)
 
+Every method samples the serving case: a [B] device tensor of distinct per-row
+temperatures (``--temperature`` 0.8 +- ``--temperature-spread`` 25%, evenly spaced;
+``--greedy-rows N`` adds greedy rows, none by default) and [B] seeds and offsets, the
+same on every rank; the baselines get the same temperatures (fsdist.reference.baselines).
+
 Methods (``--transports`` x ``--reductions`` for fsdist, ``--baselines`` for the rest):
   fsdist/<transport>/<reduction>  fsdist.ShardedFlashLMHead (transport nvshmem | symm_mem |
                                   collective | shm; reduction candidates | group_logmass)
@@ -26,7 +31,8 @@ GPU in bench/results/ or $OUT) by this run's time; 'ideal' is TP=1 time / N.
 
 ``--profile-breakdown`` adds, per fsdist method and B, (a) stream time from the start
 of stage 1 to the start of stage 2 (stage 1 + fan-out + barrier / all-gather) and of
-stage 2, from CUDA events recorded at the head's hook points, and (b) device time per
+stage 2, from CUDA events recorded at the head's hook points (the heads are built with a
+``fsdist.tensor_parallel.HeadTestSeam`` whose hook stamps them), and (b) device time per
 kernel category from torch.profiler (stage-1 kernel, exchange/barrier, stage 2,
 matmul, sampling kernels ...), also for the baselines.
 
@@ -35,14 +41,13 @@ Rank 0 prints a table last and writes bench/results/tp_sweep_tp<N>_<gpu>_<date>.
 range; candidates mode gives fsdist.sample's tokens on the full weight; greedy rows
 give the argmax); failures are printed under the table and make the exit status 1.
 """
-import os
-
-os.environ.update({"NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0"})
+import common as C  # first: the repo root on sys.path, fsdist.env.apply_safe_env() before torch/NCCL
 
 import argparse  # noqa: E402
 import glob  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import os  # noqa: E402
 import re  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -51,16 +56,14 @@ import traceback  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from typing import Callable, Dict, List, Optional  # noqa: E402
 
-_BENCH = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [_BENCH, os.path.dirname(_BENCH)]  # bench/ for common, the repo root for fsdist (no install needed)
-import common as C  # noqa: E402
-
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import fsdist  # noqa: E402
 from fsdist.distributed import init_distributed, shutdown  # noqa: E402
+from fsdist.reference import baselines as bl  # noqa: E402
+from fsdist.tensor_parallel import HeadTestSeam, vocab_partition  # noqa: E402
 
 GPU_SHAPES = "8192x128256,4096x151936"
 CPU_SHAPES = "64x1000"
@@ -113,10 +116,13 @@ def _all_gather_fn():
 
 
 # --------------------------------------------------------------------------- baselines
-def make_baselines(group, world: int, V: int, T: float):
-    """Plain functions (h, shard) -> tokens or logits; the compiled methods wrap them."""
+def make_baselines(group, world: int, V: int, has_greedy: bool):
+    """Plain functions (h, shard, temperature) -> tokens or logits; the compiled methods wrap them.
+
+    The sampling after the all-gather is fsdist.reference.baselines', as in kernel_bench.py;
+    has_greedy: whether the batches hold greedy rows (a serving stack knows).
+    """
     ag = _all_gather_fn()
-    inv_t = 1.0 / T
 
     def gather_logits(h, Ws):
         local = F.linear(h, Ws)  # [B, Vp / N]
@@ -125,17 +131,14 @@ def make_baselines(group, world: int, V: int, T: float):
         full = ag(local, 1, group)  # [B, Vp]
         return full[:, :V]  # padding rows are never sampled
 
-    def ag_matmul(h, Ws):
+    def ag_matmul(h, Ws, temperature):
         return gather_logits(h, Ws)
 
-    def ag_multinomial(h, Ws):
-        probs = torch.softmax(gather_logits(h, Ws).float() * inv_t, dim=-1)
-        return torch.multinomial(probs, 1).squeeze(1)
+    def ag_multinomial(h, Ws, temperature):
+        return bl.multinomial_from_logits(gather_logits(h, Ws), temperature, has_greedy=has_greedy)
 
-    def ag_gumbel(h, Ws):
-        logits = gather_logits(h, Ws).float() * inv_t
-        u = torch.rand_like(logits).clamp_min(1e-20)
-        return torch.argmax(logits - torch.log(-torch.log(u)), dim=-1)
+    def ag_gumbel(h, Ws, temperature):
+        return bl.gumbel_argmax_from_logits(gather_logits(h, Ws), temperature)
 
     return {"ag_matmul": ag_matmul, "ag_multinomial": ag_multinomial, "ag_gumbel": ag_gumbel,
             "gather_logits": gather_logits}
@@ -149,56 +152,35 @@ def time_lockstep(comm: Comm, fn: Callable, hs: List[torch.Tensor], *, warmup: i
     per_run = []
     for _ in range(runs):
         comm.barrier()
-        if comm.device.type == "cuda":
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for i in range(iters):
-                fn(hs[i % len(hs)])
-            e.record()
-            torch.cuda.synchronize()
-            per_run.append(s.elapsed_time(e) * 1e3 / iters)
-        else:
-            t = time.perf_counter()
-            for i in range(iters):
-                fn(hs[i % len(hs)])
-            per_run.append((time.perf_counter() - t) * 1e6 / iters)
+        start = C.Stamp(comm.device)
+        for i in range(iters):
+            fn(hs[i % len(hs)])
+        end = C.Stamp(comm.device)
+        C.sync(comm.device)
+        per_run.append(start.us_to(end) / iters)
     return comm.max_list(per_run)
 
 
-class _Stamp:
-    """A point on the stream: a CUDA event, or the host clock on CPU."""
-
-    def __init__(self, device):
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.ev = torch.cuda.Event(enable_timing=True)
-            self.ev.record()
-        else:
-            self.t = time.perf_counter()
-
-    def us_to(self, other: "_Stamp") -> float:
-        return self.ev.elapsed_time(other.ev) * 1e3 if self.cuda else (other.t - self.t) * 1e6
-
-
-def hook_breakdown(comm: Comm, head, call: Callable, hs, iters: int) -> Optional[Dict]:
-    """Stream time stage1 start -> stage2 start (stage 1 + exchange) and stage2 start -> end."""
-    if not hasattr(head, "_debug_hook"):
+def hook_breakdown(comm: Comm, seam: Optional[HeadTestSeam], call: Callable, hs, iters: int) -> Optional[Dict]:
+    """Stream time stage1 start -> stage2 start (stage 1 + exchange) and stage2 start -> end,
+    stamped by the head's test seam at its hook points."""
+    if seam is None:
         return None
-    stamps: Dict[str, _Stamp] = {}
+    stamps: Dict[str, C.Stamp] = {}
     a, b = [], []
 
     def hook(point, step):
-        stamps[point] = _Stamp(comm.device)
+        stamps[point] = C.Stamp(comm.device)
 
-    old = head._debug_hook
-    head._debug_hook = hook
+    old = seam.hook
+    seam.hook = hook
     try:
         comm.barrier()
         rows = []
         for i in range(iters):
             stamps.clear()
             call(hs[i % len(hs)])
-            end = _Stamp(comm.device)
+            end = C.Stamp(comm.device)
             rows.append((stamps.get("before_stage1"), stamps.get("before_stage2"), end))
         C.sync(comm.device)
         for s1, s2, e in rows:
@@ -207,14 +189,16 @@ def hook_breakdown(comm: Comm, head, call: Callable, hs, iters: int) -> Optional
             a.append(s1.us_to(s2))
             b.append(s2.us_to(e))
     finally:
-        head._debug_hook = old
+        seam.hook = old
     return {"stage1_plus_exchange_us": comm.max_list([statistics.median(a)])[0],
             "stage2_us": comm.max_list([statistics.median(b)])[0]}
 
 
 KERNEL_CATEGORIES = [  # first match wins; names as CUPTI reports the kernels
     ("fused_sample(stage1)", r"fused_sample"),
-    ("reduce_candidates", r"reduce_candidates"),  # stage 2 (candidates) / local reduce (group_logmass)
+    ("sample_logits(stage1)", r"sample_logits"),  # the chunked path's pass over cuBLAS logits
+    # stage 2 (candidates) / local merge (group_logmass); reduce_candidates before 2026-11-23
+    ("merge_candidates", r"merge_candidates|reduce_candidates"),
     ("group_publish", r"group_publish"),
     ("group_select(stage2)", r"group_select"),
     ("exchange/barrier", r"nccl|nvshmem|barrier|signal|symm|all_?gather|allgather"),
@@ -270,7 +254,10 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="GPU: D=8192 V=128256, B in 16,64,256, nvshmem+collective candidates, 3 runs of 50")
     p.add_argument("--dtype", help="bf16 (GPU default) | fp16 | fp32 (CPU default)")
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=0.8, help="center of the per-row temperatures")
+    p.add_argument("--temperature-spread", type=float, default=0.25,
+                   help="per-row temperatures evenly spaced over T * [1 - spread, 1 + spread]")
+    p.add_argument("--greedy-rows", type=int, default=0, help="rows per batch with temperature 0 (greedy)")
     p.add_argument("--runs", type=int, help="timed runs per cell (GPU 5, CPU 2)")
     p.add_argument("--iters", type=int, help="calls per run (GPU 100, CPU 2)")
     p.add_argument("--warmup", type=int, help="warm-up calls (GPU 10, CPU 1)")
@@ -290,22 +277,33 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def row_params_mode(d: Dict) -> str:
+    """'rows' for runs with [B] temperatures (from 2026-11-23), 'scalar' for the older JSONs."""
+    return "rows" if (d.get("args") or {}).get("fsdist_row_params") else "scalar"
+
+
 def find_tp1(gpu: str, explicit: Optional[str]) -> Optional[Dict]:
+    """The TP=1 JSON for the speedup column: `explicit`, else the newest one for this GPU,
+    preferring one measured like this run (per-row [B] temperatures) over an older one."""
     paths = [explicit] if explicit else []
     if not explicit:
         pats = [str(C.RESULTS_DIR / f"tp_sweep_tp1_{gpu}_*.json")]
         if os.environ.get("OUT"):
             pats.append(os.path.join(os.environ["OUT"], f"tp_sweep_tp1_{gpu}_*.json"))
         found = sorted({p for pat in pats for p in glob.glob(pat)}, key=os.path.basename)
-        paths = found[-1:]
+        paths = list(reversed(found))
+    fallback = None
     for p in paths:
         try:
             d = json.loads(open(p).read())
             d["_path"] = p
-            return d
         except Exception as e:  # noqa: BLE001
             print(f"warning: could not read TP=1 JSON {p}: {e}", flush=True)
-    return None
+            continue
+        if explicit or row_params_mode(d) == "rows":
+            return d
+        fallback = fallback or d
+    return fallback
 
 
 def tp1_times(d: Optional[Dict]) -> Dict[tuple, float]:
@@ -340,6 +338,8 @@ def print_table(data: Dict, world: int, tp1: Optional[Dict]):
     src = tp1.get("_path") if tp1 else None
     if world > 1:
         print(f"TP=1 times from: {src or 'none found (run N=1 first or pass --baseline-json)'}")
+        if tp1 and row_params_mode(tp1) != "rows":
+            print("  note: that TP=1 run passed one float temperature, this one [B] per-row temperatures")
     print(f"{'D':>5} {'V':>7} {'B':>4} {'method':<32} {'TP=1':>8} {f'TP={world}':>8} {'speedup':>7} "
           f"{'ideal':>8} {'eff':>5} {'vs best bl':>10}")
     for D, V in sorted({(r["D"], r["V"]) for r in res}):
@@ -412,6 +412,10 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
     compile_baselines = (on_gpu or args.force_compile) and not args.eager_baselines
     budget = C.Budget(60 * (args.max_minutes or (8.0 if on_gpu else 30.0)))
     skipped: Dict[str, str] = {}
+    if args.temperature <= 0:
+        raise SystemExit("--temperature must be > 0 (greedy decoding is not what is benchmarked)")
+    if not 0 <= args.temperature_spread < 1:
+        raise SystemExit("--temperature-spread must be in [0, 1): every sampled row keeps T > 0")
     if args.graph and not on_gpu:
         args.graph = False
         skipped["fsdist_graph"] = "CUDA graphs need a GPU"
@@ -458,8 +462,11 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                 args={"tp": world, "shapes": [list(s) for s in shapes], "batches": batches, "dtype": C.dtype_name(dtype),
                       "transports": transports, "reductions": reductions, "baselines": baselines,
                       "compile_baselines": compile_baselines, "runs": runs, "iters": iters, "warmup": warmup,
-                      "temperature": args.temperature, "logprobs": args.logprobs, "rotate": args.rotate,
-                      "graph": args.graph},
+                      "temperature": args.temperature, "temperature_spread": args.temperature_spread,
+                      "greedy_rows": args.greedy_rows, "fsdist_row_params": True,
+                      "row_temperatures": C.describe_row_temperatures(args.temperature, args.temperature_spread,
+                                                                      args.greedy_rows),
+                      "logprobs": args.logprobs, "rotate": args.rotate, "graph": args.graph},
                 json_path=str(writer.path) if writer.enabled else None)
     tp1 = find_tp1(C.gpu_slug(device), args.baseline_json) if world > 1 else None
     if tp1:
@@ -519,8 +526,6 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
         # and fsdist.sample on the full weight is the reference for candidates mode.
         g = torch.Generator(device=gen_dev).manual_seed(args.seed * 1000 + D)
         W_full = torch.randn(V, D, device=device, generator=g, dtype=dtype).mul_(2.0 / math.sqrt(D))
-        from fsdist.tensor_parallel import vocab_partition
-
         part = vocab_partition(V, world, ctx.rank)
         shard = torch.zeros(part.rows, D, device=device, dtype=dtype)
         n_valid = part.valid_rows
@@ -536,11 +541,18 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
             hsets[B] = hs
         seeds = {B: torch.arange(B, device=device, dtype=torch.int64) + 4242 for B in batches}
         offs = {B: torch.full((B,), 3, device=device, dtype=torch.int64) for B in batches}
+        temps = {B: C.row_temperatures(B, args.temperature, args.temperature_spread, args.greedy_rows, device)
+                 for B in batches}
+        if compile_baselines:
+            for B in batches:
+                if B >= 2:
+                    torch._dynamo.mark_dynamic(temps[B], 0)
         log(f"shape D={D} V={V} (padded {part.padded_vocab_size}, {part.rows} rows per rank)")
 
         methods: List[tuple] = [(f"fsdist/{t}/{r}", t, r) for t in transports for r in reductions]
         methods += [(b, None, None) for b in baselines]
-        plain = make_baselines(group, world, V, args.temperature)
+        has_greedy = args.greedy_rows > 0
+        plain = make_baselines(group, world, V, has_greedy)
         for name, transport, reduction in methods:
             if budget.exceeded():
                 skipped["budget"] = f"stopped before D={D} {name}"
@@ -548,32 +560,36 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                 stopped = True
                 break
             head = None
+            seam = None
             fn = None
             err = None
             try:
                 if name.startswith("fsdist/"):
+                    # the seam's hook stamps stage 1 / stage 2 for --profile-breakdown; no seam otherwise
+                    seam = HeadTestSeam() if args.profile_breakdown else None
                     head = fsdist.ShardedFlashLMHead(D, V, tp_group=group, transport=transport, reduction=reduction,
                                                      params_dtype=dtype, device=device,
-                                                     max_batch_size=max(batches))
+                                                     max_batch_size=max(batches), test_seam=seam)
                     head.load_full_weight(W_full)
-                    fn_of = (lambda B, _h=head: (lambda x: _h(x, temperature=args.temperature, seed=seeds[B],
+                    fn_of = (lambda B, _h=head: (lambda x: _h(x, temperature=temps[B], seed=seeds[B],
                                                               offset=offs[B], return_logprobs=args.logprobs)))
                 elif name == "fsdist_single":
-                    fn_of = (lambda B: (lambda x: fsdist.sample(x, shard, temperature=args.temperature, seed=seeds[B],
+                    fn_of = (lambda B: (lambda x: fsdist.sample(x, shard, temperature=temps[B], seed=seeds[B],
                                                                 offset=offs[B], vocab_size=V,
                                                                 return_logprobs=args.logprobs)))
                 elif name == "matmul_shard":
                     fn_of = (lambda B: (lambda x: F.linear(x, shard)))
                 elif name == "ag_fi2":
                     gl = plain["gather_logits"]
-                    fn_of = (lambda B: (lambda x: fi.sampling_from_logits(gl(x, shard).float())))
+                    fn_of = (lambda B: (lambda x: bl.sample_from_logits(gl(x, shard), temps[B], fi.sampling_from_logits,
+                                                                        has_greedy=has_greedy, dtype=torch.float32)))
                 else:
                     f = plain[name]
                     if compile_baselines and name != "ag_matmul":
                         # matmul + functional all-gather + sampling in one graph (the collective
                         # traces through torch.distributed._functional_collectives)
                         f = torch.compile(f)
-                    fn_of = (lambda B, _f=f: (lambda x: _f(x, shard)))
+                    fn_of = (lambda B, _f=f: (lambda x: _f(x, shard, temps[B])))
             except Exception as e:  # noqa: BLE001
                 err = f"{type(e).__name__}: {str(e)[:300]}"
             if not comm.agree(err is None):
@@ -615,7 +631,7 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                 if name.startswith("fsdist"):
                     try:
                         check(D, V, B, f"{name} same tokens on every rank", comm.same_everywhere(tok), "")
-                        ref = fsdist.sample(hs[0], W_full, temperature=args.temperature, seed=seeds[B], offset=offs[B])
+                        ref = fsdist.sample(hs[0], W_full, temperature=temps[B], seed=seeds[B], offset=offs[B])
                         if name == "fsdist_single" or name.endswith("/candidates"):
                             n = int((ref.tokens != tok).sum())
                             check(D, V, B, f"{name} == fsdist.sample on the full weight", n == 0, f"{n}/{B} rows differ")
@@ -650,7 +666,7 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                 if args.profile_breakdown and row["min_us"] is not None:
                     bd = {"D": D, "V": V, "B": B, "method": name, "tp": world}
                     if head is not None:
-                        bd["hook"] = hook_breakdown(comm, head, fn, hs, args.breakdown_iters)
+                        bd["hook"] = hook_breakdown(comm, seam, fn, hs, args.breakdown_iters)
                     bd["profile"] = profile_breakdown(comm, fn, hs, args.breakdown_iters)
                     data["breakdown"].append(bd)
                     writer.flush()

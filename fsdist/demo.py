@@ -1,19 +1,20 @@
 """Sampling demo: `python -m fsdist.demo` (the README's main job).
 
 On a GPU it uses a real LM head (D=4096, V=151936, bf16) and times fsdist.sample
-against cuBLAS alone and a materialize + softmax + multinomial sampler. Without a
-GPU it runs the same kernels under Triton's interpreter on a small head. Either
-way it first checks the sampler against the exact distribution.
+against cuBLAS alone and a materialize + softmax + multinomial sampler (the benchmarks'
+baseline, fsdist.reference.matmul_multinomial), through fsdist.timing as the benchmarks
+do. Without a GPU it runs the same kernels under Triton's interpreter on a small head.
+Either way it first checks the sampler against the exact distribution.
 """
 import argparse
 import math
-import time
 import warnings
 
 import torch
 
 import fsdist
-from fsdist.reference import materialize_logits, reference_sample
+from fsdist import timing
+from fsdist.reference import materialize_logits, matmul_multinomial
 
 
 def _log(msg: str):
@@ -37,19 +38,13 @@ def _check_distribution(weight, hidden_row, draws: int):
     _log(f"  largest |z| = {worst:.2f} (|z| > 4 would point at a biased sampler)")
 
 
-def _time(fn, reps: int) -> float:
-    """Median seconds per call (CUDA events on GPU, wall clock under the interpreter)."""
-    fn()
-    if torch.cuda.is_available():
-        import triton.testing
-
-        return triton.testing.do_bench(fn, warmup=25, rep=reps, return_mode="median") * 1e-3
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[1]
+def _timer(gpu: bool):
+    """time(fn) -> median seconds per call: on a GPU CUDA events with L2 flushed before every
+    call (25 warm-up, 100 timed calls); under the interpreter the host clock (1 + 3 calls)."""
+    if not gpu:
+        return lambda fn: timing.median_us(fn, warmup=1, reps=3, flush=None) * 1e-6
+    flush = timing.L2Flusher()
+    return lambda fn: timing.median_us(fn, warmup=25, reps=100, flush=flush) * 1e-6
 
 
 def main(argv=None):
@@ -89,11 +84,12 @@ def main(argv=None):
 
     _log("\n3. Time per call (median):")
     _log("     B    fsdist.sample   matmul alone   matmul+softmax+multinomial")
+    time_call = _timer(gpu)
     for B in args.batch:
         h = torch.randn(B, D, generator=g).to(device, dtype)
-        t_fs = _time(lambda: fsdist.sample(h, weight, seed=1), 200)
-        t_mm = _time(lambda: h @ weight.T, 200)
-        t_ref = _time(lambda: reference_sample(h, weight, logits_dtype=dtype), 200)
+        t_fs = time_call(lambda: fsdist.sample(h, weight, seed=1))
+        t_mm = time_call(lambda: h @ weight.T)
+        t_ref = time_call(lambda: matmul_multinomial(h, weight))
         unit, scale = ("us", 1e6) if gpu else ("ms", 1e3)
         _log(f"  {B:4d}   {t_fs * scale:10.1f} {unit}  {t_mm * scale:10.1f} {unit}  {t_ref * scale:10.1f} {unit}")
     if not gpu:
