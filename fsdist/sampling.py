@@ -11,7 +11,7 @@ import torch
 
 from . import validation
 from .ops.configs import TileConfig
-from .ops.fallback import run_fallback
+from .ops.fallback import compact_rows, run_fallback
 from .ops.layout import BufferPair
 from .ops.merge_candidates import launch_merge
 from .ops.plan import launch_stage1, plan_sample
@@ -92,9 +92,10 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
         if top_logprobs:
             top_ids = torch.empty(B, top_logprobs, dtype=torch.int64, device=hidden.device)
             top_lp = torch.empty(B, top_logprobs, dtype=torch.float32, device=hidden.device)
-        fallback, fb_count, fb_rows = launch_select_filtered(
+        fallback = launch_select_filtered(
             plan.layout, buffers, B, params, vocab_size=vocab_size, tokens=tokens, logprobs=lp,
             top_n=top_logprobs, mode=logprobs_mode, top_ids=top_ids, top_lp=top_lp)
+        fb_count, fb_rows = compact_rows(fallback)
         run_fallback(hidden, weight, params, vocab_size=vocab_size, fb_count=fb_count, fb_rows=fb_rows,
                      tokens=tokens, logprobs=lp, top_n=top_logprobs, mode=logprobs_mode, top_ids=top_ids,
                      top_lp=top_lp, block_k=plan.config.block_k)

@@ -1,8 +1,9 @@
 """The exact fallback for filtered rows the kept logits cannot prove (two kernels).
 
-``select_filtered`` leaves a compact list of such rows on the device (a count and the row
-ids). Their logits are recomputed and resolved here, without the host ever learning how
-many there are (no synchronisation):
+``select_filtered`` flags such rows on the device; ``compact_kernel`` turns the flags into a
+count and an ordered list of row ids (a prefix sum: every tensor-parallel rank derives the
+same list from the same flags). Their logits are recomputed and resolved here, without
+the host ever learning how many there are (no synchronisation):
 
 * ``materialize_kernel`` recomputes the full logits row of up to POOL_ROWS listed rows
   per *round* into a fixed workspace [POOL_ROWS, V] (the only [rows, V] tensor fsdist ever
@@ -28,6 +29,28 @@ from .select_filtered import order_key, scalar_param
 from .utils import fast_log_ok, row_param_args
 
 POOL_ROWS = 16  # rows resolved per round (tl.dot needs >= 16 rows)
+
+
+@triton.jit
+def compact_kernel(flags_ptr, B, count_ptr, rows_ptr, BLOCK: tl.constexpr):
+    """rows_ptr[:count] = the ids of the flagged rows, in increasing order (one program)."""
+    total = tl.zeros([], tl.int32)
+    for start in range(0, B, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        f = tl.load(flags_ptr + offs, mask=offs < B, other=0).to(tl.int32)
+        pos = total + tl.cumsum(f, axis=0) - f
+        tl.store(rows_ptr + pos, offs, mask=(offs < B) & (f != 0))
+        total += tl.sum(f, axis=0)
+    tl.store(count_ptr, total)
+
+
+def compact_rows(flags: torch.Tensor):
+    """(count int32 [1], rows int32 [B]) of the non-zero entries of int8 flags [B] (no sync)."""
+    B = flags.shape[0]
+    count = torch.empty(1, dtype=torch.int32, device=flags.device)
+    rows = torch.empty(max(B, 1), dtype=torch.int32, device=flags.device)
+    compact_kernel[(1,)](flags, B, count, rows, BLOCK=1024, num_warps=4)
+    return count, rows
 
 
 @triton.jit

@@ -41,7 +41,7 @@ from .epilogue import row_temperature
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits
 from .parity import parity_args, parity_offsets
-from .utils import fast_log_ok, row_param_args
+from .utils import fast_log_ok, load_row_param, row_param_args
 
 MODE_SCALED, MODE_RAW, MODE_PROCESSED = 0, 1, 2
 
@@ -63,12 +63,13 @@ def scalar_param(ptr, scalar, row, DTYPE: tl.constexpr, PER_ROW: tl.constexpr):
 
 @triton.jit
 def kth_largest_key(keys, live, k):
-    """The key of the k-th largest live element (k >= 1, at most the live count)."""
-    lo = tl.full([], 0, tl.int64)  # count(keys >= lo) >= k
-    hi = tl.full([], 4294967296, tl.int64)  # count(keys >= hi) < k
+    """Per row, the key of the k-th largest live element (k >= 1, at most the live count).
+    keys / live: [rows, n]; k: [rows]."""
+    lo = tl.zeros(k.shape, tl.int64)  # count(keys >= lo) >= k
+    hi = tl.full(k.shape, 4294967296, tl.int64)  # count(keys >= hi) < k
     for _ in range(32):
         mid = (lo + hi) // 2
-        n = tl.sum(tl.sum((live & (keys >= mid)).to(tl.int32), axis=1), axis=0)
+        n = tl.sum((live & (keys >= mid[:, None])).to(tl.int32), axis=1)
         big = n >= k
         lo = tl.where(big, mid, lo)
         hi = tl.where(big, hi, mid)
@@ -77,12 +78,12 @@ def kth_largest_key(keys, live, k):
 
 @triton.jit
 def nucleus_key(keys, mass, live, target):
-    """The smallest key x such that the mass of live elements with key > x is < target."""
-    lo = tl.full([], -1, tl.int64)  # predicate false (or below every key)
-    hi = tl.full([], 4294967295, tl.int64)  # predicate true: nothing lies above the largest key
+    """Per row, the smallest key x such that the mass of live elements with key > x is < target."""
+    lo = tl.full(target.shape, -1, tl.int64)  # predicate false (or below every key)
+    hi = tl.full(target.shape, 4294967295, tl.int64)  # true: nothing lies above the largest key
     for _ in range(32):
         mid = (lo + hi) // 2
-        above = tl.sum(tl.sum(tl.where(live & (keys > mid), mass, 0.0), axis=1), axis=0)
+        above = tl.sum(tl.where(live & (keys > mid[:, None]), mass, 0.0), axis=1)
         ok = above < target
         hi = tl.where(ok, mid, hi)
         lo = tl.where(ok, lo, mid)
@@ -92,163 +93,162 @@ def nucleus_key(keys, mass, live, target):
 @triton.jit
 def select_filtered_kernel(
     cand_f, cand_i, base_f, base_i, parity_ptr, parity_stride_f, parity_stride_i,
-    n_slots, n_local, stride_shard, stride_shard_i, stride_field, stride_ifield, stride_slot,
+    B, n_slots, n_local, stride_shard, stride_shard_i, stride_field, stride_ifield, stride_slot,
     seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
     topk_ptr, topk_val, topp_ptr, topp_val, minp_ptr, minp_val,
     vocab_size,
-    tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr, fallback_ptr, fb_count_ptr, fb_rows_ptr,
+    tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr, fallback_ptr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
     TOPK_PER_ROW: tl.constexpr, TOPP_PER_ROW: tl.constexpr, MINP_PER_ROW: tl.constexpr,
-    BLOCK_S: tl.constexpr, KEEP: tl.constexpr, TOP_N: tl.constexpr, TOP_N_POW2: tl.constexpr,
-    MODE: tl.constexpr, LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr, DEVICE_PARITY: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_U: tl.constexpr, KEEP: tl.constexpr, TOP_N: tl.constexpr,
+    TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr,
+    DEVICE_PARITY: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    mask_r = rows < B
     base_f, base_i = parity_offsets(base_f, base_i, parity_ptr, parity_stride_f, parity_stride_i, DEVICE_PARITY)
     # Stage 2 (merge_candidates) ran first and wrote -1 for rows without a valid token
     # (NaN / +inf logits, bad temperature, no finite logit, a tensor-parallel mismatch).
-    dead = tl.load(tokens_ptr + row) < 0
-    temp = scalar_param(temp_ptr, temp_val, row, tl.float32, TEMP_PER_ROW)
+    dead = tl.load(tokens_ptr + rows, mask=mask_r, other=-1) < 0
+    temp = load_row_param(temp_ptr, temp_val, rows, mask_r, tl.float32, TEMP_PER_ROW)
     inv_t, noise_scale, greedy, _bad = row_temperature(temp)
-    top_k = scalar_param(topk_ptr, topk_val, row, tl.int32, TOPK_PER_ROW)
-    top_p = scalar_param(topp_ptr, topp_val, row, tl.float32, TOPP_PER_ROW)
-    min_p = scalar_param(minp_ptr, minp_val, row, tl.float32, MINP_PER_ROW)
+    top_k = load_row_param(topk_ptr, topk_val, rows, mask_r, tl.int32, TOPK_PER_ROW)
+    top_p = load_row_param(topp_ptr, topp_val, rows, mask_r, tl.float32, TOPP_PER_ROW)
+    min_p = load_row_param(minp_ptr, minp_val, rows, mask_r, tl.float32, MINP_PER_ROW)
     # Values a tensor may hold but the API forbids: the row returns -1 (no sync to raise).
     bad_filter = (top_k < 0) | ~((top_p > 0.0) & (top_p <= 1.0)) | ~((min_p >= 0.0) & (min_p <= 1.0))
     use_k = (top_k > 0) & (top_k < vocab_size)
     use_p = top_p < 1.0
     use_minp = min_p > 0.0
     filtered = ~greedy & (use_k | use_p | use_minp) & ~bad_filter & ~dead
-    if bad_filter & ~dead:
-        tl.store(tokens_ptr + row, -1)
-        if LOGPROBS:
-            tl.store(logprob_ptr + row, float("nan"))
+    row_bad = dead | bad_filter
+    newly_bad = bad_filter & ~dead & mask_r
+    tl.store(tokens_ptr + rows, -1, mask=newly_bad)
+    if LOGPROBS:
+        tl.store(logprob_ptr + rows, float("nan"), mask=newly_bad)
     if TOP_N > 0:
-        active = n_slots > 0  # every row: its top-N logprobs
+        active = mask_r
     else:
-        active = filtered
-    if active:
-        _select_row(cand_f, cand_i, base_f, base_i, row, n_slots, n_local, stride_shard, stride_shard_i, stride_field,
-                    stride_ifield, stride_slot, seed_ptr, seed_val, offset_ptr, offset_val, temp, inv_t, noise_scale,
-                    top_k, top_p, min_p, use_k, use_p, use_minp, filtered, dead | bad_filter,
-                    tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr, fallback_ptr, fb_count_ptr, fb_rows_ptr,
-                    SEED_PER_ROW, OFFSET_PER_ROW, BLOCK_S, KEEP, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG)
-
-
-@triton.jit
-def _select_row(cand_f, cand_i, base_f, base_i, row, n_slots, n_local, stride_shard, stride_shard_i, stride_field,
-                stride_ifield, stride_slot, seed_ptr, seed_val, offset_ptr, offset_val, temp, inv_t, noise_scale,
-                top_k, top_p, min_p, use_k, use_p, use_minp, filtered, row_bad,
-                tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr, fallback_ptr, fb_count_ptr, fb_rows_ptr,
-                SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, BLOCK_S: tl.constexpr,
-                KEEP: tl.constexpr, TOP_N: tl.constexpr, TOP_N_POW2: tl.constexpr, MODE: tl.constexpr,
-                LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr):
-    # ---- the row's kept logits U [slots, KEEP], their ids, boundaries and stats ----
-    s = tl.arange(0, BLOCK_S)
-    ms = s < n_slots
-    slot_f = base_f + (s // n_local) * stride_shard + (s % n_local) * stride_slot + row
-    slot_i = base_i + (s // n_local) * stride_shard_i + (s % n_local) * stride_slot + row
-    j = tl.arange(0, KEEP)[None, :]
-    vals = tl.load(cand_f + slot_f[:, None] + (5 + j) * stride_field, mask=ms[:, None], other=float("-inf"))
-    ids = tl.load(cand_i + slot_i[:, None] + (1 + j) * stride_ifield, mask=ms[:, None], other=-1)
-    bound = tl.max(tl.load(cand_f + slot_f + (5 + KEEP) * stride_field, mask=ms, other=float("-inf")), axis=0)
-    tmax = tl.load(cand_f + slot_f + 2 * stride_field, mask=ms, other=float("-inf"))
-    tsum = tl.load(cand_f + slot_f + 3 * stride_field, mask=ms, other=0.0)
-    m = tl.max(tmax, axis=0)  # the row's largest logit (finite: dead rows left above)
-    msafe = tl.where(m == float("-inf"), 0.0, m)
-    live = vals > float("-inf")
-    keys = order_key(vals)
-    mass = tl.where(live, tl.exp((vals - msafe) * inv_t), 0.0)  # exp((l - max) / T)
-    z_full = tl.sum(tl.where(tmax > float("-inf"), tsum * tl.exp((tmax - msafe) * inv_t), 0.0), axis=0)
-    bkey = order_key(bound)
-    complete = bound == float("-inf")  # every logit of the row is in U
-
-    # ---- thresholds (vLLM's order), and whether U proves them ----
-    key_s = tl.full([], 0, tl.int64)  # tau_S: min-p, then top-k
-    if use_minp:
-        key_s = tl.maximum(key_s, order_key(m + temp * tl.log(tl.where(use_minp, min_p, 1.0))))
-    n_live = tl.sum(tl.sum(live.to(tl.int32), axis=1), axis=0)
-    if use_k:
-        key_s = tl.maximum(key_s, kth_largest_key(keys, live, tl.minimum(top_k, n_live)))
-    in_s = live & (keys >= key_s)
-    z_s = tl.where(key_s > 0, tl.sum(tl.sum(tl.where(in_s, mass, 0.0), axis=1), axis=0), z_full)
-    key_t = key_s
-    if use_p:
-        key_t = tl.maximum(key_t, nucleus_key(keys, mass, in_s, top_p * z_s))
-    # key 0 lies below every real logit's key: "no min-p / top-k threshold". With top-k alone
-    # the k-th largest of U is the true one as soon as it lies above B.
-    proven = complete | ((key_t > bkey) & (~use_p | (key_s == 0) | (key_s > bkey)))
-
-    if filtered:
-        if proven:
-            kept = live & (keys >= key_t)
-            g = gumbel_from_bits(vocab_bits(scalar_param(seed_ptr, seed_val, row, tl.int64, SEED_PER_ROW),
-                                            scalar_param(offset_ptr, offset_val, row, tl.int64, OFFSET_PER_ROW),
-                                            ids), FAST_LOG)
-            score = tl.where(kept, vals + noise_scale * g, float("-inf"))
-            best = tl.max(tl.max(score, axis=1), axis=0)
-            tok = tl.min(tl.min(tl.where(kept & (score == best), ids, 2147483647), axis=1), axis=0)
-            tl.store(tokens_ptr + row, tok.to(tl.int64))
-            if LOGPROBS:
-                l_tok = tl.max(tl.max(tl.where(kept & (ids == tok), vals, float("-inf")), axis=1), axis=0)
-                if MODE == 1:
-                    rsum = tl.load(cand_f + slot_f + 4 * stride_field, mask=ms, other=0.0)
-                    z_raw = tl.sum(tl.where(tmax > float("-inf"), rsum * tl.exp(tmax - msafe), 0.0), axis=0)
-                    lp = (l_tok - msafe) - tl.log(z_raw)
-                elif MODE == 2:
-                    lp = (l_tok - msafe) * inv_t - tl.log(tl.sum(tl.sum(tl.where(kept, mass, 0.0), axis=1), axis=0))
-                else:
-                    lp = (l_tok - msafe) * inv_t - tl.log(z_full)
-                tl.store(logprob_ptr + row, lp)
-        else:
-            tl.store(tokens_ptr + row, -1)  # the fallback writes it
-            if LOGPROBS:
-                tl.store(logprob_ptr + row, float("nan"))
-
-    # ---- top-N logprobs (every row) ----
-    topn_ok = n_slots >= 0
-    if TOP_N > 0:
-        n = tl.arange(0, TOP_N_POW2)
-        out_ids = tl.full([TOP_N_POW2], -1, tl.int64)
-        out_lp = tl.full([TOP_N_POW2], float("-inf"), tl.float32)
-        alive = live
-        last_key = tl.full([], 4294967296, tl.int64)
+        active = filtered & mask_r
+    if tl.max(active.to(tl.int32), axis=0) > 0:
+        # ---- each row's kept logits U, flattened [rows, slots * KEEP], ids, boundary, stats ----
+        u = tl.arange(0, BLOCK_U)
+        slot = u // KEEP
+        j = u % KEEP
+        mu = slot < n_slots
+        m2 = active[:, None] & mu[None, :]
+        shard_off_f = (slot // n_local) * stride_shard + (slot % n_local) * stride_slot
+        shard_off_i = (slot // n_local) * stride_shard_i + (slot % n_local) * stride_slot
+        vals = tl.load(cand_f + base_f + (shard_off_f + (5 + j) * stride_field)[None, :] + rows[:, None], mask=m2,
+                       other=float("-inf"))
+        ids = tl.load(cand_i + base_i + (shard_off_i + (1 + j) * stride_ifield)[None, :] + rows[:, None], mask=m2,
+                      other=-1)
+        first = m2 & (j == 0)[None, :]  # one entry per slot: its boundary and stats
+        bound = tl.max(tl.load(cand_f + base_f + (shard_off_f + (5 + KEEP) * stride_field)[None, :] + rows[:, None],
+                               mask=first, other=float("-inf")), axis=1)
+        tmax = tl.load(cand_f + base_f + (shard_off_f + 2 * stride_field)[None, :] + rows[:, None], mask=first,
+                       other=float("-inf"))
+        tsum = tl.load(cand_f + base_f + (shard_off_f + 3 * stride_field)[None, :] + rows[:, None], mask=first,
+                       other=0.0)
+        m = tl.max(tmax, axis=1)
+        msafe = tl.where(m == float("-inf"), 0.0, m)
+        live = vals > float("-inf")
+        keys = order_key(vals)
+        mass = tl.where(live, tl.exp((vals - msafe[:, None]) * inv_t[:, None]), 0.0)  # exp((l - max) / T)
+        z_full = tl.sum(tl.where(tmax > float("-inf"), tsum * tl.exp((tmax - msafe[:, None]) * inv_t[:, None]), 0.0),
+                        axis=1)
         if MODE == 1:
-            rsum2 = tl.load(cand_f + slot_f + 4 * stride_field, mask=ms, other=0.0)
-            log_z = tl.log(tl.sum(tl.where(tmax > float("-inf"), rsum2 * tl.exp(tmax - msafe), 0.0), axis=0))
-            scale = 1.0
-        else:
-            log_z = tl.log(z_full)
-            scale = inv_t
-        if MODE == 2:
-            if filtered:
-                log_z = tl.log(tl.sum(tl.sum(tl.where(live & (keys >= key_t), mass, 0.0), axis=1), axis=0))
-        for t in tl.static_range(TOP_N):
-            kmax = tl.max(tl.max(tl.where(alive, keys, -1), axis=1), axis=0)
-            pick = alive & (keys == kmax)
-            idsel = tl.min(tl.min(tl.where(pick, ids, 2147483647), axis=1), axis=0)
-            vsel = tl.max(tl.max(tl.where(pick & (ids == idsel), vals, float("-inf")), axis=1), axis=0)
-            have = kmax >= 0
-            lpv = (vsel - msafe) * scale - log_z
-            if MODE == 2:
-                if filtered:
-                    lpv = tl.where(kmax >= key_t, lpv, float("-inf"))
-            out_ids = tl.where(n == t, tl.where(have, idsel, -1).to(tl.int64), out_ids)
-            out_lp = tl.where(n == t, tl.where(have, lpv, float("-inf")), out_lp)
-            last_key = tl.where(have, kmax, last_key)
-            alive = alive & ~(pick & (ids == idsel))
-        topn_ok = (last_key > bkey) | complete
-        out_ids = tl.where(row_bad, -1, out_ids)
-        out_lp = tl.where(row_bad, float("nan"), out_lp)
-        if topn_ok | row_bad:
-            tl.store(top_ids_ptr + row * TOP_N + n, out_ids, mask=n < TOP_N)
-            tl.store(top_lp_ptr + row * TOP_N + n, out_lp, mask=n < TOP_N)
-        topn_ok = topn_ok | row_bad
+            rsum = tl.load(cand_f + base_f + (shard_off_f + 4 * stride_field)[None, :] + rows[:, None], mask=first,
+                           other=0.0)
+            log_z_raw = tl.log(tl.sum(tl.where(tmax > float("-inf"), rsum * tl.exp(tmax - msafe[:, None]), 0.0),
+                                      axis=1))
+        bkey = order_key(bound)
+        complete = bound == float("-inf")  # every logit of the row is in U
 
-    need = (filtered & ~proven) | ~topn_ok
-    tl.store(fallback_ptr + row, need.to(tl.int8))
-    if need:
-        # A slot in the fallback's work list (order does not matter: rows are independent).
-        tl.store(fb_rows_ptr + tl.atomic_add(fb_count_ptr, 1), row)
+        # ---- thresholds (vLLM's order), and whether U proves them ----
+        # Key 0 lies below every real logit's key: it stands for "no min-p / top-k threshold".
+        # Every logit above B is in U, so U's k-th largest is the true one iff U holds at
+        # least k logits above B; otherwise the true k-th largest is <= B and only a min-p
+        # threshold above B can still fix tau_S.
+        n_live = tl.sum(live.to(tl.int32), axis=1)
+        n_above = tl.sum((live & (keys > bkey[:, None])).to(tl.int32), axis=1)
+        key_minp = tl.where(use_minp, order_key(m + temp * tl.log(tl.where(use_minp, min_p, 1.0))), 0)
+        k_known = ~use_k | (top_k <= n_above) | complete
+        key_k = kth_largest_key(keys, live, tl.maximum(tl.minimum(top_k, n_live), 1))
+        key_s = tl.where(use_k & k_known, tl.maximum(key_minp, key_k), key_minp)
+        s_known = k_known | (key_minp > bkey)
+        in_s = live & (keys >= key_s[:, None])
+        z_s = tl.where(key_s > 0, tl.sum(tl.where(in_s, mass, 0.0), axis=1), z_full)
+        key_p = nucleus_key(keys, mass, in_s, top_p * z_s)
+        key_t = tl.where(use_p, tl.maximum(key_s, key_p), key_s)
+        # Top-p renormalises over S: its sum comes from U only if S lies above B.
+        proven = complete | (s_known & (key_t > bkey) & (~use_p | (key_s == 0) | (key_s > bkey)))
+
+        # ---- the token: argmax over the kept ids of logit + T * Gumbel, with the contract's noise ----
+        kept = live & (keys >= key_t[:, None])
+        seed = load_row_param(seed_ptr, seed_val, rows, mask_r, tl.int64, SEED_PER_ROW)
+        offset = load_row_param(offset_ptr, offset_val, rows, mask_r, tl.int64, OFFSET_PER_ROW)
+        g = gumbel_from_bits(vocab_bits(seed[:, None], offset[:, None], ids), FAST_LOG)
+        score = tl.where(kept, vals + noise_scale[:, None] * g, float("-inf"))
+        best = tl.max(score, axis=1)
+        tok = tl.min(tl.where(kept & (score == best[:, None]), ids, 2147483647), axis=1)
+        done = filtered & proven & mask_r
+        tl.store(tokens_ptr + rows, tok.to(tl.int64), mask=done)
+        pending = filtered & ~proven & mask_r
+        tl.store(tokens_ptr + rows, -1, mask=pending)  # the fallback writes it
+        z_kept = tl.sum(tl.where(kept, mass, 0.0), axis=1)
+        if LOGPROBS:
+            l_tok = tl.max(tl.where(kept & (ids == tok[:, None]), vals, float("-inf")), axis=1)
+            if MODE == 1:
+                lp = (l_tok - msafe) - log_z_raw
+            elif MODE == 2:
+                lp = (l_tok - msafe) * inv_t - tl.log(z_kept)
+            else:
+                lp = (l_tok - msafe) * inv_t - tl.log(z_full)
+            tl.store(logprob_ptr + rows, lp, mask=done)
+            tl.store(logprob_ptr + rows, float("nan"), mask=pending)
+
+        # ---- top-N logprobs (every row) ----
+        topn_ok = mask_r
+        if TOP_N > 0:
+            n = tl.arange(0, TOP_N_POW2)
+            out_ids = tl.full([BLOCK_R, TOP_N_POW2], -1, tl.int64)
+            out_lp = tl.full([BLOCK_R, TOP_N_POW2], float("-inf"), tl.float32)
+            if MODE == 1:
+                log_z = log_z_raw
+                scale = tl.full([BLOCK_R], 1.0, tl.float32)
+            else:
+                log_z = tl.log(z_full)
+                scale = inv_t
+            if MODE == 2:
+                log_z = tl.where(filtered, tl.log(z_kept), log_z)
+            alive = live
+            last_key = tl.full([BLOCK_R], 4294967296, tl.int64)
+            found_all = mask_r
+            for t in tl.static_range(TOP_N):
+                kmax = tl.max(tl.where(alive, keys, -1), axis=1)
+                pick = alive & (keys == kmax[:, None])
+                idsel = tl.min(tl.where(pick, ids, 2147483647), axis=1)
+                chosen = pick & (ids == idsel[:, None])
+                vsel = tl.max(tl.where(chosen, vals, float("-inf")), axis=1)
+                have = kmax >= 0
+                lpv = (vsel - msafe) * scale - log_z
+                if MODE == 2:
+                    lpv = tl.where(filtered & (kmax < key_t), float("-inf"), lpv)
+                out_ids = tl.where(n[None, :] == t, tl.where(have, idsel, -1).to(tl.int64)[:, None], out_ids)
+                out_lp = tl.where(n[None, :] == t, tl.where(have, lpv, float("-inf"))[:, None], out_lp)
+                last_key = tl.where(have, kmax, last_key)
+                found_all = found_all & have
+                alive = alive & ~chosen
+            # The N-th largest of U is the true one if U holds N logits and the N-th lies above B.
+            topn_ok = (found_all & (last_key > bkey)) | complete | row_bad
+            out_ids = tl.where(row_bad[:, None], -1, out_ids)
+            out_lp = tl.where(row_bad[:, None], float("nan"), out_lp)
+            wr = (topn_ok & mask_r)[:, None] & (n < TOP_N)[None, :]
+            tl.store(top_ids_ptr + rows[:, None] * TOP_N + n[None, :], out_ids, mask=wr)
+            tl.store(top_lp_ptr + rows[:, None] * TOP_N + n[None, :], out_lp, mask=wr)
+        need = pending | (active & ~topn_ok)
+        tl.store(fallback_ptr + rows, need.to(tl.int8), mask=mask_r)
 
 
 def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int, params: RowParams, *,
@@ -258,18 +258,14 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     launch_merge wrote ``tokens`` (and ``logprobs``) for every row.
 
     Overwrites the tokens / logprobs of filtered rows it proves, fills ``top_ids`` /
-    ``top_lp`` [B, top_n], and returns (fallback int8 [B], fallback_count int32 [1],
-    fallback_rows int32 [B]): the rows the fallback must finish, as a flag per row and a
-    compact list (its first fallback_count entries).
+    ``top_lp`` [B, top_n], and returns the rows the fallback must finish: int8 [B] flags.
     """
     if not layout.extended:
         raise ValueError("filters and top-N logprobs need an extended candidate layout (layout.fields(extended=True))")
     device = src.f.device
     fallback = torch.zeros(batch, dtype=torch.int8, device=device)
-    fb_count = torch.zeros(1, dtype=torch.int32, device=device)
-    fb_rows = torch.empty(max(batch, 1), dtype=torch.int32, device=device)
     if batch == 0:
-        return fallback, fb_count, fb_rows
+        return fallback
     dummy = src.i
     args = []
     flags = {}
@@ -280,18 +276,20 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         flags[f"{name}_PER_ROW"] = per_row
     par_p, par_f, par_i, par_on = parity_args(src.parity, dummy)
     on_gpu = device.type == "cuda"
-    select_filtered_kernel[(batch,)](
+    # GPU: one row per program, a decode batch spreads over the SMs. Interpreter: big blocks.
+    block_r = 1 if on_gpu else max(1, min(64, triton.next_power_of_2(batch)))
+    select_filtered_kernel[(triton.cdiv(batch, block_r),)](
         src.f, src.i, src.base_f, src.base_i, par_p, par_f, par_i,
-        layout.n_slots, layout.n_local, layout.stride_shard, layout.stride_shard_i, layout.stride_field,
+        batch, layout.n_slots, layout.n_local, layout.stride_shard, layout.stride_shard_i, layout.stride_field,
         layout.stride_ifield, layout.stride_slot,
         *args, vocab_size,
         tokens, logprobs if logprobs is not None else dummy,
         top_ids if top_ids is not None else dummy, top_lp if top_lp is not None else dummy,
-        fallback, fb_count, fb_rows,
+        fallback,
         **flags,
-        BLOCK_S=triton.next_power_of_2(layout.n_slots), KEEP=KEEP, TOP_N=top_n,
+        BLOCK_R=block_r, BLOCK_U=triton.next_power_of_2(layout.n_slots * KEEP), KEEP=KEEP, TOP_N=top_n,
         TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)), MODE=LOGPROBS_MODES.index(mode),
         LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device), DEVICE_PARITY=par_on,
         num_warps=16 if on_gpu else 4,
     )
-    return fallback, fb_count, fb_rows
+    return fallback

@@ -1,0 +1,244 @@
+"""fsdist.sample with top-k / top-p / min-p, logprob modes and top-N logprobs.
+
+Exactness is checked three ways, on both stage-1 paths and on tile sizes that make the
+kept logits prove most rows (block_v 64) or few (block_v 512, so the fallback runs):
+
+* pathwise: every token equals the float64 mirror (the reference's kept set, fsdist's
+  noise; ``filter_mirror.py``) wherever the perturbed-score margin exceeds fp32 rounding;
+* in distribution: chi-squared + top-token binomial tests (``statcheck``) of 20,000 draws
+  against ``fsdist.reference.filtered_distribution`` for each filter and combinations,
+  with a power check that the same tests reject a 1% shift of mass;
+* logprobs and top-N against ``fsdist.reference.reference_logprobs`` / ``reference_top_logprobs``.
+"""
+import math
+
+import pytest
+import torch
+
+import fsdist
+from filter_mirror import filtered_mirror
+from fsdist import TileConfig
+from fsdist.reference import filtered_distribution, reference_logprobs, reference_top_logprobs
+from statcheck import assert_samples_match, chi2_gof, top_tokens_pvalue, P_MIN
+
+
+def problem(B, D, V, seed=0, scale=3.0, dtype=torch.float32, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(B, D, generator=g)
+    w = torch.randn(V, D, generator=g) * (scale / math.sqrt(D))
+    return h.to(device, dtype), w.to(device, dtype)
+
+
+def cfg(block_v):
+    return TileConfig(16, block_v, 32, num_stages=1)
+
+
+def mixed_params(B, device, seed=3):
+    """Per-row filters cycling through every combination, some rows unfiltered or greedy."""
+    g = torch.Generator().manual_seed(seed)
+    temp = torch.rand(B, generator=g) + 0.4
+    temp[::7] = 0.0
+    top_k = torch.tensor([0, 5, 50, 0, 20, 0, 1], dtype=torch.int32).repeat(B // 7 + 1)[:B]
+    top_p = torch.tensor([0.9, 1.0, 0.8, 1.0, 0.95, 1.0, 1.0]).repeat(B // 7 + 1)[:B]
+    min_p = torch.tensor([0.0, 0.0, 0.05, 0.1, 0.02, 0.0, 0.0]).repeat(B // 7 + 1)[:B]
+    return {k: v.to(device) for k, v in dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p).items()}
+
+
+def reference_kwargs(p, vocab_size):
+    return dict(temperature=p["temperature"].cpu().double(), top_k=p["top_k"].cpu().long(),
+                top_p=p["top_p"].cpu().double(), min_p=p["min_p"].cpu().double(), vocab_size=vocab_size)
+
+
+# --------------------------------------------------------------------------- pathwise
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("block_v", [64, 512], ids=["proven", "fallback"])
+@pytest.mark.parametrize("path", ["fused", "chunked"])
+def test_tokens_match_the_float64_mirror(device, path, block_v, dtype):
+    B, D, V = 35, 32, 1000
+    h, w = problem(B, D, V, seed=11, dtype=dtype, device=device)
+    p = mixed_params(B, device)
+    seed = torch.arange(B, device=device) * 7919 + 5
+    out = fsdist.sample(h, w, seed=seed, offset=9, vocab_size=V - 3, config=cfg(block_v), path=path, **p)
+    ref, margin, _ = filtered_mirror(h, w, vocab_size=V - 3, seed=seed, offset=9, **p)
+    decided = margin > 1e-3
+    assert int(decided.sum()) >= B - 2
+    assert torch.equal(out.tokens.cpu()[decided], ref[decided])
+    assert out.fallback is not None and out.fallback.dtype == torch.bool
+    if block_v == 512:
+        assert bool(out.fallback.any()), "the fallback should have run (two 512-id tiles keep 8 logits)"
+
+
+def test_fallback_is_exact_on_flat_rows(device):
+    """Nearly flat logits: the nucleus spans most of the vocabulary, the kept logits cannot
+    prove it, every such row falls back -- and still matches the mirror token for token."""
+    B, D, V = 20, 32, 1000
+    h, w = problem(B, D, V, seed=12, scale=0.05, device=device)
+    seed = torch.arange(B, device=device) + 100
+    out = fsdist.sample(h, w, seed=seed, offset=1, top_p=0.9, config=cfg(64))
+    ref, margin, _ = filtered_mirror(h, w, seed=seed, offset=1, top_p=0.9)
+    assert bool(out.fallback.all())
+    decided = margin > 1e-4
+    assert torch.equal(out.tokens.cpu()[decided], ref[decided])
+
+
+def test_mixed_batch_unfiltered_and_greedy_rows_are_unchanged(device):
+    """Rows with no filter give fsdist.sample's plain token, greedy rows the argmax, whatever
+    the other rows of the batch ask for."""
+    B, D, V = 21, 32, 1000
+    h, w = problem(B, D, V, seed=13, device=device)
+    p = mixed_params(B, device)
+    seed = torch.arange(B, device=device) * 3 + 1
+    out = fsdist.sample(h, w, seed=seed, offset=2, config=cfg(64), **p)
+    plain = fsdist.sample(h, w, temperature=p["temperature"], seed=seed, offset=2, config=cfg(64))
+    off = (p["top_k"] == 0) & (p["top_p"] == 1.0) & (p["min_p"] == 0.0)
+    assert bool(off.any()) and torch.equal(out.tokens[off], plain.tokens[off])
+    greedy = p["temperature"] == 0
+    argmax = (h.double() @ w.double().T).argmax(-1)
+    assert torch.equal(out.tokens[greedy].cpu(), argmax[greedy].cpu())
+
+
+def test_same_token_whatever_tile_size_path_or_batch_position(device):
+    B, D, V = 14, 32, 1000
+    h, w = problem(B, D, V, seed=14, device=device)
+    p = mixed_params(B, device, seed=4)
+    seed = torch.arange(B, device=device) + 7
+    outs = [fsdist.sample(h, w, seed=seed, offset=5, config=cfg(bv), path=path, **p).tokens
+            for bv in (64, 128, 512) for path in ("fused", "chunked")]
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    perm = torch.randperm(B, generator=torch.Generator().manual_seed(1)).to(device)
+    shuffled = fsdist.sample(h[perm], w, seed=seed[perm], offset=5, config=cfg(64),
+                             **{k: v[perm] for k, v in p.items()}).tokens
+    assert torch.equal(shuffled, outs[0][perm])
+
+
+# --------------------------------------------------------------------------- distribution
+
+N_DRAWS = 20000
+CASES = {
+    "top_k": dict(top_k=20),
+    "top_p": dict(top_p=0.8),
+    "min_p": dict(min_p=0.05),
+    "top_k+top_p": dict(top_k=50, top_p=0.9),
+    "min_p+top_p": dict(min_p=0.02, top_p=0.9),
+    "all_three": dict(top_k=40, top_p=0.85, min_p=0.01),
+}
+
+
+def one_row_draws(device, T, filters, V=1000, seed=21, block_v=128):
+    h1, w = problem(1, 32, V, seed=seed, scale=2.0, device=device)
+    h = h1.expand(N_DRAWS, -1).contiguous()
+    seeds = torch.arange(N_DRAWS, device=device) * 1_000_003 + 17
+    out = fsdist.sample(h, w, temperature=T, seed=seeds, offset=4, config=cfg(block_v), **filters)
+    probs = filtered_distribution(h1.cpu().double() @ w.cpu().double().T, temperature=T, **filters)[0]
+    return out, probs
+
+
+@pytest.mark.parametrize("T", [0.7, 1.3])
+@pytest.mark.parametrize("case", list(CASES))
+def test_chi_squared_per_filter(device, case, T):
+    out, probs = one_row_draws(device, T, CASES[case])
+    assert bool((probs[out.tokens.cpu()] > 0).all()), "a filtered-out id was sampled"
+    assert_samples_match(out.tokens, probs, label=f"{case} T={T}")
+
+
+def test_chi_squared_on_the_fallback_path(device):
+    """Tiles of 512 ids keep 8 logits of the 1000: top-p 0.8 cannot be proven, every draw is
+    resolved by the fallback, and the draws still follow the filtered distribution."""
+    out, probs = one_row_draws(device, 1.0, dict(top_p=0.8), block_v=512)
+    assert bool(out.fallback.all())
+    assert_samples_match(out.tokens, probs, label="fallback top_p=0.8")
+
+
+def test_the_statistics_can_fail():
+    """Power: the same checks reject draws from a distribution with 1% of its mass moved
+    between two kept ids (here: keeping one id too many at the top-p boundary is the same
+    size of error)."""
+    _, probs = one_row_draws(torch.device("cpu"), 1.0, dict(top_p=0.8))
+    kept = (probs > 0).nonzero().flatten()
+    shifted = probs.clone()
+    a, b = kept[probs[kept].argmax()], kept[probs[kept].argmin()]
+    shifted[a] -= 0.01
+    shifted[b] += 0.01
+    g = torch.Generator().manual_seed(5)
+    draws = torch.multinomial(shifted, N_DRAWS, replacement=True, generator=g)
+    p_chi2, _, _ = chi2_gof(draws, probs)
+    assert min(p_chi2, top_tokens_pvalue(draws, probs)) < P_MIN
+
+
+# --------------------------------------------------------------------------- logprobs
+
+
+@pytest.mark.parametrize("mode", ["scaled", "raw", "processed"])
+@pytest.mark.parametrize("block_v", [64, 512], ids=["proven", "fallback"])
+def test_logprobs_and_top_n_match_the_reference(device, mode, block_v):
+    B, D, V = 28, 32, 1000
+    h, w = problem(B, D, V, seed=15, device=device)
+    p = mixed_params(B, device, seed=6)
+    seed = torch.arange(B, device=device) + 3
+    out = fsdist.sample(h, w, seed=seed, offset=2, vocab_size=V - 3, config=cfg(block_v), return_logprobs=True,
+                        top_logprobs=5, logprobs_mode=mode, **p)
+    logits = h.cpu().double() @ w.cpu().double().T
+    kw = reference_kwargs(p, V - 3)
+    torch.testing.assert_close(out.logprobs.cpu().double(), reference_logprobs(logits, out.tokens.cpu(), mode=mode, **kw),
+                               atol=2e-5, rtol=0)
+    ids, vals = reference_top_logprobs(logits, 5, mode=mode, **kw)
+    assert torch.equal(out.top_ids.cpu(), ids)
+    got = out.top_logprobs.cpu().double()
+    assert torch.equal(torch.isinf(got), torch.isinf(vals))
+    fin = torch.isfinite(vals)
+    torch.testing.assert_close(got[fin], vals[fin], atol=2e-5, rtol=0)
+
+
+def test_top_n_without_filters_and_beyond_the_vocabulary(device):
+    h, w = problem(3, 16, 40, seed=16, device=device)
+    out = fsdist.sample(h, w, seed=1, top_logprobs=20, vocab_size=12, config=cfg(64))
+    assert out.top_ids.shape == (3, 20) and out.fallback is not None
+    ids, vals = reference_top_logprobs(h.cpu().double() @ w.cpu().double().T, 12, vocab_size=12)
+    assert torch.equal(out.top_ids[:, :12].cpu(), ids)
+    assert bool((out.top_ids[:, 12:] == -1).all()) and bool(torch.isneginf(out.top_logprobs[:, 12:]).all())
+
+
+# --------------------------------------------------------------------------- off, bad values
+
+
+def test_no_filter_costs_nothing_extra(device):
+    h, w = problem(4, 16, 300, device=device)
+    out = fsdist.sample(h, w, seed=1, top_k=0, top_p=1.0, min_p=0.0)
+    assert out.fallback is None and out.top_ids is None
+    same = fsdist.sample(h, w, seed=1, top_k=300)  # k >= vocabulary: off
+    assert torch.equal(out.tokens, same.tokens) and same.fallback is None
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(top_p=0.0), ValueError, "top_p must be in"),
+    (dict(top_p=1.5), ValueError, "top_p must be in"),
+    (dict(min_p=-0.1), ValueError, "min_p must be in"),
+    (dict(min_p=float("nan")), ValueError, "min_p must be in"),
+    (dict(top_k=-1), ValueError, "top_k must be >= 0"),
+    (dict(top_k=2.5), TypeError, "top_k must be an int"),
+    (dict(top_k=torch.zeros(3, dtype=torch.int32)), ValueError, "top_k tensor must have shape"),
+    (dict(top_p=torch.ones(4, dtype=torch.int32)), TypeError, "top_p tensor must be floating point"),
+    (dict(min_p=torch.zeros(4, device="meta")), ValueError, "min_p is on meta"),
+    (dict(top_logprobs=21), ValueError, "top_logprobs must be in"),
+    (dict(logprobs_mode="logits"), ValueError, "logprobs_mode must be one of"),
+], ids=["top_p-0", "top_p-1.5", "min_p-neg", "min_p-nan", "top_k-neg", "top_k-float", "top_k-shape",
+        "top_p-int", "min_p-device", "top_logprobs-21", "mode"])
+def test_bad_arguments_name_the_argument(device, kwargs, exc, match):
+    h, w = problem(4, 16, 300, device=device)
+    with pytest.raises(exc, match=match):
+        fsdist.sample(h, w, **kwargs)
+
+
+def test_bad_values_in_device_tensors_poison_only_their_rows(device):
+    """No synchronisation to raise: out-of-range filter values in a tensor give that row -1
+    (check=True raises instead, naming the argument and the rows)."""
+    h, w = problem(4, 16, 300, device=device)
+    top_p = torch.tensor([0.9, 0.0, 1.5, 0.9], device=device)
+    min_p = torch.tensor([0.0, 0.0, 0.0, -1.0], device=device)
+    out = fsdist.sample(h, w, seed=2, top_p=top_p, min_p=min_p, return_logprobs=True, config=cfg(64))
+    assert out.tokens.tolist()[1:] == [-1, -1, -1] and int(out.tokens[0]) >= 0
+    assert bool(torch.isnan(out.logprobs[1:]).all())
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\] in every row \(bad rows: \[1, 2\]\)"):
+        fsdist.sample(h, w, top_p=top_p, check=True)
