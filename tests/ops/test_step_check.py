@@ -140,9 +140,9 @@ def test_stage1_writes_the_header(path, logprobs, per_row):
     assert bool((copies[0] == -7).all()), "copy 0 was written with the counter odd"
     view = int_view(layout, copies[1])
     assert torch.equal(view[shard, layout.n_local, :B], mirror_fingerprints(s, o, t))
-    assert view[shard, layout.n_local + 1, :RECORD_WORDS].tolist() == [13, B, call_flags(logprobs, path == "chunked"), 0]
-    assert call_flags(logprobs, path == "chunked") == (FLAG_LOGPROBS if logprobs else 0) | (
-        FLAG_CHUNKED if path == "chunked" else 0)
+    flags = (FLAG_LOGPROBS if logprobs else 0) | (FLAG_CHUNKED if path == "chunked" else 0)
+    assert call_flags(logprobs, path == "chunked") == flags
+    assert view[shard, layout.n_local + 1, :RECORD_WORDS].tolist() == [13, B, flags, 0]
     others = [k for k in range(shards) if k != shard]
     assert bool((view[others] == -7).all()), "another shard's block was written"
 
@@ -282,6 +282,7 @@ def test_a_set_status_word_poisons_later_merges(bit):
     assert tokens.tolist() == [-1] * c.B and after == bit  # agreeing headers add nothing
 
 
+@pytest.mark.skipif(DEV.type == "cuda", reason="deterministic only under the interpreter, which runs programs in order")
 @pytest.mark.xfail(strict=True, reason="check_headers reads the sticky status word inside the merge, so rows of "
                                        "later programs of the same launch see the bits earlier programs just set")
 def test_row_mismatch_poisons_only_its_row_whatever_the_program_grid():
