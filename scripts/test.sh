@@ -2,6 +2,12 @@
 # Install fsdist with its test extras, then run every suite this machine can run:
 # single-process tests (kernels on CUDA, or under Triton's interpreter on CPU), and the
 # multi-rank tests under MPI at 2 and 4 ranks (gloo on CPU). GPU-only tests skip on CPU.
+#
+# Timeouts, innermost first: a multi-rank test that runs past FSDIST_TEST_HARD_TIMEOUT (240 s)
+# is killed with every thread's traceback (tests/tensor_parallel/conftest.py); gloo gives up on a
+# collective after FSDIST_TEST_TIMEOUT (300 s); and each mpirun is killed after
+# FSDIST_MPIRUN_TIMEOUT seconds (900 s; SIGKILL 30 s later), so even a wedged launcher cannot
+# stall CI. A suite that leaves no report (killed, or crashed before writing one) counts as failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FSDIST_EXTRAS="[test]" source scripts/_install.sh
@@ -9,6 +15,7 @@ export NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABL
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 MPIRUN=$(command -v mpirun || command -v mpiexec || true)
 [ -n "$MPIRUN" ] || { echo "mpirun not found (pip package mpich provides it)"; exit 1; }
+MPIRUN_TIMEOUT=${FSDIST_MPIRUN_TIMEOUT:-900}
 reports=$(mktemp -d)
 status=0
 
@@ -21,19 +28,32 @@ for n in 2 4; do
     # fails leaves the others inside a collective it skipped, so every later test would only
     # time out; stopping at the first failure closes its sockets, the peers fail at once,
     # and the real traceback is the one in the log instead of a wall of timeouts.
-    "$MPIRUN" -n "$n" bash -c "exec \"$PY\" -m pytest -q -x -p no:warnings --with-mpi tests/tensor_parallel \
-        --junitxml=\"$reports/mpi$n-\${PMI_RANK:-0}.xml\"" || status=1
+    rc=0
+    timeout --kill-after=30 "$MPIRUN_TIMEOUT" "$MPIRUN" -n "$n" bash -c "exec \"$PY\" -m pytest -q -x -p no:warnings \
+        --with-mpi tests/tensor_parallel --junitxml=\"$reports/mpi$n-\${PMI_RANK:-0}.xml\"" </dev/null || rc=$?
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        echo "mpirun -n $n did not finish within ${MPIRUN_TIMEOUT}s: killed"
+    fi
+    [ "$rc" -eq 0 ] || status=1
 done
 
-# One closing line for the whole run (rank 0's view of each MPI suite).
-"$PY" - "$reports" <<'PY'
-import glob, sys, xml.etree.ElementTree as ET
+# One closing line for the whole run (rank 0's view of each MPI suite). A suite without a
+# readable report (its mpirun was killed, or rank 0 died first) counts as one failure.
+"$PY" - "$reports" single.xml mpi2-0.xml mpi4-0.xml <<'PY'
+import os, sys, xml.etree.ElementTree as ET
 tot = dict(tests=0, failures=0, errors=0, skipped=0)
-for f in sorted(glob.glob(sys.argv[1] + "/single.xml") + glob.glob(sys.argv[1] + "/mpi*-0.xml")):
-    for suite in ET.parse(f).getroot().iter("testsuite"):
+missing = 0
+for name in sys.argv[2:]:
+    try:
+        root = ET.parse(os.path.join(sys.argv[1], name)).getroot()
+    except (OSError, ET.ParseError):
+        missing += 1
+        continue
+    for suite in root.iter("testsuite"):
         for k in tot:
             tot[k] += int(suite.get(k, 0))
 failed = tot["failures"] + tot["errors"]
-print(f"{tot['tests'] - failed - tot['skipped']} passed, {failed} failed, {tot['skipped']} skipped")
+print(f"{tot['tests'] - failed - tot['skipped']} passed, {failed + missing} failed, {tot['skipped']} skipped"
+      + (f" ({missing} suite(s) left no report)" if missing else ""))
 PY
 exit $status

@@ -1,0 +1,592 @@
+"""Ranks that diverge: token -1 and an error on every rank, never a hang, a gloo abort or a wrong token.
+
+Every forward is one step on every rank (fsdist/tensor_parallel/reduction.py): a rank with
+bad arguments, an empty batch or a batch over capacity still publishes a call header, and
+each rank's merge compares every rank's header with its own (fsdist/ops/step_check.py).
+So in each test below every rank makes one call per step, whatever it was given, and then
+
+* the rank whose own arguments are bad raises its ValueError / TypeError;
+* every other rank raises TensorParallelMismatchError in the same call (on CPU; on a GPU a
+  call or two later, or from head.check()), in ``describe_status``'s words for the bits;
+* the tokens the step produced (seen through the HeadTestSeam, since forward raised) are -1
+  where check_headers says so and the reference token elsewhere, never another token;
+* the status is sticky: the next call, good on every rank, raises everywhere with tokens -1;
+* close() works on every rank.
+
+Each test's docstring says what the same divergence did before the fix, as observed on
+commit 9b8cf5b with mpirun -n 2 on CPU (gloo timeout 15 s): a gloo abort (SIGABRT of the
+whole job), a hang until the gloo timeout, or silently wrong tokens. Outcomes are gathered
+from every rank before any assert, so a failing assert never leaves a peer in a collective.
+"""
+import functools
+import os
+import re
+from datetime import timedelta
+from typing import Callable, Optional, Tuple
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import fsdist
+from fsdist.ops.step_check import STATUS_PEER_ERROR, STATUS_RECORD_MISMATCH, STATUS_ROW_MISMATCH, describe_status
+from fsdist.tensor_parallel import HeadTestSeam, TensorParallelMismatchError, transports
+from fsdist.tensor_parallel.vocab import vocab_partition
+from tp_helpers import (ALL_TRANSPORTS, ON_GPU, PEER_TRANSPORTS, gather_objects, problem, reference_group_logmass,
+                        tp_ranges)
+
+mpi = pytest.mark.mpi(min_size=2)
+REDUCTIONS = ["candidates", "group_logmass"]
+both = [pytest.mark.parametrize("reduction", REDUCTIONS), pytest.mark.parametrize("transport", ALL_TRANSPORTS)]
+
+# Small: the kernels run under Triton's interpreter. V pads to 512: one or two 128-id tiles per rank.
+V, D, B, CAP, BLOCK_V = 500, 16, 8, 16, 128
+MISMATCH = TensorParallelMismatchError.__name__
+RECORD, PEER_ERROR, ROW = STATUS_RECORD_MISMATCH, STATUS_PEER_ERROR, STATUS_ROW_MISMATCH
+
+
+def with_both(fn):
+    for mark in both:
+        fn = mark(fn)
+    return mpi(fn)
+
+
+# ---- helpers -------------------------------------------------------------------------------
+def good_rows(device, batch=B, seed=12):
+    """Per-row (temperature, seed, offset) tensors every rank passes when it behaves."""
+    g = torch.Generator().manual_seed(seed)
+    return dict(temperature=(torch.rand(batch, generator=g) * 0.8 + 0.6).to(device),
+                seed=torch.randint(0, 2**62, (batch,), generator=g).to(device),
+                offset=torch.randint(0, 2**40, (batch,), generator=g).to(device))
+
+
+def rows_of(kw, index):
+    """The same call's per-row tensors for the rows ``index`` (a slice or an index tensor)."""
+    return {k: (v[index] if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+
+
+def reference(reduction, tp, W, h, temperature=1.0, seed=0, offset=0):
+    """(tokens, rows the reference decides reliably) of a healthy step with these arguments:
+    fsdist.sample on the full weight for "candidates" (bit for bit), the float64 mirror of
+    paper Alg. I.4 for "group_logmass" (rows decided by fp32 rounding are left out)."""
+    if reduction == "candidates":
+        out = fsdist.sample(h, W, temperature=temperature, seed=seed, offset=offset, vocab_size=V)
+        return out.tokens.cpu().tolist(), [True] * h.shape[0]
+    tok, _, _, margin = reference_group_logmass(h, W, V, tp_ranges(V, tp), temperature, seed, offset)
+    return tok.tolist(), (margin > 1e-4).tolist()
+
+
+@functools.lru_cache(maxsize=None)
+def divergence_problem(reduction, tp, batch, device):
+    """(W, h, good rows, reference tokens, reliable rows) shared by the divergence tests (read only)."""
+    W, h = problem(V, D, batch, torch.float32, seed=11, scale=3.0, device=device)
+    kw = good_rows(device, batch)
+    return (W, h, kw) + reference(reduction, tp, W, h, **kw)
+
+
+class Head:
+    """A small head whose reduction's step outputs are kept (through its HeadTestSeam), so a test
+    sees the tokens a step produced even when forward raised right after it."""
+
+    def __init__(self, ctx, transport, reduction, W, vocab_size=V, **kw):
+        kw.setdefault("max_batch_size", CAP)
+        self.seam = HeadTestSeam()
+        self.head = fsdist.ShardedFlashLMHead(D, vocab_size, transport=transport, reduction=reduction,
+                                              params_dtype=torch.float32, device=ctx.device, block_v=BLOCK_V,
+                                              test_seam=self.seam, **kw)
+        self.head.load_full_weight(W)
+        self.tokens = None
+        run = self.seam.reduction.run
+
+        def keep_tokens(*args, **kwargs):
+            out = run(*args, **kwargs)
+            self.tokens = out[0].cpu().tolist()
+            return out
+
+        self.seam.reduction.run = keep_tokens
+
+    def call(self, *args, **kwargs) -> dict:
+        """One forward: the exception it raised (type name and message) and the tokens of its step
+        (None when the step had no rows to merge: a local error or an empty batch)."""
+        self.tokens = None
+        try:
+            self.head(*args, **kwargs)
+            error, message = None, ""
+        except Exception as e:  # recorded, asserted after the gather
+            error, message = type(e).__name__, str(e)
+        return {"error": error, "message": message, "tokens": self.tokens}
+
+    def check(self) -> Optional[str]:
+        try:
+            self.head.check()
+            return None
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+
+    def close(self) -> Optional[str]:
+        try:
+            self.head.close()
+            return None
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+
+
+def outcome_of(fn) -> Optional[str]:
+    """'Type: message' of what fn() raised, or None."""
+    try:
+        fn()
+        return None
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def diverged(bits: int) -> str:
+    """What TensorParallelMismatchError says for these status bits (and nothing else)."""
+    return f"the tensor-parallel ranks diverged: {describe_status(bits)}."
+
+
+def tokens_ok(tokens, ref, reliable, bad_rows) -> bool:
+    """-1 exactly on bad_rows (all rows if None) and the reference token elsewhere. On a GPU the
+    other rows may be -1 too: the merge's programs may see the status word that another program
+    of the same step set (see test_temperature_differs_in_one_row_of_a_large_batch)."""
+    for i, t in enumerate(tokens):
+        bad = bad_rows is None or i in bad_rows
+        if bad and t != -1:
+            return False
+        if not bad and t != ref[i] and reliable[i] and not (ON_GPU and t == -1):
+            return False
+    return True
+
+
+def run_divergence(ctx, transport, reduction, *, rank: str, change: Callable, bits: int,
+                   local_error: Optional[Tuple[str, str]] = None, bad_rows=None, batch: int = B):
+    """One step where rank ``rank`` ("first" or "last") calls with ``change(h, kw)`` instead of
+    (h, kw); then a good step everywhere, close, and a call on the closed head. Asserts the
+    contract on every rank's gathered outcomes (see the module docstring)."""
+    W, h, kw, ref, reliable = divergence_problem(reduction, ctx.world_size, batch, ctx.device)
+    diverging = 0 if rank == "first" else ctx.world_size - 1
+    head = Head(ctx, transport, reduction, W, max_batch_size=max(CAP, batch))
+    mine = change(h, dict(kw)) if ctx.rank == diverging else (h, kw)
+    step = head.call(mine[0], **mine[1])
+    checked = head.check()
+    after = head.call(h, **kw)
+    closed = head.close()
+    reuse = head.call(h, **kw)
+    everyone = gather_objects(dict(step=step, checked=checked, after=after, closed=closed, reuse=reuse))
+
+    for r, o in enumerate(everyone):
+        step, where = o["step"], f"rank {r}: {o}"
+        if r == diverging and local_error is not None:
+            assert step["error"] == local_error[0] and re.search(local_error[1], step["message"]), where
+            assert step["tokens"] is None, where
+        elif step["error"] is None:
+            # Allowed on a GPU only (the status word reaches the host a call or two later); its tokens
+            # are checked below, and head.check() must raise.
+            assert ON_GPU and step["tokens"] is not None, where
+        else:
+            assert step["error"] == MISMATCH and diverged(bits) in step["message"], where
+        if r != diverging:  # an agreeing rank merged the step: its tokens are what check_headers left
+            assert step["tokens"] is not None and len(step["tokens"]) == batch, where
+        if step["tokens"] is not None:
+            assert tokens_ok(step["tokens"], ref, reliable, bad_rows), where
+        assert o["checked"] is not None and o["checked"].startswith(MISMATCH), where
+        assert diverged(bits) in o["checked"], where
+        # Sticky: a good call on every rank still raises, after taking part in its step.
+        assert o["after"]["error"] == MISMATCH and o["after"]["tokens"] == [-1] * batch, where
+        assert o["closed"] is None, where
+        assert o["reuse"]["error"] == "RuntimeError" and "closed" in o["reuse"]["message"], where
+    assert [o["after"]["message"] for o in everyone] == [
+        everyone[0]["after"]["message"].replace("rank 0 of", f"rank {r} of") for r in range(len(everyone))]
+
+
+# ---- construction --------------------------------------------------------------------------
+@mpi
+@pytest.mark.parametrize("transport", ALL_TRANSPORTS)
+@pytest.mark.parametrize("divisible_by", [1, 2])
+def test_vocab_ranges_off_philox_quads_are_rejected_at_construction(dist_ctx, transport, divisible_by):
+    """Before: the head was built, then the first forward raised on the ranks whose range starts off a
+    quad only (vocab_start % 4), and the others hung in the exchange (or gloo aborted)."""
+    V1, tp = 1001, dist_ctx.world_size
+    parts = [vocab_partition(V1, tp, r, divisible_by) for r in range(tp)]
+    off_quads = any(p.start % 4 or p.rows % 4 for p in parts)  # every rank's rows at tp = 2; none for 2 at tp = 4
+    W, h = problem(V1, D, B, torch.float32, seed=13, device=dist_ctx.device)
+    heads = []
+    built = outcome_of(lambda: heads.append(Head(dist_ctx, transport, "candidates", W, vocab_size=V1,
+                                                 make_vocab_size_divisible_by=divisible_by)))
+    tokens = None
+    if heads:  # only where every range is on quads: then the head must be exact
+        tokens = heads[0].call(h, seed=5, offset=6)["tokens"]
+        heads[0].close()
+    everyone = gather_objects(dict(built=built, tokens=tokens))
+    for r, o in enumerate(everyone):
+        if off_quads:
+            assert o["built"] is not None and o["built"].startswith("ValueError"), (r, o)
+            assert f"invalid arguments on {tp} rank(s)" in o["built"], (r, o)
+            assert "make_vocab_size_divisible_by must be a multiple of 4 with tensor parallelism" in o["built"]
+            assert f"got {divisible_by} with tp_size {tp}" in o["built"], (r, o)
+        else:
+            want = fsdist.sample(h, W, seed=5, offset=6, vocab_size=V1).tokens.tolist()
+            assert o["built"] is None and o["tokens"] == want, (r, o)
+
+
+def still_in_step(ctx) -> Optional[str]:
+    """A collective head and one step: the ranks still make the same collectives after an error."""
+    W, h = problem(V, D, 4, torch.float32, seed=31, device=ctx.device)
+    head = Head(ctx, "collective", "candidates", W)
+    got = head.call(h, seed=1)
+    head.close()
+    want = fsdist.sample(h, W, seed=1, vocab_size=V).tokens.tolist()
+    return None if got == {"error": None, "message": "", "tokens": want} else f"{got} != {want}"
+
+
+@mpi
+@pytest.mark.parametrize("transport", ALL_TRANSPORTS)
+@pytest.mark.parametrize("case", ["cuda-device-on-first-rank", "probe-raises-on-rank-1"])
+def test_non_value_error_on_one_rank_at_construction(dist_ctx, monkeypatch, transport, case):
+    """Before: the failing rank raised alone (AssertionError / RuntimeError) and the others hung in the
+    agreement gather until the gloo timeout."""
+    r = dist_ctx.rank
+    kw = dict(transport=transport, params_dtype=torch.float32, device=dist_ctx.device)
+    if case == "cuda-device-on-first-rank":
+        bad, kinds = 0, "AssertionError|RuntimeError"
+        if r == bad:  # no CUDA here; on a GPU machine, a GPU that does not exist
+            kw["device"] = f"cuda:{torch.cuda.device_count()}" if ON_GPU else "cuda"
+    else:
+        bad, kinds = 1, "RuntimeError"
+
+        def probe(*args, **kwargs):
+            raise RuntimeError("transport probe failed on purpose")
+
+        if r == bad:
+            monkeypatch.setattr(transports, "probe", probe)
+    built = outcome_of(lambda: fsdist.ShardedFlashLMHead(D, V, **kw))
+    monkeypatch.undo()
+    healthy = still_in_step(dist_ctx)
+    everyone = gather_objects(dict(built=built, healthy=healthy))
+    for o in everyone:
+        want = rf"ValueError: ShardedFlashLMHead: invalid arguments on 1 rank\(s\): rank {bad}: ({kinds}): "
+        assert o["built"] is not None and re.match(want, o["built"]), o
+        assert o["healthy"] is None, o
+
+
+cpu_only_hang = pytest.mark.skipif(ON_GPU, reason="the hang is bounded by a gloo group timeout (CPU only)")
+
+
+def short_timeout_group(ctx, seconds=2):
+    """The whole world as a new group whose collectives give up after `seconds`: a test of a hang that
+    is still there (xfail) waits that long instead of the session's gloo timeout."""
+    return dist.new_group(list(range(ctx.world_size)), timeout=timedelta(seconds=seconds))
+
+
+@mpi
+@cpu_only_hang
+@pytest.mark.xfail(strict=True, reason="BUG layers.py: `seam.num_buffers` is read outside the try when the "
+                                       "agreement dict is built, so a test_seam of the wrong type raises "
+                                       "AttributeError on its rank alone and its peers hang in the gather")
+def test_wrong_test_seam_type_on_one_rank(dist_ctx):
+    """A local error (test_seam is not a HeadTestSeam) checked inside the try must reach every rank as a
+    ValueError; instead the rank fails while building the gathered dict and the others wait in the gather
+    (bounded here by a 2 s group timeout)."""
+    group = short_timeout_group(dist_ctx)
+    bad = dist_ctx.world_size - 1
+    seam = "not a seam" if dist_ctx.rank == bad else None
+    built = outcome_of(lambda: fsdist.ShardedFlashLMHead(D, V, tp_group=group, transport="collective",
+                                                         params_dtype=torch.float32, device=dist_ctx.device,
+                                                         test_seam=seam))
+    healthy = still_in_step(dist_ctx)
+    everyone = gather_objects(dict(built=built, healthy=healthy))
+    assert all(o["healthy"] is None for o in everyone), everyone
+    for o in everyone:
+        assert o["built"] is not None and o["built"].startswith("ValueError") and f"rank {bad}: TypeError: test_seam" \
+            in o["built"], everyone
+
+
+@mpi
+@cpu_only_hang
+@pytest.mark.parametrize("transport", ["collective", "shm"])
+@pytest.mark.xfail(strict=True, reason="BUG layers.py: the exchange buffers are allocated after the agreement "
+                                       "gather, so an allocation that fails on one rank raises there alone: its "
+                                       "peers get a head (collective) or hang in the collective allocation "
+                                       "(peer-store transports)")
+def test_exchange_buffer_allocation_fails_on_one_rank(dist_ctx, monkeypatch, transport):
+    """Out of (shared or GPU) memory on one rank while allocating the exchange buffers: every rank should
+    raise ValueError naming it; instead that rank raises alone and the others either hold a head whose
+    first step would hang, or wait in the allocation's collective (bounded here by a 2 s group timeout)."""
+    group = short_timeout_group(dist_ctx)
+    bad = dist_ctx.world_size - 1
+    if dist_ctx.rank == bad:
+        def no_memory(self, numel, dtype):
+            raise MemoryError(f"no memory for {numel} exchange elements (simulated)")
+
+        cls = {"collective": "collective.CollectiveTransport", "shm": "shm.ShmTransport"}[transport]
+        monkeypatch.setattr(f"fsdist.tensor_parallel.transports.{cls}._alloc", no_memory)
+    head = None
+
+    def build():
+        nonlocal head
+        head = fsdist.ShardedFlashLMHead(D, V, tp_group=group, transport=transport, params_dtype=torch.float32,
+                                         device=dist_ctx.device)
+
+    built = outcome_of(build)
+    monkeypatch.undo()
+    if head is not None and transport == "collective":
+        head.close()  # a collective head frees its buffers without communicating
+    healthy = still_in_step(dist_ctx)
+    everyone = gather_objects(dict(built=built, healthy=healthy))
+    assert all(o["healthy"] is None for o in everyone), everyone
+    for o in everyone:
+        assert o["built"] is not None and o["built"].startswith("ValueError") and f"rank {bad}: MemoryError" \
+            in o["built"], everyone
+
+
+# ---- an input error on one rank ----------------------------------------------------------------
+def bad_temperature(h, kw):
+    return h, dict(kw, temperature=-1.0)
+
+
+def bad_hidden_size(h, kw):
+    return torch.cat([h, h[:, :1]], dim=1), kw
+
+
+def bad_seed_shape(h, kw):
+    return h, dict(kw, seed=kw["seed"][:-1])
+
+
+def bad_seed_dtype(h, kw):
+    return h, dict(kw, seed=kw["seed"].to(torch.int32))
+
+
+INPUT_ERRORS = {
+    "negative-temperature": (bad_temperature, ("ValueError", r"temperature must be >= 0")),
+    "hidden-size": (bad_hidden_size, ("ValueError", rf"D={D + 1} but the weight expects D={D}")),
+    "seed-shape": (bad_seed_shape, ("ValueError", rf"seed tensor must have shape \[{B}\]")),
+    "seed-dtype": (bad_seed_dtype, ("TypeError", r"seed tensor must be int64")),
+}
+
+
+PEER = PEER_TRANSPORTS[0]
+# The local-error path (skip_step) does not depend on which check failed: every transport and
+# reduction with one error, and each other error with one (transport, reduction).
+INPUT_ERROR_CASES = [("negative-temperature", t, r) for t in ALL_TRANSPORTS for r in REDUCTIONS] + [
+    ("hidden-size", "collective", "group_logmass"), ("seed-shape", PEER, "candidates"),
+    ("seed-dtype", PEER, "group_logmass")]
+
+
+@mpi
+@pytest.mark.parametrize("error,transport,reduction", INPUT_ERROR_CASES, ids=["-".join(c) for c in INPUT_ERROR_CASES])
+def test_input_error_on_one_rank(dist_ctx, error, transport, reduction):
+    """Before: the bad rank raised before the exchange: gloo SIGABRT (collective) or a hang until the
+    gloo timeout (shm)."""
+    change, local_error = INPUT_ERRORS[error]
+    run_divergence(dist_ctx, transport, reduction, rank="first", change=change, bits=RECORD | PEER_ERROR,
+                   local_error=local_error)
+
+
+# ---- divergent calls ---------------------------------------------------------------------------
+@with_both
+def test_batch_size_differs(dist_ctx, transport, reduction):
+    """Before: silently wrong tokens (rows of different batches merged with each other)."""
+    run_divergence(dist_ctx, transport, reduction, rank="first", bits=RECORD,
+                   change=lambda h, kw: (h[3:], rows_of(kw, slice(3, None))))
+
+
+@with_both
+def test_empty_batch_on_one_rank(dist_ctx, transport, reduction):
+    """Before: the empty rank skipped the exchange: gloo SIGABRT (collective) or a hang until the gloo timeout (shm)."""
+    run_divergence(dist_ctx, transport, reduction, rank="first", bits=RECORD,
+                   change=lambda h, kw: (h[:0], rows_of(kw, slice(0, 0))))
+
+
+@with_both
+def test_batch_over_capacity_on_one_rank(dist_ctx, transport, reduction):
+    """Before: that rank grew its buffers alone: gloo SIGABRT (collective) or a hang until the gloo timeout (shm)."""
+    idx = torch.arange(CAP + 1) % B
+    run_divergence(dist_ctx, transport, reduction, rank="first", bits=RECORD | PEER_ERROR,
+                   change=lambda h, kw: (h[idx.to(h.device)], rows_of(kw, idx.to(h.device))),
+                   local_error=("ValueError", rf"batch {CAP + 1} exceeds the head's max_batch_size {CAP}"))
+
+
+@with_both
+def test_return_logprobs_differs(dist_ctx, transport, reduction):
+    """Before: gloo SIGABRT (collective: blocks of different sizes) or silently wrong, rank-dependent tokens (shm)."""
+    run_divergence(dist_ctx, transport, reduction, rank="last", bits=RECORD,
+                   change=lambda h, kw: (h, dict(kw, return_logprobs=True)))
+
+
+@with_both
+def test_stage1_path_differs(dist_ctx, transport, reduction):
+    """Before: not noticed (harmless here: both paths write the same candidates up to fp32 rounding)."""
+    run_divergence(dist_ctx, transport, reduction, rank="first", bits=RECORD,
+                   change=lambda h, kw: (h, dict(kw, path="chunked")))
+
+
+@with_both
+def test_seeds_differ(dist_ctx, transport, reduction):
+    """Before: silently wrong tokens (group_logmass: different tokens on different ranks)."""
+    run_divergence(dist_ctx, transport, reduction, rank="last", bits=ROW,
+                   change=lambda h, kw: (h, dict(kw, seed=kw["seed"] + 1)))
+
+
+@with_both
+def test_offsets_differ_in_two_rows(dist_ctx, transport, reduction):
+    """Before: silently wrong tokens in those rows (group_logmass: different tokens on different ranks)."""
+    def change(h, kw):
+        offset = kw["offset"].clone()
+        offset[[2, 5]] += 1
+        return h, dict(kw, offset=offset)
+
+    run_divergence(dist_ctx, transport, reduction, rank="last", bits=ROW, change=change, bad_rows=(2, 5))
+
+
+@with_both
+def test_temperature_differs_in_one_row(dist_ctx, transport, reduction):
+    """Before: that row silently merged greedy and sampled candidates (group_logmass: ranks disagreed on it)."""
+    def change(h, kw):
+        temperature = kw["temperature"].clone()
+        temperature[3] = 0.0
+        return h, dict(kw, temperature=temperature)
+
+    run_divergence(dist_ctx, transport, reduction, rank="last", bits=ROW, change=change, bad_rows=(3,))
+
+
+@mpi
+@pytest.mark.skipif(ON_GPU, reason="deterministic only under the interpreter, which runs programs in order")
+@pytest.mark.xfail(strict=True, reason="BUG step_check.py check_headers: the sticky status word is read inside "
+                                       "the merge, so rows of later merge programs see the row-mismatch bit that "
+                                       "an earlier program of the same step just set")
+def test_temperature_differs_in_one_row_of_a_large_batch(dist_ctx):
+    """As above with 130 rows (two merge programs on CPU): only row 3 may be -1, but rows 128 and 129, whose
+    parameters agree, come back -1 too (on a GPU, with 2 rows per program, which rows depends on scheduling)."""
+    def change(h, kw):
+        temperature = kw["temperature"].clone()
+        temperature[3] = 0.0
+        return h, dict(kw, temperature=temperature)
+
+    run_divergence(dist_ctx, "collective", "candidates", rank="last", bits=ROW, change=change, bad_rows=(3,),
+                   batch=130)
+
+
+@with_both
+def test_one_rank_calls_forward_once_more(dist_ctx, transport, reduction):
+    """Before: silently wrong tokens from the extra call on (each step merged another step's candidates)."""
+    ctx = dist_ctx
+    W, h, kw, ref, reliable = divergence_problem(reduction, ctx.world_size, B, ctx.device)
+    calls = [dict(kw, offset=kw["offset"] + i) for i in range(3)]
+    head = Head(ctx, transport, reduction, W)
+    outcomes = [head.call(h, **calls[0])]  # in step: the reference tokens
+    if ctx.rank == 0:
+        outcomes.append(head.call(h, **calls[0]))  # a retry of the same call: one step more on rank 0
+        outcomes.append(head.call(h, **calls[1]))
+    else:
+        outcomes.append(head.call(h, **calls[1]))
+        outcomes.append(head.call(h, **calls[2]))  # the others catch up, so the test can gather
+    checked = head.check()
+    closed = head.close()
+    everyone = gather_objects(dict(outcomes=outcomes, checked=checked, closed=closed))
+    for r, o in enumerate(everyone):
+        first, paired, sticky = o["outcomes"]
+        assert first["error"] is None and tokens_ok(first["tokens"], ref, reliable, bad_rows=()), (r, first)
+        # Step 1 pairs rank 0's retry with the others' next call: every row's offset differs.
+        assert paired["error"] == MISMATCH or (ON_GPU and paired["error"] is None), (r, paired)
+        assert paired["tokens"] == [-1] * B, (r, paired)
+        assert sticky["error"] == MISMATCH and sticky["tokens"] == [-1] * B, (r, sticky)
+        assert o["checked"] is not None and diverged(ROW) in o["checked"], (r, o["checked"])
+        assert o["closed"] is None, (r, o["closed"])
+
+
+# ---- no false positives ------------------------------------------------------------------------
+@with_both
+def test_agreeing_ranks_never_see_a_mismatch(dist_ctx, transport, reduction):
+    """Per-row parameters with greedy and NaN-temperature rows, empty batches, the same bad calls on every
+    rank, reserve on every rank, scalar and chunked calls: never a TensorParallelMismatchError."""
+    ctx, tp = dist_ctx, dist_ctx.world_size
+    big = 24
+    W, h = problem(V, D, big, torch.float32, seed=17, scale=3.0, device=ctx.device)
+    kw = good_rows(ctx.device, B, seed=18)
+    kw["temperature"][1] = 0.0  # greedy
+    kw["temperature"][6] = 3e-6  # greedy too (below vLLM's epsilon)
+    kw["temperature"][4] = float("nan")  # token -1 by design: a bad row, not a mismatch
+    head = Head(ctx, transport, reduction, W)
+    hb = h[:B]
+    plan = [  # (hidden, kwargs, expected exception type or None)
+        (hb, dict(kw, return_logprobs=True), None),
+        (hb[:0], dict(seed=3), None),
+        (hb[:0], dict(rows_of(kw, slice(0, 0)), return_logprobs=True), None),
+        (hb, dict(kw, temperature=-1.0), "ValueError"),  # the same bad call everywhere
+        (h[:CAP + 1], dict(seed=4), "ValueError"),  # over capacity everywhere
+        (torch.cat([hb, hb[:, :1]], dim=1), kw, "ValueError"),
+        (hb, dict(kw, offset=kw["offset"] + 1), None),
+        (hb, dict(temperature=0.0, seed=5, offset=6, path="chunked"), None),  # scalar greedy: no noise at all
+        ("reserve", big, None),
+        (h, dict(seed=7, offset=8), None),  # a batch the reserve made room for
+    ]
+    outcomes, forwards = [], 0
+    for hidden, args, _ in plan:
+        if isinstance(hidden, str):
+            outcomes.append({"error": outcome_of(lambda: head.head.reserve(args)), "tokens": None})
+            continue
+        outcomes.append(head.call(hidden, **args))
+        forwards += 1
+    checked = head.check()
+    steps, capacity = head.head.step, head.head.max_batch_size
+    closed = head.close()
+    everyone = gather_objects(dict(outcomes=outcomes, checked=checked, steps=steps, capacity=capacity,
+                                   closed=closed))
+    for r, o in enumerate(everyone):
+        assert o["checked"] is None and o["closed"] is None, (r, o)
+        assert o["steps"] == forwards and o["capacity"] == 32, (r, o)
+        for k, ((hidden, args, error), got) in enumerate(zip(plan, o["outcomes"])):
+            assert got["error"] == error, (r, args, got)
+            assert got["tokens"] == everyone[0]["outcomes"][k]["tokens"], (r, k, got)
+            if got["tokens"] is None or error is not None:
+                continue
+            args = {k: v for k, v in args.items() if k in ("temperature", "seed", "offset")}
+            ref, reliable = reference(reduction, tp, W, hidden, **args)
+            if isinstance(args.get("temperature"), torch.Tensor):
+                nan = torch.isnan(args["temperature"]).cpu().tolist()
+                ref = [-1 if n else t for t, n in zip(ref, nan)]
+                reliable = [True if n else ok for ok, n in zip(reliable, nan)]
+            assert tokens_ok(got["tokens"], ref, reliable, bad_rows=()), (r, args, got, ref)
+    assert everyone[0]["outcomes"][0]["tokens"][4] == -1
+
+
+@mpi
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_the_check_can_fire_for_every_status_bit(dist_ctx, reduction):
+    """The power of the check: each STATUS_* bit is reachable and named, and only the bits that apply are:
+    a record mismatch alone (return_logprobs), with a peer error (an input error), a row mismatch alone
+    (one row's seed). Before: no check at all."""
+    W, h = problem(V, D, B, torch.float32, seed=19, device=dist_ctx.device)
+    kw = good_rows(dist_ctx.device)
+    last = dist_ctx.rank == dist_ctx.world_size - 1
+    one_row = kw["seed"].clone()
+    one_row[0] += 1
+    cases = {RECORD: dict(kw, return_logprobs=last), RECORD | PEER_ERROR: dict(kw, temperature=-1.0 if last else 1.0),
+             ROW: dict(kw, seed=one_row if last else kw["seed"])}
+    seen = {}
+    for bits, args in cases.items():
+        head = Head(dist_ctx, "collective", reduction, W)
+        head.call(h, **args)
+        seen[bits] = head.check()
+        head.close()
+    everyone = gather_objects(seen)
+    for o in everyone:
+        for bits, message in o.items():
+            assert message is not None and message.startswith(MISMATCH) and diverged(bits) in message, (bits, o)
+    assert len({o[b] for o in everyone for b in cases}) == len(cases) * dist_ctx.world_size  # "rank r of n"
+
+
+# ---- the hard timeout (tests/tensor_parallel/conftest.py) --------------------------------------
+@mpi
+@pytest.mark.skipif(os.environ.get("FSDIST_TEST_HANG_DEMO") != "1",
+                    reason="deliberately hangs; run by hand with FSDIST_TEST_HANG_DEMO=1 and a small "
+                           "FSDIST_TEST_HARD_TIMEOUT to see the watchdog kill it with a traceback")
+def test_hang_demo_is_killed_by_the_hard_timeout(dist_ctx):
+    """Rank 0 waits in a barrier the others skip (they wait in another group's barrier that rank 0 never
+    enters): a real deadlock, which the conftest's watchdog must end within FSDIST_TEST_HARD_TIMEOUT."""
+    other = dist.new_group(list(range(dist_ctx.world_size)))
+    if dist_ctx.rank == 0:
+        dist.barrier()
+    else:
+        dist.barrier(group=other)
+    pytest.fail("unreachable: the ranks wait in different barriers")
