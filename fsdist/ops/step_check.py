@@ -15,9 +15,12 @@ writer stores, next to its candidates, a small header:
 
 The kernel that merges the blocks compares every block's header with its own block's.
 A row whose fingerprints differ, or any row of a step whose records differ or carry an
-error, returns token -1, and the merge ORs a STATUS_* bit into a sticky device status
-word; once that word is set every later merge returns -1 too (a group that diverged
-once cannot be trusted again). Nothing here synchronises with the host: the caller
+error, returns token -1, and the merge ORs a STATUS_* bit into the step's status word.
+The status is two int32 words: [0] what earlier steps found (sticky; read, never written,
+during a step) and [1] what this step finds; ``end_step_kernel`` folds [1] into [0] when
+the step ends. A set word [0] makes every later merge return -1 too (a group that diverged
+once cannot be trusted again). Reading [0] only keeps one program's finding from
+poisoning the other programs' rows of the same step, whatever order they run in. Nothing here synchronises with the host: the caller
 copies the status word to pinned memory asynchronously and raises when it lands.
 
 Layout: in a checked ``CandidateLayout`` (``checked=True``) each shard's int32 block
@@ -53,7 +56,7 @@ class HeaderCheck:
     """What a merge needs to check headers: whose block is its own, and the status word."""
 
     me: int
-    status: torch.Tensor  # int32 [1], sticky
+    status: torch.Tensor  # int32 [2]: earlier steps (sticky), this step
 
 
 def call_flags(logprobs: bool, chunked: bool) -> int:
@@ -134,7 +137,7 @@ def check_headers(src_i, base_i, me, n_writers, stride_writer_i, fp_slot, rec_sl
     block (stride_writer_i apart). The status word is read first: a set word poisons every
     row. New findings are ORed into it (STATUS_* bits).
     """
-    sticky = tl.load(status_ptr)
+    sticky = tl.load(status_ptr)  # earlier steps only: this step's findings go to word 1
     differ, err = compare_records(src_i, base_i, me, n_writers, stride_writer_i, rec_slot)
     fp_mine = tl.load(src_i + base_i + me * stride_writer_i + fp_slot + rows, mask=mask, other=0)
     row_bad = tl.zeros(rows.shape, tl.int32)
@@ -145,7 +148,7 @@ def check_headers(src_i, base_i, me, n_writers, stride_writer_i, fp_slot, rec_sl
     row_bad = (row_bad != 0) & ~differ & mask
     any_row = tl.max(row_bad.to(tl.int32), axis=0) != 0
     bits = status_bits(differ, err) | tl.where(any_row, 4, 0)  # STATUS_ROW_MISMATCH
-    tl.atomic_or(status_ptr, bits)
+    tl.atomic_or(status_ptr + 1, bits)
     return row_bad | differ | (sticky != 0)
 
 
@@ -155,7 +158,7 @@ def verify_step_kernel(src_i, base_i, parity_ptr, parity_stride_f, parity_stride
     """The record check alone, for a step without rows to merge (a local error, an empty batch)."""
     _off_f, base_i = parity_offsets(0, base_i, parity_ptr, parity_stride_f, parity_stride_i, True)
     differ, err = compare_records(src_i, base_i, me, n_writers, stride_writer_i, rec_slot)
-    tl.atomic_or(status_ptr, status_bits(differ, err))
+    tl.atomic_or(status_ptr + 1, status_bits(differ, err))
 
 
 @triton.jit
@@ -185,11 +188,25 @@ def launch_verify_step(src: BufferPair, me: int, n_writers: int, stride_writer_i
                              status, num_warps=1)
 
 
+@triton.jit
+def end_step_kernel(counter_ptr, status_ptr):
+    """The end of a step, in one launch: the step counter advances and the step's findings
+    (status word 1) join the sticky word 0."""
+    tl.store(counter_ptr, tl.load(counter_ptr) + 1)
+    found = tl.load(status_ptr + 1)
+    tl.store(status_ptr, tl.load(status_ptr) | found)
+    tl.store(status_ptr + 1, 0)
+
+
+def launch_end_step(counter: torch.Tensor, status: torch.Tensor) -> None:
+    end_step_kernel[(1,)](counter, status, num_warps=1)
+
+
 def new_status(device) -> torch.Tensor:
-    """A zeroed int32 status word (one element) on ``device``."""
-    return torch.zeros(1, dtype=torch.int32, device=device)
+    """Zeroed int32 status words [earlier steps, this step] on ``device``."""
+    return torch.zeros(2, dtype=torch.int32, device=device)
 
 
 __all__ = ["HeaderCheck", "call_flags", "RECORD_WORDS", "FLAG_LOGPROBS", "FLAG_CHUNKED", "ERROR_INPUT", "STATUS_RECORD_MISMATCH",
            "STATUS_PEER_ERROR", "STATUS_ROW_MISMATCH", "describe_status", "row_fingerprint", "write_row_fingerprints",
-           "write_step_record", "check_headers", "launch_step_record", "launch_verify_step", "new_status"]
+           "write_step_record", "check_headers", "launch_step_record", "launch_verify_step", "launch_end_step", "new_status"]

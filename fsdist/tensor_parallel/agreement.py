@@ -24,11 +24,11 @@ def gather(local: Dict, group) -> List[Dict]:
     return out
 
 
-def raise_local_errors(gathered: List[Dict], what: str) -> None:
+def raise_local_errors(gathered: List[Dict], what: str, verb: str = "invalid arguments on") -> None:
     errors = [(r, d.get("error")) for r, d in enumerate(gathered) if d.get("error")]
     if errors:
         detail = "; ".join(f"rank {r}: {e}" for r, e in errors)
-        raise ValueError(f"{what}: invalid arguments on {len(errors)} rank(s): {detail}")
+        raise ValueError(f"{what}: {verb} {len(errors)} rank(s): {detail}")
 
 
 def check_agreement(gathered: List[Dict], what: str, fields=AGREED_FIELDS) -> None:

@@ -1,8 +1,8 @@
 """Whether a tensor-parallel group is still in step: the device status word, brought home lazily.
 
 The merge kernels compare every rank's call header with their own (``fsdist.ops.step_check``)
-and OR what they find into a sticky int32 status word on the device. This module brings
-that word to the host **without synchronising**: after each step the word is copied into
+and OR what they find into an int32 status word on the device (folded into a sticky word
+when each step ends). This module brings that word to the host **without synchronising**: after each step the word is copied into
 pinned host memory on the stream (``non_blocking``) and an event is recorded; a later call
 looks at the copy once its event has completed (``Event.query`` does not block). On a CPU
 device the copy is immediate.
@@ -44,12 +44,12 @@ class StepMonitor:
     def after_step(self) -> None:
         """Queue the copy of the status word behind this step (no synchronisation)."""
         if not self._cuda:
-            self.seen |= int(self.status[0])  # a CPU tensor: reading it waits for nothing
+            self.seen |= int(self.status[0])  # a CPU tensor (folded by end_step): reading it waits for nothing
             return
         if torch.cuda.is_current_stream_capturing():
             return
         k = self._next
-        self._slots[k:k + 1].copy_(self.status, non_blocking=True)
+        self._slots[k:k + 1].copy_(self.status[:1], non_blocking=True)
         ev = torch.cuda.Event()
         ev.record()
         self._events[k] = ev
@@ -67,7 +67,7 @@ class StepMonitor:
 
     def check(self) -> int:
         """The status word now (synchronises with the device)."""
-        self.seen |= int(self.status.item())
+        self.seen |= int(self.status[0].item()) | int(self.status[1].item())
         return self.seen
 
     def raise_if_mismatched(self, bits: Optional[int] = None) -> None:

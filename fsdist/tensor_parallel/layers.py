@@ -155,7 +155,7 @@ class ShardedFlashLMHead(nn.Module):
         local = {"error": error, "hidden_size": hidden_size, "vocab_size": vocab_size, "tp_size": tp,
                  "params_dtype": str(params_dtype), "transport": transport, "reduction": reduction,
                  "block_v": block_v, "make_vocab_size_divisible_by": make_vocab_size_divisible_by,
-                 "num_buffers": seam.num_buffers, "max_batch_size": max_batch_size,
+                 "num_buffers": getattr(seam, "num_buffers", None), "max_batch_size": max_batch_size,
                  "device_type": dev.type if dev is not None else None,
                  "padded_vocab_size": partition.padded_vocab_size if partition else None, "probe": probe}
         gathered = agreement.gather(local, group)
@@ -181,8 +181,24 @@ class ShardedFlashLMHead(nn.Module):
         with torch.no_grad():
             self.weight.normal_(0.0, 0.02)
             self.weight[self.partition.valid_rows:].zero_()
-        self.transport = transports.make_transport(resolved, group, dev)
-        self._reduction = REDUCTIONS[reduction](self.transport, self.partition, block_v, dev, seam, max_batch_size)
+        # Build in two agreed phases, so that a failure on one rank reaches every rank: the local
+        # objects (the transport may initialise NVSHMEM), then the exchange buffers (each
+        # allocation agrees on its local part before its collective part, see transports/base.py).
+        build_error, transport_obj, reduction_obj = None, None, None
+        try:
+            transport_obj = transports.make_transport(resolved, group, dev)
+            reduction_obj = REDUCTIONS[reduction](transport_obj, self.partition, block_v, dev, seam)
+        except Exception as e:
+            build_error = f"{type(e).__name__}: {e}"
+        agreement.raise_local_errors(agreement.gather({"error": build_error}, group), what,
+                                     verb="could not be built on")
+        try:
+            reduction_obj.reserve(max_batch_size)
+        except RuntimeError as e:  # raised on every rank alike (an agreed allocation failure)
+            transport_obj.close()
+            raise ValueError(f"{what}: could not allocate its exchange buffers: {e}") from e
+        self.transport = transport_obj
+        self._reduction = reduction_obj
         seam.reduction = self._reduction
         self._step = 0
 

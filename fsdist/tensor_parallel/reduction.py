@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..ops.plan import SamplePlan, plan_sample
-from ..ops.step_check import HeaderCheck, launch_step_record, launch_verify_step
+from ..ops.step_check import HeaderCheck, launch_end_step, launch_step_record, launch_verify_step
 from ..params import RowParams
 from .health import StepMonitor
 from .testing import HeadTestSeam
@@ -40,7 +40,7 @@ class Reduction:
     """Owns the exchange buffers of one head; ``run`` does one sampling step."""
 
     def __init__(self, transport: Transport, partition: VocabPartition, block_v: int, device: torch.device,
-                 seam: HeadTestSeam, max_batch_size: int):
+                 seam: HeadTestSeam):
         self.transport = transport
         self.partition = partition
         self.block_v = block_v
@@ -56,7 +56,7 @@ class Reduction:
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
         self.monitor = StepMonitor(device, where=f"rank {self.rank} of {self.tp}")
         self.captured = False  # a CUDA graph holds pointers into the current buffers
-        self.reserve(max_batch_size)
+        # No buffers yet: the head calls reserve() on every rank once every rank has built this.
 
     # ---- subclasses ----------------------------------------------------------------
     def _allocate(self) -> None:
@@ -118,8 +118,8 @@ class Reduction:
 
     def _end_step(self) -> None:
         # Stream ordered after this step's merge has read its copy, and captured by a graph,
-        # so every replay advances it too.
-        self.counter.add_(1)
+        # so every replay advances it too; the step's header findings join the sticky word.
+        launch_end_step(self.counter, self.monitor.status)
         self.monitor.after_step()
 
     def reserve(self, batch: int) -> None:

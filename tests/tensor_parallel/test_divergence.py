@@ -280,13 +280,9 @@ def short_timeout_group(ctx, seconds=2):
 
 @mpi
 @cpu_only_hang
-@pytest.mark.xfail(strict=True, reason="BUG layers.py: `seam.num_buffers` is read outside the try when the "
-                                       "agreement dict is built, so a test_seam of the wrong type raises "
-                                       "AttributeError on its rank alone and its peers hang in the gather")
 def test_wrong_test_seam_type_on_one_rank(dist_ctx):
-    """A local error (test_seam is not a HeadTestSeam) checked inside the try must reach every rank as a
-    ValueError; instead the rank fails while building the gathered dict and the others wait in the gather
-    (bounded here by a 2 s group timeout)."""
+    """A local error (test_seam is not a HeadTestSeam) reaches every rank as a ValueError. (It used to
+    fail while building the gathered dict, on its rank alone, leaving the others in the gather.)"""
     group = short_timeout_group(dist_ctx)
     bad = dist_ctx.world_size - 1
     seam = "not a seam" if dist_ctx.rank == bad else None
@@ -304,14 +300,9 @@ def test_wrong_test_seam_type_on_one_rank(dist_ctx):
 @mpi
 @cpu_only_hang
 @pytest.mark.parametrize("transport", ["collective", "shm"])
-@pytest.mark.xfail(strict=True, reason="BUG layers.py: the exchange buffers are allocated after the agreement "
-                                       "gather, so an allocation that fails on one rank raises there alone: its "
-                                       "peers get a head (collective) or hang in the collective allocation "
-                                       "(peer-store transports)")
 def test_exchange_buffer_allocation_fails_on_one_rank(dist_ctx, monkeypatch, transport):
-    """Out of (shared or GPU) memory on one rank while allocating the exchange buffers: every rank should
-    raise ValueError naming it; instead that rank raises alone and the others either hold a head whose
-    first step would hang, or wait in the allocation's collective (bounded here by a 2 s group timeout)."""
+    """Out of (shared or GPU) memory on one rank while allocating the exchange buffers: every rank raises
+    ValueError naming it (the allocation's local part is agreed on before its collective part)."""
     group = short_timeout_group(dist_ctx)
     bad = dist_ctx.world_size - 1
     if dist_ctx.rank == bad:
@@ -319,7 +310,7 @@ def test_exchange_buffer_allocation_fails_on_one_rank(dist_ctx, monkeypatch, tra
             raise MemoryError(f"no memory for {numel} exchange elements (simulated)")
 
         cls = {"collective": "collective.CollectiveTransport", "shm": "shm.ShmTransport"}[transport]
-        monkeypatch.setattr(f"fsdist.tensor_parallel.transports.{cls}._alloc", no_memory)
+        monkeypatch.setattr(f"fsdist.tensor_parallel.transports.{cls}._reserve", no_memory)
     head = None
 
     def build():
@@ -451,12 +442,9 @@ def test_temperature_differs_in_one_row(dist_ctx, transport, reduction):
 
 @mpi
 @pytest.mark.skipif(ON_GPU, reason="deterministic only under the interpreter, which runs programs in order")
-@pytest.mark.xfail(strict=True, reason="BUG step_check.py check_headers: the sticky status word is read inside "
-                                       "the merge, so rows of later merge programs see the row-mismatch bit that "
-                                       "an earlier program of the same step just set")
 def test_temperature_differs_in_one_row_of_a_large_batch(dist_ctx):
-    """As above with 130 rows (two merge programs on CPU): only row 3 may be -1, but rows 128 and 129, whose
-    parameters agree, come back -1 too (on a GPU, with 2 rows per program, which rows depends on scheduling)."""
+    """As above with 130 rows (two merge programs on CPU): only row 3 is -1. (Rows 128 and 129 used to come
+    back -1 too: the merge read the status word an earlier program of the same step had just set.)"""
     def change(h, kw):
         temperature = kw["temperature"].clone()
         temperature[3] = 0.0

@@ -61,9 +61,20 @@ class Transport(abc.ABC):
         self.closed = False
 
     # ---- buffers -------------------------------------------------------------------
+    # An allocation has a local part, which may fail on one rank alone (out of memory), and a
+    # collective part (exchanging handles). alloc() puts an agreement between the two: every
+    # rank learns whether any rank's local part failed, and then all raise or all connect,
+    # so no rank is left waiting in a collective its peer never entered.
+    def _reserve(self, numel: int, dtype: torch.dtype) -> Any:
+        """The local part (no communication); may raise. Default: a plain device tensor."""
+        return torch.empty(numel, dtype=dtype, device=self.device)
+
     @abc.abstractmethod
-    def _alloc(self, numel: int, dtype: torch.dtype) -> SymmetricBuffer:
-        ...
+    def _connect(self, local: Any, numel: int, dtype: torch.dtype) -> SymmetricBuffer:
+        """The collective part, on every rank, after every rank's _reserve succeeded."""
+
+    def _unreserve(self, local: Any) -> None:
+        """Undo a successful _reserve without communicating (another rank's failed)."""
 
     def _free(self, buf: SymmetricBuffer) -> None:
         buf.local = None
@@ -76,7 +87,20 @@ class Transport(abc.ABC):
             raise RuntimeError(f"{self.name} transport is closed")
         if numel < 1:
             raise ValueError(f"buffer size must be >= 1 element, got {numel}")
-        buf = self._alloc(int(numel), dtype)
+        local, error = None, None
+        try:
+            local = self._reserve(int(numel), dtype)
+        except Exception as e:  # e.g. out of memory on this rank only
+            error = f"{type(e).__name__}: {e}"
+        errors = [None] * self.world_size
+        dist.all_gather_object(errors, error, group=self.group)
+        failed = [(r, e) for r, e in enumerate(errors) if e]
+        if failed:
+            if local is not None:
+                self._unreserve(local)
+            raise RuntimeError(f"{self.name} transport: allocating {numel} x {dtype} failed on "
+                               + "; ".join(f"rank {r}: {e}" for r, e in failed))
+        buf = self._connect(local, int(numel), dtype)
         self._buffers.append(buf)
         return buf
 

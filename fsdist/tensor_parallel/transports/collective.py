@@ -15,5 +15,5 @@ class CollectiveTransport(Transport):
     name = "collective"
     peer_stores = False
 
-    def _alloc(self, numel: int, dtype: torch.dtype) -> SymmetricBuffer:
-        return SymmetricBuffer(torch.empty(numel, dtype=dtype, device=self.device))
+    def _connect(self, local: torch.Tensor, numel: int, dtype: torch.dtype) -> SymmetricBuffer:
+        return SymmetricBuffer(local)

@@ -55,7 +55,10 @@ class NvshmemTransport(Transport):
             raise ValueError(f"NVSHMEM has {n_pes} PEs but the tensor-parallel group has {self.world_size} ranks")
         nvshmem_runtime.track(self)  # closed before NVSHMEM is finalised
 
-    def _alloc(self, numel: int, dtype: torch.dtype) -> SymmetricBuffer:
+    def _reserve(self, numel: int, dtype: torch.dtype) -> None:
+        return None  # NVSHMEM's allocation is itself collective: all of it happens in _connect
+
+    def _connect(self, _local, numel: int, dtype: torch.dtype) -> SymmetricBuffer:
         with torch.cuda.device(self.device):
             local = self._nvtorch.tensor((numel,), dtype=dtype)
             views = [local if r == self.rank else self._nvtorch.get_peer_tensor(local, pe)

@@ -53,11 +53,18 @@ class ShmTransport(Transport):
                              f"(TRITON_INTERPRET=1); got device {self.device} with "
                              f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r}")
 
-    def _alloc(self, numel: int, dtype: torch.dtype) -> SymmetricBuffer:
+    def _reserve(self, numel: int, dtype: torch.dtype) -> shared_memory.SharedMemory:
         itemsize = torch.empty((), dtype=dtype).element_size()
         own = shared_memory.SharedMemory(name=f"fsdist_{os.getpid()}_{uuid.uuid4().hex[:12]}",
                                          create=True, size=numel * itemsize)
         _OWNED[own.name] = own
+        return own
+
+    def _unreserve(self, own: shared_memory.SharedMemory) -> None:
+        own.close()
+        _unlink(own)
+
+    def _connect(self, own: shared_memory.SharedMemory, numel: int, dtype: torch.dtype) -> SymmetricBuffer:
         names = [None] * self.world_size
         dist.all_gather_object(names, own.name, group=self.group)
         segments = [own if r == self.rank else _attach(n) for r, n in enumerate(names)]

@@ -45,8 +45,10 @@ class SymmMemTransport(Transport):
         except TypeError:  # older torch wants the group name
             return self._sm.rendezvous(t, self.group.group_name)
 
-    def _alloc(self, numel: int, dtype: torch.dtype) -> SymmetricBuffer:
-        t = self._sm.empty(numel, dtype=dtype, device=self.device)
+    def _reserve(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return self._sm.empty(numel, dtype=dtype, device=self.device)
+
+    def _connect(self, t: torch.Tensor, numel: int, dtype: torch.dtype) -> SymmetricBuffer:
         handle = self._rendezvous(t)
         try:  # newer torch: a view of the peer's tensor at this tensor's offset in the allocation
             addrs = [t.data_ptr() if r == self.rank else handle.get_remote_tensor(r, (numel,), dtype).data_ptr()
