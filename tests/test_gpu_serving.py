@@ -1,0 +1,149 @@
+"""GPU-only checks of the serving case: per-row [B] parameters, filters, top-N (skipped without CUDA).
+
+* no host synchronisation on the sampling path: warm calls run under
+  ``torch.cuda.set_sync_debug_mode("error")``, for fsdist.sample on both stage-1 paths (plain,
+  filtered, top-N, logprob modes) and for a ShardedFlashLMHead in a one-rank group;
+* filtered sampling at V = 151936 with >= 10**6 draws (chi-squared + top-token binomial);
+* the extra memory of a filtered call stays O(B x tiles) plus the fixed fallback pool;
+* a CUDA graph captured with filter tensors replays like eager calls.
+"""
+import math
+import os
+import socket
+
+import pytest
+import torch
+
+import fsdist
+from fsdist.reference import filtered_distribution
+from statcheck import assert_samples_match
+
+pytestmark = pytest.mark.gpu
+V_REAL = 151936
+
+
+def _serving_inputs(B, D=4096, V=V_REAL, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(V, D, generator=g) * (2.0 / math.sqrt(D))).cuda().bfloat16()
+    h = torch.randn(B, D, generator=g).cuda().bfloat16()
+    rows = torch.arange(B, device="cuda")
+    params = dict(temperature=(0.6 + 0.4 * torch.rand(B, generator=g)).cuda(), seed=rows * 31 + 7,
+                  offset=torch.full((B,), 3, device="cuda", dtype=torch.int64))
+    filters = dict(top_k=torch.full((B,), 50, dtype=torch.int32, device="cuda"),
+                   top_p=torch.full((B,), 0.9, device="cuda"), min_p=torch.full((B,), 0.02, device="cuda"))
+    return h, w, params, filters
+
+
+@pytest.mark.parametrize("B,path", [(16, "fused"), (128, "chunked")])
+def test_sample_never_synchronises(B, path):
+    h, w, params, filters = _serving_inputs(B)
+    calls = [dict(), dict(return_logprobs=True), dict(filters, return_logprobs=True, logprobs_mode="processed"),
+             dict(filters, top_logprobs=5, return_logprobs=True, logprobs_mode="raw")]
+    for kw in calls:  # warm: compile every kernel outside the checked region
+        fsdist.sample(h, w, path=path, **params, **kw)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for kw in calls:
+            fsdist.sample(h, w, path=path, **params, **kw)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_head_never_synchronises():
+    """A one-rank tensor-parallel group (NCCL): the head's forward, status monitor included."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+                            device_id=torch.device("cuda", torch.cuda.current_device()))
+    try:
+        D, V, B = 1024, 32000, 16
+        g = torch.Generator().manual_seed(1)
+        head = fsdist.ShardedFlashLMHead(D, V, transport="collective", device="cuda", max_batch_size=B)
+        head.load_full_weight((torch.randn(V, D, generator=g) * 0.05).cuda().bfloat16())
+        h = torch.randn(B, D, generator=g).cuda().bfloat16()
+        rows = torch.arange(B, device="cuda")
+        kw = dict(temperature=torch.full((B,), 0.8, device="cuda"), seed=rows + 5, offset=rows * 0 + 2,
+                  return_logprobs=True)
+        for _ in range(3):
+            head(h, **kw)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(3):
+                head(h, **kw)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        head.check()  # synchronises, outside the checked region: no mismatch happened
+        head.close()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("name,filters", [("top_k50+top_p0.9", dict(top_k=50, top_p=0.9)),
+                                          ("min_p0.05", dict(min_p=0.05))])
+def test_filtered_chi_squared_one_million_samples(name, filters):
+    V, D, rows, calls = V_REAL, 256, 8192, 128
+    g = torch.Generator().manual_seed(2027)
+    h1 = torch.randn(1, D, generator=g)
+    w = torch.randn(V, D, generator=g) * (3.0 / math.sqrt(D))
+    h1, w = h1.cuda().bfloat16(), w.cuda().bfloat16()
+    hidden = h1.expand(rows, -1).contiguous()
+    seeds = torch.arange(rows, device="cuda")
+    outs = [fsdist.sample(hidden, w, temperature=1.0, seed=seeds, offset=step, **filters) for step in range(calls)]
+    tokens = torch.cat([o.tokens for o in outs])
+    fell_back = torch.cat([o.fallback for o in outs]).float().mean().item()
+    logits = h1.double() @ w.double().T
+    probs = filtered_distribution(logits.cpu(), temperature=1.0, **filters)[0]
+    assert bool((probs[tokens.cpu()] > 0).all()), "a filtered-out id was sampled"
+    assert_samples_match(tokens, probs, f"{name} V={V} n={tokens.numel()} fallback rate {fell_back:.4f}")
+
+
+def test_filtered_call_memory_is_bounded():
+    from fsdist.ops.fallback import POOL_ROWS
+    from fsdist.ops.layout import N_FIELDS_EXTENDED, KEEP
+
+    B, V, D = 256, V_REAL, 4096
+    h, w, params, filters = _serving_inputs(B, D, V)
+    fsdist.sample(h, w, **params, **filters, top_logprobs=5, return_logprobs=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fsdist.sample(h, w, **params, **filters, top_logprobs=5, return_logprobs=True)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    from fsdist.ops.configs import chunk_workspace_bytes
+
+    tiles = -(-V // 128)
+    cap = ((N_FIELDS_EXTENDED + 1 + KEEP) * 4 * tiles * B + POOL_ROWS * V * 4
+           + chunk_workspace_bytes(torch.device("cuda")))
+    assert extra < cap + 4 * 2**20, f"a filtered call allocated {extra / 2**20:.1f} MiB (bound {cap / 2**20:.1f})"
+    assert extra < B * V * 4 / 2, "no more than half of what materialized fp32 logits would take"
+
+
+def test_cuda_graph_with_filter_tensors():
+    B, D, V = 32, 1024, 32000
+    h, w, params, filters = _serving_inputs(B, D, V, seed=3)
+    kw = dict(params, **filters, return_logprobs=True, top_logprobs=3)
+    fsdist.sample(h, w, **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fsdist.sample(h, w, **kw)
+    for step in range(3):
+        params["offset"].fill_(10 + step)
+        filters["top_p"].fill_(0.5 + 0.2 * step)
+        graph.replay()
+        eager = fsdist.sample(h, w, **kw)
+        assert torch.equal(out.tokens, eager.tokens) and torch.equal(out.top_ids, eager.top_ids)
+        torch.testing.assert_close(out.logprobs, eager.logprobs, equal_nan=True)
