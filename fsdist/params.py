@@ -35,6 +35,9 @@ class RowParams:
     top_k: Union[int, torch.Tensor] = 0
     top_p: Union[float, torch.Tensor] = 1.0
     min_p: Union[float, torch.Tensor] = 0.0
+    # Extra per-row bits (int or int64 [B]) folded into a tensor-parallel call's row
+    # fingerprint (fsdist.ops.step_check), so ranks that disagree on a filter are caught.
+    fingerprint: Union[int, torch.Tensor] = 0
 
     @property
     def all_greedy(self) -> bool:

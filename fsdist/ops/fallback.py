@@ -18,6 +18,8 @@ exits at once (a few microseconds when nothing falls back). The fallback is slow
 runs (a second pass over the weight for the listed rows, then a few dozen passes over
 each pooled row) and is meant to be rare: ``bench/`` reports how often it runs.
 """
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -54,12 +56,24 @@ def compact_rows(flags: torch.Tensor):
 
 
 @triton.jit
+def _store_pool(base, off, vals, mask, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr):
+    if PEER_TABLE:
+        for p in tl.static_range(NPEERS):
+            ptr = tl.load(base + p).to(tl.pointer_type(tl.float32))
+            tl.store(ptr + off, vals, mask=mask)
+    else:
+        tl.store(base + off, vals, mask=mask)
+
+
+@triton.jit
 def materialize_kernel(h_ptr, w_ptr, pool_ptr, fb_count_ptr, fb_rows_ptr, round_start,
-                       D, V_rows, vocab_size, vocab_start, stride_hb, stride_pool,
+                       D, V_rows, vocab_size, vocab_start, stride_hb, shard_base, shard_cols,
                        POOL: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):
-    """Logits of this round's listed rows for vocabulary tile program_id(0) into the pool
-    (columns = global ids; padding ids and ids past this weight's rows untouched)."""
+                       DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+                       PEER_TABLE: tl.constexpr = False, NPEERS: tl.constexpr = 1):
+    """Logits of this round's listed rows for this weight's vocabulary tile program_id(0), into
+    the pool's block of this shard: pool[shard, slot, column] (through a peer table: every peer's
+    pool). Padding ids are not written (nothing reads them)."""
     pid_v = tl.program_id(0)
     n = tl.load(fb_count_ptr)
     slots = round_start + tl.arange(0, POOL)
@@ -80,29 +94,36 @@ def materialize_kernel(h_ptr, w_ptr, pool_ptr, fb_count_ptr, fb_rows_ptr, round_
                 h = h.to(tl.float32)
                 w = w.to(tl.float32)
             acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
-        gid = vocab_start + offs_v
-        ok = mask_v & (gid < vocab_size)
-        tl.store(pool_ptr + tl.arange(0, POOL)[:, None].to(tl.int64) * stride_pool + gid[None, :], acc,
-                 mask=active[:, None] & ok[None, :])
+        ok = mask_v & ((vocab_start + offs_v) < vocab_size)
+        off = shard_base + tl.arange(0, POOL)[:, None].to(tl.int64) * shard_cols + offs_v[None, :]
+        _store_pool(pool_ptr, off, acc, active[:, None] & ok[None, :], PEER_TABLE, NPEERS)
 
 
 @triton.jit
-def _count_ge(row_ptr, V, x, BLOCK: tl.constexpr):
+def _pool_load(pool_ptr, slot, offs, V, shard_cols, POOL: tl.constexpr):
+    """Logits of global ids ``offs`` of pool slot ``slot`` (-inf past V); the pool is rank-major
+    [n_shards, POOL, shard_cols]."""
+    addr = (offs // shard_cols).to(tl.int64) * (POOL * shard_cols) + slot * shard_cols + offs % shard_cols
+    return tl.load(pool_ptr + addr, mask=offs < V, other=float("-inf"))
+
+
+@triton.jit
+def _count_ge(pool_ptr, slot, shard_cols, V, x, BLOCK: tl.constexpr, POOL: tl.constexpr):
     n = tl.zeros([], tl.int32)
     for c in range(0, V, BLOCK):
         offs = c + tl.arange(0, BLOCK)
-        v = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
+        v = _pool_load(pool_ptr, slot, offs, V, shard_cols, POOL)
         n += tl.sum(((v > float("-inf")) & (order_key(v) >= x)).to(tl.int32), axis=0)
     return n
 
 
 @triton.jit
-def _mass_where(row_ptr, V, m, inv_t, lo_key, gt_key, BLOCK: tl.constexpr):
+def _mass_where(pool_ptr, slot, shard_cols, V, m, inv_t, lo_key, gt_key, BLOCK: tl.constexpr, POOL: tl.constexpr):
     """sum of exp((l - m) / T) over logits with key >= lo_key and key > gt_key."""
     z = tl.zeros([], tl.float32)
     for c in range(0, V, BLOCK):
         offs = c + tl.arange(0, BLOCK)
-        v = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
+        v = _pool_load(pool_ptr, slot, offs, V, shard_cols, POOL)
         k = order_key(v)
         sel = (v > float("-inf")) & (k >= lo_key) & (k > gt_key)
         z += tl.sum(tl.where(sel, tl.exp((v - m) * inv_t), 0.0), axis=0)
@@ -110,18 +131,18 @@ def _mass_where(row_ptr, V, m, inv_t, lo_key, gt_key, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def resolve_kernel(pool_ptr, stride_pool, fb_count_ptr, fb_rows_ptr, round_start, V,
+def resolve_kernel(pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, round_start, V,
                    seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
                    topk_ptr, topk_val, topp_ptr, topp_val, minp_ptr, minp_val,
                    tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
                    SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
                    TOPK_PER_ROW: tl.constexpr, TOPP_PER_ROW: tl.constexpr, MINP_PER_ROW: tl.constexpr,
                    BLOCK: tl.constexpr, TOP_N: tl.constexpr, TOP_N_POW2: tl.constexpr, MODE: tl.constexpr,
-                   LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr):
+                   LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr, POOL: tl.constexpr):
     slot = round_start + tl.program_id(0)
     if slot < tl.load(fb_count_ptr):
         row = tl.load(fb_rows_ptr + slot)
-        row_ptr = pool_ptr + tl.program_id(0).to(tl.int64) * stride_pool
+        ps = tl.program_id(0).to(tl.int64)  # the pool slot
         temp = scalar_param(temp_ptr, temp_val, row, tl.float32, TEMP_PER_ROW)
         inv_t, noise_scale, greedy, _bad = row_temperature(temp)
         top_k = scalar_param(topk_ptr, topk_val, row, tl.int32, TOPK_PER_ROW)
@@ -136,9 +157,9 @@ def resolve_kernel(pool_ptr, stride_pool, fb_count_ptr, fb_rows_ptr, round_start
         m = tl.full([], float("-inf"), tl.float32)
         for c in range(0, V, BLOCK):
             offs = c + tl.arange(0, BLOCK)
-            m = tl.maximum(m, tl.max(tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")), axis=0))
-        z_full = _mass_where(row_ptr, V, m, inv_t, 0, -1, BLOCK)
-        n_live = _count_ge(row_ptr, V, 0, BLOCK)
+            m = tl.maximum(m, tl.max(_pool_load(pool_ptr, ps, offs, V, shard_cols, POOL), axis=0))
+        z_full = _mass_where(pool_ptr, ps, shard_cols, V, m, inv_t, 0, -1, BLOCK, POOL)
+        n_live = _count_ge(pool_ptr, ps, shard_cols, V, 0, BLOCK, POOL)
 
         # thresholds: exactly select_filtered's, over every logit
         key_s = tl.full([], 0, tl.int64)
@@ -150,18 +171,18 @@ def resolve_kernel(pool_ptr, stride_pool, fb_count_ptr, fb_rows_ptr, round_start
             hi = tl.full([], 4294967296, tl.int64)
             for _ in range(32):
                 mid = (lo + hi) // 2
-                big = _count_ge(row_ptr, V, mid, BLOCK) >= kk
+                big = _count_ge(pool_ptr, ps, shard_cols, V, mid, BLOCK, POOL) >= kk
                 lo = tl.where(big, mid, lo)
                 hi = tl.where(big, hi, mid)
             key_s = tl.maximum(key_s, lo)
-        z_s = tl.where(key_s > 0, _mass_where(row_ptr, V, m, inv_t, key_s, -1, BLOCK), z_full)
+        z_s = tl.where(key_s > 0, _mass_where(pool_ptr, ps, shard_cols, V, m, inv_t, key_s, -1, BLOCK, POOL), z_full)
         key_t = key_s
         if use_p:
             lo2 = tl.full([], -1, tl.int64)
             hi2 = tl.full([], 4294967295, tl.int64)
             for _ in range(32):
                 mid = (lo2 + hi2) // 2
-                ok = _mass_where(row_ptr, V, m, inv_t, key_s, mid, BLOCK) < top_p * z_s
+                ok = _mass_where(pool_ptr, ps, shard_cols, V, m, inv_t, key_s, mid, BLOCK, POOL) < top_p * z_s
                 hi2 = tl.where(ok, mid, hi2)
                 lo2 = tl.where(ok, lo2, mid)
             key_t = tl.maximum(key_t, hi2)
@@ -175,7 +196,7 @@ def resolve_kernel(pool_ptr, stride_pool, fb_count_ptr, fb_rows_ptr, round_start
             z_kept = tl.zeros([], tl.float32)
             for c in range(0, V, BLOCK):
                 offs = c + tl.arange(0, BLOCK)
-                v = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
+                v = _pool_load(pool_ptr, ps, offs, V, shard_cols, POOL)
                 kept = (v > float("-inf")) & (order_key(v) >= key_t)
                 g = gumbel_from_bits(vocab_bits(seed, offset, offs), FAST_LOG)
                 score = tl.where(kept, v + noise_scale * g, float("-inf"))
@@ -190,7 +211,7 @@ def resolve_kernel(pool_ptr, stride_pool, fb_count_ptr, fb_rows_ptr, round_start
             tl.store(tokens_ptr + row, tok.to(tl.int64))
             if LOGPROBS:
                 if MODE == 1:
-                    lp = (l_tok - m) - tl.log(_mass_where(row_ptr, V, m, 1.0, 0, -1, BLOCK))
+                    lp = (l_tok - m) - tl.log(_mass_where(pool_ptr, ps, shard_cols, V, m, 1.0, 0, -1, BLOCK, POOL))
                 elif MODE == 2:
                     lp = (l_tok - m) * inv_t - tl.log(z_kept)
                 else:
@@ -199,14 +220,14 @@ def resolve_kernel(pool_ptr, stride_pool, fb_count_ptr, fb_rows_ptr, round_start
 
         if TOP_N > 0:
             if MODE == 1:
-                log_z = tl.log(_mass_where(row_ptr, V, m, 1.0, 0, -1, BLOCK))
+                log_z = tl.log(_mass_where(pool_ptr, ps, shard_cols, V, m, 1.0, 0, -1, BLOCK, POOL))
                 scale = 1.0
             else:
                 log_z = tl.log(z_full)
                 scale = inv_t
             if MODE == 2:
                 if filtered:
-                    log_z = tl.log(_mass_where(row_ptr, V, m, inv_t, key_t, -1, BLOCK))
+                    log_z = tl.log(_mass_where(pool_ptr, ps, shard_cols, V, m, inv_t, key_t, -1, BLOCK, POOL))
             n = tl.arange(0, TOP_N_POW2)
             out_ids = tl.full([TOP_N_POW2], -1, tl.int64)
             out_lp = tl.full([TOP_N_POW2], float("-inf"), tl.float32)
@@ -217,7 +238,7 @@ def resolve_kernel(pool_ptr, stride_pool, fb_count_ptr, fb_rows_ptr, round_start
                 kmax = tl.full([], -1, tl.int64)
                 for c in range(0, V, BLOCK):
                     offs = c + tl.arange(0, BLOCK)
-                    v = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
+                    v = _pool_load(pool_ptr, ps, offs, V, shard_cols, POOL)
                     k = order_key(v)
                     after = (k < prev_key) | ((k == prev_key) & (offs > prev_id))
                     kmax = tl.maximum(kmax, tl.max(tl.where((v > float("-inf")) & after, k, -1), axis=0))
@@ -225,7 +246,7 @@ def resolve_kernel(pool_ptr, stride_pool, fb_count_ptr, fb_rows_ptr, round_start
                 vsel = tl.full([], float("-inf"), tl.float32)
                 for c in range(0, V, BLOCK):
                     offs = c + tl.arange(0, BLOCK)
-                    v = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
+                    v = _pool_load(pool_ptr, ps, offs, V, shard_cols, POOL)
                     k = order_key(v)
                     after = (k < prev_key) | ((k == prev_key) & (offs > prev_id))
                     pick = (v > float("-inf")) & after & (k == kmax)
@@ -245,38 +266,80 @@ def resolve_kernel(pool_ptr, stride_pool, fb_count_ptr, fb_rows_ptr, round_start
             tl.store(top_lp_ptr + row * TOP_N + n, out_lp, mask=n < TOP_N)
 
 
-def run_fallback(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, *, vocab_size: int,
-                 fb_count: torch.Tensor, fb_rows: torch.Tensor, tokens: torch.Tensor, logprobs=None,
-                 top_n: int = 0, mode: str = "scaled", top_ids=None, top_lp=None, block_k: int = 64) -> None:
-    """Resolve the listed rows exactly (see the module docstring). Launches ceil(B / POOL_ROWS)
-    rounds of (materialize, resolve), each a no-op once its slots are past the device count."""
-    B, D = hidden.shape
-    if B == 0:
-        return
-    device = hidden.device
-    on_gpu = device.type == "cuda"
-    V = vocab_size
-    pool = torch.empty(POOL_ROWS, V, dtype=torch.float32, device=device)
-    block_v = 128
-    block_k = max(16, min(block_k, triton.next_power_of_2(D)))
-    dummy = fb_rows
+@dataclass(frozen=True)
+class PoolLayout:
+    """The fallback pool, rank-major: fp32 [n_shards, rows, shard_cols]; shard s holds the logits of
+    global ids [s * shard_cols, (s + 1) * shard_cols) of each of ``rows`` pooled rows."""
+
+    rows: int
+    shard_cols: int
+    n_shards: int = 1
+
+    @property
+    def stride_shard(self) -> int:
+        return self.rows * self.shard_cols
+
+    @property
+    def numel(self) -> int:
+        return self.n_shards * self.stride_shard
+
+
+def _params_args(params: RowParams, dummy: torch.Tensor):
     args, flags = [], {}
     for name, x in (("SEED", params.seed), ("OFFSET", params.offset), ("TEMP", params.temperature),
                     ("TOPK", params.top_k), ("TOPP", params.top_p), ("MINP", params.min_p)):
         p, v, per_row = row_param_args(x, dummy)
         args += [p, float(v) if name in ("TEMP", "TOPP", "MINP") else v]
         flags[f"{name}_PER_ROW"] = per_row
+    return args, flags
+
+
+def launch_materialize(hidden: torch.Tensor, weight: torch.Tensor, pool: PoolLayout, dest: torch.Tensor, *,
+                       fb_count: torch.Tensor, fb_rows: torch.Tensor, start: int, vocab_size: int,
+                       vocab_start: int = 0, shard: int = 0, npeers=None, block_k: int = 64) -> None:
+    """Recompute the logits of listed rows [start, start + pool.rows) of this weight (global ids from
+    vocab_start) into shard ``shard`` of the pool ``dest`` (an int64 peer table when npeers is set)."""
+    D = hidden.shape[1]
+    on_gpu = hidden.device.type == "cuda"
+    block_v = 128
+    materialize_kernel[(triton.cdiv(weight.shape[0], block_v),)](
+        hidden, weight, dest, fb_count, fb_rows, start, D, weight.shape[0], vocab_size, vocab_start, hidden.stride(0),
+        shard * pool.stride_shard, pool.shard_cols,
+        POOL=pool.rows, BLOCK_V=block_v, BLOCK_K=max(16, min(block_k, triton.next_power_of_2(D))),
+        DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
+        DOT_UPCAST=hidden.dtype == torch.bfloat16 and not on_gpu, PEER_TABLE=npeers is not None,
+        NPEERS=npeers or 1, num_warps=4, num_stages=2 if on_gpu else 1)
+
+
+def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, fb_count: torch.Tensor,
+                   fb_rows: torch.Tensor, start: int, vocab_size: int, tokens: torch.Tensor, logprobs=None,
+                   top_n: int = 0, mode: str = "scaled", top_ids=None, top_lp=None) -> None:
+    """Resolve the pooled rows of listed rows [start, start + pool.rows) from the complete pool ``src``."""
+    device = src.device
+    on_gpu = device.type == "cuda"
+    args, flags = _params_args(params, fb_rows)
+    resolve_kernel[(pool.rows,)](
+        src, pool.shard_cols, fb_count, fb_rows, start, vocab_size, *args,
+        tokens, logprobs if logprobs is not None else fb_rows,
+        top_ids if top_ids is not None else fb_rows, top_lp if top_lp is not None else fb_rows,
+        **flags, BLOCK=4096 if on_gpu else 1024, TOP_N=top_n, TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)),
+        MODE=LOGPROBS_MODES.index(mode), LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device),
+        POOL=pool.rows, num_warps=8 if on_gpu else 4)
+
+
+def run_fallback(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, *, vocab_size: int,
+                 fb_count: torch.Tensor, fb_rows: torch.Tensor, tokens: torch.Tensor, logprobs=None,
+                 top_n: int = 0, mode: str = "scaled", top_ids=None, top_lp=None, block_k: int = 64) -> None:
+    """Resolve the listed rows exactly on one device (see the module docstring). Launches
+    ceil(B / POOL_ROWS) rounds of (materialize, resolve), each a no-op once its slots are past
+    the device count."""
+    B = hidden.shape[0]
+    if B == 0:
+        return
+    pool = PoolLayout(POOL_ROWS, weight.shape[0])
+    buf = torch.empty(pool.numel, dtype=torch.float32, device=hidden.device)
     for start in range(0, B, POOL_ROWS):
-        # Every column of the pool (ids < vocab_size) is rewritten for the round's rows.
-        materialize_kernel[(triton.cdiv(weight.shape[0], block_v),)](
-            hidden, weight, pool, fb_count, fb_rows, start, D, weight.shape[0], vocab_size, 0, hidden.stride(0),
-            pool.stride(0), POOL=POOL_ROWS, BLOCK_V=block_v, BLOCK_K=block_k,
-            DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
-            DOT_UPCAST=hidden.dtype == torch.bfloat16 and not on_gpu, num_warps=4, num_stages=2 if on_gpu else 1)
-        resolve_kernel[(POOL_ROWS,)](
-            pool, pool.stride(0), fb_count, fb_rows, start, V, *args,
-            tokens, logprobs if logprobs is not None else dummy,
-            top_ids if top_ids is not None else dummy, top_lp if top_lp is not None else dummy,
-            **flags, BLOCK=4096 if on_gpu else 1024, TOP_N=top_n, TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)),
-            MODE=LOGPROBS_MODES.index(mode), LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device),
-            num_warps=8 if on_gpu else 4)
+        launch_materialize(hidden, weight, pool, buf, fb_count=fb_count, fb_rows=fb_rows, start=start,
+                           vocab_size=vocab_size, block_k=block_k)
+        launch_resolve(pool, buf, params, fb_count=fb_count, fb_rows=fb_rows, start=start, vocab_size=vocab_size,
+                       tokens=tokens, logprobs=logprobs, top_n=top_n, mode=mode, top_ids=top_ids, top_lp=top_lp)

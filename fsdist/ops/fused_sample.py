@@ -11,6 +11,8 @@ them). The kernel knows nothing about how those addresses were obtained. With TM
 operands arrive as tensor descriptors (Hopper's bulk tensor copies) instead of
 pointers; the arithmetic, hence every candidate, is the same.
 """
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -35,7 +37,7 @@ def fused_sample_kernel(
     stride_hb,
     buf_offset, buf_offset_i, stride_field, stride_slot,
     parity_ptr, parity_stride_f, parity_stride_i,
-    hdr_off_i, flags, stride_ifield,
+    hdr_off_i, flags, stride_ifield, xfp_ptr, xfp_val,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_V: tl.constexpr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
@@ -43,7 +45,7 @@ def fused_sample_kernel(
     PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
     FAST_LOG: tl.constexpr, DEVICE_PARITY: tl.constexpr, TMA: tl.constexpr = False, HEADER: tl.constexpr = False,
-    EXTENDED: tl.constexpr = False, KEEP: tl.constexpr = 4,
+    EXTENDED: tl.constexpr = False, KEEP: tl.constexpr = 4, XFP_PER_ROW: tl.constexpr = False,
 ):
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
@@ -137,7 +139,8 @@ def fused_sample_kernel(
         if pid_v == 0:
             hseed = load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
             hoffset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
-            write_row_fingerprints(cand_i, buf_offset_i + hdr_off_i, offs_b, mask_b, hseed, hoffset, temp,
+            xfp = load_row_param(xfp_ptr, xfp_val, offs_b, mask_b, tl.int64, XFP_PER_ROW)
+            write_row_fingerprints(cand_i, buf_offset_i + hdr_off_i, offs_b, mask_b, hseed, hoffset ^ xfp, temp,
                                    PEER_TABLE, NPEERS)
             if pid_b == 0:
                 write_step_record(cand_i, buf_offset_i + hdr_off_i + stride_slot, parity_ptr, B, flags, 0,
@@ -168,17 +171,22 @@ def _tma_capable(device: torch.device) -> bool:
 
 def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
                  layout: CandidateLayout, dest: BufferPair, *, vocab_size: int, vocab_start: int = 0,
-                 shard: int = 0, logprobs: bool = False) -> None:
+                 shard: int = 0, logprobs: bool = False, extended: Optional[bool] = None,
+                 flags: Optional[int] = None) -> None:
     """Write the candidates of every (row, vocabulary tile) of ``hidden @ weight.T`` into block
     ``shard`` of ``dest``. weight holds global vocabulary ids [vocab_start, vocab_start + rows);
     ids >= vocab_size are padding and never win."""
     n_vtiles = layout.check_fit(hidden.shape[0], weight.shape[0], cfg.block_v, shard, vocab_start)
+    extended = layout.extended if extended is None else extended
+    if extended and not layout.extended:
+        raise ValueError("kept logits need an extended candidate layout")
     B, D = hidden.shape
     V_rows = weight.shape[0]
     dummy = dest.i  # any tensor: ignored by the kernel when a parameter is a scalar
     seed_p, seed_v, seed_row = row_param_args(params.seed, dummy)
     off_p, off_v, off_row = row_param_args(params.offset, dummy)
     temp_p, temp_v, temp_row = row_param_args(params.temperature, dummy)
+    xfp_p, xfp_v, xfp_row = row_param_args(params.fingerprint, dummy)
     par_p, par_f, par_i, par_on = parity_args(dest.parity, dummy)
     h_arg, w_arg, tma = tma_operands(hidden, weight, cfg)
     fused_sample_kernel[(triton.cdiv(B, cfg.block_b), n_vtiles)](
@@ -190,16 +198,18 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i,
         layout.stride_field, layout.stride_slot,
         par_p, par_f, par_i,
-        layout.fingerprint_slot, call_flags(logprobs, chunked=False), layout.stride_ifield,
+        layout.fingerprint_slot, call_flags(logprobs, chunked=False) if flags is None else flags,
+        layout.stride_ifield, xfp_p, xfp_v,
         BLOCK_B=cfg.block_b, BLOCK_V=cfg.block_v, BLOCK_K=cfg.block_k,
         EVEN_K=D % cfg.block_k == 0, EVEN_V=V_rows % cfg.block_v == 0,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
-        NOISE=not params.all_greedy, LOGPROBS=logprobs or layout.extended,
+        NOISE=not params.all_greedy, LOGPROBS=logprobs or extended,
         PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1,
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
         FAST_LOG=fast_log_ok(hidden.device),
-        DEVICE_PARITY=par_on, TMA=tma, HEADER=_header(layout, dest), EXTENDED=layout.extended, KEEP=KEEP,
+        DEVICE_PARITY=par_on, TMA=tma, HEADER=_header(layout, dest), EXTENDED=extended, KEEP=KEEP,
+        XFP_PER_ROW=xfp_row,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 

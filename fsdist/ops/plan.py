@@ -27,6 +27,7 @@ class SamplePlan:
     config: TileConfig
     layout: CandidateLayout
     logprobs: bool
+    extended: bool = False  # this call keeps the tiles' largest logits (the layout has room for them)
 
     @property
     def flags(self) -> int:
@@ -55,20 +56,23 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     cfg = config or pick_config(batch, hidden_size, device.type, block_v=block_v)
     if block_v is not None and cfg.block_v != block_v:
         raise ValueError(f"config.block_v = {cfg.block_v} but the buffers are laid out for block_v = {block_v}")
+    roomy = extended or n_fields == CandidateLayout.fields(True, extended=True)
     if extended:
         n_fields = CandidateLayout.fields(logprobs, extended=True)
     layout = CandidateLayout(n_fields or CandidateLayout.fields(logprobs), triton.cdiv(weight_rows, cfg.block_v),
-                             max(batch_cap or batch, 1), n_shards, checked, 1 + KEEP if extended else 1)
-    return SamplePlan(path, cfg, layout, bool(logprobs))
+                             max(batch_cap or batch, 1), n_shards, checked, 1 + KEEP if roomy else 1)
+    return SamplePlan(path, cfg, layout, bool(logprobs), bool(extended))
 
 
 def launch_stage1(plan: SamplePlan, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams,
-                  dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0) -> None:
-    """Run a plan's stage 1: candidates of ``hidden @ weight.T`` into block ``shard`` of ``dest``."""
+                  dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0,
+                  flags: Optional[int] = None) -> None:
+    """Run a plan's stage 1: candidates of ``hidden @ weight.T`` into block ``shard`` of ``dest``.
+    flags: the call's flags for a checked layout's header (default: the plan's own)."""
     if hidden.shape[0] == 0:
         return
     if hidden.shape[0] > plan.layout.batch_cap:
         raise ValueError(f"batch {hidden.shape[0]} exceeds the planned capacity {plan.layout.batch_cap}")
     launch = launch_chunked if plan.path == "chunked" else launch_fused
     launch(hidden, weight, params, plan.config, plan.layout, dest, vocab_size=vocab_size, vocab_start=vocab_start,
-           shard=shard, logprobs=plan.logprobs)
+           shard=shard, logprobs=plan.logprobs, extended=plan.extended, flags=flags)

@@ -66,13 +66,13 @@ def sample_logits_kernel(
     B, V_rows, vocab_size, vocab_start,
     buf_offset, buf_offset_i, stride_field, stride_slot,
     parity_ptr, parity_stride_f, parity_stride_i,
-    hdr_off_i, flags, stride_ifield,
+    hdr_off_i, flags, stride_ifield, xfp_ptr, xfp_val,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
     NOISE: tl.constexpr, LOGPROBS: tl.constexpr,
     PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr, FAST_LOG: tl.constexpr,
     DEVICE_PARITY: tl.constexpr, HEADER: tl.constexpr = False, EXTENDED: tl.constexpr = False,
-    KEEP: tl.constexpr = 4,
+    KEEP: tl.constexpr = 4, XFP_PER_ROW: tl.constexpr = False,
 ):
     """Candidates of vocabulary tiles [tile_base, tile_end) from a logits chunk whose column 0
     is weight row tile_base * BLOCK_V. A program covers BLOCK_B rows and TILES tiles."""
@@ -166,7 +166,8 @@ def sample_logits_kernel(
     if HEADER:
         # The call's header (step_check.py), written by the programs that own vocabulary tile 0.
         if (tile_base == 0) & (tl.program_id(1) == 0):
-            write_row_fingerprints(cand_i, buf_offset_i + hdr_off_i, offs_b, mask_b, seed, offset, temp,
+            xfp = load_row_param(xfp_ptr, xfp_val, offs_b, mask_b, tl.int64, XFP_PER_ROW)
+            write_row_fingerprints(cand_i, buf_offset_i + hdr_off_i, offs_b, mask_b, seed, offset ^ xfp, temp,
                                    PEER_TABLE, NPEERS)
             if pid_b == 0:
                 write_step_record(cand_i, buf_offset_i + hdr_off_i + stride_slot, parity_ptr, B, flags, 0,
@@ -175,7 +176,8 @@ def sample_logits_kernel(
 def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: CandidateLayout, dest: BufferPair, *,
                          block_v: int, tiles: Tuple[int, int], V_rows: int, vocab_size: int, vocab_start: int = 0,
                          shard: int = 0, logprobs: bool = False, block_b: Optional[int] = None,
-                         tiles_per_program: int = 2, num_warps: Optional[int] = None) -> None:
+                         tiles_per_program: int = 2, num_warps: Optional[int] = None,
+                         extended: Optional[bool] = None, flags: Optional[int] = None) -> None:
     """The sampling pass over fp32 ``logits`` [B, n] (column 0 = weight row tiles[0] * block_v):
     candidates of vocabulary tiles [tiles[0], tiles[1]) into block ``shard`` of ``dest``."""
     B = logits.shape[0]
@@ -183,10 +185,14 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
         return
     if layout.checked and dest.parity is None:
         raise ValueError("a checked candidate layout needs the caller's device step counter (dest.parity)")
+    extended = layout.extended if extended is None else extended
+    if extended and not layout.extended:
+        raise ValueError("kept logits need an extended candidate layout")
     dummy = dest.i
     seed_p, seed_v, seed_row = row_param_args(params.seed, dummy)
     off_p, off_v, off_row = row_param_args(params.offset, dummy)
     temp_p, temp_v, temp_row = row_param_args(params.temperature, dummy)
+    xfp_p, xfp_v, xfp_row = row_param_args(params.fingerprint, dummy)
     par_p, par_f, par_i, par_on = parity_args(dest.parity, dummy)
     on_gpu = logits.device.type == "cuda"
     if block_b is None:
@@ -204,13 +210,15 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
         dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i,
         layout.stride_field, layout.stride_slot,
         par_p, par_f, par_i,
-        layout.fingerprint_slot, call_flags(logprobs, chunked=True), layout.stride_ifield,
+        layout.fingerprint_slot, call_flags(logprobs, chunked=True) if flags is None else flags,
+        layout.stride_ifield, xfp_p, xfp_v,
         BLOCK_B=block_b, BLOCK_V=block_v, TILES=tiles_per_program,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
-        NOISE=not params.all_greedy, LOGPROBS=logprobs or layout.extended,
+        NOISE=not params.all_greedy, LOGPROBS=logprobs or extended,
         PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1,
         FAST_LOG=fast_log_ok(logits.device),
-        DEVICE_PARITY=par_on, HEADER=layout.checked, EXTENDED=layout.extended, KEEP=KEEP, num_warps=num_warps,
+        DEVICE_PARITY=par_on, HEADER=layout.checked, EXTENDED=extended, KEEP=KEEP, XFP_PER_ROW=xfp_row,
+        num_warps=num_warps,
     )
 
 
@@ -225,7 +233,8 @@ def chunk_logits(hidden: torch.Tensor, weight_rows: torch.Tensor, out: torch.Ten
 
 def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
                    layout: CandidateLayout, dest: BufferPair, *, vocab_size: int, vocab_start: int = 0,
-                   shard: int = 0, logprobs: bool = False, chunk_rows: Optional[int] = None) -> None:
+                   shard: int = 0, logprobs: bool = False, chunk_rows: Optional[int] = None,
+                   extended: Optional[bool] = None, flags: Optional[int] = None) -> None:
     """Stage 1 for large batches: cuBLAS writes fp32 logits per vocabulary chunk, then
     sample_logits_kernel turns them into candidates.
 
@@ -245,4 +254,5 @@ def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams
         logits = chunk_logits(hidden, weight[r0:r1], buf[: B * (r1 - r0)].view(B, r1 - r0))
         launch_sample_logits(logits, params, layout, dest, block_v=cfg.block_v,
                              tiles=(r0 // cfg.block_v, triton.cdiv(r1, cfg.block_v)), V_rows=V_rows,
-                             vocab_size=vocab_size, vocab_start=vocab_start, shard=shard, logprobs=logprobs)
+                             vocab_size=vocab_size, vocab_start=vocab_start, shard=shard, logprobs=logprobs,
+                             extended=extended, flags=flags)

@@ -41,6 +41,7 @@ RECORD_WORDS = 4  # step, batch, flags, error
 # Flags of a call (record word 2): everything that changes what the merge must do.
 FLAG_LOGPROBS = 1
 FLAG_CHUNKED = 2
+FLAG_EXTENDED = 4  # kept logits (filters, top-N or raw logprobs); top-N in bits 8-15, mode in 16-17
 # Error word (record word 3) of a writer that skipped its candidates.
 ERROR_INPUT = 1
 # Sticky status bits (the merge ORs them into the caller's status word).
@@ -59,8 +60,31 @@ class HeaderCheck:
     status: torch.Tensor  # int32 [2]: earlier steps (sticky), this step
 
 
-def call_flags(logprobs: bool, chunked: bool) -> int:
-    return (FLAG_LOGPROBS if logprobs else 0) | (FLAG_CHUNKED if chunked else 0)
+def call_flags(logprobs: bool, chunked: bool, extended: bool = False, top_n: int = 0, mode: int = 0) -> int:
+    return ((FLAG_LOGPROBS if logprobs else 0) | (FLAG_CHUNKED if chunked else 0)
+            | (FLAG_EXTENDED if extended else 0) | (top_n << 8) | (mode << 16))
+
+
+def filter_fingerprint(top_k, top_p, min_p):
+    """Per-row bits of (top_k, top_p, min_p) for the row fingerprint (``RowParams.fingerprint``):
+    an int for scalars, an int64 [B] tensor (device ops, no sync) if any filter is a tensor.
+    0 when every filter is off and a scalar, so plain calls keep their fingerprints."""
+    import struct
+
+    if not any(isinstance(x, torch.Tensor) for x in (top_k, top_p, min_p)):
+        if top_k == 0 and top_p == 1.0 and min_p == 0.0:
+            return 0
+        pbits, mbits = (struct.unpack("<i", struct.pack("<f", float(x)))[0] for x in (top_p, min_p))
+        return ((int(top_k) * 0x9E3779B1 + pbits * 0x85EBCA77 + mbits * 0xC2B2AE3D) & 0x7FFFFFFFFFFFFFFF) | 1
+    device = next(x.device for x in (top_k, top_p, min_p) if isinstance(x, torch.Tensor))
+
+    def as_bits(x, is_int):
+        if not isinstance(x, torch.Tensor):
+            x = torch.tensor(x, dtype=torch.int64 if is_int else torch.float32, device=device)
+        return x.to(torch.int64) if is_int else x.to(torch.float32).view(torch.int32).to(torch.int64)
+
+    mixed = as_bits(top_k, True) * 0x9E3779B1 + as_bits(top_p, False) * 0x85EBCA77 + as_bits(min_p, False) * 0xC2B2AE3D
+    return mixed | 1
 
 
 def describe_status(bits: int) -> str:
@@ -207,6 +231,6 @@ def new_status(device) -> torch.Tensor:
     return torch.zeros(2, dtype=torch.int32, device=device)
 
 
-__all__ = ["HeaderCheck", "call_flags", "RECORD_WORDS", "FLAG_LOGPROBS", "FLAG_CHUNKED", "ERROR_INPUT", "STATUS_RECORD_MISMATCH",
+__all__ = ["HeaderCheck", "call_flags", "filter_fingerprint", "FLAG_EXTENDED", "RECORD_WORDS", "FLAG_LOGPROBS", "FLAG_CHUNKED", "ERROR_INPUT", "STATUS_RECORD_MISMATCH",
            "STATUS_PEER_ERROR", "STATUS_ROW_MISMATCH", "describe_status", "row_fingerprint", "write_row_fingerprints",
            "write_step_record", "check_headers", "launch_step_record", "launch_verify_step", "launch_end_step", "new_status"]

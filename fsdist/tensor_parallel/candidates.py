@@ -18,6 +18,16 @@ own, so ranks that made different calls get -1 and an error instead of wrong tok
 The layout always has the four logprob fields, so every rank's block has the same size
 whatever the call's flags (the collective transport's all-gather needs that).
 
+Filters and top-N logprobs: every rank runs the single-GPU stage 2 for them
+(``fsdist.ops.select_filtered``) on the identical merged buffer, so every rank flags the
+same rows for the exact fallback. Those rows' logits are recomputed shard by shard into a
+pool [tp, FALLBACK_ROWS, rows per rank] that every rank sees (``Transport.write_target`` /
+``exchange``, like the candidates) and resolved on every rank. How many rows that is
+becomes known to the host with one read of a device integer (the number of flagged
+rows): every rank then runs the same number of exchanges. So a filtered call on several
+ranks synchronises once with the device (a plain call never does, and a single GPU never
+does); it cannot be captured in a CUDA graph.
+
 Buffers are doubled by step parity (see step_buffers.py) so a fast rank's next
 step never overwrites a slot a slow rank is still merging. The kernels read the
 parity from the reduction's device counter, so a CUDA graph of a step alternates
@@ -28,26 +38,39 @@ from typing import Optional
 
 import torch
 
+from ..ops.fallback import PoolLayout, compact_rows, launch_materialize, launch_resolve
 from ..ops.layout import CandidateLayout
 from ..ops.merge_candidates import launch_merge
 from ..ops.plan import launch_stage1
+from ..ops.select_filtered import launch_select_filtered
 from ..params import RowParams
-from .reduction import Reduction
+from .reduction import CallOptions, Reduction
 from .step_buffers import StepBuffers
 
-
-N_FIELDS = CandidateLayout.fields(True)
+# Always room for kept logits, so every rank's block has the same size whatever the call asks
+# for (the collective transport's all-gather needs that); a plain call writes only what it uses.
+N_FIELDS = CandidateLayout.fields(True, extended=True)
+FALLBACK_ROWS = 16  # rows the shared fallback pool holds per round
 
 
 class CandidatesReduction(Reduction):
 
     def _layout(self) -> CandidateLayout:
-        return CandidateLayout(N_FIELDS, self.n_local, self.capacity, self.tp, checked=True)
+        return CandidateLayout(N_FIELDS, self.n_local, self.capacity, self.tp, checked=True,
+                               n_ifields=self._n_ifields)
+
+    @property
+    def _n_ifields(self) -> int:
+        from ..ops.layout import KEEP
+
+        return 1 + KEEP
 
     def _allocate(self) -> None:
         full = self._layout()
         self.buffers = StepBuffers(self.transport, full.float_numel, full.int_numel, self.counter,
                                    self.seam.num_buffers)
+        self.pool_layout = PoolLayout(FALLBACK_ROWS, self.partition.rows, self.tp)
+        self.pool = self.transport.alloc(self.pool_layout.numel, torch.float32)
 
     def _blocks(self):
         full = self._layout()
@@ -58,17 +81,46 @@ class CandidatesReduction(Reduction):
         return full.stride_shard_i, full.record_slot
 
     def _release(self) -> None:
+        self.transport.free(self.pool)
         self.buffers.free()
         self.buffers = None
 
-    def _sample(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, logprobs: bool,
-                path: Optional[str], step: int):
+    def _sample(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, opts: CallOptions, step: int):
         B = hidden.shape[0]
-        plan = self.plan(B, hidden.shape[1], logprobs, path, n_shards=self.tp, n_fields=N_FIELDS, checked=True)
+        plan = self.plan(B, hidden.shape[1], opts.logprobs, opts.path, n_shards=self.tp, n_fields=N_FIELDS,
+                         checked=True, extended=opts.extended)
         bufs, part = self.buffers, self.partition
         self.seam.call("before_stage1", step)
         launch_stage1(plan, hidden, weight, params, bufs.dest, vocab_size=part.vocab_size,
-                      vocab_start=part.start, shard=self.rank)
+                      vocab_start=part.start, shard=self.rank, flags=opts.flags(plan))
         bufs.exchange(plan.layout.stride_shard, plan.layout.stride_shard_i)
         self.seam.call("before_stage2", step)
-        return launch_merge(plan.layout, bufs.src, B, params, logprobs=logprobs, check=self.header_check())
+        tokens, lp, lse = launch_merge(plan.layout, bufs.src, B, params, logprobs=opts.logprobs, raw=opts.raw,
+                                       check=self.header_check())
+        top_ids = top_lp = fallback = None
+        if opts.filtered or opts.top_n:
+            if opts.top_n:
+                top_ids = torch.empty(B, opts.top_n, dtype=torch.int64, device=self.device)
+                top_lp = torch.empty(B, opts.top_n, dtype=torch.float32, device=self.device)
+            fallback = launch_select_filtered(plan.layout, bufs.src, B, params, vocab_size=part.vocab_size,
+                                              tokens=tokens, logprobs=lp, top_n=opts.top_n, mode=opts.mode,
+                                              top_ids=top_ids, top_lp=top_lp)
+            self._fallback(hidden, weight, params, opts, fallback, tokens, lp, top_ids, top_lp)
+            fallback = fallback.bool()
+        return tokens, lp, lse, top_ids, top_lp, fallback
+
+    def _fallback(self, hidden, weight, params, opts, flags, tokens, lp, top_ids, top_lp) -> None:
+        fb_count, fb_rows = compact_rows(flags)
+        # The one host read of a filtered multi-rank call: every rank derives the same count from
+        # the same merged buffer, so every rank runs the same number of exchanges below.
+        n = int(fb_count.item())
+        pool, target, npeers = self.pool_layout, *self.transport.write_target(self.pool)
+        for start in range(0, n, pool.rows):
+            launch_materialize(hidden, weight, pool, target, fb_count=fb_count, fb_rows=fb_rows, start=start,
+                               vocab_size=self.partition.vocab_size, vocab_start=self.partition.start,
+                               shard=self.rank, npeers=npeers)
+            self.transport.exchange([(self.pool, 0, pool.stride_shard)])
+            launch_resolve(pool, self.pool.local, params, fb_count=fb_count, fb_rows=fb_rows, start=start,
+                           vocab_size=self.partition.vocab_size, tokens=tokens, logprobs=lp, top_n=opts.top_n,
+                           mode=opts.mode, top_ids=top_ids, top_lp=top_lp)
+            self.transport.settle()  # every rank has read the pool before anyone refills it

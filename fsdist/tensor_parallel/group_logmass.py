@@ -29,7 +29,7 @@ from ..ops.layout import BufferPair
 from ..ops.merge_candidates import launch_merge
 from ..ops.plan import launch_stage1
 from ..params import RowParams
-from .reduction import Reduction
+from .reduction import CallOptions, Reduction
 from .step_buffers import StepBuffers
 
 
@@ -53,10 +53,10 @@ class GroupLogmassReduction(Reduction):
         self.buffers = None
         self.local = None
 
-    def _sample(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, logprobs: bool,
-                path: Optional[str], step: int):
+    def _sample(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, opts: CallOptions, step: int):
         B = hidden.shape[0]
         part, x, bufs = self.partition, self.exchange_layout, self.buffers
+        logprobs, path = opts.logprobs, opts.path
         plan = self.plan(B, hidden.shape[1], True, path, n_shards=1)
         if self.local is None:
             self.local = BufferPair.alloc(plan.layout, self.device)
@@ -65,10 +65,10 @@ class GroupLogmassReduction(Reduction):
         launch_stage1(plan, hidden, weight, params, self.local, vocab_size=part.vocab_size, vocab_start=part.start)
         tok, lp, _lse, stats = launch_merge(plan.layout, self.local, B, params, logprobs=True, stats=True)
         # 2. exchange the records
-        flags = self.plan(B, hidden.shape[1], logprobs, path, n_shards=1).flags
+        flags = opts.flags(self.plan(B, hidden.shape[1], logprobs, path, n_shards=1))
         launch_group_publish(tok, lp, stats, x, bufs.dest, rank=self.rank, params=params, flags=flags)
         bufs.exchange(x.stride_rank, x.stride_rank_i)
         self.seam.call("before_stage2", step)
         # 3. choose the shard, identically on every rank
         tokens, glp, glse = launch_group_select(x, bufs.src, B, params, check=self.header_check())
-        return tokens, (glp if logprobs else None), (glse if logprobs else None)
+        return tokens, (glp if logprobs else None), (glse if logprobs else None), None, None, None

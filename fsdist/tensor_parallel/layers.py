@@ -22,6 +22,7 @@ a device counter (``step_counter``) that every step advances on the stream, so
 replays alternate the exchange buffers like eager calls do. See
 docs/tensor_parallel.md, "CUDA graphs".
 """
+import dataclasses
 import logging
 from typing import Optional, Union
 
@@ -32,14 +33,14 @@ from torch import nn
 from .. import validation
 from ..env import apply_safe_env
 from ..ops.configs import STAGE1_PATHS, TileConfig, default_block_v
-from ..ops.step_check import ERROR_INPUT, call_flags
+from ..ops.step_check import ERROR_INPUT, filter_fingerprint
 from ..runtime import default_device
 from ..types import SampleOutput
 from . import agreement, transports
 from .candidates import CandidatesReduction
 from .group_logmass import GroupLogmassReduction
 from .health import TensorParallelMismatchError  # noqa: F401  (documented with forward)
-from .reduction import DEFAULT_MAX_BATCH_SIZE
+from .reduction import DEFAULT_MAX_BATCH_SIZE, CallOptions
 from .testing import HeadTestSeam
 from .vocab import vocab_partition
 
@@ -68,6 +69,18 @@ def _positive_int(x, name: str):
         raise TypeError(f"{name} must be an int, got {type(x).__name__}")
     if x < 1:
         raise ValueError(f"{name} must be >= 1, got {x}")
+
+
+def _empty_output(device, opts: CallOptions) -> SampleOutput:
+    def f():
+        return torch.empty(0, dtype=torch.float32, device=device)
+
+    top = opts.top_n > 0
+    return SampleOutput(torch.empty(0, dtype=torch.int64, device=device),
+                        f() if opts.logprobs else None, f() if opts.logprobs else None,
+                        torch.empty(0, opts.top_n, dtype=torch.int64, device=device) if top else None,
+                        torch.empty(0, opts.top_n, dtype=torch.float32, device=device) if top else None,
+                        torch.empty(0, dtype=torch.bool, device=device) if opts.filtered or top else None)
 
 
 class ShardedFlashLMHead(nn.Module):
@@ -259,7 +272,10 @@ class ShardedFlashLMHead(nn.Module):
     def forward(self, hidden: torch.Tensor, temperature: Union[float, torch.Tensor] = 1.0,
                 seed: Union[int, torch.Tensor] = 0, offset: Union[int, torch.Tensor] = 0,
                 return_logprobs: bool = False, weight: Optional[torch.Tensor] = None,
-                path: Optional[str] = None, check: bool = False) -> SampleOutput:
+                path: Optional[str] = None, check: bool = False, *,
+                top_k: Union[int, torch.Tensor] = 0, top_p: Union[float, torch.Tensor] = 1.0,
+                min_p: Union[float, torch.Tensor] = 0.0, top_logprobs: int = 0,
+                logprobs_mode: str = "scaled") -> SampleOutput:
         """Sample one token per row from softmax(hidden @ W_full.T / T) over ids < vocab_size.
 
         A collective over tp_group (see the module docstring). ``weight`` overrides this
@@ -268,6 +284,11 @@ class ShardedFlashLMHead(nn.Module):
         as "fused" (logits in the kernel) or "chunked" (cuBLAS logits per L2-sized
         chunk, then the same epilogue); None chooses by batch size like fsdist.sample.
         ``check``: also validate the values inside per-row tensors (synchronises).
+        ``top_k``, ``top_p``, ``min_p``, ``top_logprobs``, ``logprobs_mode``: as in
+        :func:`fsdist.sample` (``reduction="candidates"`` only; the tokens and logprobs equal
+        fsdist.sample's on the full weight). A filtered or top-N call reads one integer from the
+        device (how many rows the exact fallback must resolve), so every rank runs the same
+        exchanges; plain calls never synchronise.
 
         Errors never leave the group out of step. A bad argument on this rank raises here
         *after* this rank has taken part in the step (it publishes an error header instead
@@ -279,8 +300,8 @@ class ShardedFlashLMHead(nn.Module):
         if self.transport.closed:
             raise RuntimeError("this ShardedFlashLMHead was closed")
         try:
-            hidden, w, params, return_logprobs = self._prepare(hidden, temperature, seed, offset, return_logprobs,
-                                                               weight, path, check)
+            hidden, w, params, opts = self._prepare(hidden, temperature, seed, offset, return_logprobs, weight, path,
+                                                    check, top_k, top_p, min_p, top_logprobs, logprobs_mode)
         except Exception:
             # Take part in the step anyway, with an error header and no candidates.
             self._reduction.skip_step(-1, 0, ERROR_INPUT, self._step)
@@ -289,20 +310,19 @@ class ShardedFlashLMHead(nn.Module):
         B = hidden.shape[0]
         if B == 0:
             # Nothing to sample, but the step still happens on every rank (headers alone).
-            self._reduction.skip_step(0, call_flags(return_logprobs, False), 0, self._step)
-            empty = torch.empty(0, dtype=torch.float32, device=self.device)
-            out = SampleOutput(torch.empty(0, dtype=torch.int64, device=self.device),
-                               empty if return_logprobs else None, empty.clone() if return_logprobs else None)
+            self._reduction.skip_step(0, opts.flags(), 0, self._step)
+            out = _empty_output(self.device, opts)
         else:
             # The exchange buffer's copy is chosen on the device (step_counter), not from self._step:
             # a host integer would be frozen into a captured CUDA graph. self._step feeds the test seam.
-            out = SampleOutput(*self._reduction.run(hidden, w, params, return_logprobs, path, self._step))
+            out = SampleOutput(*self._reduction.run(hidden, w, params, opts, self._step))
         self._step += 1
         monitor = self._reduction.monitor
         monitor.raise_if_mismatched(monitor.poll())
         return out
 
-    def _prepare(self, hidden, temperature, seed, offset, return_logprobs, weight, path, check):
+    def _prepare(self, hidden, temperature, seed, offset, return_logprobs, weight, path, check, top_k, top_p, min_p,
+                 top_logprobs, logprobs_mode):
         """Every local check of a forward call; raises on a bad argument."""
         validation.check_hidden(hidden, hidden_size=self.hidden_size)
         if hidden.device != self.device:
@@ -319,14 +339,24 @@ class ShardedFlashLMHead(nn.Module):
         if B > self.max_batch_size:
             raise ValueError(f"batch {B} exceeds the head's max_batch_size {self.max_batch_size}: construct the "
                              "head with a larger max_batch_size, or call head.reserve(batch) on every rank")
-        params = validation.row_params(temperature, seed, offset, B, hidden.device)
+        validation.check_logprobs_options(top_logprobs, logprobs_mode)
+        params = validation.row_params(temperature, seed, offset, B, hidden.device, top_k=top_k, top_p=top_p,
+                                       min_p=min_p)
         if check:
             validation.check_row_values(params)
         if path is not None and path not in STAGE1_PATHS:
             raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
+        opts = CallOptions(bool(return_logprobs), path, params.filtered(self.vocab_size), top_logprobs, logprobs_mode)
+        if opts.extended and self.reduction != "candidates":
+            raise ValueError(f"top_k / top_p / min_p, top_logprobs and logprobs_mode='raw' need "
+                             f"reduction='candidates' (this head uses {self.reduction!r}, which exchanges one "
+                             "sample per rank and cannot apply a filter across shards)")
+        if opts.extended:
+            params = dataclasses.replace(params, fingerprint=filter_fingerprint(params.top_k, params.top_p,
+                                                                                params.min_p))
         if hidden.stride(1) != 1:
             hidden = hidden.contiguous()
-        return hidden, w.detach(), params, bool(return_logprobs)
+        return hidden, w.detach(), params, opts
 
     def reserve(self, batch_size: int) -> None:
         """Grow the exchange buffers to hold ``batch_size`` rows. Collective: call on every rank

@@ -16,19 +16,44 @@ and grown only by :meth:`reserve`, a collective every rank calls. A forward neve
 them: growing inside a step would be a collective that a rank with another batch size
 skips, i.e. a hang. A batch larger than the capacity is a local error like any other.
 """
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 
 from ..ops.plan import SamplePlan, plan_sample
-from ..ops.step_check import HeaderCheck, launch_end_step, launch_step_record, launch_verify_step
-from ..params import RowParams
+from ..ops.step_check import HeaderCheck, call_flags, launch_end_step, launch_step_record, launch_verify_step
+from ..params import LOGPROBS_MODES, RowParams
 from .health import StepMonitor
 from .testing import HeadTestSeam
 from .transports.base import Transport
 from .vocab import VocabPartition
 
 DEFAULT_MAX_BATCH_SIZE = 256
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """What one forward asks for besides its per-row parameters (the same on every rank)."""
+
+    logprobs: bool = False
+    path: Optional[str] = None
+    filtered: bool = False  # some row may have a filter on
+    top_n: int = 0
+    mode: str = "scaled"
+
+    @property
+    def raw(self) -> bool:
+        return self.logprobs and self.mode == "raw"
+
+    @property
+    def extended(self) -> bool:
+        return self.filtered or self.top_n > 0 or self.raw
+
+    def flags(self, plan: Optional[SamplePlan] = None) -> int:
+        """The header's flags word (step_check.py) for this call."""
+        chunked = plan is not None and plan.path == "chunked"
+        return call_flags(self.logprobs, chunked, self.extended, self.top_n, LOGPROBS_MODES.index(self.mode))
 
 
 def capacity_for(batch: int) -> int:
@@ -66,9 +91,9 @@ class Reduction:
     def _release(self) -> None:
         raise NotImplementedError
 
-    def _sample(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, logprobs: bool,
-                path: Optional[str], step: int) -> Tuple:
-        """One step: (tokens, logprobs or None, lse or None)."""
+    def _sample(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, opts: CallOptions,
+                step: int) -> Tuple:
+        """One step: (tokens, logprobs, lse, top_ids, top_logprobs, fallback), None where not asked."""
         raise NotImplementedError
 
     def _blocks(self) -> Tuple[int, int]:
@@ -81,11 +106,11 @@ class Reduction:
 
     # ---- shared ----------------------------------------------------------------------
     def plan(self, batch: int, hidden_size: int, logprobs: bool, path: Optional[str], n_shards: int,
-             n_fields: Optional[int] = None, checked: bool = False) -> SamplePlan:
+             n_fields: Optional[int] = None, checked: bool = False, extended: bool = False) -> SamplePlan:
         """Stage 1 of this rank's shard, into a buffer of the current capacity with n_shards blocks."""
         return plan_sample(batch=batch, hidden_size=hidden_size, weight_rows=self.partition.rows, device=self.device,
                            logprobs=logprobs, path=path, block_v=self.block_v, n_shards=n_shards,
-                           batch_cap=self.capacity, n_fields=n_fields, checked=checked)
+                           batch_cap=self.capacity, n_fields=n_fields, checked=checked, extended=extended)
 
     def header_check(self) -> HeaderCheck:
         return HeaderCheck(self.rank, self.monitor.status)
@@ -94,13 +119,13 @@ class Reduction:
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             self.captured = True
 
-    def run(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, logprobs: bool,
-            path: Optional[str], step: int) -> Tuple:
+    def run(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, opts: CallOptions,
+            step: int) -> Tuple:
         """One sampling step across the group (the batch fits the capacity: the head checked).
         ``step`` is the host count, for the test seam only: the exchange buffer's copy and the
         header's step come from ``self.counter``."""
         self._note_capture()
-        out = self._sample(hidden, weight, params, logprobs, path, step)
+        out = self._sample(hidden, weight, params, opts, step)
         self._end_step()
         return out
 

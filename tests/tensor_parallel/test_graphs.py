@@ -77,7 +77,9 @@ def test_device_counter_alternates_the_exchange_copy(dist_ctx, transport, reduct
         ints = [bufs.copy(j)[1].view(world, -1, cap) for j in range(bufs.num_buffers)]
         # Per rank: the entry slots (tiles, or the group record's token), then the call's header:
         # row fingerprints and the 4-word step record (fsdist.ops.step_check).
-        entries, fps, record = ints[k][:, :-2], ints[k][:, -2], ints[k][:, -1]
+        # (the candidate layout has room for kept logits' ids after the winners: a plain call leaves it)
+        n_entries = -(-head.partition.rows // head.block_v) if reduction == "candidates" else 1
+        entries, fps, record = ints[k][:, :n_entries], ints[k][:, -2], ints[k][:, -1]
         assert bool((entries[:, :, :B] != SENT).all()), f"step {s}: copy {k} lacks some rank's entries"
         assert bool((entries[:, :, B:] == SENT).all()), f"step {s}: rows past the batch were written"
         assert bool((fps[:, :B] != SENT).all()) and bool((fps[:, B:] == SENT).all()), f"step {s}: fingerprints"

@@ -136,6 +136,13 @@ class Transport(abc.ABC):
             out = buf.local[offset:offset + self.world_size * n]
             self.all_gather_into(out, out[self.rank * n:(self.rank + 1) * n])
 
+    def settle(self) -> None:
+        """Every rank has finished reading what its peers wrote since the last exchange, so the
+        buffers may be written again: a barrier for peer stores (a peer could otherwise overwrite
+        a slot still being read), nothing for collectives (they write only inside the collective)."""
+        if self.peer_stores:
+            self.barrier()
+
     # ---- synchronisation -----------------------------------------------------------
     def barrier(self) -> None:
         """Every rank's earlier stores into any buffer of this transport are visible on return.

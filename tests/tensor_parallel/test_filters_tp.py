@@ -1,0 +1,95 @@
+"""Filters, logprob modes and top-N logprobs on the tensor-parallel head (candidates reduction).
+
+Every rank must return exactly what fsdist.sample returns on the full weight: the same
+tokens (proven rows and fallback rows alike: the fallback pools the rows' logits shard by
+shard through the transport), the same logprobs and top-N. Ranks that disagree on a filter
+are caught by the call header's row fingerprint.
+"""
+import pytest
+import torch
+
+import fsdist
+from fsdist.tensor_parallel import TensorParallelMismatchError
+from tp_helpers import ALL_TRANSPORTS, assert_same_on_all_ranks, gather_objects, problem
+
+mpi = pytest.mark.mpi(min_size=2)
+V, D, B = 1000, 16, 24
+
+
+def row_filters(B, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    temp = torch.rand(B, generator=g) + 0.4
+    temp[::6] = 0.0
+    return dict(temperature=temp.to(device),
+                top_k=torch.tensor([0, 5, 40, 0, 100, 0], dtype=torch.int32).repeat(B // 6 + 1)[:B].to(device),
+                top_p=torch.tensor([0.9, 1.0, 0.8, 1.0, 0.95, 0.5]).repeat(B // 6 + 1)[:B].to(device),
+                min_p=torch.tensor([0.0, 0.0, 0.05, 0.1, 0.0, 0.0]).repeat(B // 6 + 1)[:B].to(device))
+
+
+@mpi
+@pytest.mark.parametrize("mode", ["scaled", "raw", "processed"])
+@pytest.mark.parametrize("transport", ALL_TRANSPORTS)
+def test_filtered_head_equals_sample_on_the_full_weight(dist_ctx, transport, mode):
+    dev = dist_ctx.device
+    W, h = problem(V, D, B, torch.float32, seed=51, scale=3.0, device=dev)
+    head = fsdist.ShardedFlashLMHead(D, V, transport=transport, params_dtype=torch.float32, device=dev,
+                                     max_batch_size=B)
+    head.load_full_weight(W)
+    kw = dict(row_filters(B, dev), seed=torch.arange(B, device=dev) * 13 + 1, offset=4, return_logprobs=True,
+              top_logprobs=3, logprobs_mode=mode)
+    out = head(h, **kw)
+    ref = fsdist.sample(h, W, vocab_size=V, **kw)
+    fell_back = int(out.fallback.sum())
+    ok = (torch.equal(out.tokens, ref.tokens) and torch.equal(out.top_ids, ref.top_ids)
+          and torch.equal(out.fallback, ref.fallback))
+    lp_err = float((out.logprobs - ref.logprobs).abs().max())
+    top_err = float((out.top_logprobs - ref.top_logprobs).nan_to_num(0, 0, 0).abs().max())
+    head.close()
+    everyone = gather_objects((ok, lp_err, top_err, fell_back))
+    assert all(o[0] for o in everyone), everyone
+    assert all(o[1] < 1e-4 and o[2] < 1e-4 for o in everyone), everyone
+    assert_same_on_all_ranks(out)
+    assert everyone[0][3] > 0, "a 512-id tile keeps 4 logits: some rows must have used the fallback"
+
+
+@mpi
+def test_group_logmass_refuses_filters_on_every_rank(dist_ctx):
+    dev = dist_ctx.device
+    W, h = problem(V, D, 4, torch.float32, seed=52, device=dev)
+    head = fsdist.ShardedFlashLMHead(D, V, transport="collective", reduction="group_logmass",
+                                     params_dtype=torch.float32, device=dev)
+    head.load_full_weight(W)
+    outcomes = []
+    for kw in (dict(top_k=5), dict(top_logprobs=2), dict(return_logprobs=True, logprobs_mode="raw")):
+        try:
+            head(h, seed=1, **kw)
+            outcomes.append("ok")
+        except ValueError as e:
+            outcomes.append("candidates" in str(e))
+    plain = head(h, seed=1)  # the group is still in step
+    head.close()
+    everyone = gather_objects((outcomes, plain.tokens.tolist()))
+    assert all(o[0] == [True, True, True] for o in everyone), everyone
+    assert all(o[1] == everyone[0][1] for o in everyone)
+
+
+@mpi
+@pytest.mark.parametrize("transport", ALL_TRANSPORTS)
+def test_a_rank_with_another_filter_is_caught(dist_ctx, transport):
+    """One rank asks for top_p 0.8 in row 2 where the others ask 0.9: that row's fingerprint
+    differs, the row is -1 everywhere and every rank raises."""
+    dev = dist_ctx.device
+    W, h = problem(V, D, 6, torch.float32, seed=53, device=dev)
+    head = fsdist.ShardedFlashLMHead(D, V, transport=transport, params_dtype=torch.float32, device=dev)
+    head.load_full_weight(W)
+    top_p = torch.full((6,), 0.9, device=dev)
+    if dist_ctx.rank == dist_ctx.world_size - 1:
+        top_p[2] = 0.8
+    try:
+        head(h, seed=torch.arange(6, device=dev), top_p=top_p)
+        outcome = "no error"
+    except TensorParallelMismatchError as e:
+        outcome = "per-row parameters" in str(e)
+    head.close()
+    everyone = gather_objects(outcome)
+    assert all(o is True for o in everyone), everyone
