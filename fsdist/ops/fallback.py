@@ -27,10 +27,11 @@ import triton.language as tl
 from ..params import LOGPROBS_MODES, RowParams
 from .epilogue import row_temperature
 from .noise import gumbel_from_bits, vocab_bits
-from .select_filtered import order_key, scalar_param
-from .utils import fast_log_ok, row_param_args
+from .select_filtered import order_key
+from .utils import fast_log_ok, load_row_param, row_param_args
 
-POOL_ROWS = 16  # rows resolved per round (tl.dot needs >= 16 rows)
+POOL_ROWS = 16  # rows resolved per round on a GPU (tl.dot needs >= 16 rows)
+POOL_ROWS_INTERPRETER = 256  # under the interpreter: fewer, bigger rounds
 
 
 @triton.jit
@@ -100,33 +101,35 @@ def materialize_kernel(h_ptr, w_ptr, pool_ptr, fb_count_ptr, fb_rows_ptr, round_
 
 
 @triton.jit
-def _pool_load(pool_ptr, slot, offs, V, shard_cols, POOL: tl.constexpr):
-    """Logits of global ids ``offs`` of pool slot ``slot`` (-inf past V); the pool is rank-major
-    [n_shards, POOL, shard_cols]."""
-    addr = (offs // shard_cols).to(tl.int64) * (POOL * shard_cols) + slot * shard_cols + offs % shard_cols
-    return tl.load(pool_ptr + addr, mask=offs < V, other=float("-inf"))
+def _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL: tl.constexpr):
+    """Logits [rows, BLOCK] of global ids ``offs`` of pool slots ``slots`` (-inf past V); the pool
+    is rank-major [n_shards, POOL, shard_cols]."""
+    addr = ((offs // shard_cols).to(tl.int64) * (POOL * shard_cols) + offs % shard_cols)[None, :] \
+        + slots[:, None] * shard_cols
+    return tl.load(pool_ptr + addr, mask=(offs < V)[None, :], other=float("-inf"))
 
 
 @triton.jit
-def _count_ge(pool_ptr, slot, shard_cols, V, x, BLOCK: tl.constexpr, POOL: tl.constexpr):
-    n = tl.zeros([], tl.int32)
+def _count_ge(pool_ptr, slots, shard_cols, V, x, BLOCK: tl.constexpr, POOL: tl.constexpr):
+    """Per row, how many logits have key >= x[row]."""
+    n = tl.zeros(x.shape, tl.int32)
     for c in range(0, V, BLOCK):
         offs = c + tl.arange(0, BLOCK)
-        v = _pool_load(pool_ptr, slot, offs, V, shard_cols, POOL)
-        n += tl.sum(((v > float("-inf")) & (order_key(v) >= x)).to(tl.int32), axis=0)
+        v = _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL)
+        n += tl.sum(((v > float("-inf")) & (order_key(v) >= x[:, None])).to(tl.int32), axis=1)
     return n
 
 
 @triton.jit
-def _mass_where(pool_ptr, slot, shard_cols, V, m, inv_t, lo_key, gt_key, BLOCK: tl.constexpr, POOL: tl.constexpr):
-    """sum of exp((l - m) / T) over logits with key >= lo_key and key > gt_key."""
-    z = tl.zeros([], tl.float32)
+def _mass_where(pool_ptr, slots, shard_cols, V, m, inv_t, lo_key, gt_key, BLOCK: tl.constexpr, POOL: tl.constexpr):
+    """Per row, the sum of exp((l - m) / T) over logits with key >= lo_key and key > gt_key."""
+    z = tl.zeros(m.shape, tl.float32)
     for c in range(0, V, BLOCK):
         offs = c + tl.arange(0, BLOCK)
-        v = _pool_load(pool_ptr, slot, offs, V, shard_cols, POOL)
+        v = _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL)
         k = order_key(v)
-        sel = (v > float("-inf")) & (k >= lo_key) & (k > gt_key)
-        z += tl.sum(tl.where(sel, tl.exp((v - m) * inv_t), 0.0), axis=0)
+        sel = (v > float("-inf")) & (k >= lo_key[:, None]) & (k > gt_key[:, None])
+        z += tl.sum(tl.where(sel, tl.exp((v - m[:, None]) * inv_t[:, None]), 0.0), axis=1)
     return z
 
 
@@ -138,132 +141,131 @@ def resolve_kernel(pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, round_start,
                    SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
                    TOPK_PER_ROW: tl.constexpr, TOPP_PER_ROW: tl.constexpr, MINP_PER_ROW: tl.constexpr,
                    BLOCK: tl.constexpr, TOP_N: tl.constexpr, TOP_N_POW2: tl.constexpr, MODE: tl.constexpr,
-                   LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr, POOL: tl.constexpr):
-    slot = round_start + tl.program_id(0)
-    if slot < tl.load(fb_count_ptr):
-        row = tl.load(fb_rows_ptr + slot)
-        ps = tl.program_id(0).to(tl.int64)  # the pool slot
-        temp = scalar_param(temp_ptr, temp_val, row, tl.float32, TEMP_PER_ROW)
+                   LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr, POOL: tl.constexpr, BLOCK_R: tl.constexpr):
+    """BLOCK_R pooled rows per program: the thresholds of select_filtered over every logit."""
+    ps = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # pool slots
+    live_r = (round_start + ps < tl.load(fb_count_ptr)) & (ps < POOL)
+    if tl.max(live_r.to(tl.int32), axis=0) > 0:
+        row = tl.load(fb_rows_ptr + round_start + ps, mask=live_r, other=0)
+        slots = ps.to(tl.int64)
+        temp = load_row_param(temp_ptr, temp_val, row, live_r, tl.float32, TEMP_PER_ROW)
         inv_t, noise_scale, greedy, _bad = row_temperature(temp)
-        top_k = scalar_param(topk_ptr, topk_val, row, tl.int32, TOPK_PER_ROW)
-        top_p = scalar_param(topp_ptr, topp_val, row, tl.float32, TOPP_PER_ROW)
-        min_p = scalar_param(minp_ptr, minp_val, row, tl.float32, MINP_PER_ROW)
+        top_k = load_row_param(topk_ptr, topk_val, row, live_r, tl.int32, TOPK_PER_ROW)
+        top_p = load_row_param(topp_ptr, topp_val, row, live_r, tl.float32, TOPP_PER_ROW)
+        min_p = load_row_param(minp_ptr, minp_val, row, live_r, tl.float32, MINP_PER_ROW)
         use_k = (top_k > 0) & (top_k < V)
         use_p = top_p < 1.0
         use_minp = min_p > 0.0
-        filtered = ~greedy & (use_k | use_p | use_minp)
+        filtered = ~greedy & (use_k | use_p | use_minp) & live_r
 
-        # the row's max and normalisers
-        m = tl.full([], float("-inf"), tl.float32)
+        # the rows' max and normalisers
+        m = tl.full([BLOCK_R], float("-inf"), tl.float32)
         for c in range(0, V, BLOCK):
             offs = c + tl.arange(0, BLOCK)
-            m = tl.maximum(m, tl.max(_pool_load(pool_ptr, ps, offs, V, shard_cols, POOL), axis=0))
-        z_full = _mass_where(pool_ptr, ps, shard_cols, V, m, inv_t, 0, -1, BLOCK, POOL)
-        n_live = _count_ge(pool_ptr, ps, shard_cols, V, 0, BLOCK, POOL)
+            m = tl.maximum(m, tl.max(_pool_load(pool_ptr, slots, offs, V, shard_cols, POOL), axis=1))
+        m = tl.where(m == float("-inf"), 0.0, m)
+        zero = tl.zeros([BLOCK_R], tl.int64)
+        z_full = _mass_where(pool_ptr, slots, shard_cols, V, m, inv_t, zero, zero - 1, BLOCK, POOL)
+        n_live = _count_ge(pool_ptr, slots, shard_cols, V, zero, BLOCK, POOL)
 
-        # thresholds: exactly select_filtered's, over every logit
-        key_s = tl.full([], 0, tl.int64)
-        if use_minp:
-            key_s = tl.maximum(key_s, order_key(m + temp * tl.log(tl.where(use_minp, min_p, 1.0))))
-        if use_k:
-            kk = tl.minimum(top_k, n_live)
-            lo = tl.full([], 0, tl.int64)
-            hi = tl.full([], 4294967296, tl.int64)
-            for _ in range(32):
-                mid = (lo + hi) // 2
-                big = _count_ge(pool_ptr, ps, shard_cols, V, mid, BLOCK, POOL) >= kk
-                lo = tl.where(big, mid, lo)
-                hi = tl.where(big, hi, mid)
-            key_s = tl.maximum(key_s, lo)
-        z_s = tl.where(key_s > 0, _mass_where(pool_ptr, ps, shard_cols, V, m, inv_t, key_s, -1, BLOCK, POOL), z_full)
-        key_t = key_s
-        if use_p:
-            lo2 = tl.full([], -1, tl.int64)
-            hi2 = tl.full([], 4294967295, tl.int64)
-            for _ in range(32):
-                mid = (lo2 + hi2) // 2
-                ok = _mass_where(pool_ptr, ps, shard_cols, V, m, inv_t, key_s, mid, BLOCK, POOL) < top_p * z_s
-                hi2 = tl.where(ok, mid, hi2)
-                lo2 = tl.where(ok, lo2, mid)
-            key_t = tl.maximum(key_t, hi2)
+        # thresholds: exactly select_filtered's, over every logit of the rows
+        key_minp = tl.where(use_minp, order_key(m + temp * tl.log(tl.where(use_minp, min_p, 1.0))), 0)
+        kk = tl.maximum(tl.minimum(top_k, n_live), 1)
+        lo = tl.zeros([BLOCK_R], tl.int64)
+        hi = tl.full([BLOCK_R], 4294967296, tl.int64)
+        for _ in range(32):
+            mid = (lo + hi) // 2
+            big = _count_ge(pool_ptr, slots, shard_cols, V, mid, BLOCK, POOL) >= kk
+            lo = tl.where(big, mid, lo)
+            hi = tl.where(big, hi, mid)
+        key_s = tl.where(use_k, tl.maximum(key_minp, lo), key_minp)
+        z_s = tl.where(key_s > 0, _mass_where(pool_ptr, slots, shard_cols, V, m, inv_t, key_s, zero - 1, BLOCK, POOL),
+                       z_full)
+        lo2 = tl.full([BLOCK_R], -1, tl.int64)
+        hi2 = tl.full([BLOCK_R], 4294967295, tl.int64)
+        for _ in range(32):
+            mid = (lo2 + hi2) // 2
+            ok = _mass_where(pool_ptr, slots, shard_cols, V, m, inv_t, key_s, mid, BLOCK, POOL) < top_p * z_s
+            hi2 = tl.where(ok, mid, hi2)
+            lo2 = tl.where(ok, lo2, mid)
+        key_t = tl.where(use_p, tl.maximum(key_s, hi2), key_s)
 
-        if filtered:
-            seed = scalar_param(seed_ptr, seed_val, row, tl.int64, SEED_PER_ROW)
-            offset = scalar_param(offset_ptr, offset_val, row, tl.int64, OFFSET_PER_ROW)
-            best = tl.full([], float("-inf"), tl.float32)
-            tok = tl.full([], 2147483647, tl.int32)
-            l_tok = tl.full([], float("-inf"), tl.float32)
-            z_kept = tl.zeros([], tl.float32)
-            for c in range(0, V, BLOCK):
-                offs = c + tl.arange(0, BLOCK)
-                v = _pool_load(pool_ptr, ps, offs, V, shard_cols, POOL)
-                kept = (v > float("-inf")) & (order_key(v) >= key_t)
-                g = gumbel_from_bits(vocab_bits(seed, offset, offs), FAST_LOG)
-                score = tl.where(kept, v + noise_scale * g, float("-inf"))
-                cb = tl.max(score, axis=0)
-                cid = tl.min(tl.where(kept & (score == cb), offs, 2147483647), axis=0)
-                cv = tl.max(tl.where(offs == cid, v, float("-inf")), axis=0)
-                take = cb > best  # strictly: an earlier (lower-id) chunk keeps ties
-                best = tl.where(take, cb, best)
-                tok = tl.where(take, cid, tok)
-                l_tok = tl.where(take, cv, l_tok)
-                z_kept += tl.sum(tl.where(kept, tl.exp((v - m) * inv_t), 0.0), axis=0)
-            tl.store(tokens_ptr + row, tok.to(tl.int64))
-            if LOGPROBS:
-                if MODE == 1:
-                    lp = (l_tok - m) - tl.log(_mass_where(pool_ptr, ps, shard_cols, V, m, 1.0, 0, -1, BLOCK, POOL))
-                elif MODE == 2:
-                    lp = (l_tok - m) * inv_t - tl.log(z_kept)
-                else:
-                    lp = (l_tok - m) * inv_t - tl.log(z_full)
-                tl.store(logprob_ptr + row, lp)
+        # the token (filtered rows): argmax over the kept ids of logit + T * Gumbel
+        seed = load_row_param(seed_ptr, seed_val, row, live_r, tl.int64, SEED_PER_ROW)
+        offset = load_row_param(offset_ptr, offset_val, row, live_r, tl.int64, OFFSET_PER_ROW)
+        best = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        tok = tl.full([BLOCK_R], 2147483647, tl.int32)
+        l_tok = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        z_kept = tl.zeros([BLOCK_R], tl.float32)
+        z_raw = tl.zeros([BLOCK_R], tl.float32)
+        for c in range(0, V, BLOCK):
+            offs = c + tl.arange(0, BLOCK)
+            v = _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL)
+            kept = (v > float("-inf")) & (order_key(v) >= key_t[:, None])
+            g = gumbel_from_bits(vocab_bits(seed[:, None], offset[:, None], offs[None, :]), FAST_LOG)
+            score = tl.where(kept, v + noise_scale[:, None] * g, float("-inf"))
+            cb = tl.max(score, axis=1)
+            cid = tl.min(tl.where(kept & (score == cb[:, None]), offs[None, :], 2147483647), axis=1)
+            cv = tl.max(tl.where(offs[None, :] == cid[:, None], v, float("-inf")), axis=1)
+            take = cb > best  # strictly: an earlier (lower-id) chunk keeps ties
+            best = tl.where(take, cb, best)
+            tok = tl.where(take, cid, tok)
+            l_tok = tl.where(take, cv, l_tok)
+            z_kept += tl.sum(tl.where(kept, tl.exp((v - m[:, None]) * inv_t[:, None]), 0.0), axis=1)
+            z_raw += tl.sum(tl.where(v > float("-inf"), tl.exp(v - m[:, None]), 0.0), axis=1)
+        tl.store(tokens_ptr + row, tok.to(tl.int64), mask=filtered)
+        if LOGPROBS:
+            if MODE == 1:
+                lp = (l_tok - m) - tl.log(z_raw)
+            elif MODE == 2:
+                lp = (l_tok - m) * inv_t - tl.log(z_kept)
+            else:
+                lp = (l_tok - m) * inv_t - tl.log(z_full)
+            tl.store(logprob_ptr + row, lp, mask=filtered)
 
         if TOP_N > 0:
             if MODE == 1:
-                log_z = tl.log(_mass_where(pool_ptr, ps, shard_cols, V, m, 1.0, 0, -1, BLOCK, POOL))
-                scale = 1.0
+                log_z = tl.log(z_raw)
+                scale = tl.full([BLOCK_R], 1.0, tl.float32)
             else:
                 log_z = tl.log(z_full)
                 scale = inv_t
             if MODE == 2:
-                if filtered:
-                    log_z = tl.log(_mass_where(pool_ptr, ps, shard_cols, V, m, inv_t, key_t, -1, BLOCK, POOL))
+                log_z = tl.where(filtered, tl.log(z_kept), log_z)
             n = tl.arange(0, TOP_N_POW2)
-            out_ids = tl.full([TOP_N_POW2], -1, tl.int64)
-            out_lp = tl.full([TOP_N_POW2], float("-inf"), tl.float32)
-            # the previous pick, as (key, id): the next is the largest strictly below it in (key desc, id asc)
-            prev_key = tl.full([], 4294967296, tl.int64)
-            prev_id = tl.full([], -1, tl.int32)
+            out_ids = tl.full([BLOCK_R, TOP_N_POW2], -1, tl.int64)
+            out_lp = tl.full([BLOCK_R, TOP_N_POW2], float("-inf"), tl.float32)
+            # the previous pick as (key, id): the next is the largest after it in (key desc, id asc)
+            prev_key = tl.full([BLOCK_R], 4294967296, tl.int64)
+            prev_id = tl.full([BLOCK_R], -1, tl.int32)
             for t in tl.static_range(TOP_N):
-                kmax = tl.full([], -1, tl.int64)
+                kmax = tl.full([BLOCK_R], -1, tl.int64)
+                idsel = tl.full([BLOCK_R], 2147483647, tl.int32)
+                vsel = tl.full([BLOCK_R], float("-inf"), tl.float32)
                 for c in range(0, V, BLOCK):
                     offs = c + tl.arange(0, BLOCK)
-                    v = _pool_load(pool_ptr, ps, offs, V, shard_cols, POOL)
+                    v = _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL)
                     k = order_key(v)
-                    after = (k < prev_key) | ((k == prev_key) & (offs > prev_id))
-                    kmax = tl.maximum(kmax, tl.max(tl.where((v > float("-inf")) & after, k, -1), axis=0))
-                idsel = tl.full([], 2147483647, tl.int32)
-                vsel = tl.full([], float("-inf"), tl.float32)
-                for c in range(0, V, BLOCK):
-                    offs = c + tl.arange(0, BLOCK)
-                    v = _pool_load(pool_ptr, ps, offs, V, shard_cols, POOL)
-                    k = order_key(v)
-                    after = (k < prev_key) | ((k == prev_key) & (offs > prev_id))
-                    pick = (v > float("-inf")) & after & (k == kmax)
-                    cid = tl.min(tl.where(pick, offs, 2147483647), axis=0)
-                    vsel = tl.where(cid < idsel, tl.max(tl.where(offs == cid, v, float("-inf")), axis=0), vsel)
-                    idsel = tl.minimum(idsel, cid)
+                    after = (v > float("-inf")) & ((k < prev_key[:, None])
+                                                   | ((k == prev_key[:, None]) & (offs[None, :] > prev_id[:, None])))
+                    ck = tl.max(tl.where(after, k, -1), axis=1)
+                    cid = tl.min(tl.where(after & (k == ck[:, None]), offs[None, :], 2147483647), axis=1)
+                    cv = tl.max(tl.where(offs[None, :] == cid[:, None], v, float("-inf")), axis=1)
+                    better = (ck > kmax) | ((ck == kmax) & (cid < idsel))
+                    kmax = tl.where(better, ck, kmax)
+                    idsel = tl.where(better, cid, idsel)
+                    vsel = tl.where(better, cv, vsel)
                 have = kmax >= 0
                 lpv = (vsel - m) * scale - log_z
                 if MODE == 2:
-                    if filtered:
-                        lpv = tl.where(kmax >= key_t, lpv, float("-inf"))
-                out_ids = tl.where(n == t, tl.where(have, idsel, -1).to(tl.int64), out_ids)
-                out_lp = tl.where(n == t, tl.where(have, lpv, float("-inf")), out_lp)
+                    lpv = tl.where(filtered & (kmax < key_t), float("-inf"), lpv)
+                out_ids = tl.where(n[None, :] == t, tl.where(have, idsel, -1).to(tl.int64)[:, None], out_ids)
+                out_lp = tl.where(n[None, :] == t, tl.where(have, lpv, float("-inf"))[:, None], out_lp)
                 prev_key = tl.where(have, kmax, prev_key)
                 prev_id = tl.where(have, idsel, prev_id)
-            tl.store(top_ids_ptr + row * TOP_N + n, out_ids, mask=n < TOP_N)
-            tl.store(top_lp_ptr + row * TOP_N + n, out_lp, mask=n < TOP_N)
+            wr = live_r[:, None] & (n < TOP_N)[None, :]
+            tl.store(top_ids_ptr + row[:, None] * TOP_N + n[None, :], out_ids, mask=wr)
+            tl.store(top_lp_ptr + row[:, None] * TOP_N + n[None, :], out_lp, mask=wr)
 
 
 @dataclass(frozen=True)
@@ -318,13 +320,14 @@ def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, fb
     device = src.device
     on_gpu = device.type == "cuda"
     args, flags = _params_args(params, fb_rows)
-    resolve_kernel[(pool.rows,)](
+    block_r = 1 if on_gpu else pool.rows  # GPU: a pooled row per program; interpreter: all of them
+    resolve_kernel[(triton.cdiv(pool.rows, block_r),)](
         src, pool.shard_cols, fb_count, fb_rows, start, vocab_size, *args,
         tokens, logprobs if logprobs is not None else fb_rows,
         top_ids if top_ids is not None else fb_rows, top_lp if top_lp is not None else fb_rows,
         **flags, BLOCK=4096 if on_gpu else 1024, TOP_N=top_n, TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)),
         MODE=LOGPROBS_MODES.index(mode), LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device),
-        POOL=pool.rows, num_warps=8 if on_gpu else 4)
+        POOL=pool.rows, BLOCK_R=block_r, num_warps=8 if on_gpu else 4)
 
 
 def run_fallback(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, *, vocab_size: int,
@@ -336,9 +339,13 @@ def run_fallback(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     B = hidden.shape[0]
     if B == 0:
         return
-    pool = PoolLayout(POOL_ROWS, weight.shape[0])
+    rows = POOL_ROWS if hidden.device.type == "cuda" else POOL_ROWS_INTERPRETER
+    pool = PoolLayout(rows, weight.shape[0])
     buf = torch.empty(pool.numel, dtype=torch.float32, device=hidden.device)
-    for start in range(0, B, POOL_ROWS):
+    # A GPU runs every round (the empty ones exit at once: the host never reads the count). On a
+    # CPU device the count is host memory already, so only the rounds with rows are launched.
+    rows_to_cover = B if hidden.device.type == "cuda" else int(fb_count[0])
+    for start in range(0, rows_to_cover, rows):
         launch_materialize(hidden, weight, pool, buf, fb_count=fb_count, fb_rows=fb_rows, start=start,
                            vocab_size=vocab_size, block_k=block_k)
         launch_resolve(pool, buf, params, fb_count=fb_count, fb_rows=fb_rows, start=start, vocab_size=vocab_size,

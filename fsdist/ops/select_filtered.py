@@ -54,14 +54,6 @@ def order_key(v):
 
 
 @triton.jit
-def scalar_param(ptr, scalar, row, DTYPE: tl.constexpr, PER_ROW: tl.constexpr):
-    if PER_ROW:
-        return tl.load(ptr + row).to(DTYPE)
-    else:
-        return tl.full([], 0, DTYPE) + scalar
-
-
-@triton.jit
 def kth_largest_key(keys, live, k):
     """Per row, the key of the k-th largest live element (k >= 1, at most the live count).
     keys / live: [rows, n]; k: [rows]."""
@@ -277,7 +269,8 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     par_p, par_f, par_i, par_on = parity_args(src.parity, dummy)
     on_gpu = device.type == "cuda"
     # GPU: one row per program, a decode batch spreads over the SMs. Interpreter: big blocks.
-    block_r = 1 if on_gpu else max(1, min(64, triton.next_power_of_2(batch)))
+    block_r = 1 if on_gpu else max(1, min(1024, triton.next_power_of_2(batch), 2 ** 16 // triton.next_power_of_2(
+        layout.n_slots * KEEP)))
     select_filtered_kernel[(triton.cdiv(batch, block_r),)](
         src.f, src.i, src.base_f, src.base_i, par_p, par_f, par_i,
         batch, layout.n_slots, layout.n_local, layout.stride_shard, layout.stride_shard_i, layout.stride_field,

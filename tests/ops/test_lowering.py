@@ -46,11 +46,11 @@ CHECK = {"me": "i32", "status_ptr": "*i32", "fp_slot": "i32", "rec_slot": "i32"}
 STAGE1 = dict(h_ptr="*bf16", w_ptr="*bf16", cand_f="*i64",
               cand_i="*i64", B="i32", D="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", stride_hb="i32",
               buf_offset="i32", buf_offset_i="i32", stride_field="i32", stride_slot="i32", hdr_off_i="i32", flags="i32",
-              stride_ifield="i32", **ROW_PARAMS, **PARITY)
+              stride_ifield="i32", xfp_ptr="*i64", xfp_val="i64", **ROW_PARAMS, **PARITY)
 STAGE1_CONST = dict(BLOCK_B=16, BLOCK_V=128, BLOCK_K=128, EVEN_K=True, EVEN_V=True, SEED_PER_ROW=True,
                     OFFSET_PER_ROW=True, TEMP_PER_ROW=True, NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4,
                     DOT_PRECISION="tf32", DOT_UPCAST=False, FAST_LOG=True, DEVICE_PARITY=True, TMA=False, HEADER=True,
-                    EXTENDED=True, KEEP=4)
+                    EXTENDED=True, KEEP=4, XFP_PER_ROW=True)
 
 CASES = {
     "group_select": dict(
@@ -85,10 +85,10 @@ CASES = {
         types=dict(logits_ptr="*fp32", stride_lb="i32", tile_base="i32", tile_end="i32", cand_f="*i64", cand_i="*i64",
                    B="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", buf_offset="i32", buf_offset_i="i32",
                    stride_field="i32", stride_slot="i32", hdr_off_i="i32", flags="i32", stride_ifield="i32",
-                   **ROW_PARAMS, **PARITY),
+                   xfp_ptr="*i64", xfp_val="i64", **ROW_PARAMS, **PARITY),
         constexprs=dict(BLOCK_B=32, BLOCK_V=128, TILES=2, SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True,
                         NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4, FAST_LOG=True,
-                        DEVICE_PARITY=True, HEADER=True, EXTENDED=True, KEEP=4)),
+                        DEVICE_PARITY=True, HEADER=True, EXTENDED=True, KEEP=4, XFP_PER_ROW=False)),
     "stage2_parity": dict(
         module="fsdist.ops.merge_candidates", kernel="merge_candidates_kernel",
         types=dict(cand_f="*fp32", cand_i="*i32", tokens_ptr="*i64", logprob_ptr="*fp32", lse_ptr="*fp32",
@@ -112,19 +112,20 @@ CASES = {
         types=dict(flags_ptr="*i8", B="i32", count_ptr="*i32", rows_ptr="*i32"), constexprs=dict(BLOCK=1024)),
     "fallback_materialize": dict(
         module="fsdist.ops.fallback", kernel="materialize_kernel",
-        types=dict(h_ptr="*bf16", w_ptr="*bf16", pool_ptr="*fp32", fb_count_ptr="*i32", fb_rows_ptr="*i32",
+        types=dict(h_ptr="*bf16", w_ptr="*bf16", pool_ptr="*i64", fb_count_ptr="*i32", fb_rows_ptr="*i32",
                    round_start="i32", D="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", stride_hb="i32",
-                   stride_pool="i32"),
-        constexprs=dict(POOL=16, BLOCK_V=128, BLOCK_K=64, DOT_PRECISION="tf32", DOT_UPCAST=False)),
+                   shard_base="i32", shard_cols="i32"),
+        constexprs=dict(POOL=16, BLOCK_V=128, BLOCK_K=64, DOT_PRECISION="tf32", DOT_UPCAST=False, PEER_TABLE=True,
+                        NPEERS=4)),
     "fallback_resolve": dict(
         module="fsdist.ops.fallback", kernel="resolve_kernel",
-        types=dict(pool_ptr="*fp32", stride_pool="i32", fb_count_ptr="*i32", fb_rows_ptr="*i32", round_start="i32",
+        types=dict(pool_ptr="*fp32", shard_cols="i32", fb_count_ptr="*i32", fb_rows_ptr="*i32", round_start="i32",
                    V="i32", topk_ptr="*i32", topk_val="i32", topp_ptr="*fp32", topp_val="fp32", minp_ptr="*fp32",
                    minp_val="fp32", tokens_ptr="*i64", logprob_ptr="*fp32", top_ids_ptr="*i64", top_lp_ptr="*fp32",
                    **ROW_PARAMS),
         constexprs=dict(SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True, TOPK_PER_ROW=True,
                         TOPP_PER_ROW=True, MINP_PER_ROW=True, BLOCK=4096, TOP_N=5, TOP_N_POW2=8, MODE=1,
-                        LOGPROBS=True, FAST_LOG=True)),
+                        LOGPROBS=True, FAST_LOG=True, POOL=16, BLOCK_R=1)),
     "step_record_peers": dict(
         module="fsdist.ops.step_check", kernel="step_record_kernel",
         types=dict(dst_i="*i64", off_i="i32", batch="i32", flags="i32", error="i32", **PARITY),
