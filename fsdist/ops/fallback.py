@@ -109,28 +109,30 @@ def _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL: tl.constexpr):
     return tl.load(pool_ptr + addr, mask=(offs < V)[None, :], other=float("-inf"))
 
 
+# The chunk loops below accumulate elementwise ([rows, BLOCK]) and reduce once after the
+# loop: Triton 3.6's TritonGPUOptimizeThreadLocality pass fails on `acc += reduce(chunk)`.
 @triton.jit
 def _count_ge(pool_ptr, slots, shard_cols, V, x, BLOCK: tl.constexpr, POOL: tl.constexpr):
     """Per row, how many logits have key >= x[row]."""
-    n = tl.zeros(x.shape, tl.int32)
+    n = tl.zeros([x.shape[0], BLOCK], tl.int32)
     for c in range(0, V, BLOCK):
         offs = c + tl.arange(0, BLOCK)
         v = _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL)
-        n += tl.sum(((v > float("-inf")) & (order_key(v) >= x[:, None])).to(tl.int32), axis=1)
-    return n
+        n += ((v > float("-inf")) & (order_key(v) >= x[:, None])).to(tl.int32)
+    return tl.sum(n, axis=1)
 
 
 @triton.jit
 def _mass_where(pool_ptr, slots, shard_cols, V, m, inv_t, lo_key, gt_key, BLOCK: tl.constexpr, POOL: tl.constexpr):
     """Per row, the sum of exp((l - m) / T) over logits with key >= lo_key and key > gt_key."""
-    z = tl.zeros(m.shape, tl.float32)
+    z = tl.zeros([m.shape[0], BLOCK], tl.float32)
     for c in range(0, V, BLOCK):
         offs = c + tl.arange(0, BLOCK)
         v = _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL)
         k = order_key(v)
         sel = (v > float("-inf")) & (k >= lo_key[:, None]) & (k > gt_key[:, None])
-        z += tl.sum(tl.where(sel, tl.exp((v - m[:, None]) * inv_t[:, None]), 0.0), axis=1)
-    return z
+        z += tl.where(sel, tl.exp((v - m[:, None]) * inv_t[:, None]), 0.0)
+    return tl.sum(z, axis=1)
 
 
 @triton.jit
@@ -159,10 +161,11 @@ def resolve_kernel(pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, round_start,
         filtered = ~greedy & (use_k | use_p | use_minp) & live_r
 
         # the rows' max and normalisers
-        m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        m2 = tl.full([BLOCK_R, BLOCK], float("-inf"), tl.float32)
         for c in range(0, V, BLOCK):
             offs = c + tl.arange(0, BLOCK)
-            m = tl.maximum(m, tl.max(_pool_load(pool_ptr, slots, offs, V, shard_cols, POOL), axis=1))
+            m2 = tl.maximum(m2, _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL))
+        m = tl.max(m2, axis=1)
         m = tl.where(m == float("-inf"), 0.0, m)
         zero = tl.zeros([BLOCK_R], tl.int64)
         z_full = _mass_where(pool_ptr, slots, shard_cols, V, m, inv_t, zero, zero - 1, BLOCK, POOL)
@@ -193,26 +196,30 @@ def resolve_kernel(pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, round_start,
         # the token (filtered rows): argmax over the kept ids of logit + T * Gumbel
         seed = load_row_param(seed_ptr, seed_val, row, live_r, tl.int64, SEED_PER_ROW)
         offset = load_row_param(offset_ptr, offset_val, row, live_r, tl.int64, OFFSET_PER_ROW)
-        best = tl.full([BLOCK_R], float("-inf"), tl.float32)
-        tok = tl.full([BLOCK_R], 2147483647, tl.int32)
-        l_tok = tl.full([BLOCK_R], float("-inf"), tl.float32)
-        z_kept = tl.zeros([BLOCK_R], tl.float32)
-        z_raw = tl.zeros([BLOCK_R], tl.float32)
+        # per column position: the best perturbed score so far, its id and logit (an earlier,
+        # lower-id chunk keeps ties), then one reduction over positions (lowest id on ties)
+        best2 = tl.full([BLOCK_R, BLOCK], float("-inf"), tl.float32)
+        id2 = tl.full([BLOCK_R, BLOCK], 2147483647, tl.int32)
+        lv2 = tl.full([BLOCK_R, BLOCK], float("-inf"), tl.float32)
+        zk2 = tl.zeros([BLOCK_R, BLOCK], tl.float32)
+        zr2 = tl.zeros([BLOCK_R, BLOCK], tl.float32)
         for c in range(0, V, BLOCK):
             offs = c + tl.arange(0, BLOCK)
             v = _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL)
             kept = (v > float("-inf")) & (order_key(v) >= key_t[:, None])
             g = gumbel_from_bits(vocab_bits(seed[:, None], offset[:, None], offs[None, :]), FAST_LOG)
             score = tl.where(kept, v + noise_scale[:, None] * g, float("-inf"))
-            cb = tl.max(score, axis=1)
-            cid = tl.min(tl.where(kept & (score == cb[:, None]), offs[None, :], 2147483647), axis=1)
-            cv = tl.max(tl.where(offs[None, :] == cid[:, None], v, float("-inf")), axis=1)
-            take = cb > best  # strictly: an earlier (lower-id) chunk keeps ties
-            best = tl.where(take, cb, best)
-            tok = tl.where(take, cid, tok)
-            l_tok = tl.where(take, cv, l_tok)
-            z_kept += tl.sum(tl.where(kept, tl.exp((v - m[:, None]) * inv_t[:, None]), 0.0), axis=1)
-            z_raw += tl.sum(tl.where(v > float("-inf"), tl.exp(v - m[:, None]), 0.0), axis=1)
+            take = score > best2
+            best2 = tl.where(take, score, best2)
+            id2 = tl.where(take, offs[None, :], id2)
+            lv2 = tl.where(take, v, lv2)
+            zk2 += tl.where(kept, tl.exp((v - m[:, None]) * inv_t[:, None]), 0.0)
+            zr2 += tl.where(v > float("-inf"), tl.exp(v - m[:, None]), 0.0)
+        best = tl.max(best2, axis=1)
+        tok = tl.min(tl.where(best2 == best[:, None], id2, 2147483647), axis=1)
+        l_tok = tl.max(tl.where(id2 == tok[:, None], lv2, float("-inf")), axis=1)
+        z_kept = tl.sum(zk2, axis=1)
+        z_raw = tl.sum(zr2, axis=1)
         tl.store(tokens_ptr + row, tok.to(tl.int64), mask=filtered)
         if LOGPROBS:
             if MODE == 1:
@@ -239,22 +246,23 @@ def resolve_kernel(pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, round_start,
             prev_key = tl.full([BLOCK_R], 4294967296, tl.int64)
             prev_id = tl.full([BLOCK_R], -1, tl.int32)
             for t in tl.static_range(TOP_N):
-                kmax = tl.full([BLOCK_R], -1, tl.int64)
-                idsel = tl.full([BLOCK_R], 2147483647, tl.int32)
-                vsel = tl.full([BLOCK_R], float("-inf"), tl.float32)
+                # per column position: the largest (key, -id) after the previous pick
+                k2 = tl.full([BLOCK_R, BLOCK], -1, tl.int64)
+                i2 = tl.full([BLOCK_R, BLOCK], 2147483647, tl.int32)
+                v2 = tl.full([BLOCK_R, BLOCK], float("-inf"), tl.float32)
                 for c in range(0, V, BLOCK):
                     offs = c + tl.arange(0, BLOCK)
                     v = _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL)
                     k = order_key(v)
                     after = (v > float("-inf")) & ((k < prev_key[:, None])
                                                    | ((k == prev_key[:, None]) & (offs[None, :] > prev_id[:, None])))
-                    ck = tl.max(tl.where(after, k, -1), axis=1)
-                    cid = tl.min(tl.where(after & (k == ck[:, None]), offs[None, :], 2147483647), axis=1)
-                    cv = tl.max(tl.where(offs[None, :] == cid[:, None], v, float("-inf")), axis=1)
-                    better = (ck > kmax) | ((ck == kmax) & (cid < idsel))
-                    kmax = tl.where(better, ck, kmax)
-                    idsel = tl.where(better, cid, idsel)
-                    vsel = tl.where(better, cv, vsel)
+                    better = after & (k > k2)  # same position: a later chunk has a larger id, so only > wins
+                    k2 = tl.where(better, k, k2)
+                    i2 = tl.where(better, offs[None, :], i2)
+                    v2 = tl.where(better, v, v2)
+                kmax = tl.max(k2, axis=1)
+                idsel = tl.min(tl.where(k2 == kmax[:, None], i2, 2147483647), axis=1)
+                vsel = tl.max(tl.where(i2 == idsel[:, None], v2, float("-inf")), axis=1)
                 have = kmax >= 0
                 lpv = (vsel - m) * scale - log_z
                 if MODE == 2:

@@ -1,4 +1,4 @@
-"""Every kernel variant goes through Triton's real compiler front end, without a GPU.
+"""Every kernel variant compiles with Triton's real compiler, to an sm_90 cubin, without a GPU.
 
 Under TRITON_INTERPRET=1 kernels run as Python, which accepts things the compiler
 rejects (e.g. a plain-int module global read inside @triton.jit code, or a scalar
@@ -20,23 +20,16 @@ _LOWER = r"""
 import json, sys, importlib
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import CUDABackend
 from triton.compiler import ASTSource
-from triton._C.libtriton import ir
 spec = json.loads(sys.argv[1])
 fn = getattr(importlib.import_module(spec["module"]), spec["kernel"])
 names = fn.arg_names
 sig = {n: ("constexpr" if n in spec["constexprs"] else spec["types"][n]) for n in names}
 consts = {(names.index(n),): v for n, v in spec["constexprs"].items()}
-target = GPUTarget("cuda", 90, 32)
-backend = CUDABackend(target)
-options = backend.parse_options({})
-ctx = ir.context()
-ir.load_dialects(ctx)
-backend.load_dialects(ctx)
-mod = ASTSource(fn=fn, signature=sig, constexprs=consts).make_ir(
-    target, options, backend.get_codegen_implementation(options), backend.get_module_map(), ctx)
-print("LOWERED", spec["kernel"], len(str(mod)))
+# All the way to a cubin (Triton's wheel carries ptxas): GPU-only compiler failures show up here.
+k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                   options=dict(num_warps=spec.get("num_warps", 4)))
+print("COMPILED", spec["kernel"], len(k.asm["cubin"]))
 """
 
 ROW_PARAMS = {"seed_ptr": "*i64", "seed_val": "i64", "offset_ptr": "*i64", "offset_val": "i64",
@@ -106,7 +99,7 @@ CASES = {
                    top_ids_ptr="*i64", top_lp_ptr="*fp32", fallback_ptr="*i8", **ROW_PARAMS, **PARITY),
         constexprs=dict(SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True, TOPK_PER_ROW=True,
                         TOPP_PER_ROW=True, MINP_PER_ROW=False, BLOCK_R=1, BLOCK_U=8192, KEEP=4, TOP_N=5,
-                        TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True)),
+                        TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True), num_warps=16),
     "fallback_compact": dict(
         module="fsdist.ops.fallback", kernel="compact_kernel",
         types=dict(flags_ptr="*i8", B="i32", count_ptr="*i32", rows_ptr="*i32"), constexprs=dict(BLOCK=1024)),
@@ -125,7 +118,7 @@ CASES = {
                    **ROW_PARAMS),
         constexprs=dict(SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True, TOPK_PER_ROW=True,
                         TOPP_PER_ROW=True, MINP_PER_ROW=True, BLOCK=4096, TOP_N=5, TOP_N_POW2=8, MODE=1,
-                        LOGPROBS=True, FAST_LOG=True, POOL=16, BLOCK_R=1)),
+                        LOGPROBS=True, FAST_LOG=True, POOL=16, BLOCK_R=1), num_warps=8),
     "step_record_peers": dict(
         module="fsdist.ops.step_check", kernel="step_record_kernel",
         types=dict(dst_i="*i64", off_i="i32", batch="i32", flags="i32", error="i32", **PARITY),
@@ -155,4 +148,4 @@ def test_kernel_lowers_to_triton_ir(lowering_available, case):
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run([sys.executable, "-c", _LOWER, json.dumps(CASES[case])], env=env, capture_output=True,
                           text=True, timeout=300)
-    assert proc.returncode == 0 and "LOWERED" in proc.stdout, proc.stderr[-4000:]
+    assert proc.returncode == 0 and "COMPILED" in proc.stdout, proc.stderr[-4000:]
