@@ -694,6 +694,23 @@ def _quiet_sync(device):
         C.log(f"  (synchronize after the failure raised {type(e).__name__}: {str(e)[:120]})")
 
 
+def _recording(fn: Callable, sink: List[torch.Tensor], bump: Callable):
+    """(call, before_call) for C.time_calls: `call` runs fn and, from the first timed call on
+    (the hook is not called during warm-up), appends the output's fallback flags to `sink`."""
+    on = [False]
+
+    def call(h):
+        out = fn(h)
+        if on[0]:
+            sink.append(out.fallback)
+        return out
+
+    def before(i):
+        on[0] = True
+        bump(i)
+    return call, before
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -923,19 +940,10 @@ def main(argv=None) -> int:
                         break
                     try:
                         w = warmup if rep == 0 else min(5, warmup)  # later runs only re-warm the clocks
-                        call, before = (lambda h, _fn=fn: _fn(h)), bump
                         if name in fallback_flags:
-                            recording = [False]  # set by the first timed call's hook: warm-up calls don't count
-
-                            def call(h, _fn=fn, _sink=fallback_flags[name], _on=recording):
-                                out = _fn(h)
-                                if _on[0]:
-                                    _sink.append(out.fallback)
-                                return out
-
-                            def before(i, _on=recording):
-                                _on[0] = True
-                                ctx.off_t.add_(1)
+                            call, before = _recording(fn, fallback_flags[name], bump)
+                        else:
+                            call, before = (lambda h, _fn=fn: _fn(h)), bump
                         samples[name].append(C.time_calls(call, [(h,) for h in hs], warmup=w,
                                                            reps=reps, flush=flush, before_call=before, device=device))
                     except Exception as e:  # noqa: BLE001
