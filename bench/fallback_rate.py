@@ -404,49 +404,50 @@ def print_table(data: Dict):
     fam, cells, buckets = data["family"], data["cells"], data["buckets"]
     print(f"\n== fallback rate: % of rows resolved by the exact fallback ({data['rows_done']} of "
           f"{data['rows_planned']} rows, {data['sample_s']:.0f}s) ==")
-    print(f"family: logit = -a ln(rank), ranks {fam['layout']} over V={fam['vocab']} ids, a in {fam['exponents']}, "
-          f"{fam['profiles']} profiles; T = a / s for target entropies; {fam['dtype']}, "
-          f"KEEP={fam['keep_per_tile']} per {fam['block_v']}-id tile ({fam['tiles']} tiles), path {fam['path']}")
+    print(f"logit = -a ln(rank), ranks {fam['layout']} over V={fam['vocab']}, a in {fam['exponents']}, "
+          f"{fam['profiles']} profiles, T = a/s; {fam['dtype']}, KEEP={fam['keep_per_tile']} per "
+          f"{fam['block_v']}-id tile ({fam['tiles']} tiles), {fam['path']}")
     if fam["vocab"] < 100000:
         print(f"(V={fam['vocab']}: {fam['tiles']} tiles keep {fam['tiles'] * fam['keep_per_tile']} logits per row; "
               "these rates say nothing about V=151936, where 1187 tiles keep 4748)")
-    lab = 19
-    cols = [f"{b['lo']:g}-{b['hi']:g}" for b in buckets]
-    print(f"{'entropy (nats)':<{lab}}" + "".join(f"{c:>8}" for c in cols))
-    print(f"{'  mean H (exact)':<{lab}}" + "".join(f"{b['H_mean']:>8.2f}" if b["H_mean"] is not None else f"{'-':>8}"
-                                                   for b in buckets))
-    for key, name in (("T_min", "  T min"), ("T_max", "  T max")):
-        print(f"{name:<{lab}}" + "".join(f"{b[key]:>8.2f}" if b[key] is not None else f"{'-':>8}" for b in buckets))
-    print(f"{'  ids for 95% mass':<{lab}}" + "".join(f"{b['median_ids_for_mass'].get('0.95', '-'):>8}"
-                                                     for b in buckets))
-    print(f"{'  rows per cell':<{lab}}" + "".join(
-        f"{min(c['rows'] for c in cells if c['bucket'] == i):>8}" for i in range(len(buckets))))
-    print(f"{'top_k top_p min_p':<{lab}}")
-    seen = []
+    lab, w = 16, 7
+
+    def line(name, values):
+        print(f"{name:<{lab}}" + "".join(f"{v:>{w}}" for v in values))
+
+    def num(x, nd=2):
+        return "-" if x is None else f"{x:.{nd}f}"
+
+    line("entropy (nats)", [f"{b['lo']:g}-{b['hi']:g}" for b in buckets])
+    line(" mean H (exact)", [num(b["H_mean"]) for b in buckets])
+    line(" T min", [num(b["T_min"]) for b in buckets])
+    line(" T max", [num(b["T_max"]) for b in buckets])
+    line(" ids for 95%", [str(b["median_ids_for_mass"].get("0.95", "-")) for b in buckets])
+    line(" rows per cell", [str(min(c["rows"] for c in cells if c["bucket"] == i)) for i in range(len(buckets))])
+    line("top_k top_p minp", [])
+    keys = []
     for c in cells:
-        key = (c["top_k"], c["top_p"], c["min_p"])
-        if key not in seen:
-            seen.append(key)
-    for k, p, mp in seen:
-        line = f"{k:>5} {p:>5g} {mp:>5g}   "
+        if (c["top_k"], c["top_p"], c["min_p"]) not in keys:
+            keys.append((c["top_k"], c["top_p"], c["min_p"]))
+    for k, p, mp in keys:
+        vals = []
         for i in range(len(buckets)):
-            c = next(c for c in cells if (c["bucket"], c["top_k"], c["top_p"], c["min_p"]) == (i, k, p, mp))
-            r = c["fallback_rate"]
-            line += f"{'-' if r is None else ('0' if r == 0 else f'{100 * r:.1f}' if r < 0.9995 else '100'):>8}"
-        print(line)
+            r = next(c for c in cells if (c["bucket"], c["top_k"], c["top_p"], c["min_p"]) == (i, k, p, mp))
+            r = r["fallback_rate"]
+            vals.append("-" if r is None else "0" if r == 0 else f"{100 * r:.1f}" if r < 0.9995 else "100")
+        line(f"{k:>5} {p:>5g} {mp:>4g}", vals)
     t = data["target"]
     if t.get("max_cell"):
-        w = t["max_cell"]
-        print(f"target: {t['statement']}: pooled {100 * t['pooled_rate']:.2f}% of {t['rows']} rows "
-              f"({t['cells']} cells); worst cell {100 * w['fallback_rate']:.2f}% (95% upper {100 * w['upper95']:.2f}%) "
-              f"at H {w['H_lo']:g}-{w['H_hi']:g}, top_k={w['top_k']} top_p={w['top_p']:g} min_p={w['min_p']:g} -> "
+        x = t["max_cell"]
+        print(f"target (< 1% at top-p <= 0.95, top-k <= 100, H <= 3 nats): pooled {100 * t['pooled_rate']:.2f}% of "
+              f"{t['rows']} rows; worst cell {100 * x['fallback_rate']:.2f}% (95% upper {100 * x['upper95']:.2f}%) "
+              f"at H {x['H_lo']:g}-{x['H_hi']:g} k={x['top_k']} p={x['top_p']:g} min_p={x['min_p']:g} -> "
               f"{'met' if t['met'] else 'NOT met'}")
-    n_checks = len(data["checks"])
     if data["failures"]:
         print(f"!!! {len(data['failures'])} CHECK(S) FAILED, e.g. {data['failures'][0]}")
     else:
-        print(f"checks: {n_checks} calls' tokens >= 0 and {sum(c['rows'] for c in data['checks'])} rows against the "
-              f"float64 reference ({sum(c['fallback_rows'] for c in data['checks'])} of them fallback rows): 0 failed")
+        print(f"checks: tokens >= 0 in every call; {sum(c['rows'] for c in data['checks'])} rows "
+              f"({sum(c['fallback_rows'] for c in data['checks'])} fallback) against the float64 reference: 0 failed")
     if data.get("json_path"):
         print(f"results: {data['json_path']}")
 
