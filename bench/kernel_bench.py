@@ -20,6 +20,18 @@ Methods (``--methods``; ``default`` = all that can run here):
   gumbel_compiled      the same under torch.compile
   fi_topk_topp         cuBLAS logits -> /T -> flashinfer top_k_top_p_sampling_from_logits (top-k/p off), "FI1"
   fi_sampling          cuBLAS logits -> /T -> flashinfer sampling_from_logits, "FI2"
+Filtered sampling (vLLM V1's order; each filter a [B] device tensor, ``--top-k`` 50,
+``--top-p`` 0.9, ``--min-p`` 0.05; the fsdist rows also report the fraction of rows that
+fell back to the exact fallback over their timed calls, ``fallback_rate`` in the JSON):
+  fsdist_topk_topp     fsdist.sample(top_k=[B], top_p=[B])
+  fsdist_minp          fsdist.sample(min_p=[B])
+  torch_topk_topp_compiled  cuBLAS logits -> /T -> sort-based top-k + top-p as vLLM's torch
+                       sampler (baselines.matmul_top_k_top_p) -> exponential race, torch.compile
+  torch_minp_compiled  cuBLAS logits -> /T -> min-p (baselines.matmul_min_p) -> race, torch.compile
+  torch_topk_topp_eager, torch_minp_eager   the same without torch.compile (not default)
+  fi_topk_topp_filtered  cuBLAS logits -> /T -> flashinfer top_k_top_p_sampling_from_logits with the
+                       [B] top-k / top-p tensors ("FI1" with the filters on)
+  fi_minp              cuBLAS logits -> /T -> softmax -> flashinfer min_p_sampling_from_probs([B] min-p)
 FlashInfer methods are skipped cleanly when flashinfer is not importable; compiled
 methods and CUDA graphs are skipped on a machine without a GPU.
 
@@ -52,7 +64,7 @@ import fsdist  # noqa: E402  (sets TRITON_INTERPRET=1 itself when there is no GP
 from fsdist import TileConfig  # noqa: E402
 from fsdist.ops.configs import pick_config  # noqa: E402
 from fsdist.params import GREEDY_TEMPERATURE  # noqa: E402
-from fsdist.reference import baselines  # noqa: E402
+from fsdist.reference import baselines, serving_semantics, vocab_gumbel  # noqa: E402
 
 GPU_SHAPES = "4096x151936,8192x128256"
 GPU_BATCHES = "1,2,4,8,16,32,64,128,256"
@@ -73,6 +85,11 @@ class Method:
     default: bool = True
     graph_default: bool = False
     note: str = ""
+    filter: Optional[str] = None  # "topk_topp" | "minp": the filters it applies (FILTER_GROUPS)
+
+
+# The filter groups of the filtered methods: which ShapeCtx filter tensors each one passes.
+FILTER_GROUPS = {"topk_topp": ("top_k", "top_p"), "minp": ("min_p",)}
 
 
 @dataclass
@@ -88,20 +105,36 @@ class ShapeCtx:
     compiled: Dict[str, Callable] = field(default_factory=dict)
     fi: object = None
     fi_notes: Dict[str, str] = field(default_factory=dict)
+    filters: Dict[str, float] = field(default_factory=dict)  # top_k, top_p, min_p of the filtered methods
     # per batch size, set by the cell loop
     B: int = 0
     seed_t: torch.Tensor = None
     off_t: torch.Tensor = None
     temp_t: torch.Tensor = None  # [B] per-row temperatures (common.row_temperatures)
+    top_k_t: torch.Tensor = None  # [B] int32, filters["top_k"] on every row
+    top_p_t: torch.Tensor = None  # [B] fp32
+    min_p_t: torch.Tensor = None  # [B] fp32
 
     @property
     def has_greedy(self) -> bool:
         """Whether the batch has greedy rows: the baselines are told, as a serving stack knows."""
         return self.greedy_rows > 0
 
-    def fs_params(self, scalar: bool = False) -> Dict:
-        """fsdist.sample's per-row parameters: [B] device tensors, or one float temperature."""
-        return {"temperature": self.T if scalar else self.temp_t, "seed": self.seed_t, "offset": self.off_t}
+    def set_filters(self, B: int):
+        """The [B] filter tensors of this batch size (the same value on every row)."""
+        self.top_k_t = torch.full((B,), int(self.filters["top_k"]), dtype=torch.int32, device=self.device)
+        self.top_p_t = torch.full((B,), float(self.filters["top_p"]), dtype=torch.float32, device=self.device)
+        self.min_p_t = torch.full((B,), float(self.filters["min_p"]), dtype=torch.float32, device=self.device)
+
+    def filter_kwargs(self, group: Optional[str]) -> Dict[str, torch.Tensor]:
+        """The filter group's [B] tensors as keyword arguments (none for an unfiltered method)."""
+        return {name: getattr(self, f"{name}_t") for name in FILTER_GROUPS.get(group, ())}
+
+    def fs_params(self, scalar: bool = False, group: Optional[str] = None) -> Dict:
+        """fsdist.sample's per-row parameters: [B] device tensors, or one float temperature
+        (plus the filter group's [B] tensors)."""
+        return {"temperature": self.T if scalar else self.temp_t, "seed": self.seed_t, "offset": self.off_t,
+                **self.filter_kwargs(group)}
 
 
 def _fs_tokens(out):
@@ -115,12 +148,13 @@ def _plain(out):
 SCALAR_METHODS = {"fsdist_scalar"}  # fsdist methods called with one float temperature
 
 
-def _build_fsdist(logprobs: bool = False, scalar: bool = False, config: Optional[TileConfig] = None):
+def _build_fsdist(logprobs: bool = False, scalar: bool = False, config: Optional[TileConfig] = None,
+                  group: Optional[str] = None):
     def build(ctx: ShapeCtx):
         W = ctx.weight
 
         def fn(h):
-            return fsdist.sample(h, W, **ctx.fs_params(scalar), return_logprobs=logprobs, config=config)
+            return fsdist.sample(h, W, **ctx.fs_params(scalar, group), return_logprobs=logprobs, config=config)
         return fn
     return build
 
@@ -145,6 +179,24 @@ def _build_torch(which: str, compiled: bool):
     return build
 
 
+def _build_torch_filtered(group: str, compiled: bool):
+    """fsdist.reference.baselines' filtered matmul + sampler (sort-based top-k/top-p, or min-p),
+    eager or torch.compiled, with ctx's [B] temperatures and filter tensors."""
+    which = {"topk_topp": "top_k_top_p", "minp": "min_p"}[group]
+
+    def build(ctx: ShapeCtx):
+        W = ctx.weight
+        if compiled:
+            f = ctx.compiled.get(which)
+            if f is None:
+                f = baselines.compiled_sampler(which, dynamic=False if ctx.compile_mode == "static" else None)
+                ctx.compiled[which] = f
+        else:
+            f = baselines.FILTERED_SAMPLERS[which]
+        return lambda h: f(h, W, ctx.temp_t, has_greedy=ctx.has_greedy, **ctx.filter_kwargs(group))
+    return build
+
+
 def _flashinfer():
     try:
         return importlib.import_module("flashinfer.sampling")
@@ -152,34 +204,52 @@ def _flashinfer():
         return e
 
 
-def _build_fi(which: str):
+def _fi_variants(which: str, fi, V: int):
+    """(note, dtype of logits / T, draw(scaled, filters) -> tokens) to try in order: the logits'
+    dtype straight from cuBLAS, else fp32; for the unfiltered FI1 top_k=-1, else V."""
+    dtypes = [("native", None), ("fp32", torch.float32)]
+    if which == "fi_sampling":
+        return [(f"logits/T {tag}", dt, lambda s, kw: fi.sampling_from_logits(s)) for tag, dt in dtypes]
+    if which == "fi_topk_topp":  # top-k / top-p switched off, as in the paper (top_k=-1, else V; top_p=1.0)
+        return [(f"logits/T {tag}, top_k={k}, top_p=1.0", dt,
+                 lambda s, kw, _k=k: fi.top_k_top_p_sampling_from_logits(s, _k, 1.0))
+                for k in (-1, V) for tag, dt in dtypes]
+    if which == "fi_topk_topp_filtered":  # the [B] filter tensors (int32 top_k, else int64)
+        return [(f"logits/T {tag}, top_k [B] {kt}, top_p [B] fp32", dt,
+                 lambda s, kw, _kt=kt: fi.top_k_top_p_sampling_from_logits(
+                     s, kw["top_k"] if _kt == "int32" else kw["top_k"].long(), kw["top_p"]))
+                for kt in ("int32", "int64") for tag, dt in dtypes]
+    if which == "fi_minp":  # FlashInfer's min-p samples from probabilities: softmax first (fp32)
+        return [("logits/T fp32 -> softmax -> min_p [B] fp32", torch.float32,
+                 lambda s, kw: fi.min_p_sampling_from_probs(torch.softmax(s, dim=-1), kw["min_p"]))]
+    raise ValueError(which)
+
+
+def _build_fi(which: str, group: Optional[str] = None):
     def build(ctx: ShapeCtx):
         fi, W = ctx.fi, ctx.weight
+
         # Logits / T per row first (baselines.sample_from_logits, greedy rows -> argmax), as a
-        # serving stack applies temperature before FlashInfer; in the logits' dtype, else fp32.
-        dtypes = [("native", None), ("fp32", torch.float32)]
-        if which == "fi_sampling":
-            variants = [(f"logits/T {tag}", dt, lambda s: fi.sampling_from_logits(s)) for tag, dt in dtypes]
-        else:  # top-k / top-p switched off, as in the paper (top_k=-1, else V; top_p=1.0)
-            variants = [(f"logits/T {tag}, top_k={k}, top_p=1.0", dt,
-                         lambda s, _k=k: fi.top_k_top_p_sampling_from_logits(s, _k, 1.0))
-                        for k in (-1, ctx.V) for tag, dt in dtypes]
+        # serving stack applies temperature before FlashInfer.
+        def sampler(dt, draw, kw):
+            return lambda lg, t: baselines.sample_from_logits(lg, t, lambda s: draw(s, kw()), has_greedy=ctx.has_greedy,
+                                                              dtype=dt)
 
-        def sampler(dt, draw):
-            return lambda lg, t: baselines.sample_from_logits(lg, t, draw, has_greedy=ctx.has_greedy, dtype=dt)
-
-        # Probe once: logits dtype straight from cuBLAS, else fp32; top_k=-1, else V.
+        # Probe once on two rows, with two-row filter tensors.
         probe = F.linear(torch.randn(2, ctx.D, device=ctx.device, dtype=ctx.dtype), W)
         probe_t = torch.full((2,), ctx.T, device=ctx.device)
+        probe_kw = {"top_k": torch.full((2,), int(ctx.filters["top_k"]), dtype=torch.int32, device=ctx.device),
+                    "top_p": torch.full((2,), float(ctx.filters["top_p"]), device=ctx.device),
+                    "min_p": torch.full((2,), float(ctx.filters["min_p"]), device=ctx.device)}
         last = None
-        for note, dt, draw in variants:
-            call = sampler(dt, draw)
+        for note, dt, draw in _fi_variants(which, fi, ctx.V):
             try:
-                t = call(probe, probe_t)
+                t = sampler(dt, draw, lambda: probe_kw)(probe, probe_t)
                 C.sync(ctx.device)
                 if t.numel() != 2:
                     raise RuntimeError(f"unexpected output shape {tuple(t.shape)}")
                 ctx.fi_notes[which] = note
+                call = sampler(dt, draw, lambda: ctx.filter_kwargs(group))
                 return lambda h, _c=call: _c(F.linear(h, W), ctx.temp_t)
             except Exception as e:  # noqa: BLE001
                 last = e
@@ -207,6 +277,26 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
            graph_default=True),
     Method("fi_topk_topp", "FI1", "baseline", _build_fi("fi_topk_topp"), _plain, flashinfer=True),
     Method("fi_sampling", "FI2", "baseline", _build_fi("fi_sampling"), _plain, flashinfer=True),
+    # filtered sampling: fsdist and materialize-then-filter baselines with the same [B] filters
+    Method("fsdist_topk_topp", "fs-tk/tp", "fsdist", _build_fsdist(group="topk_topp"), _fs_tokens,
+           filter="topk_topp", note="as fsdist, plus top_k and top_p as [B] device tensors"),
+    Method("fsdist_minp", "fs-minp", "fsdist", _build_fsdist(group="minp"), _fs_tokens, filter="minp",
+           note="as fsdist, plus min_p as a [B] device tensor"),
+    Method("torch_topk_topp_eager", "tk/tp-eag", "baseline", _build_torch_filtered("topk_topp", False), _plain,
+           filter="topk_topp", default=False, note="baselines.matmul_top_k_top_p, eager"),
+    Method("torch_topk_topp_compiled", "tk/tp-comp", "baseline", _build_torch_filtered("topk_topp", True), _plain,
+           filter="topk_topp", compiled=True,
+           note="cuBLAS logits, then sort-based top-k + top-p (vLLM's torch sampler) and an exponential race, "
+                "torch.compile"),
+    Method("torch_minp_eager", "minp-eag", "baseline", _build_torch_filtered("minp", False), _plain, filter="minp",
+           default=False, note="baselines.matmul_min_p, eager"),
+    Method("torch_minp_compiled", "minp-comp", "baseline", _build_torch_filtered("minp", True), _plain,
+           filter="minp", compiled=True, note="cuBLAS logits, then min-p and an exponential race, torch.compile"),
+    Method("fi_topk_topp_filtered", "FI-tk/tp", "baseline", _build_fi("fi_topk_topp_filtered", "topk_topp"), _plain,
+           flashinfer=True, filter="topk_topp",
+           note="flashinfer top_k_top_p_sampling_from_logits with the [B] top-k / top-p tensors"),
+    Method("fi_minp", "FI-minp", "baseline", _build_fi("fi_minp", "minp"), _plain, flashinfer=True, filter="minp",
+           note="softmax, then flashinfer min_p_sampling_from_probs with the [B] min-p tensor"),
 ]}
 
 
@@ -324,7 +414,66 @@ def check_cell(ctx: ShapeCtx, hs: List[torch.Tensor], checks: Checks):
                f"lse rel err {lse_err:.2e}, logprob abs err {lp_err:.2e}")
 
 
-def check_tokens(ctx: ShapeCtx, m: Method, out, checks: Checks):
+def filtered_row_check(logits: torch.Tensor, tokens: torch.Tensor, temperature: torch.Tensor, *,
+                       top_k=0, top_p=1.0, min_p=0.0, seed: Optional[torch.Tensor] = None,
+                       offset: Optional[torch.Tensor] = None, tol: float = 1e-3) -> Dict:
+    """Sampled tokens of a few rows against the float64 reference of the filters (fsdist.reference).
+
+    logits: [R, V] reference logits of those rows; tokens, temperature: [R]; top_k / top_p /
+    min_p: numbers or [R] tensors, as the sampler got them. With a margin
+    m = tol * (1 + max |logit|) per row for rounding at the boundary:
+
+    kept:  the token's logit is >= the smallest logit the reference keeps, less m.
+    noise: (seed and offset given: fsdist's rows) the token's score, scaled logit + fsdist's
+           Gumbel noise (float64), is within m / T of the best score over the ids the
+           reference keeps with a margin (logit >= threshold + m): the token is the argmax
+           over the kept set, up to rounding at the boundary. Greedy rows: kept only.
+    Returns {"kept": bool [R], "noise": bool [R] (all True without seed), "detail": str}.
+    """
+    x = logits.double()
+    R, V = x.shape
+    dev = x.device
+    toks = tokens.to(dev).long().clamp(0, V - 1)
+    sem = serving_semantics(x, temperature=temperature.to(dev), top_k=top_k, top_p=top_p, min_p=min_p)
+    keep = sem.probs > 0
+    margin = tol * (1.0 + x.abs().amax(dim=1))
+    thr = torch.where(keep, x, torch.full_like(x, float("inf"))).amin(dim=1)
+    tok_logit = x.gather(1, toks[:, None])[:, 0]
+    kept = (tok_logit >= thr - margin) & (tokens.to(dev) >= 0) & (tokens.to(dev) < V)
+    noise_ok = torch.ones_like(kept)
+    if seed is not None and offset is not None:
+        ids = torch.arange(V, device=dev)[None, :]
+        score = sem.scaled + vocab_gumbel(seed.to(dev).long()[:, None], offset.to(dev).long()[:, None], ids)
+        sure = keep & (x >= (thr + margin)[:, None])
+        best = torch.where(sure, score, torch.full_like(score, float("-inf"))).amax(dim=1)
+        t_eff = torch.where(sem.greedy, torch.ones_like(thr), temperature.to(dev).double())
+        noise_ok = sem.greedy | (score.gather(1, toks[:, None])[:, 0] >= best - margin / t_eff)
+    detail = f"{int(kept.sum())}/{R} in the reference's kept set"
+    if seed is not None and offset is not None:
+        detail += f", {int(noise_ok.sum())}/{R} = its argmax with fsdist's noise"
+    detail += f"; kept-set sizes {keep.sum(dim=1).tolist()}"
+    return {"kept": kept, "noise": noise_ok, "detail": detail}
+
+
+def check_filtered(ctx: ShapeCtx, m: Method, h: torch.Tensor, tokens: torch.Tensor, checks: Checks):
+    """A filtered method's tokens on four rows: in the float64 reference's kept set, and (fsdist)
+    the argmax over it with fsdist's noise. Baselines read bf16 cuBLAS logits: a wider margin."""
+    rows = sorted({0, 1, ctx.B // 2, ctx.B - 1} & set(range(ctx.B)))
+    kw = {k: v[rows] for k, v in ctx.filter_kwargs(m.filter).items()}
+    is_fs = m.kind == "fsdist"
+    wide = not is_fs and ctx.dtype != torch.float32
+    res = filtered_row_check(reference_logits(h, ctx.weight, rows), tokens[rows], ctx.temp_t[rows], **kw,
+                             seed=ctx.seed_t[rows] if is_fs else None, offset=ctx.off_t[rows] if is_fs else None,
+                             tol=1e-2 if wide else 1e-3)
+    what = ", ".join(f"{k}={ctx.filters[k]:g}" for k in FILTER_GROUPS[m.filter])
+    checks.add(ctx.D, ctx.V, ctx.B, f"{m.name} tokens in the float64 reference's kept set ({what})",
+               bool(res["kept"].all()), res["detail"])
+    if is_fs:
+        checks.add(ctx.D, ctx.V, ctx.B, f"{m.name} token = argmax over the kept set with fsdist's noise",
+                   bool(res["noise"].all()), res["detail"])
+
+
+def check_tokens(ctx: ShapeCtx, m: Method, out, checks: Checks, h: Optional[torch.Tensor] = None):
     if m.tokens is None:
         ok = tuple(out.shape) == (ctx.B, ctx.V)
         checks.add(ctx.D, ctx.V, ctx.B, f"{m.name} output shape", ok, f"{tuple(out.shape)}")
@@ -333,6 +482,8 @@ def check_tokens(ctx: ShapeCtx, m: Method, out, checks: Checks):
     ok = t.numel() == ctx.B and bool(((t >= 0) & (t < ctx.V)).all())
     checks.add(ctx.D, ctx.V, ctx.B, f"{m.name} tokens in [0, V)", ok,
                f"n={t.numel()} min={int(t.min()) if t.numel() else None} max={int(t.max()) if t.numel() else None}")
+    if m.filter and h is not None and ok:
+        check_filtered(ctx, m, h, t, checks)
 
 
 def check_graph(ctx: ShapeCtx, graph: C.CapturedGraph, m: Method, hs, checks: Checks):
@@ -342,7 +493,7 @@ def check_graph(ctx: ShapeCtx, graph: C.CapturedGraph, m: Method, hs, checks: Ch
     graph.replay()
     C.sync(ctx.device)
     got = m.tokens(graph.outputs[0]).clone()
-    want = m.tokens(fsdist.sample(hs[0], ctx.weight, **ctx.fs_params(scalar),
+    want = m.tokens(fsdist.sample(hs[0], ctx.weight, **ctx.fs_params(scalar, m.filter),
                                   return_logprobs=m.name == "fsdist_logprobs"))
     checks.add(ctx.D, ctx.V, ctx.B, f"{m.name} graph replay == eager", torch.equal(got, want),
                f"{int((got != want).sum())} rows differ")
@@ -387,7 +538,8 @@ def summarize_results(data: Dict) -> List[Dict]:
         if tuned:
             best = min(tuned.values(), key=lambda r: r["median_us"])
             row["best_config"], row["best_config_us"] = best["method"][len("fsdist@"):], best["median_us"]
-        bases = {m: r for m, r in ev.items() if METHODS.get(m) is not None and METHODS[m].kind == "baseline"}
+        bases = {m: r for m, r in ev.items() if METHODS.get(m) is not None and METHODS[m].kind == "baseline"
+                 and not METHODS[m].filter}
         if bases:
             bm = min(bases, key=lambda m: bases[m]["median_us"])
             row["best_baseline"], row["best_baseline_us"] = bm, bases[bm]["median_us"]
@@ -404,6 +556,23 @@ def summarize_results(data: Dict) -> List[Dict]:
             row["pct_floor"] = 100.0 * fl["floor_us"] / row["fsdist_us"]
             if row["cublas_us"]:
                 row["cublas_pct_copy_bw"] = 100.0 * fl["bytes"] / (row["cublas_us"] * 1e-6) / copy_bps
+        filtered = {}
+        for group, fs_name in FILTERED_FSDIST.items():
+            g = {}
+            if fs_name in ev:
+                g.update(fsdist_method=fs_name, fsdist_us=ev[fs_name]["median_us"],
+                         fallback_rate=ev[fs_name].get("fallback_rate"))
+            gb = {m: r["median_us"] for m, r in ev.items()
+                  if METHODS.get(m) is not None and METHODS[m].kind == "baseline" and METHODS[m].filter == group}
+            if gb:
+                bm = min(gb, key=gb.get)
+                g.update(baselines_us=gb, best_baseline=bm, best_baseline_us=gb[bm])
+            if g.get("fsdist_us") and g.get("best_baseline_us"):
+                g["speedup_vs_best_baseline"] = g["best_baseline_us"] / g["fsdist_us"]
+            if g:
+                filtered[group] = g
+        if filtered:
+            row["filtered"] = filtered
         row["checks_failed"] = [c["check"] for c in data.get("checks", [])
                                 if not c["ok"] and c["fatal"] and (c["D"], c["V"], c["B"]) == (D, V, B)]
         out.append(row)
@@ -420,26 +589,49 @@ def print_tables(data: Dict):
     label = {m: (METHODS[m].label if m in METHODS else m) for m in methods}
     shapes = sorted({(r["D"], r["V"]) for r in res})
 
-    def table(mode: str, title: str):
-        ms = [m for m in methods if any(r["method"] == m and r["mode"] == mode and r.get("median_us")
-                                        for r in res)]
+    def find(D, V, B, m, mode="events"):
+        return next((r for r in res if (r["D"], r["V"], r["B"], r["method"], r["mode"]) == (D, V, B, m, mode)), None)
+
+    def cell(r):
+        return C.fmt_us(r.get("median_us")) if r and r.get("median_us") else ("err" if r and r.get("error") else "-")
+
+    def table(mode: str, title: str, only=None):
+        ms = [m for m in methods if (only is None or m in only)
+              and any(r["method"] == m and r["mode"] == mode and r.get("median_us") for r in res)]
         if not ms:
             return
         print(f"\n{title}")
         for D, V in shapes:
             print(f"D={D} V={V}: median us per call")
-            print("     B " + "".join(f"{label[m]:>10}" for m in ms))
+            print("     B " + "".join(f"{label[m]:>11}" for m in ms))
             for B in sorted({r["B"] for r in res if (r["D"], r["V"]) == (D, V)}):
-                cells = []
-                for m in ms:
-                    r = next((r for r in res if (r["D"], r["V"], r["B"], r["method"], r["mode"])
-                              == (D, V, B, m, mode)), None)
-                    cells.append(C.fmt_us(r.get("median_us")) if r and r.get("median_us") else
-                                 ("err" if r and r.get("error") else "-"))
-                print(f"{B:>6} " + "".join(f"{c:>10}" for c in cells))
+                print(f"{B:>6} " + "".join(f"{cell(find(D, V, B, m, mode)):>11}" for m in ms))
 
-    table("events", "== all methods, per call (median; CUDA events, host clock on CPU) ==")
+    unfiltered = {m for m in methods if not (m in METHODS and METHODS[m].filter)}
+    table("events", "== all methods without filters, per call (median; CUDA events, host clock on CPU) ==",
+          unfiltered)
     table("graph", "== CUDA-graph replay, per call (median) ==")
+
+    filters = data.get("args", {}).get("filters") or {}
+    for group, fs_name in FILTERED_FSDIST.items():
+        ms = [m for m in methods if m in METHODS and METHODS[m].filter == group and m != fs_name]
+        if fs_name not in methods and not ms:
+            continue
+        what = " + ".join(f"{k.replace('_', '-')} {filters.get(k, '?')}" for k in FILTER_GROUPS[group])
+        print(f"\n== filtered sampling, {what} ([B] tensors): fsdist against materialize-then-filter ==")
+        for D, V in shapes:
+            print(f"D={D} V={V}: median us per call; fb% = rows resolved by the exact fallback (timed calls)")
+            print("     B " + f"{METHODS[fs_name].label:>11}{'fb%':>7}" + "".join(f"{label[m]:>11}" for m in ms)
+                  + f"{'speedup':>9}")
+            for B in sorted({r["B"] for r in res if (r["D"], r["V"]) == (D, V)}):
+                fs = find(D, V, B, fs_name)
+                fb = fs.get("fallback_rate") if fs else None
+                line = f"{B:>6} {cell(fs):>11}{(f'{100 * fb:.1f}' if fb is not None else '-'):>7}"
+                line += "".join(f"{cell(find(D, V, B, m)):>11}" for m in ms)
+                bt = [find(D, V, B, m) for m in ms]
+                bt = [r["median_us"] for r in bt if r and r.get("median_us")]
+                sp = f"{min(bt) / fs['median_us']:.2f}x" if (bt and fs and fs.get("median_us")) else "-"
+                print(line + f"{sp:>9}")
 
     if any("best_config" in r for r in rows):
         print("\n== fsdist tile-config sweep: best per (shape, B) ==")
@@ -489,6 +681,10 @@ def print_tables(data: Dict):
         print(f"results: {data['json_path']}")
 
 
+# fsdist method of each filter group
+FILTERED_FSDIST = {m.filter: m.name for m in METHODS.values() if m.kind == "fsdist" and m.filter}
+
+
 # --------------------------------------------------------------------------- main
 def _quiet_sync(device):
     """Synchronise after a failure; a second error here must not end the run."""
@@ -496,6 +692,23 @@ def _quiet_sync(device):
         C.sync(device)
     except Exception as e:  # noqa: BLE001
         C.log(f"  (synchronize after the failure raised {type(e).__name__}: {str(e)[:120]})")
+
+
+def _recording(fn: Callable, sink: List[torch.Tensor], bump: Callable):
+    """(call, before_call) for C.time_calls: `call` runs fn and, from the first timed call on
+    (the hook is not called during warm-up), appends the output's fallback flags to `sink`."""
+    on = [False]
+
+    def call(h):
+        out = fn(h)
+        if on[0]:
+            sink.append(out.fallback)
+        return out
+
+    def before(i):
+        on[0] = True
+        bump(i)
+    return call, before
 
 
 def parse_args(argv=None):
@@ -517,6 +730,9 @@ def parse_args(argv=None):
     p.add_argument("--temperature-spread", type=float, default=0.25,
                    help="per-row temperatures evenly spaced over T * [1 - spread, 1 + spread]")
     p.add_argument("--greedy-rows", type=int, default=0, help="rows per batch with temperature 0 (greedy)")
+    p.add_argument("--top-k", type=int, default=50, help="top_k of the top-k/top-p methods (every row)")
+    p.add_argument("--top-p", type=float, default=0.9, help="top_p of the top-k/top-p methods (every row)")
+    p.add_argument("--min-p", type=float, default=0.05, help="min_p of the min-p methods (every row)")
     p.add_argument("--warmup", type=int, help="warm-up calls per measurement (GPU 25, CPU 1)")
     p.add_argument("--reps", type=int, help="timed calls per run (GPU 100, CPU 3)")
     p.add_argument("--repeats", type=int, help="interleaved runs per cell (GPU 3, CPU 1)")
@@ -570,6 +786,9 @@ def main(argv=None) -> int:
         raise SystemExit("--temperature must be > 0 (greedy decoding is not what is benchmarked)")
     if not 0 <= args.temperature_spread < 1:
         raise SystemExit("--temperature-spread must be in [0, 1): every sampled row keeps T > 0")
+    if args.top_k < 0 or not 0 < args.top_p <= 1 or not 0 <= args.min_p <= 1:
+        raise SystemExit("--top-k must be >= 0, --top-p in (0, 1], --min-p in [0, 1]")
+    filters = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
     if args.quick and on_gpu:
         args.shapes = args.shapes or "4096x151936"
         args.batches = args.batches or "1,16,64,256"
@@ -608,7 +827,8 @@ def main(argv=None) -> int:
                 args={"shapes": [list(s) for s in shapes], "batches": batches, "methods": methods,
                       "graph_methods": graph_methods, "configs": args.configs, "dtype": C.dtype_name(dtype),
                       "temperature": args.temperature, "temperature_spread": args.temperature_spread,
-                      "greedy_rows": args.greedy_rows, "fsdist_row_params": True,
+                      "greedy_rows": args.greedy_rows, "fsdist_row_params": True, "filters": filters,
+                      "method_filters": {n: METHODS[n].filter for n in methods if METHODS[n].filter},
                       "row_temperatures": C.describe_row_temperatures(args.temperature, args.temperature_spread,
                                                                       args.greedy_rows),
                       "warmup": warmup, "reps": reps, "repeats": repeats,
@@ -645,7 +865,7 @@ def main(argv=None) -> int:
             break
         torch._dynamo.reset()
         ctx = ShapeCtx(D=D, V=V, dtype=dtype, device=device, T=args.temperature, greedy_rows=args.greedy_rows,
-                       compile_mode=args.compile_mode, fi=fi_mod)
+                       compile_mode=args.compile_mode, fi=fi_mod, filters=filters)
         C.log(f"shape D={D} V={V}: weight {V * D * torch.finfo(dtype).bits // 8 / 1e9:.2f} GB")
         # Logits with a spread of about 2 (not zeros, not a flat distribution).
         ctx.weight = torch.randn(V, D, device=device, generator=gen, dtype=dtype).mul_(2.0 / math.sqrt(D))
@@ -662,8 +882,9 @@ def main(argv=None) -> int:
             ctx.seed_t = torch.arange(B, device=device, dtype=torch.int64) + 1000 * args.seed + 12345
             ctx.off_t = torch.zeros(B, device=device, dtype=torch.int64)
             ctx.temp_t = C.row_temperatures(B, args.temperature, args.temperature_spread, args.greedy_rows, device)
+            ctx.set_filters(B)
             if B >= 2 and args.compile_mode == "dynamic":
-                for x in hs + [ctx.temp_t]:
+                for x in hs + [ctx.temp_t, ctx.top_k_t, ctx.top_p_t, ctx.min_p_t]:
                     torch._dynamo.mark_dynamic(x, 0)
             try:
                 check_cell(ctx, hs, checks)
@@ -693,7 +914,7 @@ def main(argv=None) -> int:
                     out = fn(hs[0])
                     C.sync(device)
                     compile_s[name] = time.perf_counter() - t0
-                    check_tokens(ctx, m, out, checks)
+                    check_tokens(ctx, m, out, checks, hs[0])
                     if name in cfg_of:  # a tuned config must give the default config's tokens
                         ref = fsdist.sample(hs[0], ctx.weight, **ctx.fs_params())
                         checks.add(D, V, B, f"{name} tokens == default config's", torch.equal(out.tokens, ref.tokens),
@@ -706,6 +927,11 @@ def main(argv=None) -> int:
 
             samples: Dict[str, List[List[float]]] = {n: [] for n in fns}
             bump = (lambda i: ctx.off_t.add_(1))
+            # Filtered fsdist methods: each timed call's fallback flags (device tensors, kept by
+            # reference: nothing is added to the timed region but a list append).
+            fallback_flags: Dict[str, List[torch.Tensor]] = {n: [] for n in fns
+                                                             if n in METHODS and METHODS[n].filter
+                                                             and METHODS[n].kind == "fsdist"}
             for rep in range(repeats):
                 for name, fn in fns.items():
                     if name in errors:
@@ -714,8 +940,12 @@ def main(argv=None) -> int:
                         break
                     try:
                         w = warmup if rep == 0 else min(5, warmup)  # later runs only re-warm the clocks
-                        samples[name].append(C.time_calls(lambda h: fn(h), [(h,) for h in hs], warmup=w,
-                                                           reps=reps, flush=flush, before_call=bump, device=device))
+                        if name in fallback_flags:
+                            call, before = _recording(fn, fallback_flags[name], bump)
+                        else:
+                            call, before = (lambda h, _fn=fn: _fn(h)), bump
+                        samples[name].append(C.time_calls(call, [(h,) for h in hs], warmup=w,
+                                                           reps=reps, flush=flush, before_call=before, device=device))
                     except Exception as e:  # noqa: BLE001
                         errors[name] = f"{type(e).__name__}: {str(e)[:300]}"
                         C.log(f"  {name} B={B}: timing failed: {errors[name]}")
@@ -732,15 +962,22 @@ def main(argv=None) -> int:
                        "first_call_s": compile_s.get(name), "error": errors.get(name),
                        "config": asdict(cfg_of[name]) if name in cfg_of else
                        (asdict(pick_config(B, D, device.type)) if name.startswith("fsdist") else None)}
-                if name in ("fi_sampling", "fi_topk_topp"):
+                if name in METHODS and METHODS[name].flashinfer:
                     row["note"] = ctx.fi_notes.get(name)
+                if name in METHODS and METHODS[name].filter:
+                    row["filter"] = {k: filters[k] for k in FILTER_GROUPS[METHODS[name].filter]}
+                if fallback_flags.get(name):
+                    flags = torch.cat(fallback_flags[name])
+                    row.update(fallback_rate=float(flags.float().mean()), fallback_rows=int(flags.sum()),
+                               fallback_row_calls=int(flags.numel()))
                 if args.save_samples:
                     row["samples_us"] = runs
                 record(row)
                 if row["median_us"] is not None:
                     spread = f" spread {100 * row['spread']:.1f}%" if row["spread"] is not None else ""
-                    C.log(f"  D={D} V={V} B={B:<4} {name:<22} {C.fmt_us(row['median_us']):>9} us"
-                          f" (first call {compile_s.get(name, 0):.2f}s){spread}")
+                    fb = f" fallback {100 * row['fallback_rate']:.1f}%" if "fallback_rate" in row else ""
+                    C.log(f"  D={D} V={V} B={B:<4} {name:<24} {C.fmt_us(row['median_us']):>9} us"
+                          f" (first call {compile_s.get(name, 0):.2f}s){spread}{fb}")
 
             for name in graph_methods:
                 if name not in fns or name in errors or budget.exceeded():

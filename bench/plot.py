@@ -1,13 +1,17 @@
 #!/usr/bin/env python
-"""Plots and markdown tables from benchmark JSONs (kernel_bench.py and tp_sweep.py).
+"""Plots and markdown tables from benchmark JSONs (kernel_bench.py, tp_sweep.py, fallback_rate.py).
 
     python bench/plot.py bench/results/kernel_bench_h100_<date>.json [more.json ...]
 
 writes PNGs into docs/plots/ and regenerates the generated sections of
 docs/benchmarks.md (between the ``<!-- BEGIN GENERATED: kernel -->`` /
-``<!-- END GENERATED: kernel -->`` and ``... tp ...`` markers; the rest of the file is
-left alone). Several kernel JSONs (e.g. H100 and H200) each get a section; several
-tp_sweep JSONs (one per TP degree) are merged into one table per GPU and shape.
+``<!-- END GENERATED: kernel -->``, ``... tp ...`` and ``... fallback ...`` markers; the
+rest of the file is left alone; a missing section is appended). Several kernel JSONs (e.g.
+H100 and H200) each get a section; several tp_sweep JSONs (one per TP degree) are merged
+into one table per GPU and shape. Kernel JSONs with filtered methods (fsdist_topk_topp,
+fsdist_minp and their baselines) get a filtered-sampling table per shape (with the
+fraction of rows that fell back) and a ``_filtered`` plot; older JSONs have none and
+render as before. fallback_rate.py JSONs get a table per JSON and a heat map.
 
 Options: --plots-dir DIR, --md FILE, --no-md (print the markdown instead), --no-plots.
 Only matplotlib (Agg backend) and the standard library are needed; no GPU.
@@ -35,13 +39,34 @@ LABELS = {
     "gumbel_compiled": "matmul+Gumbel argmax (compiled)",
     "fi_topk_topp": "FlashInfer top_k_top_p_sampling_from_logits (FI1)",
     "fi_sampling": "FlashInfer sampling_from_logits (FI2)",
+    "fsdist_topk_topp": "fsdist, top-k + top-p ([B] tensors)",
+    "fsdist_minp": "fsdist, min-p ([B] tensor)",
+    "torch_topk_topp_compiled": "matmul+sort-based top-k/top-p+race (compiled)",
+    "torch_topk_topp_eager": "matmul+sort-based top-k/top-p+race (eager)",
+    "torch_minp_compiled": "matmul+min-p+race (compiled)",
+    "torch_minp_eager": "matmul+min-p+race (eager)",
+    "fi_topk_topp_filtered": "FlashInfer top_k_top_p_sampling_from_logits, filters on",
+    "fi_minp": "softmax+FlashInfer min_p_sampling_from_probs",
 }
 SHORT = {"cublas": "cuBLAS", "fsdist": "fsdist", "fsdist_logprobs": "fsdist+lp", "fsdist_scalar": "fsdist scalar T",
          "fsdist_tvec": "fsdist tvec",
          "multinomial_eager": "mn eager", "multinomial_compiled": "mn compiled", "gumbel_eager": "gumbel eager",
-         "gumbel_compiled": "gumbel compiled", "fi_topk_topp": "FI1", "fi_sampling": "FI2"}
+         "gumbel_compiled": "gumbel compiled", "fi_topk_topp": "FI1", "fi_sampling": "FI2",
+         "fsdist_topk_topp": "fsdist top-k/top-p", "fsdist_minp": "fsdist min-p",
+         "torch_topk_topp_compiled": "torch top-k/top-p compiled", "torch_topk_topp_eager": "torch top-k/top-p eager",
+         "torch_minp_compiled": "torch min-p compiled", "torch_minp_eager": "torch min-p eager",
+         "fi_topk_topp_filtered": "FI top-k/top-p", "fi_minp": "FI min-p"}
 BASELINES = ["multinomial_eager", "multinomial_compiled", "gumbel_eager", "gumbel_compiled", "fi_topk_topp",
              "fi_sampling"]
+# Filtered sampling (kernel_bench.py since 2026-11-23): per filter group, fsdist's method, its
+# baselines (same [B] filters) and the filter parameters it reads from args["filters"].
+FILTERED = {
+    "topk_topp": {"fsdist": "fsdist_topk_topp", "params": ("top_k", "top_p"),
+                  "baselines": ["torch_topk_topp_compiled", "torch_topk_topp_eager", "fi_topk_topp_filtered"]},
+    "minp": {"fsdist": "fsdist_minp", "params": ("min_p",),
+             "baselines": ["torch_minp_compiled", "torch_minp_eager", "fi_minp"]},
+}
+FILTERED_METHODS = {m for g in FILTERED.values() for m in [g["fsdist"], *g["baselines"]]}
 
 # Published FlashSampling speedups (paper, appendix E, Tables 4 and 5): FlashSampling vs the
 # compiled multinomial baseline, FI1 and FI2, per GPU, keyed by D. Medians over 100 iterations.
@@ -212,6 +237,7 @@ def kernel_markdown(data, source: str, plot_files) -> str:
                 cells[2] += " **(check failed)**"
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
+    out += filtered_markdown(data, idx, shapes)
     tuned = [s for s in data.get("summary", []) if s.get("best_config")]
     if tuned:
         out += ["#### fsdist tile-config sweep (best per shape and B)", "",
@@ -235,6 +261,42 @@ def kernel_markdown(data, source: str, plot_files) -> str:
     return "\n".join(out)
 
 
+def _filter_text(data, group: str) -> str:
+    vals = (data.get("args") or {}).get("filters") or {}
+    return ", ".join(f"{k}={vals.get(k, '?')}" for k in FILTERED[group]["params"])
+
+
+def filtered_markdown(data, idx, shapes) -> list:
+    """Per filter group present in the JSON, per shape: fsdist's time and fallback rate against
+    the same filters materialized. Empty for JSONs without filtered methods."""
+    present = {r["method"] for r in data.get("results", []) if r.get("median_us")}
+    out = []
+    for group, g in FILTERED.items():
+        bases = [m for m in g["baselines"] if m in present]
+        if g["fsdist"] not in present and not bases:
+            continue
+        for D, V in shapes:
+            bs = sorted({r["B"] for r in data.get("results", []) if (r["D"], r["V"]) == (D, V)})
+            out += [f"#### Filtered sampling, {_filter_text(data, group)} ([B] tensors): D={D}, V={V}", "",
+                    "fsdist's fallback column: the fraction of rows of its timed calls resolved by the exact "
+                    "fallback (the kept logits could not prove the filtered set).", ""]
+            hdr = ["B", SHORT[g["fsdist"]], "fallback"] + [SHORT[m] for m in bases] + ["best baseline",
+                                                                                        "speedup vs best"]
+            out += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+            for B in bs:
+                r = idx.get((D, V, B, g["fsdist"], "events")) or {}
+                fs, fb = r.get("median_us"), r.get("fallback_rate")
+                times = {m: _med(idx, D, V, B, m) for m in bases}
+                times = {m: t for m, t in times.items() if t}
+                best = min(times, key=times.get) if times else None
+                cells = [str(B), fmt(fs), f"{100 * fb:.1f}%" if fb is not None else "–"]
+                cells += [fmt(_med(idx, D, V, B, m)) for m in bases]
+                cells += [SHORT[best] if best else "–", f"{times[best] / fs:.2f}×" if (best and fs) else "–"]
+                out.append("| " + " | ".join(cells) + " |")
+            out.append("")
+    return out
+
+
 def kernel_plots(data, plots_dir: Path, stem: str):
     import matplotlib
 
@@ -247,7 +309,7 @@ def kernel_plots(data, plots_dir: Path, stem: str):
     shapes = sorted({(r["D"], r["V"]) for r in data.get("results", [])})
     methods = []
     for r in data.get("results", []):
-        if r["method"] not in methods and not r["method"].startswith("fsdist@"):
+        if r["method"] not in methods and not r["method"].startswith("fsdist@") and r["method"] not in FILTERED_METHODS:
             methods.append(r["method"])
     files = []
     if not shapes:
@@ -348,7 +410,65 @@ def kernel_plots(data, plots_dir: Path, stem: str):
     f = roofline_plot(data, plots_dir / f"{stem}_roofline.png")
     if f:
         files.append(f)
+
+    # 5. filtered sampling: fsdist with filters against the same filters materialized
+    f = filtered_plot(data, plots_dir / f"{stem}_filtered.png")
+    if f:
+        files.append(f)
     return files
+
+
+def filtered_plot(data, path: Path):
+    """Time per call of the filtered methods (one colour per filter group, fsdist bold, the
+    fallback rate in fsdist's label), with cuBLAS and unfiltered fsdist for reference.
+    Returns the path written, or None when the JSON has no filtered method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    idx = _kernel_index(data)
+    present = {r["method"] for r in data.get("results", []) if r.get("median_us")}
+    if not present & FILTERED_METHODS:
+        return None
+    labels = labels_for(data)
+    shapes = sorted({(r["D"], r["V"]) for r in data.get("results", [])})
+    title = (data.get("env", {}).get("gpu") or {}).get("name", "CPU (interpreter)")
+    styles = ["-", "--", ":", "-."]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6.5 * len(shapes), 4.6), squeeze=False)
+    for ax, (D, V) in zip(axes[0], shapes):
+        bs = sorted({r["B"] for r in data["results"] if (r["D"], r["V"]) == (D, V)})
+        for m, color in (("cublas", "#444444"), ("fsdist", "#999999")):
+            pts = [(B, _med(idx, D, V, B, m)) for B in bs]
+            pts = [(B, y) for B, y in pts if y]
+            if pts:
+                ax.plot(*zip(*pts), "-", color=color, lw=1, label=labels.get(m, m) + " (no filter)")
+        for gi, (group, g) in enumerate(FILTERED.items()):
+            color = f"C{gi}"
+            for mi, m in enumerate([g["fsdist"]] + g["baselines"]):
+                pts = [(B, _med(idx, D, V, B, m)) for B in bs]
+                pts = [(B, y) for B, y in pts if y]
+                if not pts:
+                    continue
+                label = labels.get(m, m)
+                if m == g["fsdist"]:
+                    fbs = [idx[(D, V, B, m, "events")].get("fallback_rate") for B, _ in pts]
+                    fbs = [x for x in fbs if x is not None]
+                    if fbs:
+                        label += f", fallback {100 * min(fbs):.1f}-{100 * max(fbs):.1f}% of rows"
+                ax.plot(*zip(*pts), styles[mi % len(styles)], marker="o", ms=3, color=color,
+                        lw=2.2 if m == g["fsdist"] else 1.2, label=f"{label} [{_filter_text(data, group)}]")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size B")
+        ax.set_ylabel("µs per call (median)")
+        ax.set_title(f"{title}: filtered sampling, D={D}, V={V}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=6, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def roofline_plot(data, path: Path):
@@ -558,6 +678,96 @@ def tp_plots(datas, plots_dir: Path):
     return files
 
 
+# --------------------------------------------------------------------------- fallback rate
+def _fb_cells(data):
+    """{(top_k, top_p, min_p): {bucket: cell}} in the JSON's filter order."""
+    table = {}
+    for c in data.get("cells", []):
+        table.setdefault((c["top_k"], c["top_p"], c["min_p"]), {})[c["bucket"]] = c
+    return table
+
+
+def _pct(rate) -> str:
+    if rate is None:
+        return "–"
+    return "0" if rate == 0 else ("100" if rate >= 0.9995 else f"{100 * rate:.1f}")
+
+
+def fallback_markdown(data, source: str, plot_files) -> str:
+    """One fallback_rate.py JSON: the family, the per-bucket statistics and the rate table."""
+    fam, buckets, t = data.get("family", {}), data.get("buckets", []), data.get("target", {})
+    gpu = (data.get("env", {}).get("gpu") or {}).get("name", "CPU (interpreter)")
+    out = [f"### Fallback rate, {gpu} — `{source}`", "", f"{env_line(data)}.  ",
+           f"Command: `{data.get('env', {}).get('command', '?')}`  ",
+           f"Family: {fam.get('description', '?')}; V={fam.get('vocab')}, {fam.get('profiles')} profiles "
+           f"(D={fam.get('hidden_size')}), exponents a ∈ {fam.get('exponents')}, temperatures in "
+           f"{fam.get('temperature_range')}, {fam.get('dtype')}; KEEP={fam.get('keep_per_tile')} logits per "
+           f"{fam.get('block_v')}-id tile ({fam.get('tiles')} tiles), stage-1 path {fam.get('path')}. "
+           f"{data.get('rows_done')} of {data.get('rows_planned')} rows sampled. Entries: % of a cell's rows that "
+           "the exact fallback resolved.", ""]
+    hdr = ["top_k", "top_p", "min_p"] + [f"H {b['lo']:g}–{b['hi']:g}" for b in buckets]
+    out += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+    for name, key, nd in (("mean H (exact)", "H_mean", 2), ("T min", "T_min", 2), ("T max", "T_max", 2)):
+        out.append("| " + " | ".join([name, "", ""] + [fmt(b.get(key), nd) for b in buckets]) + " |")
+    out.append("| " + " | ".join(["ids for 95% mass", "", ""] +
+                                 [str((b.get("median_ids_for_mass") or {}).get("0.95", "–")) for b in buckets]) + " |")
+    out.append("| " + " | ".join(["rows per cell (min)", "", ""] + [
+        str(min((c["rows"] for c in data.get("cells", []) if c["bucket"] == i), default=0))
+        for i in range(len(buckets))]) + " |")
+    for (k, p, mp), row in _fb_cells(data).items():
+        out.append("| " + " | ".join([str(k), f"{p:g}", f"{mp:g}"] +
+                                     [_pct((row.get(i) or {}).get("fallback_rate")) for i in range(len(buckets))]) + " |")
+    out.append("")
+    if t.get("max_cell"):
+        w = t["max_cell"]
+        out.append(f"Target ({t['statement']}): pooled {100 * t['pooled_rate']:.2f}% of {t['rows']} rows; worst cell "
+                   f"{100 * w['fallback_rate']:.2f}% (95% upper {100 * w['upper95']:.2f}%) at H {w['H_lo']:g}–"
+                   f"{w['H_hi']:g}, top_k={w['top_k']}, top_p={w['top_p']:g}, min_p={w['min_p']:g}: "
+                   f"**{'met' if t['met'] else 'not met'}**.")
+    fails = data.get("failures") or []
+    out.append(f"Checks: {len(data.get('checks', []))} calls checked, {len(fails)} failed.")
+    out.append("")
+    for f in plot_files:
+        out.append(f"![{Path(f).stem}]({f})")
+    out.append("")
+    return "\n".join(out)
+
+
+def fallback_plot(data, path: Path):
+    """Heat map: filters (rows) x entropy buckets (columns), colour = % of rows that fell back."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    buckets, table = data.get("buckets", []), _fb_cells(data)
+    if not buckets or not table:
+        return None
+    keys = list(table)
+    grid = [[(table[k].get(i) or {}).get("fallback_rate") for i in range(len(buckets))] for k in keys]
+    vals = [[100 * x if x is not None else float("nan") for x in row] for row in grid]
+    fig, ax = plt.subplots(figsize=(1.0 * len(buckets) + 3, 0.28 * len(keys) + 1.8))
+    im = ax.imshow(vals, aspect="auto", cmap="magma_r", vmin=0, vmax=100)
+    for r, row in enumerate(grid):
+        for c, x in enumerate(row):
+            ax.text(c, r, _pct(x), ha="center", va="center", fontsize=6,
+                    color="white" if (x or 0) > 0.5 else "black")
+    ax.set_xticks(range(len(buckets)))
+    ax.set_xticklabels([f"{b['lo']:g}-{b['hi']:g}\n(H̄ {fmt(b.get('H_mean'), 2)})" for b in buckets], fontsize=7)
+    ax.set_yticks(range(len(keys)))
+    ax.set_yticklabels([f"k={k} p={p:g} min_p={mp:g}" for k, p, mp in keys], fontsize=7)
+    ax.set_xlabel("row entropy bucket (nats; mean exact entropy)")
+    fam = data.get("family", {})
+    gpu = (data.get("env", {}).get("gpu") or {}).get("name", "CPU")
+    ax.set_title(f"{gpu}: % of rows resolved by the exact fallback\nZipf-like logits, {fam.get('layout')} layout, "
+                 f"V={fam.get('vocab')}", fontsize=9)
+    fig.colorbar(im, ax=ax, label="% fallback")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 # --------------------------------------------------------------------------- docs
 def replace_section(text: str, tag: str, body: str) -> str:
     begin, end = f"<!-- BEGIN GENERATED: {tag} -->", f"<!-- END GENERATED: {tag} -->"
@@ -580,12 +790,14 @@ def main(argv=None):
 
     plots_dir = Path(args.plots_dir)
     md_path = Path(args.md)
-    kernel, tp, tp_src = [], [], []
+    kernel, tp, tp_src, fallback = [], [], [], []
     for f in args.json:
         d = json.loads(Path(f).read_text())
         kind = d.get("kind")
         if kind == "kernel":
             kernel.append((f, d))
+        elif kind == "fallback_rate":
+            fallback.append((f, d))
         elif kind == "tp":
             tp.append(d)
             tp_src.append(os.path.basename(f))
@@ -615,6 +827,16 @@ def main(argv=None):
         for x in files:
             print(f"wrote {x}")
         sections["tp"] = tp_markdown(tp, tp_src) + "\n" + "\n".join(f"![{Path(x).stem}]({rel(x)})" for x in files)
+    if fallback:
+        parts = []
+        for f, d in fallback:
+            fam = d.get("family") or {}
+            stem = f"fallback_{gpu_of(d)}_{fam.get('layout', 'random')}"
+            x = None if args.no_plots else fallback_plot(d, plots_dir / f"{stem}.png")
+            if x:
+                print(f"wrote {x}")
+            parts.append(fallback_markdown(d, os.path.basename(f), [rel(x)] if x else []))
+        sections["fallback"] = "\n".join(parts)
     if args.no_md:
         for tag, body in sections.items():
             print(f"<!-- {tag} -->\n{body}")

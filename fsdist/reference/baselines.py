@@ -22,6 +22,23 @@ after a cuBLAS LM-head matmul, written plainly so that ``torch.compile`` can fus
   on a GPU) followed by the above; ``MATERIALIZED_SAMPLERS`` names them and
   ``compiled_sampler`` returns their ``torch.compile``d form.
 
+Filtered baselines (top-k / top-p / min-p), the sort-based way vLLM V1's torch sampler
+filters materialized logits, each parameter a number or a ``[B]`` tensor:
+
+* ``top_k_top_p_filter``: sort each row ascending, set everything below the k-th largest
+  value to -inf (ties at the k-th value stay), softmax + cumulative sum of the sorted
+  row, drop the ids whose cumulative mass (least likely first) is <= 1 - top_p (the most
+  likely id always stays), scatter the sorted row back to vocabulary order.
+* ``min_p_filter``: softmax, drop the ids with p < min_p * p_max.
+* ``exponential_race``: the draw, argmax(softmax(x) / E) with E ~ Exp(1) i.i.d. per id
+  (the same distribution as multinomial; no host synchronisation).
+* ``top_k_top_p_from_logits`` / ``min_p_from_logits``: logits / T (greedy rows: argmax,
+  as ``sample_from_logits``), filter, draw; ``matmul_top_k_top_p`` / ``matmul_min_p``
+  put ``F.linear`` in front. ``FILTERED_SAMPLERS`` names them and ``compiled_sampler``
+  compiles them too. Their kept sets are the reference's (``semantics.filtered_distribution``)
+  away from exact ties: on a tie at the top-p boundary the sort decides which tied ids stay
+  (see docs/semantics.md, "How this differs from vLLM on ties").
+
 Temperature, everywhere here: a real number for the whole batch or a ``[B]`` tensor, one
 per row (the serving case). Rows with T below ``GREEDY_TEMPERATURE`` (1e-5, vLLM's
 epsilon, as in fsdist's kernels) take the argmax. Values are not checked (a negative
@@ -151,15 +168,116 @@ MATERIALIZED_SAMPLERS: Dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
+# --------------------------------------------------------------------------- filtered baselines
+Filter = Union[int, float, torch.Tensor]
+_NEG_INF = float("-inf")
+
+
+def top_k_top_p_filter(scaled: torch.Tensor, top_k: Filter = 0, top_p: Filter = 1.0) -> torch.Tensor:
+    """A new [B, V] tensor: `scaled` (logits / T) with the ids top-k, then top-p, drop set to -inf.
+
+    top_k: int or [B] integer tensor, 0 or >= V = off; every id >= the k-th largest value
+    stays (ties at the k-th value too). top_p: float or [B] tensor in (0, 1], 1 = off;
+    computed on the survivors of top-k, renormalised. Sort-based, the way vLLM V1's torch
+    sampler does it: one ascending sort per row, the k-th largest read at column V - k,
+    softmax and cumulative sum of the sorted row (least likely first), an id dropped when
+    the mass up to and including it is <= 1 - top_p (never the last, most likely one),
+    then the sorted row scattered back to vocabulary order.
+    """
+    batch, vocab = scaled.shape
+    k = _as_rows(top_k, batch, torch.int64, scaled.device)
+    p = _as_rows(top_p, batch, scaled.dtype, scaled.device)
+    asc, order = scaled.sort(dim=-1)
+    k = torch.where((k > 0) & (k < vocab), k, torch.full_like(k, vocab))  # off: the k-th largest is the minimum
+    kth = asc.gather(1, (vocab - k)[:, None])
+    asc = asc.masked_fill(asc < kth, _NEG_INF)
+    mass_up_to = asc.softmax(dim=-1).cumsum(dim=-1)
+    drop = mass_up_to <= (1.0 - p)[:, None]
+    last = torch.arange(vocab, device=scaled.device)[None, :] == vocab - 1
+    asc = asc.masked_fill(drop & ~last, _NEG_INF)
+    return torch.empty_like(asc).scatter_(1, order, asc)
+
+
+def min_p_filter(scaled: torch.Tensor, min_p: Filter = 0.0) -> torch.Tensor:
+    """A new [B, V] tensor: `scaled` with the ids whose probability is < min_p * p_max set to -inf.
+
+    min_p: float or [B] tensor in [0, 1], 0 = off. Probabilities in the dtype of `scaled`
+    (float32 here, as vLLM computes them).
+    """
+    m = _as_rows(min_p, scaled.shape[0], scaled.dtype, scaled.device)
+    probs = scaled.softmax(dim=-1)
+    return scaled.masked_fill(probs < m[:, None] * probs.amax(dim=-1, keepdim=True), _NEG_INF)
+
+
+def exponential_race(filtered: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Tokens int64 [B] drawn from softmax(filtered): argmax over ids of p / E, E ~ Exp(1) i.i.d.
+
+    The winner of the race is id v with probability p_v (the exponential-clock form of a
+    categorical draw, as vLLM samples); ids at -inf have p = 0 and never win. No host
+    synchronisation (unlike torch.multinomial). E is clamped away from 0 so that 0 / 0
+    can never produce a NaN.
+    """
+    probs = filtered.softmax(dim=-1)
+    if generator is None:
+        clocks = torch.empty_like(probs).exponential_()
+    else:
+        clocks = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / clocks.clamp_min(1e-30)).argmax(dim=-1)
+
+
+def top_k_top_p_from_logits(logits: torch.Tensor, temperature: Temperature = 1.0, top_k: Filter = 0,
+                            top_p: Filter = 1.0, *, has_greedy: Optional[bool] = None,
+                            generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Tokens int64 [B]: fp32 logits / T, :func:`top_k_top_p_filter`, :func:`exponential_race`;
+    greedy rows (T < 1e-5) take the argmax (the filters never remove it). has_greedy: as in
+    :func:`sample_from_logits`."""
+    def draw(scaled):
+        return exponential_race(top_k_top_p_filter(scaled, top_k, top_p), generator)
+
+    return sample_from_logits(logits, temperature, draw, has_greedy=has_greedy)
+
+
+def min_p_from_logits(logits: torch.Tensor, temperature: Temperature = 1.0, min_p: Filter = 0.0, *,
+                      has_greedy: Optional[bool] = None, generator: Optional[torch.Generator] = None
+                      ) -> torch.Tensor:
+    """Tokens int64 [B]: fp32 logits / T, :func:`min_p_filter`, :func:`exponential_race`
+    (greedy rows: the argmax)."""
+    def draw(scaled):
+        return exponential_race(min_p_filter(scaled, min_p), generator)
+
+    return sample_from_logits(logits, temperature, draw, has_greedy=has_greedy)
+
+
+def matmul_top_k_top_p(hidden: torch.Tensor, weight: torch.Tensor, temperature: Temperature = 1.0, *,
+                       top_k: Filter = 0, top_p: Filter = 1.0, has_greedy: Optional[bool] = None) -> torch.Tensor:
+    """``F.linear(hidden, weight)`` (cuBLAS logits), then :func:`top_k_top_p_from_logits`."""
+    return top_k_top_p_from_logits(F.linear(hidden, weight), temperature, top_k, top_p, has_greedy=has_greedy)
+
+
+def matmul_min_p(hidden: torch.Tensor, weight: torch.Tensor, temperature: Temperature = 1.0, *,
+                 min_p: Filter = 0.0, has_greedy: Optional[bool] = None) -> torch.Tensor:
+    """``F.linear(hidden, weight)`` (cuBLAS logits), then :func:`min_p_from_logits`."""
+    return min_p_from_logits(F.linear(hidden, weight), temperature, min_p, has_greedy=has_greedy)
+
+
+# name -> fn(hidden, weight, temperature, *, <its filters as keywords>, has_greedy=None) -> tokens int64 [B]
+FILTERED_SAMPLERS: Dict[str, Callable[..., torch.Tensor]] = {
+    "top_k_top_p": matmul_top_k_top_p,
+    "min_p": matmul_min_p,
+}
+
+
 def compiled_sampler(name: str, *, dynamic: Optional[bool] = None) -> Callable[..., torch.Tensor]:
-    """A new ``torch.compile`` of ``MATERIALIZED_SAMPLERS[name]`` (matmul and sampling in one graph).
+    """A new ``torch.compile`` of ``MATERIALIZED_SAMPLERS[name]`` or ``FILTERED_SAMPLERS[name]``
+    (matmul and sampling in one graph).
 
     dynamic: passed to torch.compile (None: recompile with a dynamic batch dimension once a
     second batch size is seen; False: one compile per shape). The first call compiles.
     """
-    if name not in MATERIALIZED_SAMPLERS:
-        raise ValueError(f"unknown sampler {name!r}; one of {sorted(MATERIALIZED_SAMPLERS)}")
-    return torch.compile(MATERIALIZED_SAMPLERS[name], dynamic=dynamic)
+    table = {**MATERIALIZED_SAMPLERS, **FILTERED_SAMPLERS}
+    if name not in table:
+        raise ValueError(f"unknown sampler {name!r}; one of {sorted(table)}")
+    return torch.compile(table[name], dynamic=dynamic)
 
 
 def reference_sample(hidden: torch.Tensor, weight: torch.Tensor, *,
@@ -198,6 +316,8 @@ def reference_gumbel(hidden: torch.Tensor, weight: torch.Tensor, *,
     return score.argmax(dim=-1), top2[:, 0] - top2[:, 1]
 
 
-__all__ = ["GREEDY_TEMPERATURE", "MATERIALIZED_SAMPLERS", "compiled_sampler", "gumbel_argmax_from_logits",
-           "materialize_logits", "matmul_gumbel_argmax", "matmul_multinomial", "multinomial_from_logits",
-           "reference_gumbel", "reference_sample", "sample_from_logits", "scale_logits"]
+__all__ = ["FILTERED_SAMPLERS", "GREEDY_TEMPERATURE", "MATERIALIZED_SAMPLERS", "compiled_sampler",
+           "exponential_race", "gumbel_argmax_from_logits", "materialize_logits", "matmul_gumbel_argmax",
+           "matmul_min_p", "matmul_multinomial", "matmul_top_k_top_p", "min_p_filter", "min_p_from_logits",
+           "multinomial_from_logits", "reference_gumbel", "reference_sample", "sample_from_logits", "scale_logits",
+           "top_k_top_p_filter", "top_k_top_p_from_logits"]

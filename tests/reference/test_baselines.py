@@ -2,13 +2,17 @@
 
 CPU only (plain torch). Each distribution check draws N tokens per row from a batch whose
 rows repeat a few logit vectors at different temperatures, then runs statcheck's
-chi-squared and top-token tests against softmax(logits / T) of that row.
+chi-squared and top-token tests against softmax(logits / T) of that row, or, for the
+filtered samplers (top-k / top-p, min-p), against ``fsdist.reference.filtered_distribution``
+(float64); power checks show the same samples fail when a filter is ignored.
 """
 import pytest
 import torch
 
-from fsdist.reference import (MATERIALIZED_SAMPLERS, gumbel_argmax_from_logits, matmul_gumbel_argmax,
-                              matmul_multinomial, multinomial_from_logits, sample_from_logits, scale_logits)
+from fsdist.reference import (FILTERED_SAMPLERS, MATERIALIZED_SAMPLERS, compiled_sampler, filtered_distribution,
+                              gumbel_argmax_from_logits, matmul_gumbel_argmax, matmul_min_p, matmul_multinomial,
+                              matmul_top_k_top_p, min_p_from_logits, multinomial_from_logits, sample_from_logits,
+                              scale_logits, top_k_top_p_filter, top_k_top_p_from_logits)
 from statcheck import P_MIN, assert_samples_match, chi2_gof
 
 N = 20_000  # draws per row
@@ -114,3 +118,127 @@ def test_matmul_samplers(name):
     logits = hidden_row.double() @ weight.double().T
     assert_samples_match(tokens, torch.softmax(logits[0] / 0.8, dim=-1), name)
     assert MATERIALIZED_SAMPLERS[name] in (matmul_multinomial, matmul_gumbel_argmax)
+
+
+# --------------------------------------------------------------------------- filtered baselines
+# Rows of (temperature, top_k, top_p): each one's filters remove part of the distribution
+# (asserted below, so the power checks are meaningful); V = 60 random logits, no ties.
+TOPK_TOPP_ROWS = [(0.7, 10, 0.8), (1.0, 0, 0.9), (1.5, 20, 1.0), (0.5, 5, 0.95), (1.2, 30, 0.7)]
+MINP_ROWS = [(1.0, 0.05), (0.7, 0.1), (1.5, 0.02), (2.0, 0.2)]
+
+
+def _filtered_batch(rows, seed):
+    """N copies of one logit row per parameter tuple, with [B] tensors for every parameter."""
+    base = _logits(len(rows), seed=seed)
+    logits = base.repeat_interleave(N, dim=0).float()
+    cols = list(zip(*rows))
+    return base, logits, [torch.tensor(c).repeat_interleave(N) for c in cols]
+
+
+def _reference(base_row, **params):
+    return filtered_distribution(base_row[None, :], **params)[0]
+
+
+def test_top_k_top_p_sampler_follows_filtered_distribution():
+    base, logits, (temps, ks, ps) = _filtered_batch(TOPK_TOPP_ROWS, seed=21)
+    temps, ks, ps = temps.float(), ks.to(torch.int32), ps.float()
+    tokens = top_k_top_p_from_logits(logits, temps, ks, ps, has_greedy=False,
+                                     generator=torch.Generator().manual_seed(22))
+    assert tokens.dtype == torch.int64 and tokens.shape == (len(TOPK_TOPP_ROWS) * N,)
+    for r, (T, k, p) in enumerate(TOPK_TOPP_ROWS):
+        got = tokens[r * N:(r + 1) * N]
+        want = _reference(base[r], temperature=T, top_k=k, top_p=p)
+        assert bool((want[got] > 0).all()), f"row {r}: a sampled id lies outside the kept set"
+        assert_samples_match(got, want, f"top-k/top-p row {r} T={T} k={k} p={p}")
+
+
+def test_top_k_top_p_check_fails_when_top_p_is_ignored():
+    """Power: against the distribution with top-p off (top-k alone), the rows where top-p
+    removes ids must fail the chi-squared check."""
+    base, logits, (temps, ks, ps) = _filtered_batch(TOPK_TOPP_ROWS, seed=21)
+    tokens = top_k_top_p_from_logits(logits, temps.float(), ks, ps.float(),
+                                     generator=torch.Generator().manual_seed(23))
+    checked = 0
+    for r, (T, k, p) in enumerate(TOPK_TOPP_ROWS):
+        if p >= 1.0:
+            continue
+        with_p = _reference(base[r], temperature=T, top_k=k, top_p=p)
+        without_p = _reference(base[r], temperature=T, top_k=k)
+        assert int((with_p > 0).sum()) < int((without_p > 0).sum()), f"row {r}: top-p removes nothing"
+        pv, stat, dof = chi2_gof(tokens[r * N:(r + 1) * N], without_p)
+        assert pv < P_MIN, f"row {r} (top_p={p}) is indistinguishable from top-p off: chi2={stat:.1f} p={pv:.2e}"
+        checked += 1
+    assert checked >= 3
+
+
+def test_top_k_alone_and_off_values():
+    """Scalar filters; top_k = 0 and top_p = 1 are off (plain softmax); top_k >= V is off."""
+    base = _logits(1, seed=31)
+    for k, p in ((7, 1.0), (0, 1.0), (V, 1.0), (2 * V, 1.0)):
+        tokens = top_k_top_p_from_logits(base.float().expand(N, -1), 0.9, k, p,
+                                         generator=torch.Generator().manual_seed(32 + k))
+        want = _reference(base[0], temperature=0.9, top_k=k, top_p=p)
+        if k in (0, V, 2 * V):
+            assert torch.allclose(want, torch.softmax(base[0] / 0.9, dim=-1))
+        assert_samples_match(tokens, want, f"top_k={k} top_p={p}")
+
+
+def test_top_k_keeps_ties_at_the_kth_value():
+    logits = torch.tensor([[3.0, 1.0, 2.0, 2.0, 0.0, 2.0]])
+    out = top_k_top_p_filter(logits, torch.tensor([2]), torch.tensor([1.0]))
+    assert torch.isfinite(out[0]).tolist() == [True, False, True, True, False, True]
+    assert torch.equal(out[0, [0, 2, 3, 5]], logits[0, [0, 2, 3, 5]])
+
+
+def test_min_p_sampler_follows_filtered_distribution():
+    base, logits, (temps, mps) = _filtered_batch(MINP_ROWS, seed=41)
+    tokens = min_p_from_logits(logits, temps.float(), mps.float(), has_greedy=False,
+                               generator=torch.Generator().manual_seed(42))
+    for r, (T, mp) in enumerate(MINP_ROWS):
+        got = tokens[r * N:(r + 1) * N]
+        want = _reference(base[r], temperature=T, min_p=mp)
+        assert bool((want[got] > 0).all()), f"row {r}: a sampled id lies outside the kept set"
+        assert_samples_match(got, want, f"min-p row {r} T={T} min_p={mp}")
+
+
+def test_min_p_check_fails_when_min_p_is_ignored():
+    base, logits, (temps, mps) = _filtered_batch(MINP_ROWS, seed=41)
+    tokens = min_p_from_logits(logits, temps.float(), mps.float(), generator=torch.Generator().manual_seed(43))
+    for r, (T, mp) in enumerate(MINP_ROWS):
+        without = _reference(base[r], temperature=T)
+        assert int((_reference(base[r], temperature=T, min_p=mp) > 0).sum()) < V, f"row {r}: min-p removes nothing"
+        pv, stat, dof = chi2_gof(tokens[r * N:(r + 1) * N], without)
+        assert pv < P_MIN, f"row {r} (min_p={mp}) is indistinguishable from min-p off: chi2={stat:.1f} p={pv:.2e}"
+
+
+@pytest.mark.parametrize("which", ["top_k_top_p", "min_p"])
+def test_filtered_greedy_rows_take_the_argmax(which):
+    logits = _logits(64, seed=51).float()
+    temps = torch.rand(64, generator=torch.Generator().manual_seed(52)) + 0.5
+    temps[::4] = 0.0
+    greedy = temps < 1e-5
+    for trial in range(3):
+        g = torch.Generator().manual_seed(trial)
+        if which == "top_k_top_p":
+            tokens = top_k_top_p_from_logits(logits, temps, torch.full((64,), 3), torch.full((64,), 0.5), generator=g)
+        else:
+            tokens = min_p_from_logits(logits, temps, torch.full((64,), 0.3), generator=g)
+        assert torch.equal(tokens[greedy], logits.argmax(-1)[greedy])
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # importing torch.compile's machinery
+@pytest.mark.parametrize("name", sorted(FILTERED_SAMPLERS))
+def test_filtered_matmul_samplers(name):
+    g = torch.Generator().manual_seed(61)
+    hidden_row = torch.randn(1, 16, generator=g)
+    weight = torch.randn(V, 16, generator=g) * 0.8
+    T = torch.full((N,), 0.8)
+    params = {"top_k": torch.full((N,), 12, dtype=torch.int32), "top_p": torch.full((N,), 0.85)} \
+        if name == "top_k_top_p" else {"min_p": torch.full((N,), 0.05)}
+    torch.manual_seed(62)  # the samplers draw from torch's default generator
+    tokens = FILTERED_SAMPLERS[name](hidden_row.expand(N, -1), weight, T, has_greedy=False, **params)
+    logits = hidden_row.double() @ weight.double().T
+    want = _reference(logits[0], temperature=0.8, **{k: (v[0].item()) for k, v in params.items()})
+    assert_samples_match(tokens, want, name)
+    assert FILTERED_SAMPLERS[name] in (matmul_top_k_top_p, matmul_min_p)
+    assert callable(compiled_sampler(name))  # compiles lazily, on the first call
