@@ -124,34 +124,46 @@ CASES = {
     "top_k": dict(top_k=20),
     "top_p": dict(top_p=0.8),
     "min_p": dict(min_p=0.05),
-    "top_k+top_p": dict(top_k=50, top_p=0.9),
+    "top_k+top_p": dict(top_k=20, top_p=0.9),
     "min_p+top_p": dict(min_p=0.02, top_p=0.9),
     "all_three": dict(top_k=40, top_p=0.85, min_p=0.01),
 }
 
 
-def one_row_draws(device, T, filters, V=1000, seed=21, block_v=128):
-    h1, w = problem(1, 32, V, seed=seed, scale=2.0, device=device)
-    h = h1.expand(N_DRAWS, -1).contiguous()
-    seeds = torch.arange(N_DRAWS, device=device) * 1_000_003 + 17
+def one_row(device, T, filters, V=1000, seed=21):
+    """One hidden state whose logits have entropy ~1.5-2.5 nats at T = 0.6-0.75, and its filtered
+    distribution (float64). Peaked enough that the kept logits prove it with 128-id tiles, so the
+    fast path is what is measured (test_chi_squared_on_the_fallback_path covers the fallback)."""
+    h1, w = problem(1, 32, V, seed=seed, scale=3.0, device=device)
+    probs = filtered_distribution(h1.cpu().double() @ w.cpu().double().T, temperature=T, **filters)[0]
+    return h1, w, probs
+
+
+def one_row_draws(device, T, filters, V=1000, seed=21, block_v=128, n=N_DRAWS):
+    h1, w, probs = one_row(device, T, filters, V, seed)
+    h = h1.expand(n, -1).contiguous()
+    seeds = torch.arange(n, device=device) * 1_000_003 + 17
     # Big batch tiles: under the interpreter every program costs Python overhead.
     out = fsdist.sample(h, w, temperature=T, seed=seeds, offset=4, config=cfg(block_v, block_b=512), **filters)
-    probs = filtered_distribution(h1.cpu().double() @ w.cpu().double().T, temperature=T, **filters)[0]
     return out, probs
 
 
-@pytest.mark.parametrize("case,T", [(case, (0.7, 1.3)[i % 2]) for i, case in enumerate(CASES)],
-                         ids=[f"{case}-T{(0.7, 1.3)[i % 2]}" for i, case in enumerate(CASES)])
+@pytest.mark.parametrize("case,T", [(case, (0.6, 0.75)[i % 2]) for i, case in enumerate(CASES)],
+                         ids=[f"{case}-T{(0.6, 0.75)[i % 2]}" for i, case in enumerate(CASES)])
 def test_chi_squared_per_filter(device, case, T):
     out, probs = one_row_draws(device, T, CASES[case])
+    assert float(out.fallback.float().mean()) < 0.5, "meant to measure the fast path"
     assert bool((probs[out.tokens.cpu()] > 0).all()), "a filtered-out id was sampled"
     assert_samples_match(out.tokens, probs, label=f"{case} T={T}")
 
 
 def test_chi_squared_on_the_fallback_path(device):
-    """Tiles of 512 ids keep 8 logits of the 1000: top-p 0.8 cannot be proven, every draw is
-    resolved by the fallback, and the draws still follow the filtered distribution."""
-    out, probs = one_row_draws(device, 1.0, dict(top_p=0.8), block_v=512)
+    """Tiles of 512 ids keep 8 logits of the 1000: top-p 0.8 at T = 1 (a nucleus of ~50 ids)
+    cannot be proven, every draw is resolved by the fallback, and the draws still follow the
+    filtered distribution. (Fewer draws than above under the interpreter: every row here is
+    recomputed; the fallback is checked token by token in test_tokens_match_the_float64_mirror.)"""
+    n = N_DRAWS if torch.cuda.is_available() else 4000
+    out, probs = one_row_draws(device, 1.0, dict(top_p=0.8), block_v=512, n=n)
     assert bool(out.fallback.all())
     assert_samples_match(out.tokens, probs, label="fallback top_p=0.8")
 
@@ -160,7 +172,7 @@ def test_the_statistics_can_fail():
     """Power: the same checks reject draws from a distribution with 1% of its mass moved
     between two kept ids (here: keeping one id too many at the top-p boundary is the same
     size of error)."""
-    _, probs = one_row_draws(torch.device("cpu"), 1.0, dict(top_p=0.8))
+    _, _, probs = one_row(torch.device("cpu"), 0.75, dict(top_p=0.8))
     kept = (probs > 0).nonzero().flatten()
     shifted = probs.clone()
     a, b = kept[probs[kept].argmax()], kept[probs[kept].argmin()]
