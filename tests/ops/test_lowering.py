@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 
 _LOWER = r"""
@@ -136,6 +137,8 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def lowering_available():
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU machine the other suites compile and run the real kernels")
     try:
         from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
         from triton.compiler import ASTSource  # noqa: F401
