@@ -815,8 +815,14 @@ def main(argv=None):
     sections = {}
     if kernel:
         parts = []
+        per_gpu = defaultdict(int)
+        for _, d in kernel:
+            per_gpu[gpu_of(d)] += 1
         for f, d in kernel:
             stem = f"kernel_{gpu_of(d)}"
+            if per_gpu[gpu_of(d)] > 1:  # several runs on one GPU kind: one set of plots per run
+                day = re.search(r"_(\d{8})T", os.path.basename(f))
+                stem += f"_{day.group(1) if day else Path(f).stem}"
             files = [] if args.no_plots else kernel_plots(d, plots_dir, stem)
             for x in files:
                 print(f"wrote {x}")

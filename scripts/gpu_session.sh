@@ -9,7 +9,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-bench/results}"
 t_tests="${1:-240}"; t_bench="${2:-300}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout "$t_tests" python3 -m pytest -q -p no:warnings -p no:cacheprovider -rfE --durations=15 \
+timeout -s INT -k 20 "$t_tests" python3 -m pytest -q -p no:warnings -p no:cacheprovider -rfE --durations=15 \
   tests/test_gpu_serving.py tests/test_filters.py > "$OUT/gpu_serving_tests.log" 2>&1
 echo "serving tests rc=$?"; grep -E " passed| failed|^FAILED|^ERROR" "$OUT/gpu_serving_tests.log" | tail -12
 BENCH_TIMEOUT="$t_bench" bash bench/run_gpu.sh kernel --quick \
