@@ -190,7 +190,7 @@ def _build_torch_filtered(group: str, compiled: bool):
             f = baselines.FILTERED_SAMPLERS[which]
             return lambda h: f(h, W, ctx.temp_t, has_greedy=ctx.has_greedy, **ctx.filter_kwargs(group))
         # Always one static compile per batch size: with a dynamic batch dimension Inductor
-        # (torch 2.9/2.10, measured on H100 2026-11-23) fails to generate the split cumsum over
+        # (torch 2.11.0+cu130 on an H100, 2026-11-23) fails to generate the split cumsum over
         # the vocabulary ("InductorError: list indices must be integers or slices, not
         # NoneType"). Views drop the dynamic marks the harness puts on the shared inputs (a
         # dict lookup and a few views per call: host time, far below the GPU time of a call).
