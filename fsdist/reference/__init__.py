@@ -7,7 +7,8 @@
   ``matmul_top_k_top_p`` and ``matmul_min_p``, their ``*_from_logits`` forms and
   ``compiled_sampler``), all with a real-number or a per-row ``[B]`` temperature (and filters);
 * ``semantics`` -- serving parameters (bitmask, logit bias, penalties, temperature, min-p,
-  top-k, top-p, logprobs modes) in vLLM V1's order, float64: the oracle of the fused filters.
+  top-k, top-p, logprobs modes) in vLLM V1's order, float64: the oracle of the fused filters;
+  its logit processors live in ``processors``, its argument checks in ``arguments``.
 """
 from .baselines import (FILTERED_SAMPLERS, MATERIALIZED_SAMPLERS, compiled_sampler, exponential_race,
                         gumbel_argmax_from_logits, materialize_logits, matmul_gumbel_argmax, matmul_min_p,

@@ -21,8 +21,10 @@ Every sampling parameter is a Python scalar (all rows) or a ``[B]`` tensor (per 
 ``docs/semantics.md`` page explains the order with a worked example, the off values, ties,
 greedy rows, padding, rows without a distribution and the logprobs modes.
 
-``SparseLogits`` and ``Penalties`` are defined here for now (this module imports nothing but
-torch); fsdist's top level will export the same names.
+The logit processors (bitmask, bias, penalties) and their argument types ``SparseLogits``
+and ``Penalties`` live in ``processors``; the argument checks in ``arguments``. This module
+re-exports the processor names so that ``fsdist.reference.semantics`` is the one import a
+reference user needs.
 
 Rows without a distribution (every id disallowed or -inf, or a NaN / +inf among the raw
 logits of ids < vocab_size) are reported, not raised: their probabilities and logprobs are
@@ -31,9 +33,19 @@ Bad arguments (shapes, dtypes, out-of-range ids or values, NaN parameters) raise
 TypeError / ValueError naming the argument.
 """
 import numbers
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import NamedTuple, Optional, Tuple
 
 import torch
+
+from .arguments import NEG_INF, Row, check_logits, check_vocab_size, no_nan, row_param
+from .processors import (Penalties, SparseLogits, allowed_from_bitmask, apply_bias, apply_bitmask,
+                         apply_penalties, bitmask_from_allowed, bitmask_words)
+
+# Re-exported: the processor names are part of this module's public face.
+__all__ = ["GREEDY_EPS", "LOGPROBS_MODES", "MAX_TOP_LOGPROBS", "Penalties", "Row", "ServingSemantics",
+           "SparseLogits", "allowed_from_bitmask", "bitmask_from_allowed", "bitmask_words",
+           "filtered_distribution", "process_logits", "reference_filtered_sample", "reference_logprobs",
+           "reference_top_logprobs", "serving_semantics"]
 
 GREEDY_EPS = 1e-5
 """A row with temperature < GREEDY_EPS is greedy (vLLM's sampler epsilon, ``_SAMPLING_EPS``).
@@ -41,38 +53,6 @@ The comparison is made in the temperature's own dtype (float64 for a Python floa
 
 MAX_TOP_LOGPROBS = 20
 LOGPROBS_MODES = ("raw", "scaled", "processed")
-
-Row = Union[float, int, torch.Tensor]
-_NEG_INF = float("-inf")
-
-
-class SparseLogits(NamedTuple):
-    """A few (id, value) pairs per row: the logit bias.
-
-    ids:    int64 [B, K]; -1 marks an empty slot. An id listed twice in a row gets both values.
-    values: floating [B, K] (fp32 in fsdist); added to the logits of those ids.
-    """
-
-    ids: torch.Tensor
-    values: torch.Tensor
-
-
-class Penalties(NamedTuple):
-    """OpenAI/vLLM-style penalties.
-
-    repetition: > 0, scalar or [B]; 1 = off. For ids in prompt U output a positive logit
-                is divided by it, a zero or negative one multiplied by it.
-    frequency:  scalar or [B]; 0 = off. Subtracted once per occurrence in output_ids.
-    presence:   scalar or [B]; 0 = off. Subtracted once if the id occurs in output_ids.
-    output_ids: int64 [B, L], -1-padded, or None; duplicates count several times.
-    prompt_ids: int64 [B, P], -1-padded, or None; only the repetition penalty reads it.
-    """
-
-    repetition: Row = 1.0
-    frequency: Row = 0.0
-    presence: Row = 0.0
-    output_ids: Optional[torch.Tensor] = None
-    prompt_ids: Optional[torch.Tensor] = None
 
 
 class ServingSemantics(NamedTuple):
@@ -102,189 +82,8 @@ class ServingSemantics(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------------
-# Token bitmask (xgrammar layout)
-# ---------------------------------------------------------------------------------------------
-
-def bitmask_words(vocab_size: int) -> int:
-    """Number of int32 words of a bitmask row covering `vocab_size` ids: ceil(vocab_size / 32)."""
-    return (int(vocab_size) + 31) // 32
-
-
-def bitmask_from_allowed(allowed: torch.Tensor) -> torch.Tensor:
-    """int32 [B, ceil(V/32)] bitmask from a bool [B, V] allowed mask.
-
-    Bit v % 32 of word v // 32 is set when id v is allowed; bits past V are clear.
-    """
-    if not isinstance(allowed, torch.Tensor) or allowed.dtype != torch.bool or allowed.dim() != 2:
-        raise TypeError("allowed must be a 2-D bool tensor [B, V]"
-                        + (f", got {allowed.dtype} of shape {tuple(allowed.shape)}"
-                           if isinstance(allowed, torch.Tensor) else f", got {type(allowed).__name__}"))
-    batch, vocab = allowed.shape
-    words = bitmask_words(vocab)
-    bits = torch.zeros(batch, words * 32, dtype=torch.int64, device=allowed.device)
-    bits[:, :vocab] = allowed.to(torch.int64)
-    weights = torch.ones(32, dtype=torch.int64, device=allowed.device) << torch.arange(
-        32, dtype=torch.int64, device=allowed.device)
-    unsigned = (bits.view(batch, words, 32) * weights).sum(dim=-1)  # each in [0, 2**32)
-    signed = torch.where(unsigned >= 2**31, unsigned - 2**32, unsigned)  # two's complement
-    return signed.to(torch.int32)
-
-
-def allowed_from_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """bool [B, vocab_size] allowed mask from an int32 [B, W] bitmask, W >= ceil(vocab_size/32)."""
-    if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32 or bitmask.dim() != 2:
-        raise TypeError("token_bitmask must be a 2-D int32 tensor [B, ceil(vocab_size/32)]"
-                        + (f", got {bitmask.dtype} of shape {tuple(bitmask.shape)}"
-                           if isinstance(bitmask, torch.Tensor) else f", got {type(bitmask).__name__}"))
-    if bitmask.shape[1] < bitmask_words(vocab_size):
-        raise ValueError(f"token_bitmask has {bitmask.shape[1]} words per row, fewer than the "
-                         f"{bitmask_words(vocab_size)} that vocab_size={vocab_size} needs")
-    shifts = torch.arange(32, dtype=torch.int64, device=bitmask.device)
-    # int32 -> int64 sign-extends, which leaves the low 32 bits (the ones we read) unchanged.
-    bits = (bitmask.to(torch.int64)[:, :, None] >> shifts) & 1
-    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
-
-
-# ---------------------------------------------------------------------------------------------
-# Argument checks
-# ---------------------------------------------------------------------------------------------
-
-def _row(name: str, value, batch: int, device, integer: bool = False) -> torch.Tensor:
-    """A scalar or [B] tensor parameter as a [B] tensor (int64 or float64) on `device`."""
-    if isinstance(value, torch.Tensor):
-        if value.dim() != 0 and tuple(value.shape) != (batch,):
-            raise ValueError(f"{name} must be a scalar or a [{batch}] tensor, got shape {tuple(value.shape)}")
-        if integer and (value.dtype == torch.bool or value.is_floating_point() or value.is_complex()):
-            raise TypeError(f"{name} must hold integers, got {value.dtype}")
-        if not integer and (value.dtype == torch.bool or value.is_complex()):
-            raise TypeError(f"{name} must hold real numbers, got {value.dtype}")
-        out = value.to(device=device, dtype=torch.int64 if integer else torch.float64)
-        return out.expand(batch) if out.dim() == 0 else out
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number or a [{batch}] tensor, got {type(value).__name__}")
-    if integer and not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    return torch.full((batch,), value, dtype=torch.int64 if integer else torch.float64, device=device)
-
-
-def _no_nan(name: str, x: torch.Tensor):
-    if x.is_floating_point() and bool(torch.isnan(x).any()):
-        raise ValueError(f"{name} must not be NaN")
-
-
-def _ids(name: str, ids, batch: int, vocab_size: int, device) -> torch.Tensor:
-    """A [B, K] int64 id tensor, -1 for empty slots, each id in [0, vocab_size)."""
-    if not isinstance(ids, torch.Tensor):
-        raise TypeError(f"{name} must be an int64 tensor [B, K], got {type(ids).__name__}")
-    if ids.dtype != torch.int64:
-        raise TypeError(f"{name} must be int64, got {ids.dtype}")
-    if ids.dim() != 2 or ids.shape[0] != batch:
-        raise ValueError(f"{name} must be [{batch}, K] (-1-padded), got shape {tuple(ids.shape)}")
-    bad = (ids < -1) | (ids >= vocab_size)
-    if bool(bad.any()):
-        raise ValueError(f"{name} holds id {int(ids[bad][0])} outside [0, vocab_size={vocab_size}) "
-                         "(use -1 for an empty slot)")
-    return ids.to(device)
-
-
-def _check_logits(logits) -> None:
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be 2-D [B, V], got shape {tuple(logits.shape)}")
-    if not logits.is_floating_point():
-        raise TypeError(f"logits must be a floating tensor, got {logits.dtype}")
-    if logits.shape[1] < 1:
-        raise ValueError("logits must have at least one column")
-
-
-def _check_vocab_size(vocab_size, width: int) -> int:
-    if vocab_size is None:
-        return width
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral):
-        raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
-    if not 1 <= vocab_size <= width:
-        raise ValueError(f"vocab_size must be in [1, {width}] (the logits width), got {vocab_size}")
-    return int(vocab_size)
-
-
-# ---------------------------------------------------------------------------------------------
 # Stages
 # ---------------------------------------------------------------------------------------------
-
-def _apply_bitmask(x: torch.Tensor, token_bitmask, vocab_size: int) -> None:
-    batch, width = x.shape
-    if not isinstance(token_bitmask, torch.Tensor):
-        raise TypeError(f"token_bitmask must be an int32 tensor, got {type(token_bitmask).__name__}")
-    if token_bitmask.dtype != torch.int32:
-        raise TypeError(f"token_bitmask must be int32 (xgrammar layout), got {token_bitmask.dtype}")
-    words = {bitmask_words(vocab_size), bitmask_words(width)}
-    if token_bitmask.dim() != 2 or token_bitmask.shape[0] != batch or token_bitmask.shape[1] not in words:
-        want = " or ".join(f"[{batch}, {w}]" for w in sorted(words))
-        raise ValueError(f"token_bitmask must be {want} (ceil(vocab_size/32) words per row), "
-                         f"got shape {tuple(token_bitmask.shape)}")
-    allowed = allowed_from_bitmask(token_bitmask.to(x.device), vocab_size)
-    x[:, :vocab_size].masked_fill_(~allowed, _NEG_INF)
-
-
-def _apply_bias(x: torch.Tensor, logit_bias, vocab_size: int) -> None:
-    batch = x.shape[0]
-    if not isinstance(logit_bias, SparseLogits):
-        if isinstance(logit_bias, tuple) and len(logit_bias) == 2:
-            logit_bias = SparseLogits(*logit_bias)
-        else:
-            raise TypeError(f"logit_bias must be a SparseLogits(ids, values), got {type(logit_bias).__name__}")
-    ids = _ids("logit_bias.ids", logit_bias.ids, batch, vocab_size, x.device)
-    values = logit_bias.values
-    if not isinstance(values, torch.Tensor) or not values.is_floating_point():
-        raise TypeError("logit_bias.values must be a floating tensor [B, K]"
-                        + (f", got {values.dtype}" if isinstance(values, torch.Tensor) else ""))
-    if tuple(values.shape) != tuple(ids.shape):
-        raise ValueError(f"logit_bias.values has shape {tuple(values.shape)}, logit_bias.ids "
-                         f"has {tuple(ids.shape)}: they must match")
-    used = ids >= 0
-    values = values.to(device=x.device, dtype=torch.float64)
-    if not bool(torch.isfinite(values[used]).all()):
-        raise ValueError("logit_bias.values must be finite (use token_bitmask to forbid an id)")
-    rows = torch.arange(batch, device=x.device)[:, None].expand_as(ids)
-    # A masked (-inf) id stays -inf: -inf + finite = -inf.
-    x.index_put_((rows[used], ids[used]), values[used], accumulate=True)
-
-
-def _apply_penalties(x: torch.Tensor, penalties, vocab_size: int) -> None:
-    batch = x.shape[0]
-    if not isinstance(penalties, Penalties):
-        raise TypeError(f"penalties must be a Penalties(...), got {type(penalties).__name__}")
-    rep = _row("penalties.repetition", penalties.repetition, batch, x.device)
-    freq = _row("penalties.frequency", penalties.frequency, batch, x.device)
-    pres = _row("penalties.presence", penalties.presence, batch, x.device)
-    for name, value in (("repetition", rep), ("frequency", freq), ("presence", pres)):
-        if not bool(torch.isfinite(value).all()):
-            raise ValueError(f"penalties.{name} must be finite (not NaN or inf)")
-    if bool((rep <= 0).any()):
-        raise ValueError("penalties.repetition must be > 0 (1 = off)")
-
-    def occurrences(name, ids):
-        """int64 [B, vocab_size]: how many times each id occurs in `ids` (-1 slots ignored)."""
-        counts = torch.zeros(batch, vocab_size + 1, dtype=torch.int64, device=x.device)
-        if ids is None:
-            return counts[:, :vocab_size]
-        ids = _ids(name, ids, batch, vocab_size, x.device)
-        slot = torch.where(ids < 0, torch.full_like(ids, vocab_size), ids)  # -1 -> a spare column
-        counts.scatter_add_(1, slot, torch.ones_like(slot))
-        return counts[:, :vocab_size]
-
-    out_count = occurrences("penalties.output_ids", penalties.output_ids)
-    in_prompt = occurrences("penalties.prompt_ids", penalties.prompt_ids) > 0
-    in_output = out_count > 0
-    v = x[:, :vocab_size]
-    r = rep[:, None]
-    # vLLM's rule: strictly positive logits are divided, all others (0, negative, -inf) multiplied.
-    repeated = torch.where(v > 0, v / r, v * r)
-    v = torch.where(in_prompt | in_output, repeated, v)
-    v = v - freq[:, None] * out_count.to(torch.float64) - pres[:, None] * in_output.to(torch.float64)
-    x[:, :vocab_size] = v
-
 
 def _first_argmax(x: torch.Tensor) -> torch.Tensor:
     """Row-wise argmax with ties going to the lowest id (x has no NaN)."""
@@ -323,20 +122,20 @@ def serving_semantics(logits: torch.Tensor, *, temperature: Row = 1.0, top_k: Ro
     logit_bias:  SparseLogits(ids [B, K] int64 -1-padded, values [B, K]).
     penalties:   Penalties(repetition, frequency, presence, output_ids, prompt_ids).
     """
-    _check_logits(logits)
+    check_logits(logits)
     batch, width = logits.shape
-    vocab_size = _check_vocab_size(vocab_size, width)
+    vocab_size = check_vocab_size(vocab_size, width)
     device = logits.device
 
     # Greedy is decided in the temperature's own precision, as vLLM and the kernels compare it:
     # a float32 temperature of 1e-5 is float32(1e-5), which is not < float32(1e-5).
     greedy_in = temperature < GREEDY_EPS if isinstance(temperature, torch.Tensor) else None
-    temperature = _row("temperature", temperature, batch, device)
-    top_k = _row("top_k", top_k, batch, device, integer=True)
-    top_p = _row("top_p", top_p, batch, device)
-    min_p = _row("min_p", min_p, batch, device)
+    temperature = row_param("temperature", temperature, batch, device)
+    top_k = row_param("top_k", top_k, batch, device, integer=True)
+    top_p = row_param("top_p", top_p, batch, device)
+    min_p = row_param("min_p", min_p, batch, device)
     for name, value in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)):
-        _no_nan(name, value)
+        no_nan(name, value)
     if bool((temperature < 0).any()) or not bool(torch.isfinite(temperature).all()):
         raise ValueError("temperature must be finite and >= 0 (< 1e-5 means greedy)")
     if bool((top_k < 0).any()):
@@ -347,39 +146,39 @@ def serving_semantics(logits: torch.Tensor, *, temperature: Row = 1.0, top_k: Ro
         raise ValueError("min_p must be in [0, 1] (0 = off)")
 
     raw = logits.detach().to(torch.float64).clone()
-    raw[:, vocab_size:] = _NEG_INF
+    raw[:, vocab_size:] = NEG_INF
     real = raw[:, :vocab_size]
     broken = torch.isnan(real).any(dim=1) | torch.isposinf(real).any(dim=1)
 
     processed = raw.clone()
     if token_bitmask is not None:
-        _apply_bitmask(processed, token_bitmask, vocab_size)
+        apply_bitmask(processed, token_bitmask, vocab_size)
     if logit_bias is not None:
-        _apply_bias(processed, logit_bias, vocab_size)
+        apply_bias(processed, logit_bias, vocab_size)
     if penalties is not None:
-        _apply_penalties(processed, penalties, vocab_size)
+        apply_penalties(processed, penalties, vocab_size)
 
     greedy = temperature < GREEDY_EPS if greedy_in is None else greedy_in.to(device).expand(batch)
     scaled = processed / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
-    usable = scaled.masked_fill(torch.isnan(scaled), _NEG_INF)
+    usable = scaled.masked_fill(torch.isnan(scaled), NEG_INF)
     valid = ~broken & ~torch.isnan(scaled).any(dim=1) & ~torch.isposinf(scaled).any(dim=1) \
         & torch.isfinite(scaled).any(dim=1)
     # Rows without a distribution go through the filters as a harmless uniform row, then get NaN.
     safe = torch.where(valid[:, None], usable, torch.zeros_like(usable))
-    safe[:, vocab_size:] = _NEG_INF
+    safe[:, vocab_size:] = NEG_INF
 
     # min-p: p_i >= min_p * p_max  <=>  exp(s_i - s_max) >= min_p (no normalisation rounding).
     s_max = safe.max(dim=1, keepdim=True).values
-    filtered = safe.masked_fill(torch.exp(safe - s_max) < min_p[:, None], _NEG_INF)
+    filtered = safe.masked_fill(torch.exp(safe - s_max) < min_p[:, None], NEG_INF)
 
     # top-k: keep every id whose value is >= the k-th largest (ties at the k-th value all stay).
     k_on = (top_k > 0) & (top_k < width)
     kth_index = (top_k.clamp(min=1, max=width) - 1)[:, None]
     kth = filtered.sort(dim=1, descending=True).values.gather(1, kth_index)
-    filtered = filtered.masked_fill(k_on[:, None] & (filtered < kth), _NEG_INF)
+    filtered = filtered.masked_fill(k_on[:, None] & (filtered < kth), NEG_INF)
 
     # top-p on the survivors, renormalised.
-    filtered = filtered.masked_fill(~_top_p_keep(filtered, top_p), _NEG_INF)
+    filtered = filtered.masked_fill(~_top_p_keep(filtered, top_p), NEG_INF)
 
     # Greedy rows skip the filters; their token is the argmax of the processed logits.
     filtered = torch.where(greedy[:, None], safe, filtered)
