@@ -16,6 +16,7 @@ _EXPORTS = {
     "TileConfig": "fsdist.ops.configs",
     "RowParams": "fsdist.params",
     "ShardedFlashLMHead": "fsdist.tensor_parallel.layers",
+    "TensorParallelMismatchError": "fsdist.tensor_parallel.health",
 }
 __all__ = list(_EXPORTS) + ["__version__"]
 
