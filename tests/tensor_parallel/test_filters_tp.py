@@ -40,8 +40,9 @@ def test_filtered_head_equals_sample_on_the_full_weight(dist_ctx, transport, mod
     out = head(h, **kw)
     ref = fsdist.sample(h, W, vocab_size=V, **kw)
     fell_back = int(out.fallback.sum())
-    ok = (torch.equal(out.tokens, ref.tokens) and torch.equal(out.top_ids, ref.top_ids)
-          and torch.equal(out.fallback, ref.fallback))
+    # Which rows fall back depends on how the vocabulary is cut (each rank's tiles keep their
+    # own few best logits), so the fallback set may differ from TP=1; the tokens may not.
+    ok = torch.equal(out.tokens, ref.tokens) and torch.equal(out.top_ids, ref.top_ids)
     lp_err = float((out.logprobs - ref.logprobs).abs().max())
     top_err = float((out.top_logprobs - ref.top_logprobs).nan_to_num(0, 0, 0).abs().max())
     head.close()
