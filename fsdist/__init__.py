@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "sample": "fsdist.sampling",
     "SampleOutput": "fsdist.types",
+    "SparseLogits": "fsdist.types",
+    "Penalties": "fsdist.types",
     "TileConfig": "fsdist.ops.configs",
     "RowParams": "fsdist.params",
     "ShardedFlashLMHead": "fsdist.tensor_parallel.layers",

@@ -11,9 +11,12 @@ renormalised survivors. Their "off" values: top_k 0 (or >= the vocabulary), top_
 min_p 0.0. A greedy row (temperature < GREEDY_TEMPERATURE) ignores them.
 """
 from dataclasses import dataclass
-from typing import Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import torch
+
+if TYPE_CHECKING:  # processing.py imports this module
+    from .processing import LogitProcessing
 
 # Temperatures below this are greedy, as in vLLM (its sampling epsilon). The kernels use
 # the same constant (fsdist.ops.epilogue.GREEDY_BELOW): 1 / T then stays far from overflow.
@@ -38,6 +41,8 @@ class RowParams:
     # Extra per-row bits (int or int64 [B]) folded into a tensor-parallel call's row
     # fingerprint (fsdist.ops.step_check), so ranks that disagree on a filter are caught.
     fingerprint: Union[int, torch.Tensor] = 0
+    # Token bitmask, logit bias and penalties, applied in stage 1 (fsdist.processing).
+    processing: Optional["LogitProcessing"] = None
 
     @property
     def all_greedy(self) -> bool:

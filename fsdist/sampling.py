@@ -1,7 +1,8 @@
 """fsdist.sample: exact sampling fused into the LM-head matmul, on one device.
 
-One call: validate the arguments (``validation``), plan the launch (``ops.plan``), run
-stage 1 into a fresh candidate buffer, merge (``ops.merge_candidates``); with filters or
+One call: validate the arguments (``validation``, ``processing`` for the logit
+processors), plan the launch (``ops.plan``), run stage 1 into a fresh candidate buffer
+(the processors apply inside it, ``ops.processors``), merge (``ops.merge_candidates``); with filters or
 top-N logprobs, finish those rows from the kept logits (``ops.select_filtered``) and
 resolve the rows they cannot prove exactly (``ops.fallback``).
 """
@@ -9,6 +10,7 @@ from typing import Optional, Union
 
 import torch
 
+from . import processing as proc
 from . import validation
 from .ops.configs import TileConfig
 from .ops.fallback import compact_rows, run_fallback
@@ -16,7 +18,7 @@ from .ops.layout import BufferPair
 from .ops.merge_candidates import launch_merge
 from .ops.plan import launch_stage1, plan_sample
 from .ops.select_filtered import launch_select_filtered
-from .types import SampleOutput
+from .types import Penalties, SampleOutput, SparseLogits
 
 
 def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
@@ -27,6 +29,9 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
            top_k: Union[int, torch.Tensor] = 0,
            top_p: Union[float, torch.Tensor] = 1.0,
            min_p: Union[float, torch.Tensor] = 0.0,
+           token_bitmask: Optional[torch.Tensor] = None,
+           logit_bias: Optional[SparseLogits] = None,
+           penalties: Optional[Penalties] = None,
            return_logprobs: bool = False,
            top_logprobs: int = 0,
            logprobs_mode: str = "scaled",
@@ -48,11 +53,24 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
         docs/semantics.md). Off: top_k 0, top_p 1.0, min_p 0.0. Greedy rows ignore them.
         Exact: rows the kept logits cannot prove are resolved by an exact fallback, reported
         in ``SampleOutput.fallback``.
+    token_bitmask: int32 [B, ceil(vocab_size / 32)] in xgrammar's layout (bit v % 32 of word
+        v // 32 set = id v allowed; what ``xgrammar.allocate_token_bitmask`` and
+        ``GrammarMatcher.fill_next_token_bitmask`` produce). Disallowed ids get -inf; a row
+        that allows nothing returns -1. Applies to greedy rows too.
+    logit_bias: ``fsdist.SparseLogits(ids [B, K] int64 (-1 = empty slot), values [B, K])``,
+        added to those ids' logits after the bitmask.
+    penalties: ``fsdist.Penalties(repetition, frequency, presence, output_ids, prompt_ids)``
+        with vLLM's meaning, after the bias (docs/semantics.md). The processors run inside
+        stage 1 on each logits tile; bias and penalties cost per listed id, not per vocabulary
+        id. An id out of [-1, vocab_size), a non-finite bias or penalty, or a repetition
+        penalty <= 0 in a device tensor makes its row return -1 (``check=True`` raises).
     return_logprobs: also return the token's logprob (in ``logprobs_mode``) and
-        logsumexp(logits / T).
+        logsumexp(logits / T) over the processed logits.
     top_logprobs: N in [0, 20]: also return the N most likely ids and their logprobs.
     logprobs_mode: "scaled" log_softmax(logits / T) (default), "raw" log_softmax(logits)
-        or "processed" (the probability the token was drawn with, after the filters).
+        or "processed" (the probability the token was drawn with, after the filters). "raw"
+        cannot be combined with the logit processors (it would need the unprocessed logits
+        beside the processed ones): a ValueError says so.
     config: override the tile configuration (benchmarks and tests).
     path: "fused" (logits tiles computed in the kernel), "chunked" (cuBLAS fp32 logits per
         L2-sized vocabulary chunk, then a sampling pass with the same noise: faster from
@@ -75,8 +93,16 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     B, D = hidden.shape
     params = validation.row_params(temperature, seed, offset, B, hidden.device, top_k=top_k, top_p=top_p,
                                    min_p=min_p)
+    processing = proc.prepare_processing(token_bitmask, logit_bias, penalties, batch=B, vocab_size=vocab_size,
+                                         device=hidden.device)
+    if processing is not None and logprobs_mode == "raw" and (return_logprobs or top_logprobs):
+        raise ValueError("logprobs_mode='raw' cannot be combined with token_bitmask / logit_bias / penalties "
+                         "(raw logprobs need the unprocessed logits); use 'scaled' or 'processed'")
     if check:
         validation.check_row_values(params)
+        proc.check_values(processing)
+    if processing is not None:
+        params = processing.apply_to(params)
     if hidden.stride(1) != 1:
         hidden = hidden.contiguous()
     filtered = params.filtered(vocab_size)

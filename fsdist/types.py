@@ -1,7 +1,45 @@
-"""Result type shared by the single-GPU sampler and the tensor-parallel head."""
-from typing import NamedTuple, Optional
+"""Argument and result types shared by the single-GPU sampler, the tensor-parallel head and
+the float64 reference (``fsdist.reference``): the logit bias, the penalties, the output."""
+from typing import NamedTuple, Optional, Union
 
 import torch
+
+Row = Union[float, int, torch.Tensor]
+"""A per-row sampling parameter: one number for every row, or a [B] tensor."""
+
+
+class SparseLogits(NamedTuple):
+    """A few (id, value) pairs per row: the logit bias (``logit_bias=``).
+
+    ids:    int64 [B, K]; -1 marks an empty slot. An id listed twice in a row gets both values.
+    values: floating [B, K] (fp32 in the kernels); added to the raw logits of those ids,
+            after the token bitmask and before the penalties.
+
+    Example: ban nothing, favour id 42 by +2 in row 0 only::
+
+        fsdist.SparseLogits(torch.tensor([[42], [-1]]), torch.tensor([[2.0], [0.0]]))
+    """
+
+    ids: torch.Tensor
+    values: torch.Tensor
+
+
+class Penalties(NamedTuple):
+    """OpenAI/vLLM-style penalties (``penalties=``), applied after the logit bias.
+
+    repetition: > 0, number or [B]; 1 = off. For ids in prompt U output a positive logit
+                is divided by it, a zero or negative one multiplied by it.
+    frequency:  number or [B]; 0 = off. Subtracted once per occurrence in output_ids.
+    presence:   number or [B]; 0 = off. Subtracted once if the id occurs in output_ids.
+    output_ids: int64 [B, L], -1-padded, or None: the tokens generated so far; repeats count.
+    prompt_ids: int64 [B, P], -1-padded, or None; only the repetition penalty reads it.
+    """
+
+    repetition: Row = 1.0
+    frequency: Row = 0.0
+    presence: Row = 0.0
+    output_ids: Optional[torch.Tensor] = None
+    prompt_ids: Optional[torch.Tensor] = None
 
 
 class SampleOutput(NamedTuple):

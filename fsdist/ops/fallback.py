@@ -27,6 +27,7 @@ import triton.language as tl
 from ..params import LOGPROBS_MODES, RowParams
 from .epilogue import row_temperature
 from .noise import gumbel_from_bits, vocab_bits
+from .processors import apply_processors, processor_args
 from .select_filtered import order_key
 from .utils import fast_log_ok, load_row_param, row_param_args
 
@@ -71,9 +72,11 @@ def _store_pool(base, off, vals, mask, PEER_TABLE: tl.constexpr, NPEERS: tl.cons
 @triton.jit
 def materialize_kernel(h_ptr, w_ptr, pool_ptr, fb_count_ptr, fb_rows_ptr, round_start,
                        D, V_rows, vocab_size, vocab_start, stride_hb, shard_base, shard_cols,
+                       bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, off_ptr, off_stride, pen_ptr, pen_stride,
                        POOL: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
-                       PEER_TABLE: tl.constexpr = False, NPEERS: tl.constexpr = 1):
+                       PEER_TABLE: tl.constexpr = False, NPEERS: tl.constexpr = 1,
+                       BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False):
     """Logits of this round's listed rows for this weight's vocabulary tile program_id(0), into
     the pool's block of this shard: pool[shard, slot, column] (through a peer table: every peer's
     pool). Padding ids are not written (nothing reads them)."""
@@ -98,6 +101,10 @@ def materialize_kernel(h_ptr, w_ptr, pool_ptr, fb_count_ptr, fb_rows_ptr, round_
                 w = w.to(tl.float32)
             acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
         ok = mask_v & ((vocab_start + offs_v) < vocab_size)
+        if BITMASK or SPARSE:  # the same processed logits stage 1 saw (processors.py)
+            acc = apply_processors(tl.where(ok[None, :], acc, float("-inf")), rows, active, vocab_start + offs_v, ok,
+                                   pid_v, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, off_ptr, off_stride,
+                                   pen_ptr, pen_stride, BITMASK, SPARSE)
         off = shard_base + tl.arange(0, POOL)[:, None].to(tl.int64) * shard_cols + offs_v[None, :]
         _store_pool(pool_ptr, off, acc, active[:, None] & ok[None, :], PEER_TABLE, NPEERS)
 
@@ -308,19 +315,24 @@ def _params_args(params: RowParams, dummy: torch.Tensor):
 
 def launch_materialize(hidden: torch.Tensor, weight: torch.Tensor, pool: PoolLayout, dest: torch.Tensor, *,
                        fb_count: torch.Tensor, fb_rows: torch.Tensor, start: int, vocab_size: int,
-                       vocab_start: int = 0, shard: int = 0, npeers=None, block_k: int = 64) -> None:
-    """Recompute the logits of listed rows [start, start + pool.rows) of this weight (global ids from
-    vocab_start) into shard ``shard`` of the pool ``dest`` (an int64 peer table when npeers is set)."""
+                       vocab_start: int = 0, shard: int = 0, npeers=None, block_k: int = 64,
+                       processing=None) -> None:
+    """Recompute the (processed) logits of listed rows [start, start + pool.rows) of this weight
+    (global ids from vocab_start) into shard ``shard`` of the pool ``dest`` (an int64 peer table
+    when npeers is set). processing: the call's LogitProcessing, or None."""
     D = hidden.shape[1]
     on_gpu = hidden.device.type == "cuda"
     block_v = 128
-    materialize_kernel[(triton.cdiv(weight.shape[0], block_v),)](
+    n_tiles = triton.cdiv(weight.shape[0], block_v)
+    proc_args, proc_flags = processor_args(processing, fb_rows, vocab_start=vocab_start, block_v=block_v,
+                                           n_tiles=n_tiles)
+    materialize_kernel[(n_tiles,)](
         hidden, weight, dest, fb_count, fb_rows, start, D, weight.shape[0], vocab_size, vocab_start, hidden.stride(0),
-        shard * pool.stride_shard, pool.shard_cols,
+        shard * pool.stride_shard, pool.shard_cols, *proc_args,
         POOL=pool.rows, BLOCK_V=block_v, BLOCK_K=max(16, min(block_k, triton.next_power_of_2(D))),
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and not on_gpu, PEER_TABLE=npeers is not None,
-        NPEERS=npeers or 1, num_warps=4, num_stages=2 if on_gpu else 1)
+        NPEERS=npeers or 1, **proc_flags, num_warps=4, num_stages=2 if on_gpu else 1)
 
 
 def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, fb_count: torch.Tensor,
@@ -357,6 +369,6 @@ def run_fallback(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     rows_to_cover = B if hidden.device.type == "cuda" else int(fb_count[0])
     for start in range(0, rows_to_cover, rows):
         launch_materialize(hidden, weight, pool, buf, fb_count=fb_count, fb_rows=fb_rows, start=start,
-                           vocab_size=vocab_size, block_k=block_k)
+                           vocab_size=vocab_size, block_k=block_k, processing=params.processing)
         launch_resolve(pool, buf, params, fb_count=fb_count, fb_rows=fb_rows, start=start, vocab_size=vocab_size,
                        tokens=tokens, logprobs=logprobs, top_n=top_n, mode=mode, top_ids=top_ids, top_lp=top_lp)

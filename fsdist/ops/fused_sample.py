@@ -24,6 +24,7 @@ from .epilogue import raw_sum, row_temperature, tile_stats, tile_topk, write_can
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
 from .parity import parity_args, parity_offsets
+from .processors import apply_processors, processor_args
 from .step_check import call_flags, write_row_fingerprints, write_step_record
 from .utils import fast_log_ok, load_row_param, row_param_args
 
@@ -38,6 +39,7 @@ def fused_sample_kernel(
     buf_offset, buf_offset_i, stride_field, stride_slot,
     parity_ptr, parity_stride_f, parity_stride_i,
     hdr_off_i, flags, stride_ifield, xfp_ptr, xfp_val,
+    bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, off_ptr, off_stride, pen_ptr, pen_stride,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_V: tl.constexpr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
@@ -46,6 +48,7 @@ def fused_sample_kernel(
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
     FAST_LOG: tl.constexpr, DEVICE_PARITY: tl.constexpr, TMA: tl.constexpr = False, HEADER: tl.constexpr = False,
     EXTENDED: tl.constexpr = False, KEEP: tl.constexpr = 4, XFP_PER_ROW: tl.constexpr = False,
+    BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False,
 ):
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
@@ -98,6 +101,11 @@ def fused_sample_kernel(
     # A NaN or +inf logit leaves the row without a distribution: poison it (token -1).
     # -inf is a logit of probability 0 and is fine.
     bad_logit = tl.max(((logit != logit) | (logit == float("inf"))).to(tl.int32), axis=1) > 0
+    if BITMASK or SPARSE:
+        # Token bitmask, logit bias, penalties (processors.py): from here on "logit" is the
+        # processed logit, which everything below (noise, statistics, kept logits) uses.
+        logit = apply_processors(logit, offs_b, mask_b, gid, valid, pid_v, bm_ptr, bm_stride, ent_ptr, val_ptr,
+                                 ent_stride, off_ptr, off_stride, pen_ptr, pen_stride, BITMASK, SPARSE)
     if NOISE:
         seed = load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
         offset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
@@ -189,6 +197,8 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     xfp_p, xfp_v, xfp_row = row_param_args(params.fingerprint, dummy)
     par_p, par_f, par_i, par_on = parity_args(dest.parity, dummy)
     h_arg, w_arg, tma = tma_operands(hidden, weight, cfg)
+    proc_args, proc_flags = processor_args(params.processing, dummy, vocab_start=vocab_start, block_v=cfg.block_v,
+                                           n_tiles=n_vtiles)
     fused_sample_kernel[(triton.cdiv(B, cfg.block_b), n_vtiles)](
         h_arg, w_arg,
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
@@ -200,6 +210,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         par_p, par_f, par_i,
         layout.fingerprint_slot, call_flags(logprobs, chunked=False) if flags is None else flags,
         layout.stride_ifield, xfp_p, xfp_v,
+        *proc_args,
         BLOCK_B=cfg.block_b, BLOCK_V=cfg.block_v, BLOCK_K=cfg.block_k,
         EVEN_K=D % cfg.block_k == 0, EVEN_V=V_rows % cfg.block_v == 0,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
@@ -209,7 +220,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
         FAST_LOG=fast_log_ok(hidden.device),
         DEVICE_PARITY=par_on, TMA=tma, HEADER=_header(layout, dest), EXTENDED=extended, KEEP=KEEP,
-        XFP_PER_ROW=xfp_row,
+        XFP_PER_ROW=xfp_row, **proc_flags,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 

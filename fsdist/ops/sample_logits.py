@@ -32,6 +32,7 @@ from .epilogue import raw_sum, row_temperature, tile_topk, write_candidates, wri
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_quad_bits
 from .parity import parity_args, parity_offsets
+from .processors import apply_processors, processor_args
 from .step_check import call_flags, write_row_fingerprints, write_step_record
 from .utils import fast_log_ok, load_row_param, row_param_args
 
@@ -67,12 +68,14 @@ def sample_logits_kernel(
     buf_offset, buf_offset_i, stride_field, stride_slot,
     parity_ptr, parity_stride_f, parity_stride_i,
     hdr_off_i, flags, stride_ifield, xfp_ptr, xfp_val,
+    bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, off_ptr, off_stride, pen_ptr, pen_stride,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
     NOISE: tl.constexpr, LOGPROBS: tl.constexpr,
     PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr, FAST_LOG: tl.constexpr,
     DEVICE_PARITY: tl.constexpr, HEADER: tl.constexpr = False, EXTENDED: tl.constexpr = False,
     KEEP: tl.constexpr = 4, XFP_PER_ROW: tl.constexpr = False,
+    BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False,
 ):
     """Candidates of vocabulary tiles [tile_base, tile_end) from a logits chunk whose column 0
     is weight row tile_base * BLOCK_V. A program covers BLOCK_B rows and TILES tiles."""
@@ -105,6 +108,19 @@ def sample_logits_kernel(
             cols = (pid_v - tile_base) * BLOCK_V + tl.arange(0, BLOCK_V)
             inb = (pid_v * BLOCK_V + tl.arange(0, BLOCK_V)) < V_rows
             tile = tl.load(row_ptr + cols[None, :], mask=mask_b[:, None] & inb[None, :], other=0.0)
+            if BITMASK or SPARSE:
+                # Processors (processors.py) on the tile in natural column order, before the
+                # lanes split. A NaN / +inf raw logit still poisons the row even where the
+                # bitmask then hides it, as in the fused kernel.
+                tcol = tl.arange(0, BLOCK_V)
+                tgid = vocab_start + pid_v * BLOCK_V + tcol
+                tok_ = ((pid_v * BLOCK_V + tcol) < V_rows) & (tgid < vocab_size)
+                raw = tl.where(tok_[None, :], tile, float("-inf"))
+                raw_bad = tl.max(((raw != raw) | (raw == float("inf"))).to(tl.int32), axis=1) > 0
+                tile = apply_processors(raw, offs_b, mask_b, tgid, tok_, pid_v, bm_ptr, bm_stride, ent_ptr, val_ptr,
+                                        ent_stride, off_ptr, off_stride, pen_ptr, pen_stride, BITMASK, SPARSE)
+            else:
+                raw_bad = bad_temp & False
             xe, xo = tl.split(tl.reshape(tile, [BLOCK_B, Q, 2, 2]))  # lanes (0, 2) and (1, 3)
             x0, x2 = tl.split(xe)
             x1, x3 = tl.split(xo)
@@ -129,7 +145,7 @@ def sample_logits_kernel(
             lane = tl.where(c0 == mm, 0, tl.where(c1 == mm, 1, tl.where(c2 == mm, 2, tl.where(c3 == mm, 3, BIG))))
             best = tl.min(lane + (4 * q)[None, :], axis=1)  # the lowest id that reaches m
             lane0 = (4 * q)[None, :]
-            poisoned = (m != m) | (m == float("inf")) | bad_temp
+            poisoned = (m != m) | (m == float("inf")) | bad_temp | raw_bad
             best_score = tl.where(poisoned, float("nan"), m)
             best_idx = tl.where(poisoned, -1, vocab_start + pid_v * BLOCK_V + best).to(tl.int32)
 
@@ -202,6 +218,8 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
     if num_warps is None:
         num_warps = 8 if block_b >= 32 and on_gpu else 4
     grid = (triton.cdiv(B, block_b), triton.cdiv(tiles[1] - tiles[0], tiles_per_program))
+    proc_args, proc_flags = processor_args(params.processing, dummy, vocab_start=vocab_start, block_v=block_v,
+                                           n_tiles=triton.cdiv(V_rows, block_v))
     sample_logits_kernel[grid](
         logits, logits.stride(0), tiles[0], tiles[1],
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
@@ -212,13 +230,14 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
         par_p, par_f, par_i,
         layout.fingerprint_slot, call_flags(logprobs, chunked=True) if flags is None else flags,
         layout.stride_ifield, xfp_p, xfp_v,
+        *proc_args,
         BLOCK_B=block_b, BLOCK_V=block_v, TILES=tiles_per_program,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
         NOISE=not params.all_greedy, LOGPROBS=logprobs or extended,
         PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1,
         FAST_LOG=fast_log_ok(logits.device),
         DEVICE_PARITY=par_on, HEADER=layout.checked, EXTENDED=extended, KEEP=KEEP, XFP_PER_ROW=xfp_row,
-        num_warps=num_warps,
+        **proc_flags, num_warps=num_warps,
     )
 
 

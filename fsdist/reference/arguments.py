@@ -5,12 +5,9 @@ own (materialized, host-synchronizing) path only; fsdist's kernels validate in
 ``fsdist.validation``.
 """
 import numbers
-from typing import Union
 
 import torch
 
-Row = Union[float, int, torch.Tensor]
-"""A sampling parameter: one Python number for every row, or a [B] tensor."""
 
 NEG_INF = float("-inf")
 

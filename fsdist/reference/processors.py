@@ -6,40 +6,11 @@ the bitmask is xgrammar's layout (int32 words, bit v % 32 of word v // 32 set = 
 allowed). Each ``apply_*`` edits a float64 [B, W] logits tensor in place; ids >= vocab_size
 (padding) are never touched.
 """
-from typing import NamedTuple, Optional
 
 import torch
 
-from .arguments import NEG_INF, Row, id_table, row_param
-
-
-class SparseLogits(NamedTuple):
-    """A few (id, value) pairs per row: the logit bias.
-
-    ids:    int64 [B, K]; -1 marks an empty slot. An id listed twice in a row gets both values.
-    values: floating [B, K] (fp32 in fsdist); added to the logits of those ids.
-    """
-
-    ids: torch.Tensor
-    values: torch.Tensor
-
-
-class Penalties(NamedTuple):
-    """OpenAI/vLLM-style penalties.
-
-    repetition: > 0, scalar or [B]; 1 = off. For ids in prompt U output a positive logit
-                is divided by it, a zero or negative one multiplied by it.
-    frequency:  scalar or [B]; 0 = off. Subtracted once per occurrence in output_ids.
-    presence:   scalar or [B]; 0 = off. Subtracted once if the id occurs in output_ids.
-    output_ids: int64 [B, L], -1-padded, or None; duplicates count several times.
-    prompt_ids: int64 [B, P], -1-padded, or None; only the repetition penalty reads it.
-    """
-
-    repetition: Row = 1.0
-    frequency: Row = 0.0
-    presence: Row = 0.0
-    output_ids: Optional[torch.Tensor] = None
-    prompt_ids: Optional[torch.Tensor] = None
+from ..types import Penalties, SparseLogits
+from .arguments import NEG_INF, id_table, row_param
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from .arguments import NEG_INF, Row, check_logits, check_vocab_size, no_nan, row_param
+from ..types import Row
+from .arguments import NEG_INF, check_logits, check_vocab_size, no_nan, row_param
 from .processors import (Penalties, SparseLogits, allowed_from_bitmask, apply_bias, apply_bitmask,
                          apply_penalties, bitmask_from_allowed, bitmask_words)
 

@@ -118,7 +118,7 @@ class CandidatesReduction(Reduction):
         for start in range(0, n, pool.rows):
             launch_materialize(hidden, weight, pool, target, fb_count=fb_count, fb_rows=fb_rows, start=start,
                                vocab_size=self.partition.vocab_size, vocab_start=self.partition.start,
-                               shard=self.rank, npeers=npeers)
+                               shard=self.rank, npeers=npeers, processing=params.processing)
             self.transport.exchange([(self.pool, 0, pool.stride_shard)])
             launch_resolve(pool, self.pool.local, params, fb_count=fb_count, fb_rows=fb_rows, start=start,
                            vocab_size=self.partition.vocab_size, tokens=tokens, logprobs=lp, top_n=opts.top_n,

@@ -34,8 +34,10 @@ from .. import validation
 from ..env import apply_safe_env
 from ..ops.configs import STAGE1_PATHS, TileConfig, default_block_v
 from ..ops.step_check import ERROR_INPUT, filter_fingerprint
+from ..processing import check_values as check_processing_values
+from ..processing import prepare_processing
 from ..runtime import default_device
-from ..types import SampleOutput
+from ..types import Penalties, SampleOutput, SparseLogits
 from . import agreement, transports
 from .candidates import CandidatesReduction
 from .group_logmass import GroupLogmassReduction
@@ -275,7 +277,8 @@ class ShardedFlashLMHead(nn.Module):
                 path: Optional[str] = None, check: bool = False, *,
                 top_k: Union[int, torch.Tensor] = 0, top_p: Union[float, torch.Tensor] = 1.0,
                 min_p: Union[float, torch.Tensor] = 0.0, top_logprobs: int = 0,
-                logprobs_mode: str = "scaled") -> SampleOutput:
+                logprobs_mode: str = "scaled", token_bitmask: Optional[torch.Tensor] = None,
+                logit_bias: Optional[SparseLogits] = None, penalties: Optional[Penalties] = None) -> SampleOutput:
         """Sample one token per row from softmax(hidden @ W_full.T / T) over ids < vocab_size.
 
         A collective over tp_group (see the module docstring). ``weight`` overrides this
@@ -288,7 +291,9 @@ class ShardedFlashLMHead(nn.Module):
         :func:`fsdist.sample` (``reduction="candidates"`` only; the tokens and logprobs equal
         fsdist.sample's on the full weight). A filtered or top-N call reads one integer from the
         device (how many rows the exact fallback must resolve), so every rank runs the same
-        exchanges; plain calls never synchronise.
+        exchanges; plain calls never synchronise. ``token_bitmask``, ``logit_bias``,
+        ``penalties``: as in :func:`fsdist.sample` (both reductions), in global vocabulary
+        ids; each rank applies the bitmask words and the listed ids of its own range.
 
         Errors never leave the group out of step. A bad argument on this rank raises here
         *after* this rank has taken part in the step (it publishes an error header instead
@@ -301,7 +306,8 @@ class ShardedFlashLMHead(nn.Module):
             raise RuntimeError("this ShardedFlashLMHead was closed")
         try:
             hidden, w, params, opts = self._prepare(hidden, temperature, seed, offset, return_logprobs, weight, path,
-                                                    check, top_k, top_p, min_p, top_logprobs, logprobs_mode)
+                                                    check, top_k, top_p, min_p, top_logprobs, logprobs_mode,
+                                                    token_bitmask, logit_bias, penalties)
         except Exception:
             # Take part in the step anyway, with an error header and no candidates.
             self._reduction.skip_step(-1, 0, ERROR_INPUT, self._step)
@@ -322,7 +328,7 @@ class ShardedFlashLMHead(nn.Module):
         return out
 
     def _prepare(self, hidden, temperature, seed, offset, return_logprobs, weight, path, check, top_k, top_p, min_p,
-                 top_logprobs, logprobs_mode):
+                 top_logprobs, logprobs_mode, token_bitmask=None, logit_bias=None, penalties=None):
         """Every local check of a forward call; raises on a bad argument."""
         validation.check_hidden(hidden, hidden_size=self.hidden_size)
         if hidden.device != self.device:
@@ -342,8 +348,14 @@ class ShardedFlashLMHead(nn.Module):
         validation.check_logprobs_options(top_logprobs, logprobs_mode)
         params = validation.row_params(temperature, seed, offset, B, hidden.device, top_k=top_k, top_p=top_p,
                                        min_p=min_p)
+        processing = prepare_processing(token_bitmask, logit_bias, penalties, batch=B, vocab_size=self.vocab_size,
+                                        device=hidden.device)
+        if processing is not None and logprobs_mode == "raw" and (return_logprobs or top_logprobs):
+            raise ValueError("logprobs_mode='raw' cannot be combined with token_bitmask / logit_bias / penalties "
+                             "(raw logprobs need the unprocessed logits); use 'scaled' or 'processed'")
         if check:
             validation.check_row_values(params)
+            check_processing_values(processing)
         if path is not None and path not in STAGE1_PATHS:
             raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
         opts = CallOptions(bool(return_logprobs), path, params.filtered(self.vocab_size), top_logprobs, logprobs_mode)
@@ -354,6 +366,11 @@ class ShardedFlashLMHead(nn.Module):
         if opts.extended:
             params = dataclasses.replace(params, fingerprint=filter_fingerprint(params.top_k, params.top_p,
                                                                                 params.min_p))
+        if processing is not None:
+            # Poisoned rows get a NaN temperature; the processors' hash joins the row fingerprint
+            # so ranks given different bitmasks, biases or penalties are caught (step_check.py).
+            params = processing.apply_to(params)
+            params = dataclasses.replace(params, fingerprint=processing.row_fingerprint() ^ params.fingerprint)
         if hidden.stride(1) != 1:
             hidden = hidden.contiguous()
         return hidden, w.detach(), params, opts

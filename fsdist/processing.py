@@ -1,0 +1,236 @@
+"""Logit processors as the kernels receive them: token bitmask, logit bias, penalties.
+
+They come first in vLLM V1's order (docs/semantics.md)::
+
+    raw logits -> token bitmask -> logit bias -> penalties  (= processed logits)
+               -> / T -> min-p -> top-k -> top-p -> sample
+
+and fsdist applies them inside stage 1, to each logits tile while it is still in
+registers (``fsdist.ops.processors``), so the processed logits never exist in memory
+either. Two shapes of work:
+
+* The **token bitmask** is dense: xgrammar's int32 words (bit v % 32 of word v // 32 set =
+  id v allowed), read BLOCK_V / 32 words per row and tile.
+* **Bias and penalties** touch a few ids per row (tens to a few thousand of ~150k). They
+  become one list of *entries* per row, ``id * 4 + kind`` (kind 0: a bias value, 1: an
+  occurrence in output_ids, 2: an occurrence in prompt_ids), sorted, with the bias value
+  beside each entry, and per-tile offsets into it (``tile_offsets``): a tile visits only the
+  entries of its own ids, typically none or one. Sorting is stable, so repeated bias ids
+  add up in the order given, on every path and rank alike.
+
+Nothing here synchronises with the device. Values inside device tensors that the API
+forbids (an id outside [-1, vocab_size), a NaN or infinite bias value, a repetition
+penalty <= 0, a NaN or infinite penalty) mark their row bad: ``apply_to`` gives such a
+row a NaN temperature, which every kernel treats as a poisoned row (token -1, NaN
+logprob). ``check_values`` (``check=True``) raises instead, with a sync.
+"""
+import numbers
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .params import RowParams
+from .types import Penalties, SparseLogits
+
+KIND_BIAS, KIND_OUTPUT, KIND_PROMPT = 0, 1, 2
+SENTINEL = 2**31 - 1  # an entry past every tile: an empty or dropped slot
+MAX_IDS = 2**29  # entries hold id * 4 + kind in int32
+
+
+@dataclass(frozen=True, eq=False)
+class LogitProcessing:
+    """A call's processors, ready for the kernels (see the module docstring).
+
+    bitmask:   int32 [B, W] (W >= ceil(vocab_size / 32)) or None.
+    entries:   int32 [B, S] sorted ``id * 4 + kind`` (SENTINEL pads), or None (no bias or
+               penalty touches any id).
+    values:    fp32 [B, S], the bias value of each entry (0 for occurrences).
+    penalties: fp32 [3, B]: repetition, frequency, presence of each row.
+    bad_rows:  bool [B], rows whose processor values are out of range.
+    problems:  (argument, rule, bool [B]) per check behind bad_rows, for check_values.
+    """
+
+    bitmask: Optional[torch.Tensor]
+    entries: Optional[torch.Tensor]
+    values: Optional[torch.Tensor]
+    penalties: Optional[torch.Tensor]
+    bad_rows: torch.Tensor
+    problems: Tuple[Tuple[str, str, torch.Tensor], ...] = ()
+    _offsets: Dict[Tuple[int, int, int], torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def tile_offsets(self, vocab_start: int, block_v: int, n_tiles: int) -> torch.Tensor:
+        """int32 [B, n_tiles + 1]: the entries of tile t (global ids vocab_start + t * block_v
+        onwards, block_v of them) are entries[b, off[b, t] : off[b, t + 1]]. Cached per tiling."""
+        key = (vocab_start, block_v, n_tiles)
+        off = self._offsets.get(key)
+        if off is None:
+            ent = self.entries
+            bounds = (vocab_start + torch.arange(n_tiles + 1, device=ent.device, dtype=torch.int64) * block_v) * 4
+            bounds = bounds.clamp(max=SENTINEL).to(torch.int32).expand(ent.shape[0], -1).contiguous()
+            off = torch.searchsorted(ent, bounds, out_int32=True)
+            self._offsets[key] = off
+        return off
+
+    def apply_to(self, params: RowParams) -> RowParams:
+        """params with bad rows poisoned: their temperature becomes NaN (a [B] tensor)."""
+        t = params.temperature
+        if not isinstance(t, torch.Tensor):
+            t = torch.full(self.bad_rows.shape, float(t), dtype=torch.float32, device=self.bad_rows.device)
+        t = torch.where(self.bad_rows, torch.full_like(t, float("nan")), t)
+        return RowParams(t, params.seed, params.offset, params.top_k, params.top_p, params.min_p,
+                         params.fingerprint, self)
+
+    def row_fingerprint(self) -> torch.Tensor:
+        """int64 [B]: a cheap hash of each row's processor inputs, for the tensor-parallel call
+        header (ranks that disagree on a bitmask word, an entry or a penalty are caught, up
+        to sums that happen to agree)."""
+        fp = self.bad_rows.to(torch.int64)
+        if self.bitmask is not None:
+            fp = fp * 1000003 + self.bitmask.sum(dim=1, dtype=torch.int64)
+        if self.entries is not None:
+            fp = fp * 1000033 + self.entries.sum(dim=1, dtype=torch.int64)
+            fp = fp * 1000037 + self.values.view(torch.int32).sum(dim=1, dtype=torch.int64)
+        if self.penalties is not None:
+            fp = fp * 1000039 + (self.penalties.view(torch.int32).to(torch.int64) * torch.tensor(
+                [[1], [7919], [104729]], device=fp.device)).sum(dim=0)
+        return fp
+
+
+def _ids_tensor(x, name: str, batch: int, device: torch.device) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be an int64 tensor [B, K] (-1 for an empty slot), got {type(x).__name__}")
+    if x.dtype != torch.int64:
+        raise TypeError(f"{name} must be int64, got {x.dtype}")
+    if x.dim() != 2 or x.shape[0] != batch:
+        raise ValueError(f"{name} must have shape [{batch}, K] (-1-padded), got {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device} but hidden is on {device}")
+    return x
+
+
+def _penalty_row(x, name: str, batch: int, device: torch.device) -> torch.Tensor:
+    """A scalar or [B] penalty as fp32 [B] (scalars are checked here, tensors on the device)."""
+    if isinstance(x, torch.Tensor):
+        if x.dim() != 1 or x.shape[0] != batch:
+            raise ValueError(f"{name} tensor must have shape [{batch}] (one per row), got {tuple(x.shape)}")
+        if x.device != device:
+            raise ValueError(f"{name} is on {x.device} but hidden is on {device}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} tensor must be floating point, got {x.dtype}")
+        return x.to(torch.float32)
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a real number or a [{batch}] tensor, got {type(x).__name__}")
+    v = float(x)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be finite, got {v}")
+    if name.endswith("repetition") and v <= 0:
+        raise ValueError(f"{name} must be > 0 (1 = off), got {v}")
+    return torch.full((batch,), v, dtype=torch.float32, device=device)
+
+
+def check_bitmask(token_bitmask, batch: int, vocab_size: int, device: torch.device) -> torch.Tensor:
+    if not isinstance(token_bitmask, torch.Tensor):
+        raise TypeError(f"token_bitmask must be an int32 tensor [B, ceil(vocab_size/32)], "
+                        f"got {type(token_bitmask).__name__}")
+    if token_bitmask.dtype != torch.int32:
+        raise TypeError(f"token_bitmask must be int32 (xgrammar's layout), got {token_bitmask.dtype}")
+    words = (vocab_size + 31) // 32
+    if token_bitmask.dim() != 2 or token_bitmask.shape[0] != batch or token_bitmask.shape[1] < words:
+        raise ValueError(f"token_bitmask must have shape [{batch}, {words}] (ceil(vocab_size / 32) words per "
+                         f"row; more words are ignored), got {tuple(token_bitmask.shape)}")
+    if token_bitmask.device != device:
+        raise ValueError(f"token_bitmask is on {token_bitmask.device} but hidden is on {device}")
+    return token_bitmask if token_bitmask.stride(1) == 1 else token_bitmask.contiguous()
+
+
+def prepare_processing(token_bitmask=None, logit_bias=None, penalties=None, *, batch: int, vocab_size: int,
+                       device: torch.device) -> Optional[LogitProcessing]:
+    """Validate shapes, dtypes and devices (never values in device tensors) and build the
+    kernels' view of the processors; None when none is given."""
+    if token_bitmask is None and logit_bias is None and penalties is None:
+        return None
+    device = torch.device(device)
+    if vocab_size >= MAX_IDS:
+        raise ValueError(f"logit processors support vocabularies below {MAX_IDS} ids, got {vocab_size}")
+    problems = []
+    bitmask = None if token_bitmask is None else check_bitmask(token_bitmask, batch, vocab_size, device)
+
+    slots, vals = [], []
+
+    def add(name: str, ids: torch.Tensor, kind: int, values: Optional[torch.Tensor] = None,
+            keep: Optional[torch.Tensor] = None):
+        out_of_range = (ids < -1) | (ids >= vocab_size)
+        problems.append((name, f"hold ids in [0, vocab_size={vocab_size}) or -1", out_of_range.any(dim=1)))
+        use = (ids >= 0) & ~out_of_range
+        if keep is not None:
+            use = use & keep[:, None]
+        slots.append(torch.where(use, ids * 4 + kind, SENTINEL).to(torch.int32))
+        if values is None:
+            vals.append(torch.zeros(ids.shape, dtype=torch.float32, device=device))
+        else:
+            vals.append(torch.where(use, values, 0.0).to(torch.float32))
+
+    if logit_bias is not None:
+        if isinstance(logit_bias, tuple) and not isinstance(logit_bias, SparseLogits) and len(logit_bias) == 2:
+            logit_bias = SparseLogits(*logit_bias)
+        if not isinstance(logit_bias, SparseLogits):
+            raise TypeError(f"logit_bias must be fsdist.SparseLogits(ids, values), got {type(logit_bias).__name__}")
+        ids = _ids_tensor(logit_bias.ids, "logit_bias.ids", batch, device)
+        v = logit_bias.values
+        if not isinstance(v, torch.Tensor) or not v.is_floating_point():
+            raise TypeError("logit_bias.values must be a floating tensor [B, K]"
+                            + (f", got {v.dtype}" if isinstance(v, torch.Tensor) else f", got {type(v).__name__}"))
+        if v.shape != ids.shape:
+            raise ValueError(f"logit_bias.values has shape {tuple(v.shape)} but logit_bias.ids has "
+                             f"{tuple(ids.shape)}: they must match")
+        if v.device != device:
+            raise ValueError(f"logit_bias.values is on {v.device} but hidden is on {device}")
+        v32 = v.to(torch.float32)
+        add("logit_bias.ids", ids, KIND_BIAS, v32)
+        problems.append(("logit_bias.values", "be finite (use token_bitmask to forbid an id)",
+                         ((ids >= 0) & ~torch.isfinite(v32)).any(dim=1)))
+
+    pen = None
+    if penalties is not None:
+        if not isinstance(penalties, Penalties):
+            raise TypeError(f"penalties must be fsdist.Penalties(...), got {type(penalties).__name__}")
+        rep = _penalty_row(penalties.repetition, "penalties.repetition", batch, device)
+        freq = _penalty_row(penalties.frequency, "penalties.frequency", batch, device)
+        pres = _penalty_row(penalties.presence, "penalties.presence", batch, device)
+        pen = torch.stack([rep, freq, pres])
+        problems.append(("penalties", "be finite, with repetition > 0", ~torch.isfinite(pen).all(dim=0) | (rep <= 0)))
+        if penalties.output_ids is not None:
+            out = _ids_tensor(penalties.output_ids, "penalties.output_ids", batch, device)
+            add("penalties.output_ids", out, KIND_OUTPUT, keep=(rep != 1) | (freq != 0) | (pres != 0))
+        if penalties.prompt_ids is not None:
+            prompt = _ids_tensor(penalties.prompt_ids, "penalties.prompt_ids", batch, device)
+            add("penalties.prompt_ids", prompt, KIND_PROMPT, keep=rep != 1)  # only the repetition penalty reads the prompt
+
+    entries = values = None
+    if slots and sum(s.shape[1] for s in slots) > 0:
+        entries, order = torch.sort(torch.cat(slots, dim=1), dim=1, stable=True)
+        values = torch.gather(torch.cat(vals, dim=1), 1, order).contiguous()
+        entries = entries.contiguous()
+    if entries is None:
+        pen = None  # penalties without any listed id change nothing
+    elif pen is None:  # a bias alone: penalties off
+        pen = torch.tensor([[1.0], [0.0], [0.0]], device=device).expand(3, batch).contiguous()
+    bad = torch.zeros(batch, dtype=torch.bool, device=device)
+    for _, _, rows in problems:
+        bad = bad | rows
+    return LogitProcessing(bitmask, entries, values, pen, bad, tuple(problems))
+
+
+def check_values(processing: Optional[LogitProcessing]) -> None:
+    """Opt-in (``check=True``): raise ValueError on rows whose processor values are out of
+    range (synchronises with the device)."""
+    if processing is None:
+        return
+    for name, rule, rows in processing.problems:
+        if bool(rows.any()):
+            raise ValueError(f"{name} must {rule} in every row (bad rows: {rows.nonzero().flatten().tolist()[:8]})")
+
+
+__all__ = ["KIND_BIAS", "KIND_OUTPUT", "KIND_PROMPT", "LogitProcessing", "SENTINEL", "check_bitmask",
+           "check_values", "prepare_processing"]
