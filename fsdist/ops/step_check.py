@@ -95,7 +95,7 @@ def describe_status(bits: int) -> str:
     if bits & STATUS_RECORD_MISMATCH:
         what.append("ranks made different calls (step count, batch size or flags such as return_logprobs)")
     if bits & STATUS_ROW_MISMATCH:
-        what.append("ranks passed different per-row parameters (seed, offset or temperature)")
+        what.append("ranks passed different per-row parameters (seed, offset, temperature, filters or logit processors)")
     return "; ".join(what) or "no mismatch"
 
 
