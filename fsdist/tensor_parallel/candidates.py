@@ -1,7 +1,7 @@
 """``reduction="candidates"``: every rank's per-tile candidates meet in every rank's buffer.
 
 The buffer is the single-GPU candidate layout with one shard block per rank,
-fp32 [tp, n_fields, n_local, batch_cap] and int32 [tp, n_local, batch_cap]
+fp32 [tp, n_fields, n_local, batch_cap] and int32 [tp, n_ifields * n_local + 2, batch_cap]
 (``fsdist.ops.layout.CandidateLayout``); rank r's stage 1 fills block r with
 candidates carrying *global* vocabulary ids and noise keyed by those ids. Stage 2 then
 merges all tp * n_local slots, in vocabulary order, on every rank. The result is the
