@@ -48,7 +48,8 @@ repeats by chance; fsdist turns them into 1,000 sorted entries per row):
                        xgrammar's torch path; bias by scatter_add; vLLM's penalties: occurrence counts
                        by scatter_add over a [B, V+1] table, prompt mask, where(x > 0, x / r, x * r),
                        - f * count - p * (count > 0)) -> Gumbel argmax; one static torch.compile per B
-  torch_*_eager        the same without torch.compile (torch_processors_eager in the group, the others by name)
+  torch_*_eager        the same without torch.compile (torch_processors_eager in the group, the others by name;
+                       so is torch_bias_pen_compiled: the group keeps to three torch.compiles per cell)
   xgr_bitmask          cuBLAS logits -> fp32 -> xgrammar.apply_token_bitmask_inplace -> Gumbel argmax
                        (compiled per B on a GPU); skipped when xgrammar is not importable
 Their table prints each processors method over plain fsdist and each baseline over it, per B,
@@ -544,8 +545,7 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
 # --methods group names: what each one selects, in this order.
 METHOD_GROUPS = {
     "processors": ["cublas", "fsdist", "gumbel_compiled", "fsdist_bitmask", "fsdist_bias_pen", "fsdist_processors_all",
-                   "torch_bitmask_compiled", "xgr_bitmask", "torch_bias_pen_compiled", "torch_processors_compiled",
-                   "torch_processors_eager"],
+                   "torch_bitmask_compiled", "xgr_bitmask", "torch_processors_compiled", "torch_processors_eager"],
 }
 
 
