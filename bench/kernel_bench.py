@@ -44,8 +44,8 @@ repeats by chance; fsdist turns them into 1,000 sorted entries per row):
   fsdist_bias_pen      fsdist.sample(logit_bias=SparseLogits([B, 500]), penalties=Penalties([B] x 3, [B, 250] x 2))
   fsdist_processors_all  both
   torch_bitmask_compiled, torch_bias_pen_compiled, torch_processors_compiled   cuBLAS bf16 logits -> fp32
-                       -> the same processors in plain torch (bits unpacked + masked_fill -inf, as
-                       xgrammar's torch path; bias by scatter_add; vLLM's penalties: occurrence counts
+                       -> the same processors in plain torch (bits unpacked by shifts + masked_fill
+                       -inf; bias by scatter_add; vLLM's penalties: occurrence counts
                        by scatter_add over a [B, V+1] table, prompt mask, where(x > 0, x / r, x * r),
                        - f * count - p * (count > 0)) -> Gumbel argmax; one static torch.compile per B
   torch_*_eager        the same without torch.compile (torch_processors_eager in the group, the others by name;
