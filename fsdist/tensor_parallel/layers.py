@@ -285,6 +285,26 @@ class ShardedFlashLMHead(nn.Module):
         seam.reduction = self._reduction
         self._step = 0
 
+    @classmethod
+    def from_megatron(cls, model_or_output_layer, vocab_size: int, **kwargs) -> "ShardedFlashLMHead":
+        """A head on a Megatron-Core model's own output-layer weight (no shard of its own).
+
+        ``model_or_output_layer``: a ``GPTModel`` (also wrapped in DDP / ``Float16Module``) on
+        its last pipeline stage, or its ``output_layer`` (a ``ColumnParallelLinear``). The head
+        shares the layer's weight Parameter, or with tied embeddings
+        ``shared_embedding_or_output_weight()``, and reads the hidden size, dtype, device,
+        TP group and padded vocabulary from Megatron. ``vocab_size`` is the *true*
+        vocabulary: ``GPTModel.vocab_size`` is padded, and a ``vocab_size`` equal to the
+        padded size raises unless ``vocab_size_is_true=True``. Other keyword arguments
+        (``transport``, ``reduction``, ``max_batch_size``, ``tp_group``, ...) are the
+        constructor's. Collective over the TP group. Needs megatron-core only to find the TP
+        group through ``parallel_state`` when the layer carries none. See
+        ``fsdist/integrations/megatron.py`` and docs/integration.md.
+        """
+        from ..integrations.megatron import head_from_megatron
+
+        return head_from_megatron(cls, model_or_output_layer, vocab_size, **kwargs)
+
     # ---- vocabulary range -------------------------------------------------------------
     @property
     def vocab_start(self) -> int:
