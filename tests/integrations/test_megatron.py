@@ -177,3 +177,30 @@ def test_from_megatron_refuses_the_padded_vocab_and_a_bare_tied_layer(megatron_t
     head = fsdist.ShardedFlashLMHead.from_megatron(untied, V_PAD, vocab_size_is_true=True)
     assert head.vocab_size == V_PAD
     head.close()
+
+
+@mpi
+def test_output_processor_gathers_sequence_parallel_chunks(dist_ctx):
+    """With sequence parallelism each TP rank holds [s / tp, b, h]; the hook gathers the sequence
+    before sampling (Megatron's own output layer does the same gather). Needs no megatron-core."""
+    import types
+
+    from fsdist.integrations.megatron import output_processor
+
+    world, rank, dev = dist_ctx.world_size, dist_ctx.rank, dist_ctx.device
+    V, D, S_full, b = 1000, 16, 2 * dist_ctx.world_size, 3
+    g = torch.Generator().manual_seed(11)
+    W = torch.randn(V, D, generator=g).to(dev)
+    h = torch.randn(S_full, b, D, generator=g).to(dev)
+    seeds = torch.randint(0, 2**40, (S_full, b), generator=g).to(dev)
+    head = fsdist.ShardedFlashLMHead(D, V, params_dtype=torch.float32, transport="collective", device=dev)
+    head.load_full_weight(W)
+    chunk = h[rank * 2:(rank + 1) * 2]
+    sp_layer = types.SimpleNamespace(sequence_parallel=True)
+    out = output_processor(head)(hidden_states=chunk, output_layer=sp_layer, context=dict(seed=seeds, offset=1))
+    assert out.tokens.shape == (S_full, b)
+    assert torch.equal(out.tokens, fsdist.sample(h, W, seed=seeds, offset=1, vocab_size=V).tokens)
+    last = output_processor(head, last_token_only=True)(hidden_states=chunk, output_layer=sp_layer,
+                                                        context=dict(seed=seeds[-1], offset=1))
+    assert torch.equal(last.tokens, out.tokens[-1:])
+    head.close()
