@@ -22,11 +22,29 @@ megatron-core (an optional extra: ``pip install --no-deps --ignore-requires-pyth
 megatron-core==0.19.2`` on Python 3.11). The CPU workarounds used here are the ones
 docs/integration.md lists.
 """
+import importlib.util
+import pathlib
+
 import pytest
 import torch
 import torch.distributed as dist
 
 import fsdist
+
+
+def _tensor_parallel_conftest():
+    """tests/tensor_parallel/conftest.py, loaded by path under its own name: its fixtures
+    (dist_ctx, the hard per-test timeout) serve this module too. (A conftest.py here would
+    shadow that one for ``from conftest import ...`` in a session that collects both.)"""
+    path = pathlib.Path(__file__).resolve().parent.parent / "tensor_parallel" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("fsdist_tests_tensor_parallel_conftest", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_tp = _tensor_parallel_conftest()
+dist_ctx, hard_timeout, _watchdog_stream = _tp.dist_ctx, _tp.hard_timeout, _tp._watchdog_stream
 
 mpi = pytest.mark.mpi(min_size=2)
 TP, LAYERS, D, HEADS = 2, 2, 64, 4
