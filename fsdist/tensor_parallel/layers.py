@@ -326,7 +326,8 @@ class ShardedFlashLMHead(nn.Module):
 
     @property
     def step(self) -> int:
-        """Number of (non-empty) forward calls made from Python so far (a capture counts once,
+        """Number of forward calls made from Python so far, empty and failed ones included (each
+        still takes part in a step on every rank; a capture counts once,
         graph replays not at all). The exchange buffer is picked by ``step_counter`` instead."""
         return self._step
 
