@@ -11,7 +11,7 @@ from typing import Optional, Union
 import torch
 
 from . import processing as proc
-from . import validation
+from . import rows, validation
 from .ops.configs import TileConfig
 from .ops.fallback import compact_rows, run_fallback
 from .ops.layout import BufferPair
@@ -40,7 +40,11 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
            check: bool = False) -> SampleOutput:
     """Draw one token per row from softmax(hidden @ weight.T / T) without materializing logits.
 
-    hidden: [B, D]; weight: [V, D] (nn.Linear layout, contiguous); same dtype, bf16/fp16/fp32.
+    hidden: [B, D], or [..., D] (e.g. Megatron's [s, b, h]): one row per leading index, and
+        every output comes back with that leading shape (tokens [...]); per-row parameters
+        are then scalars, [...] tensors or the flattened [N] (row-major), and the row-indexed
+        tables (token_bitmask, logit_bias, penalties' ids) [..., K] or [N, K] (fsdist/rows.py).
+    weight: [V, D] (nn.Linear layout, contiguous); same dtype as hidden, bf16/fp16/fp32.
     temperature: real number or [B] float tensor; below 1e-5 (vLLM's epsilon) the row is
         greedy (argmax). A negative or NaN value in a tensor makes that row return -1.
     seed, offset: int or [B] int64 tensors. The noise for (row, vocabulary id v) is a pure
@@ -90,9 +94,13 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     validation.check_device_runnable(hidden.device)
     vocab_size = validation.check_vocab_size(vocab_size, weight.shape[0])
     validation.check_logprobs_options(top_logprobs, logprobs_mode)
+    hidden, lead = rows.flatten_hidden(hidden)  # [..., D] -> [N, D]; the outputs get `lead` back
+    rp = rows.flatten_row_args(lead, temperature=temperature, seed=seed, offset=offset, top_k=top_k, top_p=top_p,
+                               min_p=min_p)
+    token_bitmask, logit_bias, penalties = rows.flatten_processors(lead, token_bitmask, logit_bias, penalties)
     B, D = hidden.shape
-    params = validation.row_params(temperature, seed, offset, B, hidden.device, top_k=top_k, top_p=top_p,
-                                   min_p=min_p)
+    params = validation.row_params(rp["temperature"], rp["seed"], rp["offset"], B, hidden.device, top_k=rp["top_k"],
+                                   top_p=rp["top_p"], min_p=rp["min_p"])
     processing = proc.prepare_processing(token_bitmask, logit_bias, penalties, batch=B, vocab_size=vocab_size,
                                          device=hidden.device)
     if processing is not None and logprobs_mode == "raw" and (return_logprobs or top_logprobs):
@@ -126,4 +134,4 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
                      tokens=tokens, logprobs=lp, top_n=top_logprobs, mode=logprobs_mode, top_ids=top_ids,
                      top_lp=top_lp, block_k=plan.config.block_k)
         fallback = fallback.bool()
-    return SampleOutput(tokens, lp, lse, top_ids, top_lp, fallback)
+    return rows.unflatten_output(SampleOutput(tokens, lp, lse, top_ids, top_lp, fallback), lead)

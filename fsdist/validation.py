@@ -21,16 +21,17 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 def check_hidden(hidden, dtype: Optional[torch.dtype] = None, hidden_size: Optional[int] = None):
     if not isinstance(hidden, torch.Tensor):
         raise TypeError(f"hidden must be a torch.Tensor, got {type(hidden).__name__}")
-    if hidden.dim() != 2:
-        raise ValueError(f"hidden must be 2-D [B, D], got shape {tuple(hidden.shape)}")
+    if hidden.dim() < 2:
+        raise ValueError(f"hidden must be 2-D [B, D] or more, [..., D] (one row per leading index, e.g. "
+                         f"Megatron's [s, b, h]), got shape {tuple(hidden.shape)}")
     if hidden.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"hidden dtype must be one of bf16/fp16/fp32, got {hidden.dtype}")
     if dtype is not None and hidden.dtype != dtype:
         raise TypeError(f"hidden dtype {hidden.dtype} does not match weight dtype {dtype}")
-    if hidden.shape[1] == 0:
+    if hidden.shape[-1] == 0:
         raise ValueError("hidden has D=0 (no hidden features): the LM head needs D >= 1")
-    if hidden_size is not None and hidden.shape[1] != hidden_size:
-        raise ValueError(f"hidden has D={hidden.shape[1]} but the weight expects D={hidden_size}")
+    if hidden_size is not None and hidden.shape[-1] != hidden_size:
+        raise ValueError(f"hidden has D={hidden.shape[-1]} but the weight expects D={hidden_size}")
 
 
 def check_weight(weight, hidden: torch.Tensor, name: str = "weight"):
@@ -42,9 +43,9 @@ def check_weight(weight, hidden: torch.Tensor, name: str = "weight"):
         raise TypeError(f"{name} dtype {weight.dtype} does not match hidden dtype {hidden.dtype}")
     if weight.device != hidden.device:
         raise ValueError(f"{name} is on {weight.device} but hidden is on {hidden.device}")
-    if weight.shape[1] != hidden.shape[1]:
+    if weight.shape[1] != hidden.shape[-1]:
         raise ValueError(
-            f"{name} has D={weight.shape[1]} but hidden has D={hidden.shape[1]} "
+            f"{name} has D={weight.shape[1]} but hidden has D={hidden.shape[-1]} "
             f"({name} must be [V, D], the nn.Linear layout)")
     if not weight.is_contiguous():
         raise ValueError(f"{name} must be contiguous (call .contiguous() once, outside the decode loop)")

@@ -24,13 +24,14 @@ docs/tensor_parallel.md, "CUDA graphs".
 """
 import dataclasses
 import logging
+import warnings
 from typing import Optional, Union
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import validation
+from .. import rows, validation
 from ..env import apply_safe_env
 from ..ops.configs import STAGE1_PATHS, TileConfig, default_block_v
 from ..ops.step_check import ERROR_INPUT, filter_fingerprint
@@ -73,6 +74,42 @@ def _positive_int(x, name: str):
         raise ValueError(f"{name} must be >= 1, got {x}")
 
 
+def _group_words(tp: int, default_group: bool) -> str:
+    """How an error names the tensor-parallel group (a shard made for another TP degree
+    has another row count: the first thing to check is which group the head was given)."""
+    if default_group:
+        return (f"tp_group=None, i.e. the whole world of {tp} ranks; if the model is tensor-parallel over "
+                "a smaller group (DP x TP), pass that group as tp_group")
+    return f"tp_group of {tp} ranks"
+
+
+def _check_shared_weight(weight, partition, hidden_size: int, params_dtype, device, tp_words: str):
+    """A caller's Parameter that the head uses as its shard (no copy): this rank's rows."""
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight must be a torch.Tensor (this rank's shard), got {type(weight).__name__}")
+    want = (partition.rows, hidden_size)
+    if tuple(weight.shape) != want:
+        raise ValueError(f"weight must be this rank's shard [padded_vocab_size / tp, hidden_size] = "
+                         f"[{partition.padded_vocab_size} / {partition.tp_size}, {hidden_size}] = {list(want)} "
+                         f"(vocabulary ids [{partition.start}, {partition.end}) of rank {partition.rank}), got "
+                         f"{list(weight.shape)}; {tp_words}")
+    if weight.dtype != params_dtype:
+        raise TypeError(f"weight dtype {weight.dtype} does not match params_dtype {params_dtype}")
+    if weight.device != device:
+        raise ValueError(f"weight is on {weight.device} but device is {device}")
+    if not weight.is_contiguous():
+        raise ValueError("weight must be contiguous (the kernels read rows of the shard)")
+
+
+def _warn_if_padded(vocab_size: int, unit: int, vocab_size_is_true: bool):
+    if vocab_size_is_true or vocab_size % unit:
+        return
+    warnings.warn(f"ShardedFlashLMHead: vocab_size={vocab_size} is a multiple of the padding unit {unit} "
+                  "(make_vocab_size_divisible_by x tp size). If it is a padded size (e.g. Megatron's "
+                  "GPTModel.vocab_size) the padding rows can be sampled: pass the tokenizer's true vocabulary "
+                  "size, or vocab_size_is_true=True if it is the true size.", UserWarning, stacklevel=3)
+
+
 def _empty_output(device, opts: CallOptions) -> SampleOutput:
     def f():
         return torch.empty(0, dtype=torch.float32, device=device)
@@ -102,17 +139,30 @@ class ShardedFlashLMHead(nn.Module):
             layout, so it is chosen once here (default: fsdist.ops.configs.default_block_v).
         max_batch_size: rows the exchange buffers hold (default 256), allocated here. A
             larger batch raises (on every rank); grow with :meth:`reserve` on every rank.
+        weight: this rank's shard [V_padded / tp, D] as an existing tensor (e.g. a model's own
+            Parameter): the head uses it as ``head.weight`` without allocating or copying a
+            shard of its own (``owns_weight`` is then False). It must have exactly this rank's
+            rows (an error names the partition and the tp_group size), ``params_dtype``, live
+            on ``device`` (default: the weight's device) and be contiguous. It is not
+            registered as one of the head's parameters, so the head adds nothing to the
+            owner's ``state_dict`` or optimizer; changes to it (loading a checkpoint, in-place
+            dtype casts of ``.data``) are seen by the next call. See :meth:`from_megatron`.
+        vocab_size_is_true: a ``vocab_size`` that is a multiple of the padding unit
+            (``make_vocab_size_divisible_by * tp``) warns, since it may be a padded size (then
+            padding rows could be sampled); True says it is the true vocabulary.
         test_seam: tests and benchmarks only (``fsdist.tensor_parallel.testing``).
 
     Attributes: ``weight`` [V_padded / tp, D], this rank's contiguous rows
-    ``[vocab_start, vocab_end)``; ``partition`` (fsdist.tensor_parallel.vocab.VocabPartition);
-    ``transport_name`` (the resolved transport); ``tp_rank``, ``tp_size``.
+    ``[vocab_start, vocab_end)``; ``owns_weight``; ``partition``
+    (fsdist.tensor_parallel.vocab.VocabPartition); ``transport_name`` (the resolved
+    transport); ``tp_rank``, ``tp_size``.
     """
 
     def __init__(self, hidden_size: int, vocab_size: int, *, tp_group=None, transport: str = "auto",
                  reduction: str = "candidates", make_vocab_size_divisible_by: int = 128,
                  params_dtype: torch.dtype = torch.bfloat16, device=None, block_v: Optional[int] = None,
-                 max_batch_size: Optional[int] = None, test_seam: Optional[HeadTestSeam] = None):
+                 max_batch_size: Optional[int] = None, test_seam: Optional[HeadTestSeam] = None,
+                 weight: Optional[torch.Tensor] = None, vocab_size_is_true: bool = False):
         super().__init__()
         apply_safe_env()
         what = "ShardedFlashLMHead"
@@ -120,6 +170,7 @@ class ShardedFlashLMHead(nn.Module):
 
         initialized = dist.is_available() and dist.is_initialized()
         group, rank, tp = None, 0, 1
+        shared = weight
         if initialized:
             group = tp_group if tp_group is not None else dist.group.WORLD
             rank = dist.get_rank(group)
@@ -146,6 +197,8 @@ class ShardedFlashLMHead(nn.Module):
                 raise TypeError(f"params_dtype must be one of bf16/fp16/fp32, got {params_dtype}")
             transports.check_transport_name(transport)
             _check_reduction(reduction)
+            if device is None and isinstance(shared, torch.Tensor):
+                device = shared.device
             dev = _resolve_device(device)
             validation.check_device_runnable(dev)
             block_v = block_v or default_block_v(dev.type)
@@ -158,7 +211,11 @@ class ShardedFlashLMHead(nn.Module):
                                  f"(each rank's vocabulary range must start at a multiple of 4), got "
                                  f"{make_vocab_size_divisible_by} with tp_size {tp}")
             probe = transports.probe(transport, dev)
-            weight = torch.empty(partition.rows, hidden_size, dtype=params_dtype, device=dev)
+            if shared is None:
+                weight = torch.empty(partition.rows, hidden_size, dtype=params_dtype, device=dev)
+            else:
+                _check_shared_weight(shared, partition, hidden_size, params_dtype, dev,
+                                     _group_words(tp, tp_group is None and initialized))
         except Exception as e:  # anything: a rank that raised alone would leave its peers in the gather
             error = f"{type(e).__name__}: {e}"
         if not initialized:
@@ -179,6 +236,10 @@ class ShardedFlashLMHead(nn.Module):
         resolved, why = transports.resolve(transport, [g["probe"] for g in gathered], group)
         if transport == "auto":
             log.info("fsdist: ShardedFlashLMHead transport auto -> %s (%s)", resolved, why)
+        elif resolved != transport:
+            log.warning("fsdist: ShardedFlashLMHead transport %s -> %s (%s)", transport, resolved, why)
+        if rank == 0:
+            _warn_if_padded(vocab_size, make_vocab_size_divisible_by * tp, vocab_size_is_true)
 
         # ---- build ----
         self.hidden_size = hidden_size
@@ -186,16 +247,23 @@ class ShardedFlashLMHead(nn.Module):
         self.params_dtype = params_dtype
         self.device = dev
         self.tp_group = group
+        self._tp_words = _group_words(tp, tp_group is None)
         self.tp_rank = rank
         self.tp_size = tp
         self.block_v = block_v
         self.reduction = reduction
         self.transport_name = resolved
         self.partition = partition
-        self.weight = nn.Parameter(weight)
-        with torch.no_grad():
-            self.weight.normal_(0.0, 0.02)
-            self.weight[self.partition.valid_rows:].zero_()
+        self.owns_weight = shared is None
+        if self.owns_weight:
+            self.weight = nn.Parameter(weight)
+            with torch.no_grad():
+                self.weight.normal_(0.0, 0.02)
+                self.weight[self.partition.valid_rows:].zero_()
+        else:
+            # Held by reference, deliberately not registered: the owner (e.g. Megatron's output
+            # layer) keeps it in its own state_dict and optimizer; the head must not add a copy.
+            object.__setattr__(self, "weight", shared)
         # Build in two agreed phases, so that a failure on one rank reaches every rank: the local
         # objects (the transport may initialise NVSHMEM), then the exchange buffers (each
         # allocation agrees on its local part before its collective part, see transports/base.py).
@@ -216,6 +284,26 @@ class ShardedFlashLMHead(nn.Module):
         self._reduction = reduction_obj
         seam.reduction = self._reduction
         self._step = 0
+
+    @classmethod
+    def from_megatron(cls, model_or_output_layer, vocab_size: int, **kwargs) -> "ShardedFlashLMHead":
+        """A head on a Megatron-Core model's own output-layer weight (no shard of its own).
+
+        ``model_or_output_layer``: a ``GPTModel`` (also wrapped in DDP / ``Float16Module``) on
+        its last pipeline stage, or its ``output_layer`` (a ``ColumnParallelLinear``). The head
+        shares the layer's weight Parameter, or with tied embeddings
+        ``shared_embedding_or_output_weight()``, and reads the hidden size, dtype, device,
+        TP group and padded vocabulary from Megatron. ``vocab_size`` is the *true*
+        vocabulary: ``GPTModel.vocab_size`` is padded, and a ``vocab_size`` equal to the
+        padded size raises unless ``vocab_size_is_true=True``. Other keyword arguments
+        (``transport``, ``reduction``, ``max_batch_size``, ``tp_group``, ...) are the
+        constructor's. Collective over the TP group. Needs megatron-core only to find the TP
+        group through ``parallel_state`` when the layer carries none. See
+        ``fsdist/integrations/megatron.py`` and docs/integration.md.
+        """
+        from ..integrations.megatron import head_from_megatron
+
+        return head_from_megatron(cls, model_or_output_layer, vocab_size, **kwargs)
 
     # ---- vocabulary range -------------------------------------------------------------
     @property
@@ -255,7 +343,11 @@ class ShardedFlashLMHead(nn.Module):
     @torch.no_grad()
     def load_full_weight(self, weight: torch.Tensor) -> None:
         """Copy this rank's rows out of a full [V, D] or [V_padded, D] weight (padding rows zeroed
-        when the full weight has only V rows). Not a collective."""
+        when the full weight has only V rows). Not a collective. Refused when the head shares
+        a caller's weight (``weight=``, :meth:`from_megatron`): load the owner's weights instead."""
+        if not self.owns_weight:
+            raise ValueError("load_full_weight would overwrite a weight this head shares with its owner (weight= or "
+                             "from_megatron): load the model's weights through the model instead")
         if not isinstance(weight, torch.Tensor):
             raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
         V_true, Vp, D = self.vocab_size, self.padded_vocab_size, self.hidden_size
@@ -282,7 +374,10 @@ class ShardedFlashLMHead(nn.Module):
                 logit_bias: Optional[SparseLogits] = None, penalties: Optional[Penalties] = None) -> SampleOutput:
         """Sample one token per row from softmax(hidden @ W_full.T / T) over ids < vocab_size.
 
-        A collective over tp_group (see the module docstring). ``weight`` overrides this
+        A collective over tp_group (see the module docstring). ``hidden`` is [B, D] or
+        [..., D] (Megatron's [s, b, h] included): the outputs come back with its leading
+        shape, and per-row parameters are scalars, [...] or flattened [N] tensors (row-major;
+        ``fsdist.sample`` documents the tables). ``weight`` overrides this
         rank's shard for this call (tied embeddings: pass this rank's embedding shard,
         same shape, dtype and device as ``head.weight``, contiguous). ``path``: stage 1
         as "fused" (logits in the kernel) or "chunked" (cuBLAS logits per L2-sized
@@ -305,7 +400,15 @@ class ShardedFlashLMHead(nn.Module):
         """
         if self.transport.closed:
             raise RuntimeError("this ShardedFlashLMHead was closed")
+        lead = None
         try:
+            validation.check_hidden(hidden, hidden_size=self.hidden_size)
+            hidden, lead = rows.flatten_hidden(hidden)  # [..., D] -> [N, D]; outputs get `lead` back
+            rp = rows.flatten_row_args(lead, temperature=temperature, seed=seed, offset=offset, top_k=top_k,
+                                       top_p=top_p, min_p=min_p)
+            temperature, seed, offset = rp["temperature"], rp["seed"], rp["offset"]
+            top_k, top_p, min_p = rp["top_k"], rp["top_p"], rp["min_p"]
+            token_bitmask, logit_bias, penalties = rows.flatten_processors(lead, token_bitmask, logit_bias, penalties)
             hidden, w, params, opts = self._prepare(hidden, temperature, seed, offset, return_logprobs, weight, path,
                                                     check, top_k, top_p, min_p, top_logprobs, logprobs_mode,
                                                     token_bitmask, logit_bias, penalties)
@@ -326,7 +429,7 @@ class ShardedFlashLMHead(nn.Module):
         self._step += 1
         monitor = self._reduction.monitor
         monitor.raise_if_mismatched(monitor.poll())
-        return out
+        return rows.unflatten_output(out, lead)
 
     def _prepare(self, hidden, temperature, seed, offset, return_logprobs, weight, path, check, top_k, top_p, min_p,
                  top_logprobs, logprobs_mode, token_bitmask=None, logit_bias=None, penalties=None):
@@ -339,7 +442,9 @@ class ShardedFlashLMHead(nn.Module):
         else:
             if isinstance(weight, torch.Tensor) and tuple(weight.shape) != tuple(self.weight.shape):
                 raise ValueError(f"weight override must be this rank's shard of shape "
-                                 f"{tuple(self.weight.shape)} ([V_padded / tp, D]), got {tuple(weight.shape)}")
+                                 f"{tuple(self.weight.shape)} ([V_padded / tp, D], vocabulary ids "
+                                 f"[{self.vocab_start}, {self.vocab_end}) of rank {self.tp_rank}), got "
+                                 f"{tuple(weight.shape)}; {self._tp_words}")
             w = weight
         validation.check_weight(w, hidden, name="weight" if weight is None else "weight override")
         B = hidden.shape[0]

@@ -153,3 +153,58 @@ def test_weight_and_input_errors(dist_ctx):
     head.close()
     with pytest.raises(RuntimeError, match="closed"):
         head(h)
+
+
+@mpi
+def test_shared_weight_shape_errors_name_tp_group(dist_ctx):
+    """A shard made for another TP degree (tp_group=None in a DP x TP job is the usual cause):
+    the error gives the partition and the group size, and names tp_group. Every rank raises."""
+    world, dev = dist_ctx.world_size, dist_ctx.device
+    V, D = 1000, 16
+    rows = 1024 // world
+    wrong = torch.zeros(rows * 2, D, device=dev)  # what a TP group half the world's size would hold
+    with pytest.raises(ValueError, match=rf"weight must be this rank's shard .* = \[{rows}, {D}\].*tp_group=None, "
+                                         rf"i\.e\. the whole world of {world} ranks"):
+        fsdist.ShardedFlashLMHead(D, V, weight=wrong, params_dtype=torch.float32, transport="collective")
+    group = dist.new_group(list(range(world)))
+    with pytest.raises(ValueError, match=rf"tp_group of {world} ranks"):
+        fsdist.ShardedFlashLMHead(D, V, weight=wrong, params_dtype=torch.float32, transport="collective",
+                                  tp_group=group)
+    dist.destroy_process_group(group)
+    good = torch.zeros(rows, D, device=dev)
+    with pytest.raises(ValueError, match="weight dtype torch.float32 does not match params_dtype torch.bfloat16"):
+        fsdist.ShardedFlashLMHead(D, V, weight=good, transport="collective")
+    with pytest.raises(ValueError, match="weight must be contiguous"):
+        fsdist.ShardedFlashLMHead(D, V, weight=torch.zeros(D, rows, device=dev).t(), params_dtype=torch.float32,
+                                  transport="collective")
+    with pytest.raises(ValueError, match="weight must be a torch.Tensor"):
+        fsdist.ShardedFlashLMHead(D, V, weight=[1.0], params_dtype=torch.float32, transport="collective")
+    head = fsdist.ShardedFlashLMHead(D, V, weight=good, params_dtype=torch.float32, transport="collective")
+    assert head.weight is good and head.device == good.device
+    with pytest.raises(ValueError, match="load_full_weight would overwrite a weight this head shares"):
+        head.load_full_weight(torch.zeros(V, D, device=dev))
+    with pytest.raises(ValueError, match=rf"weight override must be this rank's shard .*tp_group=None, i\.e\. the "
+                                         rf"whole world of {world} ranks"):
+        head(torch.zeros(2, D, device=dev), weight=wrong)
+    head.close()
+    _ok_head(dist_ctx).close()
+
+
+@mpi
+def test_vocab_size_on_a_padding_boundary_warns_unless_declared_true(dist_ctx):
+    """Megatron's GPTModel.vocab_size is the padded size; a vocab_size that is a multiple of
+    make_vocab_size_divisible_by * tp may be one (padding rows could then be sampled)."""
+    import warnings
+
+    unit = 128 * dist_ctx.world_size
+    kw = dict(params_dtype=torch.float32, transport="collective", device=dist_ctx.device)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fsdist.ShardedFlashLMHead(16, 4 * unit, **kw).close()
+        fsdist.ShardedFlashLMHead(16, 4 * unit, vocab_size_is_true=True, **kw).close()
+        fsdist.ShardedFlashLMHead(16, 4 * unit - 3, **kw).close()
+    padded = [w for w in seen if "padding unit" in str(w.message)]
+    if dist_ctx.rank == 0:
+        assert len(padded) == 1 and "vocab_size_is_true=True" in str(padded[0].message)
+    else:
+        assert not padded  # one warning per group, from its rank 0

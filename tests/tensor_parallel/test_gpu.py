@@ -113,6 +113,41 @@ def test_gpu_auto_prefers_nvshmem(dist_ctx):
     head.close()
 
 
+@pytest.mark.parametrize("transport", ["nvshmem", "auto"])
+def test_gpu_tp2_inside_world4_falls_back_to_symm_mem(dist_ctx, transport, caplog):
+    """DP x TP on one host: two TP groups of 2 in a world of 4. NVSHMEM spans the whole job, so
+    nvshmem (and auto) become symm_mem, with one fsdist log line saying why; each group samples
+    [s, b, D] hidden states from a shared shard and returns fsdist.sample's tokens on the full weight."""
+    import logging
+
+    import torch.distributed as dist
+
+    _need(transport)
+    if dist_ctx.world_size != 4 or torch.cuda.device_count() < 4:
+        pytest.skip("needs 4 ranks on 4 GPUs of one host (launch/torchrun.sh 4 ...)")
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    rank, dev = dist_ctx.rank, dist_ctx.device
+    D, V, s, b = 1024, 32000, 2, 8
+    W, h = _weights(V, D, s * b, dev, seed=6, scale=3.0)
+    shard = torch.nn.Parameter(W.view(2, V // 2, D)[rank % 2].clone())  # 32000 = 2 x 16000: no padding
+    with caplog.at_level(logging.INFO, logger="fsdist"):
+        head = fsdist.ShardedFlashLMHead(D, V, tp_group=groups[rank // 2], transport=transport, weight=shard,
+                                         vocab_size_is_true=True, make_vocab_size_divisible_by=16000)
+    assert head.transport_name == "symm_mem" and head.weight is shard
+    assert any("is not the whole job" in r.getMessage() for r in caplog.records)
+    seeds = torch.arange(s * b, dtype=torch.int64, device=dev) * 5 + 1000 * (rank // 2)
+    temperature = torch.where(torch.arange(s * b, device=dev) % 4 == 0, 0.0, 0.9)
+    for step in range(3):
+        out = head(h.view(s, b, D), temperature=temperature.view(s, b), seed=seeds, offset=step, return_logprobs=True)
+        ref = fsdist.sample(h, W, temperature=temperature, seed=seeds, offset=step, vocab_size=V, return_logprobs=True)
+        assert out.tokens.shape == (s, b) and torch.equal(out.tokens.view(-1), ref.tokens)
+        torch.testing.assert_close(out.logprobs.view(-1), ref.logprobs, atol=1e-4, rtol=0)
+    head.check()
+    head.close()
+    for g in groups:
+        dist.destroy_process_group(g)
+
+
 def _graph_problem(dist_ctx, transport, reduction, B=16, D=1024, V=32000):
     """A captured head, a fresh head for eager references (same weight), device-tensor inputs."""
     dev = dist_ctx.device

@@ -181,12 +181,56 @@ def test_explicit_tp_subgroups(dist_ctx):
     V, D, B = 1000, 16, 8
     W, h = problem(V, D, B, torch.float32, seed=9, device=dist_ctx.device)
     for transport in ALL_TRANSPORTS:
-        if transport == "nvshmem" and size != world:
-            continue  # NVSHMEM spans the whole job
         head = make_head(dist_ctx, D, V, W, transport=transport, tp_group=group)
         assert head.tp_size == size and head.tp_rank == rank % size
+        if transport == "nvshmem" and size != world:
+            assert head.transport_name == "symm_mem"  # NVSHMEM spans the whole job (test_transports.py)
         out = head(h, seed=rank // size, offset=1)  # the groups sample independently
         assert torch.equal(out.tokens, fsdist.sample(h, W, seed=rank // size, offset=1, vocab_size=V).tokens)
+        head.close()
+    for g in groups:
+        dist.destroy_process_group(g)
+
+
+@mpi
+def test_tp2_inside_world4_shares_shards_and_takes_sbh(dist_ctx, caplog):
+    """DP x TP: TP groups of 2 inside the world (two groups at -n 4, the whole world at -n 2).
+    Each head uses an existing shard Parameter as its weight (weight=, no copy of its own) and
+    samples Megatron-shaped [s, b, D] hidden states: tokens [s, b] == fsdist.sample on the
+    full weight; "auto" says what it picked, and why, on the fsdist logger."""
+    world, rank = dist_ctx.world_size, dist_ctx.rank
+    if world % 2:
+        pytest.skip("needs an even number of ranks")
+    groups = [dist.new_group([s, s + 1]) for s in range(0, world, 2)]
+    group, tp_rank = groups[rank // 2], rank % 2
+    V, D, s, b = 1000, 16, 3, 4  # V pads to 1024: 512 rows per rank, padding on rank 1
+    W, h = problem(V, D, s * b, torch.float32, seed=21, scale=3.0, device=dist_ctx.device)
+    Wp = torch.zeros(1024, D, device=dist_ctx.device)
+    Wp[:V] = W
+    shard = torch.nn.Parameter(Wp[tp_rank * 512:(tp_rank + 1) * 512].clone())
+    temperature, seeds, offsets = row_params(s * b, dist_ctx.device, seed=rank // 2)  # groups differ
+    for transport in ["auto"] + ALL_TRANSPORTS:
+        with caplog.at_level("INFO", logger="fsdist"):
+            head = fsdist.ShardedFlashLMHead(D, V, tp_group=group, transport=transport, weight=shard,
+                                             params_dtype=torch.float32)
+        assert head.weight is shard and not head.owns_weight
+        assert list(head.parameters()) == [] and "weight" not in head.state_dict()
+        if transport == "auto":
+            assert any(f"transport auto -> {head.transport_name}" in r.getMessage() for r in caplog.records)
+        out = head(h.reshape(s, b, D), temperature=temperature.reshape(s, b), seed=seeds, offset=offsets.reshape(s, b),
+                   return_logprobs=True)
+        ref = fsdist.sample(h, W, temperature=temperature, seed=seeds, offset=offsets, vocab_size=V,
+                            return_logprobs=True)
+        assert out.tokens.shape == (s, b) and out.logprobs.shape == (s, b)
+        assert torch.equal(out.tokens.reshape(-1), ref.tokens)
+        torch.testing.assert_close(out.logprobs.reshape(-1), ref.logprobs, atol=1e-5, rtol=0)
+        assert_same_on_all_ranks(out, group)
+        with torch.no_grad():  # the head reads the shared Parameter at every call: no stale copy
+            shard.mul_(2.0)
+        again = head(h.reshape(s, b, D), temperature=1.0, seed=seeds, offset=1)
+        with torch.no_grad():
+            shard.mul_(0.5)
+        assert torch.equal(again.tokens.reshape(-1), fsdist.sample(h, W * 2, seed=seeds, offset=1, vocab_size=V).tokens)
         head.close()
     for g in groups:
         dist.destroy_process_group(g)

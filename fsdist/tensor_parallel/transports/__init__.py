@@ -7,8 +7,15 @@ name           how                                                         where
 ``symm_mem``   torch.distributed._symmetric_memory, same kernel path       GPUs, 1 host
 ``collective`` private buffers + all-gather (gloo, NCCL, ...)              anywhere
 ``shm``        host shared memory, kernel stores into peers (interpreter)  CPU tests
-``auto``       nvshmem if every rank can use it, else collective           -
+``auto``       nvshmem if every rank can use it, else symm_mem or          -
+               collective (see :func:`decide`)
 =============  ==========================================================  ===========
+
+TP groups inside a larger job (DP x TP, e.g. 8 GPUs as TP=4 x DP=2): NVSHMEM's
+allocations and ``barrier_all`` span every PE of the job, so ``nvshmem`` needs the TP group
+to be the whole job. For a sub-group, a request for ``nvshmem`` (or ``auto``) becomes
+``symm_mem`` when every rank of the group can use it (one ``fsdist`` log line says why),
+else ``collective``.
 
 Choosing is a two-step affair so that ranks never disagree: :func:`probe` looks at
 this process only (no communication); the head all-gathers every rank's probe with
@@ -54,7 +61,8 @@ def _peer_access_ok(device: torch.device) -> Tuple[bool, str]:
 def probe(name: str, device: torch.device) -> dict:
     """What this process can do for transport `name` (no communication).
 
-    Returns {"ok": bool, "why": str} plus, for "auto", the facts resolve() needs.
+    Returns {"ok": bool, "why": str} plus, for "nvshmem" and "auto", the facts decide() needs
+    ("symm_mem": whether symm_mem would work here, the fallback for TP sub-groups).
     """
     from ... import nvshmem_runtime
     from ...runtime import interpreting
@@ -75,41 +83,62 @@ def probe(name: str, device: torch.device) -> dict:
         except Exception as e:
             return {"ok": False, "why": f"torch.distributed._symmetric_memory is unavailable: {e}"}
         return {"ok": True, "why": ""}
+    symm = cuda and probe("symm_mem", device)["ok"]
     if name == "nvshmem":
         if not cuda:
-            return {"ok": False, "why": f"nvshmem needs CUDA tensors (device is {device})"}
+            return {"ok": False, "why": f"nvshmem needs CUDA tensors (device is {device})", "symm_mem": False}
         if not nvshmem_runtime.importable():
-            return {"ok": False, "why": "nvshmem4py is not importable (pip install nvshmem4py-cu13)"}
-        return {"ok": True, "why": ""}
+            return {"ok": False, "why": "nvshmem4py is not importable (pip install nvshmem4py-cu13)", "symm_mem": symm}
+        return {"ok": True, "why": "", "symm_mem": symm}
     # auto
     facts = {"ok": True, "why": "", "cuda": cuda, "host": socket.gethostname(), "nvshmem": False, "peer": False,
-             "peer_why": ""}
+             "peer_why": "", "symm_mem": symm}
     if cuda:
         facts["nvshmem"] = nvshmem_runtime.importable()
         facts["peer"], facts["peer_why"] = _peer_access_ok(device)
     return facts
 
 
-def resolve(name: str, probes: List[dict], group) -> Tuple[str, str]:
-    """One transport name from every rank's probe; identical on every rank. Raises if unusable."""
+def _sub_group_fallback(probes: List[dict], group_size: int, world_size: int) -> Tuple[str, str]:
+    why = (f"the tensor-parallel group ({group_size} ranks) is not the whole job ({world_size} ranks) and NVSHMEM's "
+           "allocations and barrier_all span every PE")
+    if all(p.get("symm_mem") for p in probes):
+        return "symm_mem", why + "; symm_mem works on sub-groups"
+    return "collective", why + "; symm_mem is unavailable on some rank"
+
+
+def decide(name: str, probes: List[dict], group_size: int, world_size: int) -> Tuple[str, str]:
+    """The transport, and why, from every rank's probe and the group and world sizes.
+
+    A pure function (no communication), so every rank of the group decides the same. Raises
+    ValueError if a requested transport is unavailable on some rank. ``nvshmem`` in a TP
+    group smaller than the job falls back (see the module docstring)."""
     bad = [(r, p["why"]) for r, p in enumerate(probes) if not p["ok"]]
     if bad:
         raise ValueError(f"transport {name!r} is unavailable on rank(s) "
                          + "; ".join(f"{r}: {why}" for r, why in bad))
+    sub_group = group_size != world_size
+    if name == "nvshmem" and sub_group:
+        return _sub_group_fallback(probes, group_size, world_size)
     if name != "auto":
         return name, "requested"
     if not all(p["cuda"] for p in probes):
         return "collective", "not every rank is on a CUDA device"
     if len({p["host"] for p in probes}) > 1:
         return "collective", "ranks span several hosts"
-    if not all(p["nvshmem"] for p in probes):
-        return "collective", "nvshmem4py is not importable on every rank"
     no_peer = [(r, p["peer_why"]) for r, p in enumerate(probes) if not p["peer"]]
     if no_peer:
         return "collective", "no GPU peer access: " + "; ".join(f"rank {r}: {w}" for r, w in no_peer)
-    if dist.get_world_size(group) != dist.get_world_size():
-        return "collective", "the tensor-parallel group is not the whole job (nvshmem needs that)"
+    if sub_group:
+        return _sub_group_fallback(probes, group_size, world_size)
+    if not all(p["nvshmem"] for p in probes):
+        return "collective", "nvshmem4py is not importable on every rank"
     return "nvshmem", "CUDA, nvshmem4py and GPU peer access on every rank of one host"
+
+
+def resolve(name: str, probes: List[dict], group) -> Tuple[str, str]:
+    """One transport name from every rank's probe; identical on every rank. Raises if unusable."""
+    return decide(name, probes, dist.get_world_size(group), dist.get_world_size())
 
 
 def make_transport(name: str, group, device: torch.device) -> Transport:
@@ -128,5 +157,5 @@ def make_transport(name: str, group, device: torch.device) -> Transport:
     return cls(group, device)
 
 
-__all__ = ["TRANSPORTS", "Transport", "SymmetricBuffer", "check_transport_name", "probe", "resolve",
+__all__ = ["TRANSPORTS", "Transport", "SymmetricBuffer", "check_transport_name", "probe", "decide", "resolve",
            "make_transport"]
