@@ -41,7 +41,7 @@ for n in 2 4; do
     # and the real traceback is the one in the log instead of a wall of timeouts.
     rc=0
     timeout --kill-after=30 "$MPIRUN_TIMEOUT" "$MPIRUN" -n "$n" bash -c "exec \"$PY\" -m pytest -q -x -p no:warnings \
-        --with-mpi tests/tensor_parallel --junitxml=\"$reports/mpi$n-\${PMI_RANK:-0}.xml\"" </dev/null || rc=$?
+        --with-mpi tests/tensor_parallel tests/integrations/test_megatron.py --junitxml=\"$reports/mpi$n-\${PMI_RANK:-0}.xml\"" </dev/null || rc=$?
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
         echo "mpirun -n $n did not finish within ${MPIRUN_TIMEOUT}s: killed"
     fi
