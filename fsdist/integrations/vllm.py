@@ -282,7 +282,10 @@ def _int_rows(x, name: str, device: torch.device) -> torch.Tensor:
             raise TypeError(f"{name} must be a [B] int64 tensor or a sequence of ints, got {x.dtype} "
                             f"of shape {tuple(x.shape)}")
         return x.to(device=device, dtype=torch.int64, non_blocking=True)
-    return _to_device(torch.tensor([int(v) for v in x], dtype=torch.int64), device)
+    rows = torch.as_tensor(x, dtype=torch.int64)  # a list, or numpy (input_batch.num_tokens_no_spec[:B])
+    if rows.dim() != 1:
+        raise TypeError(f"{name} must be [B] (one per request), got shape {tuple(rows.shape)}")
+    return _to_device(rows, device)
 
 
 def _padded(lists, pad: int = -1) -> torch.Tensor:

@@ -3,6 +3,7 @@ duck-typed SamplingMetadata (vLLM 0.33.0's fields, its built-in logits processor
 for by classes of the same names) field by field. Runs everywhere; the comparison with
 vLLM's own Sampler is test_vllm_integration.py (skipped without vLLM).
 """
+import inspect
 import subprocess
 import sys
 import types
@@ -149,3 +150,11 @@ def test_bad_arguments():
         fsv.sampling_kwargs(meta, seeds=torch.zeros(4), positions=[1] * 4, vocab_size=V)
     with pytest.raises(fsv.UnsupportedFeatureError, match="spec_token_ids"):
         fsv.sampling_kwargs(metadata(spec_token_ids=[[3], [], [], []]), seeds=[1] * 4, positions=[1] * 4, vocab_size=V)
+
+
+def test_the_head_takes_the_same_arguments():
+    """sampling_kwargs' keys are keyword arguments of ShardedFlashLMHead.forward too."""
+    kw = fsv.sampling_kwargs(metadata(), seeds=np.arange(4), positions=np.full(4, 7), vocab_size=V)
+    params = inspect.signature(fsdist.ShardedFlashLMHead.forward).parameters
+    assert set(kw) <= set(params), set(kw) - set(params)
+    assert kw["seed"].dtype == torch.int64 and kw["offset"].tolist() == [7] * 4
