@@ -11,14 +11,17 @@ samples the next token with ``fsdist.sample`` on the last hidden state and ``lm_
 * greedy:  B prompts, tokens equal ``model.generate(do_sample=False)`` (checked), and the
            time per generated token of both;
 * sampled: temperature, top-k, top-p, min-p and repetition/frequency/presence penalties
-           over the growing output, per-row seeds; the same seeds give the same text, and a
-           row alone gives what it gave in the batch (the noise is keyed by seed and position);
+           over the growing output, per-row seeds; a row sampled alone gives what it gave
+           in the batch (the noise is keyed by seed and position);
 * grammar: an xgrammar ``GrammarMatcher`` per row for a JSON schema over a synthetic
            vocabulary of strings fills the token bitmask each step; every token is accepted,
            and the text parses as JSON of the schema (skipped when xgrammar is missing).
 
-Sizes: "small" (hidden 64, 2 layers, V = 512, fp32) runs under Triton's interpreter in the
-main job; "real" (hidden 4096, 4 layers, V = 128256 as Llama 3, bf16) on one GPU.
+Sizes: "small" (hidden 64, 2 layers, V = 512) runs under Triton's interpreter in the main
+job; "real" (hidden 4096, 4 layers, V = 128256 as Llama 3) on one GPU. float32 by default:
+model.generate takes the argmax of logits rounded to the model's dtype, fsdist of fp32
+logits, so in bf16 (--dtype bfloat16) a near-tie may go either way and only agreement is
+reported.
 """
 import argparse
 import json
@@ -128,8 +131,15 @@ def run_greedy(model, batch, prompt_len, steps, log):
     log(f"  greedy, B={batch}, {steps} tokens: fsdist {t_ours / steps * 1e3:.1f} ms/token, "
         f"model.generate {t_hf / steps * 1e3:.1f} ms/token; tokens equal: {same}")
     log(f"  row 0: {ours[0, prompt_len:].tolist()[:16]}{' ...' if steps > 16 else ''}")
-    if not same:
+    if same:
+        return
+    if model.dtype == torch.float32:
         raise SystemExit("greedy tokens differ from model.generate(do_sample=False)")
+    # model.generate takes the argmax of logits rounded to the model's dtype; fsdist of fp32
+    # logits. In bf16 a near-tie can round either way, and the rows then go their own ways.
+    rows = [int(torch.equal(a, b)) for a, b in zip(ours, theirs)]
+    log(f"  ({sum(rows)} of {batch} rows equal: in {str(model.dtype).replace('torch.', '')} model.generate "
+        f"compares rounded logits; equality is checked in float32)")
 
 
 def run_sampled(model, batch, prompt_len, steps, log):
@@ -179,14 +189,16 @@ def main(argv=None):
                     default=["greedy", "sampled", "grammar"])
     ap.add_argument("--batch", type=int, default=8 if gpu else 2)
     ap.add_argument("--prompt-len", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=64 if gpu else 12)
+    ap.add_argument("--steps", type=int, default=64 if gpu else 8)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="model dtype; greedy equality with model.generate is checked in float32")
     args = ap.parse_args(argv)
 
     def log(msg):
         print(msg, flush=True)
 
     device = "cuda" if gpu else "cpu"
-    dtype = torch.bfloat16 if args.size == "real" else torch.float32
+    dtype = getattr(torch, args.dtype)
     model, t = _time(lambda: build_model(args.size, device=device, dtype=dtype))
     cfg = model.config
     log(f"decode loop: random-weight Llama, hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, "
