@@ -32,6 +32,32 @@ fell back to the exact fallback over their timed calls, ``fallback_rate`` in the
   fi_topk_topp_filtered  cuBLAS logits -> /T -> flashinfer top_k_top_p_sampling_from_logits with the
                        [B] top-k / top-p tensors ("FI1" with the filters on)
   fi_minp              cuBLAS logits -> /T -> softmax -> flashinfer min_p_sampling_from_probs([B] min-p)
+Logit processors (issue 12; all [B]-row device tensors, applied in vLLM V1's order before
+temperature; none in ``default``: select them with ``--methods processors``, a group name that
+also brings cublas, fsdist and gumbel_compiled for the ratios). Per row: a token bitmask
+(xgrammar's int32 layout, each bit set with probability ``--bitmask-density`` 0.5, row 0 all
+ones), a logit bias on ``--bias-ids`` 500 ids and penalties (repetition / frequency / presence
+evenly spaced over 1.1-1.3 / 0.1-0.4 / 0.1-0.3 across rows) over ``--output-ids`` 250 output and
+``--prompt-ids`` 250 prompt ids: 1,000 listed ids per row, uniform over the vocabulary (a few
+repeats by chance; fsdist turns them into 1,000 sorted entries per row):
+  fsdist_bitmask       fsdist.sample(token_bitmask=[B, ceil(V/32)])
+  fsdist_bias_pen      fsdist.sample(logit_bias=SparseLogits([B, 500]), penalties=Penalties([B] x 3, [B, 250] x 2))
+  fsdist_processors_all  both
+  torch_bitmask_compiled, torch_bias_pen_compiled, torch_processors_compiled   cuBLAS bf16 logits -> fp32
+                       -> the same processors in plain torch (bits unpacked by shifts + masked_fill
+                       -inf; bias by scatter_add; vLLM's penalties: occurrence counts
+                       by scatter_add over a [B, V+1] table, prompt mask, where(x > 0, x / r, x * r),
+                       - f * count - p * (count > 0)) -> Gumbel argmax; one static torch.compile per B
+  torch_*_eager        the same without torch.compile (torch_processors_eager in the group, the others by name;
+                       so is torch_bias_pen_compiled: the group keeps to three torch.compiles per cell)
+  xgr_bitmask          cuBLAS logits -> fp32 -> xgrammar.apply_token_bitmask_inplace -> Gumbel argmax
+                       (compiled per B on a GPU); skipped when xgrammar is not importable
+Their table prints each processors method over plain fsdist and each baseline over it, per B,
+with CUDA-graph replays of the fsdist ones (graph_default) next to the eager calls.
+  GPU:  bash bench/run_gpu.sh kernel --methods processors --shapes 4096x151936,8192x128256 \
+            --batches 1,4,16,64,256 --reps 40 --repeats 1 --warmup 10
+  CPU smoke (interpreter, 64x1000, B 1,4; 20 / 10 / 10 listed ids):
+        python bench/kernel_bench.py --methods processors,torch_bitmask_eager,torch_bias_pen_eager --no-json
 FlashInfer methods are skipped cleanly when flashinfer is not importable; compiled
 methods and CUDA graphs are skipped on a machine without a GPU.
 
@@ -86,10 +112,16 @@ class Method:
     graph_default: bool = False
     note: str = ""
     filter: Optional[str] = None  # "topk_topp" | "minp": the filters it applies (FILTER_GROUPS)
+    processors: Optional[str] = None  # "bitmask" | "bias_pen" | "all": the logit processors (PROCESSOR_GROUPS)
 
 
 # The filter groups of the filtered methods: which ShapeCtx filter tensors each one passes.
 FILTER_GROUPS = {"topk_topp": ("top_k", "top_p"), "minp": ("min_p",)}
+# The processor groups: which fsdist.sample processor arguments each one passes.
+PROCESSOR_GROUPS = {"bitmask": ("token_bitmask",), "bias_pen": ("logit_bias", "penalties"),
+                    "all": ("token_bitmask", "logit_bias", "penalties")}
+PROCESSOR_TITLES = {"bitmask": "token bitmask", "bias_pen": "logit bias + penalties",
+                    "all": "bitmask + bias + penalties"}
 
 
 @dataclass
@@ -114,6 +146,16 @@ class ShapeCtx:
     top_k_t: torch.Tensor = None  # [B] int32, filters["top_k"] on every row
     top_p_t: torch.Tensor = None  # [B] fp32
     min_p_t: torch.Tensor = None  # [B] fp32
+    # logit processors (set_processors; only when a processors method runs)
+    proc_cfg: Dict[str, float] = field(default_factory=dict)  # density, n_bias, n_output, n_prompt
+    bitmask_t: torch.Tensor = None  # int32 [B, ceil(V/32)]
+    bias_ids_t: torch.Tensor = None  # int64 [B, n_bias]
+    bias_vals_t: torch.Tensor = None  # fp32 [B, n_bias]
+    out_ids_t: torch.Tensor = None  # int64 [B, n_output]
+    prompt_ids_t: torch.Tensor = None  # int64 [B, n_prompt]
+    rep_t: torch.Tensor = None  # fp32 [B]
+    freq_t: torch.Tensor = None  # fp32 [B]
+    pres_t: torch.Tensor = None  # fp32 [B]
 
     @property
     def has_greedy(self) -> bool:
@@ -130,11 +172,73 @@ class ShapeCtx:
         """The filter group's [B] tensors as keyword arguments (none for an unfiltered method)."""
         return {name: getattr(self, f"{name}_t") for name in FILTER_GROUPS.get(group, ())}
 
-    def fs_params(self, scalar: bool = False, group: Optional[str] = None) -> Dict:
+    def set_processors(self, B: int, gen: torch.Generator):
+        """The logit processors of this batch size, all device tensors (module docstring).
+
+        Bitmask: random int32 words (each bit set with probability proc_cfg["density"]), bits
+        past V cleared, row 0 all ones. Bias ids, output ids and prompt ids: uniform over
+        [0, V) (independent draws, so a few repeats by chance: repeated output ids count
+        twice, repeated bias ids add up). Penalties evenly spaced across rows.
+        """
+        cfg, dev, V = self.proc_cfg, self.device, self.V
+        words = (V + 31) // 32
+        density = float(cfg["density"])
+        bits = torch.rand(B, words, 32, device=dev, generator=gen) < density
+        bits &= (torch.arange(words * 32, device=dev) < V).view(1, words, 32)
+        weights = torch.ones(32, dtype=torch.int64, device=dev) << torch.arange(32, dtype=torch.int64, device=dev)
+        unsigned = (bits.to(torch.int64) * weights).sum(dim=-1)
+        self.bitmask_t = torch.where(unsigned >= 2**31, unsigned - 2**32, unsigned).to(torch.int32)
+        self.bitmask_t[0] = -1  # row 0 allows everything (bits past V are ignored)
+
+        def ids(n):
+            return torch.randint(0, V, (B, int(n)), device=dev, generator=gen)
+        self.bias_ids_t = ids(cfg["n_bias"])
+        self.bias_vals_t = torch.randn(B, int(cfg["n_bias"]), device=dev, generator=gen) * 2.0
+        self.out_ids_t = ids(cfg["n_output"])
+        self.prompt_ids_t = ids(cfg["n_prompt"])
+
+        def spread(lo, hi):
+            if B == 1:
+                return torch.full((1,), (lo + hi) / 2, device=dev)
+            return torch.linspace(lo, hi, B, device=dev)
+        self.rep_t, self.freq_t, self.pres_t = spread(1.1, 1.3), spread(0.1, 0.4), spread(0.1, 0.3)
+
+    def processor_kwargs(self, group: Optional[str], rows=None) -> Dict:
+        """fsdist.sample's processor arguments of the group (of the given rows only, if any)."""
+        if not group:
+            return {}
+
+        def r(x):
+            return x if rows is None else x[rows]
+        out = {}
+        names = PROCESSOR_GROUPS[group]
+        if "token_bitmask" in names:
+            out["token_bitmask"] = r(self.bitmask_t)
+        if "logit_bias" in names:
+            out["logit_bias"] = fsdist.SparseLogits(r(self.bias_ids_t), r(self.bias_vals_t))
+        if "penalties" in names:
+            out["penalties"] = fsdist.Penalties(r(self.rep_t), r(self.freq_t), r(self.pres_t), r(self.out_ids_t),
+                                                r(self.prompt_ids_t))
+        return out
+
+    def processor_tensors(self, group: Optional[str]) -> Dict[str, torch.Tensor]:
+        """The group's processors as flat tensors (the torch baselines' keyword arguments)."""
+        out = {}
+        names = PROCESSOR_GROUPS.get(group, ())
+        if "token_bitmask" in names:
+            out["token_bitmask"] = self.bitmask_t
+        if "logit_bias" in names:
+            out.update(bias_ids=self.bias_ids_t, bias_vals=self.bias_vals_t)
+        if "penalties" in names:
+            out.update(rep=self.rep_t, freq=self.freq_t, pres=self.pres_t, output_ids=self.out_ids_t,
+                       prompt_ids=self.prompt_ids_t)
+        return out
+
+    def fs_params(self, scalar: bool = False, group: Optional[str] = None, procs: Optional[str] = None) -> Dict:
         """fsdist.sample's per-row parameters: [B] device tensors, or one float temperature
-        (plus the filter group's [B] tensors)."""
+        (plus the filter group's [B] tensors and the processor group's arguments)."""
         return {"temperature": self.T if scalar else self.temp_t, "seed": self.seed_t, "offset": self.off_t,
-                **self.filter_kwargs(group)}
+                **self.filter_kwargs(group), **self.processor_kwargs(procs)}
 
 
 def _fs_tokens(out):
@@ -149,12 +253,13 @@ SCALAR_METHODS = {"fsdist_scalar"}  # fsdist methods called with one float tempe
 
 
 def _build_fsdist(logprobs: bool = False, scalar: bool = False, config: Optional[TileConfig] = None,
-                  group: Optional[str] = None):
+                  group: Optional[str] = None, procs: Optional[str] = None):
     def build(ctx: ShapeCtx):
         W = ctx.weight
 
         def fn(h):
-            return fsdist.sample(h, W, **ctx.fs_params(scalar, group), return_logprobs=logprobs, config=config)
+            return fsdist.sample(h, W, **ctx.fs_params(scalar, group, procs), return_logprobs=logprobs,
+                                 config=config)
         return fn
     return build
 
@@ -204,6 +309,110 @@ def _build_torch_filtered(group: str, compiled: bool):
             return f(h.view(h.shape), W, ctx.temp_t.view(ctx.temp_t.shape), has_greedy=ctx.has_greedy, **kw)
         return call
     return build
+
+
+# ---- logit processors on materialized logits: the torch baselines (module docstring)
+def torch_apply_bitmask(x: torch.Tensor, token_bitmask: torch.Tensor) -> torch.Tensor:
+    """x [B, V] with the ids the int32 bitmask disallows set to -inf: every word's 32 bits
+    unpacked by shifts (bit v % 32 of word v // 32 set = allowed), then masked_fill."""
+    B, V = x.shape
+    shifts = torch.arange(32, device=x.device, dtype=torch.int32)
+    bits = (token_bitmask[:, :, None] >> shifts) & 1  # arithmetic shift: bit 31 of a negative word is 1 too
+    allowed = bits.reshape(B, -1)[:, :V] != 0
+    return x.masked_fill(~allowed, float("-inf"))
+
+
+def torch_apply_bias(x: torch.Tensor, bias_ids: torch.Tensor, bias_vals: torch.Tensor) -> torch.Tensor:
+    """x + the bias at its ids (repeated ids add up); a -1 slot adds 0.0 to id 0 (no change)."""
+    vals = torch.where(bias_ids >= 0, bias_vals.to(x.dtype), torch.zeros_like(bias_vals, dtype=x.dtype))
+    return x.scatter_add(1, bias_ids.clamp(min=0), vals)
+
+
+def torch_apply_penalties(x: torch.Tensor, rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor,
+                          output_ids: torch.Tensor, prompt_ids: torch.Tensor) -> torch.Tensor:
+    """vLLM V1's penalties on materialized logits: occurrence counts by scatter_add over a
+    [B, V + 1] table (-1 slots land in the spare column V), the repetition penalty on ids
+    seen in prompt or output (x / r where x > 0, else x * r), then - f * count - p * [count > 0]."""
+    B, V = x.shape
+
+    def counts(ids):
+        slot = torch.where(ids < 0, torch.full_like(ids, V), ids)
+        table = torch.zeros(B, V + 1, dtype=torch.int32, device=x.device)
+        return table.scatter_add_(1, slot, torch.ones_like(slot, dtype=torch.int32))[:, :V]
+
+    out_count = counts(output_ids)
+    seen = (counts(prompt_ids) > 0) | (out_count > 0)
+    r = rep.to(x.dtype)[:, None]
+    x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+    return x - freq.to(x.dtype)[:, None] * out_count - pres.to(x.dtype)[:, None] * (out_count > 0)
+
+
+def torch_processed_logits(logits: torch.Tensor, *, token_bitmask=None, bias_ids=None, bias_vals=None, rep=None,
+                           freq=None, pres=None, output_ids=None, prompt_ids=None) -> torch.Tensor:
+    """fp32 logits -> bitmask -> bias -> penalties (vLLM V1's order), each step optional."""
+    x = logits.float()
+    if token_bitmask is not None:
+        x = torch_apply_bitmask(x, token_bitmask)
+    if bias_ids is not None:
+        x = torch_apply_bias(x, bias_ids, bias_vals)
+    if rep is not None:
+        x = torch_apply_penalties(x, rep, freq, pres, output_ids, prompt_ids)
+    return x
+
+
+def matmul_processors_gumbel(hidden: torch.Tensor, weight: torch.Tensor, temperature: torch.Tensor,
+                             **processors) -> torch.Tensor:
+    """cuBLAS logits (bf16 out), fp32, the processors, then argmax(x + T * Gumbel) (greedy rows: T = 0)."""
+    x = torch_processed_logits(F.linear(hidden, weight), **processors)
+    return baselines.gumbel_argmax_from_logits(x, temperature)
+
+
+def _build_torch_processors(group: str, compiled: bool):
+    """cuBLAS logits + the group's processors in torch + Gumbel argmax, eager or one static
+    torch.compile per batch size (as the filtered baselines: views drop the harness's
+    dynamic marks; ctx's tensors are read at call time)."""
+    def build(ctx: ShapeCtx):
+        W = ctx.weight
+        if not compiled:
+            return lambda h: matmul_processors_gumbel(h, W, ctx.temp_t, **ctx.processor_tensors(group))
+
+        def call(h):
+            key = ("processors", group, ctx.B)
+            f = ctx.compiled.get(key)
+            if f is None:
+                f = ctx.compiled[key] = torch.compile(matmul_processors_gumbel, dynamic=False)
+            kw = {k: v.view(v.shape) for k, v in ctx.processor_tensors(group).items()}
+            return f(h.view(h.shape), W, ctx.temp_t.view(ctx.temp_t.shape), **kw)
+        return call
+    return build
+
+
+def _xgrammar():
+    try:
+        return importlib.import_module("xgrammar")
+    except Exception as e:  # ImportError, or a CUDA/JIT error inside xgrammar's import
+        return e
+
+
+def _build_xgr_bitmask(ctx: ShapeCtx):
+    """cuBLAS logits -> fp32 -> xgrammar.apply_token_bitmask_inplace (its CUDA kernel on a GPU)
+    -> Gumbel argmax (one static torch.compile per batch size on a GPU, eager on the CPU)."""
+    xgr, W = _xgrammar(), ctx.weight
+    if isinstance(xgr, Exception):
+        raise RuntimeError(f"xgrammar not importable: {xgr}")
+    on_gpu = ctx.device.type == "cuda"
+
+    def call(h):
+        logits = F.linear(h, W).float()
+        xgr.apply_token_bitmask_inplace(logits, ctx.bitmask_t, vocab_size=ctx.V)
+        if not on_gpu:
+            return baselines.gumbel_argmax_from_logits(logits, ctx.temp_t)
+        key = ("xgr_gumbel", ctx.B)
+        f = ctx.compiled.get(key)
+        if f is None:
+            f = ctx.compiled[key] = torch.compile(baselines.gumbel_argmax_from_logits, dynamic=False)
+        return f(logits, ctx.temp_t.view(ctx.temp_t.shape))
+    return call
 
 
 def _flashinfer():
@@ -306,7 +515,38 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
            note="flashinfer top_k_top_p_sampling_from_logits with the [B] top-k / top-p tensors"),
     Method("fi_minp", "FI-minp", "baseline", _build_fi("fi_minp", "minp"), _plain, flashinfer=True, filter="minp",
            note="softmax, then flashinfer min_p_sampling_from_probs with the [B] min-p tensor"),
+    # logit processors (none in default: --methods processors)
+    Method("fsdist_bitmask", "fs-bm", "fsdist", _build_fsdist(procs="bitmask"), _fs_tokens, default=False,
+           graph_default=True, processors="bitmask", note="as fsdist, plus a [B, ceil(V/32)] int32 token bitmask"),
+    Method("fsdist_bias_pen", "fs-b+p", "fsdist", _build_fsdist(procs="bias_pen"), _fs_tokens, default=False,
+           graph_default=True, processors="bias_pen",
+           note="as fsdist, plus logit_bias [B, n_bias] and penalties ([B] x 3, output / prompt ids)"),
+    Method("fsdist_processors_all", "fs-proc", "fsdist", _build_fsdist(procs="all"), _fs_tokens, default=False,
+           graph_default=True, processors="all", note="as fsdist, plus bitmask, logit bias and penalties"),
+    Method("torch_bitmask_compiled", "bm-comp", "baseline", _build_torch_processors("bitmask", True), _plain,
+           compiled=True, default=False, processors="bitmask",
+           note="cuBLAS logits -> fp32 -> bits unpacked + masked_fill -inf -> Gumbel argmax, torch.compile per B"),
+    Method("xgr_bitmask", "bm-xgr", "baseline", _build_xgr_bitmask, _plain, default=False, processors="bitmask",
+           note="cuBLAS logits -> fp32 -> xgrammar.apply_token_bitmask_inplace -> Gumbel argmax (compiled per B)"),
+    Method("torch_bias_pen_compiled", "b+p-comp", "baseline", _build_torch_processors("bias_pen", True), _plain,
+           compiled=True, default=False, processors="bias_pen",
+           note="cuBLAS logits -> fp32 -> scatter_add bias -> vLLM penalties -> Gumbel argmax, torch.compile per B"),
+    Method("torch_processors_compiled", "proc-comp", "baseline", _build_torch_processors("all", True), _plain,
+           compiled=True, default=False, processors="all",
+           note="cuBLAS logits -> fp32 -> bitmask -> bias -> penalties -> Gumbel argmax, torch.compile per B"),
+    Method("torch_bitmask_eager", "bm-eag", "baseline", _build_torch_processors("bitmask", False), _plain,
+           default=False, processors="bitmask", note="torch_bitmask_compiled without torch.compile"),
+    Method("torch_bias_pen_eager", "b+p-eag", "baseline", _build_torch_processors("bias_pen", False), _plain,
+           default=False, processors="bias_pen", note="torch_bias_pen_compiled without torch.compile"),
+    Method("torch_processors_eager", "proc-eag", "baseline", _build_torch_processors("all", False), _plain,
+           default=False, processors="all", note="torch_processors_compiled without torch.compile"),
 ]}
+
+# --methods group names: what each one selects, in this order.
+METHOD_GROUPS = {
+    "processors": ["cublas", "fsdist", "gumbel_compiled", "fsdist_bitmask", "fsdist_bias_pen", "fsdist_processors_all",
+                   "torch_bitmask_compiled", "xgr_bitmask", "torch_processors_compiled", "torch_processors_eager"],
+}
 
 
 def parse_configs(spec: str) -> List[TileConfig]:
@@ -482,6 +722,130 @@ def check_filtered(ctx: ShapeCtx, m: Method, h: torch.Tensor, tokens: torch.Tens
                    bool(res["noise"].all()), res["detail"])
 
 
+def bitmask_allows(token_bitmask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """bool, the shape of tokens ([N] or [N, B] where the bitmask has B rows and tokens[..., b] is
+    row b's): whether each token is in [0, V) of the mask and its bit is set."""
+    tok = tokens.long()
+    rows = torch.arange(token_bitmask.shape[0], device=tok.device).expand_as(tok)
+    inside = (tok >= 0) & (tok < token_bitmask.shape[1] * 32)
+    t = tok.clamp(0, token_bitmask.shape[1] * 32 - 1)
+    word = token_bitmask.to(tok.device)[rows, t // 32].to(torch.int64)
+    return inside & (((word >> (t % 32)) & 1) != 0)
+
+
+def processed_row_check(logits: torch.Tensor, tokens: torch.Tensor, temperature: torch.Tensor, procs: Dict, *,
+                        seed: Optional[torch.Tensor] = None, offset: Optional[torch.Tensor] = None,
+                        tol: float = 1e-3) -> Dict:
+    """Tokens of a few rows against the float64 reference with the logit processors
+    (fsdist.reference.serving_semantics; no filters).
+
+    logits: [R, V] reference logits of those rows; procs: fsdist.sample's processor
+    arguments for those rows. With m = tol * (1 + max |processed logit|) per row:
+    support: the token's processed logit is finite (allowed by the bitmask);
+    noise:   (seed and offset given: fsdist's rows) the token's score, processed / T +
+             fsdist's Gumbel noise (float64), is within m / T of the best score; greedy rows:
+             the token's processed logit is within m of the largest.
+    Returns {"support": bool [R], "noise": bool [R], "detail": str}.
+    """
+    x = logits.double()
+    R, V = x.shape
+    dev = x.device
+    toks = tokens.to(dev).long()
+    sem = serving_semantics(x, temperature=temperature.to(dev), **procs)
+    fin = torch.isfinite(sem.processed)
+    margin = tol * (1.0 + torch.where(fin, sem.processed.abs(), torch.zeros_like(x)).amax(dim=1))
+    t = toks.clamp(0, V - 1)
+    support = (toks >= 0) & (toks < V) & fin.gather(1, t[:, None])[:, 0]
+    best_logit = sem.processed.amax(dim=1)
+    tok_logit = sem.processed.gather(1, t[:, None])[:, 0]
+    noise_ok = ~sem.greedy | (tok_logit >= best_logit - margin)
+    detail = f"{int(support.sum())}/{R} allowed by the processors"
+    if seed is not None and offset is not None:
+        ids = torch.arange(V, device=dev)[None, :]
+        score = sem.scaled + vocab_gumbel(seed.to(dev).long()[:, None], offset.to(dev).long()[:, None], ids)
+        score = torch.where(fin, score, torch.full_like(score, float("-inf")))
+        t_eff = torch.where(sem.greedy, torch.ones_like(best_logit), temperature.to(dev).double())
+        sampled_ok = score.gather(1, t[:, None])[:, 0] >= score.amax(dim=1) - margin / t_eff
+        noise_ok = torch.where(sem.greedy, noise_ok, sampled_ok)
+        detail += f", {int(noise_ok.sum())}/{R} = the argmax of processed / T + fsdist's noise"
+    detail += f"; allowed ids per row {fin.sum(dim=1).tolist()}"
+    return {"support": support, "noise": noise_ok, "detail": detail}
+
+
+def _check_rows(B: int) -> List[int]:
+    return sorted({0, 1, B // 2, B - 1} & set(range(B)))
+
+
+def check_processed(ctx: ShapeCtx, m: Method, h: torch.Tensor, tokens: torch.Tensor, checks: Checks):
+    """A processors method's tokens: every row's token allowed by the bitmask (when the group has
+    one); on four rows, in the float64 reference's support and (fsdist) the argmax of the
+    processed logits with fsdist's noise. Baselines read bf16 cuBLAS logits: a wider margin."""
+    D, V, B = ctx.D, ctx.V, ctx.B
+    if "token_bitmask" in PROCESSOR_GROUPS[m.processors]:
+        ok = bitmask_allows(ctx.bitmask_t, tokens)
+        checks.add(D, V, B, f"{m.name} tokens allowed by the bitmask (every row)", bool(ok.all()),
+                   f"{int((~ok).sum())}/{B} rows drew a disallowed id")
+    rows = _check_rows(B)
+    is_fs = m.kind == "fsdist"
+    wide = not is_fs and ctx.dtype != torch.float32
+    res = processed_row_check(reference_logits(h, ctx.weight, rows), tokens[rows], ctx.temp_t[rows],
+                              ctx.processor_kwargs(m.processors, rows), seed=ctx.seed_t[rows] if is_fs else None,
+                              offset=ctx.off_t[rows] if is_fs else None, tol=1e-2 if wide else 1e-3)
+    checks.add(D, V, B, f"{m.name} tokens in the float64 reference's support ({PROCESSOR_TITLES[m.processors]})",
+               bool(res["support"].all()), res["detail"])
+    if is_fs:
+        checks.add(D, V, B, f"{m.name} token = argmax of processed / T + fsdist's noise", bool(res["noise"].all()),
+                   res["detail"])
+
+
+def check_processors_cell(ctx: ShapeCtx, hs: List[torch.Tensor], groups: List[str], checks: Checks):
+    """Per processor group, once per (shape, B) before timing:
+
+    * the torch baselines' processed logits (torch_processed_logits on fp32 reference
+      logits of four rows) equal fsdist.reference's float64 ones: same -inf ids, values
+      within 1e-5 * (1 + |x|) (what the baselines time is the reference's semantics);
+    * fsdist with temperature 0 (every row greedy) takes the float64 argmax of the processed
+      logits on those rows (near-ties allowed, 1e-3 * (1 + max |x|));
+    * fsdist's greedy tokens equal the argmax of the baseline's processed cuBLAS logits on
+      every row where that argmax is decided (gap to the runner-up > 1e-2 * (1 + max |x|):
+      about twice the worst bf16 rounding of two logits); how many were decided is reported.
+    """
+    D, V, B = ctx.D, ctx.V, ctx.B
+    h = hs[0]
+    rows = _check_rows(B)
+    ref = reference_logits(h, ctx.weight, rows)
+    for g in groups:
+        procs_rows = ctx.processor_kwargs(g, rows)
+        want = serving_semantics(ref.double(), temperature=0.0, **procs_rows).processed
+        tens = {k: v[rows] for k, v in ctx.processor_tensors(g).items()}
+        got = torch_processed_logits(ref, **tens).double()
+        same_inf = torch.equal(torch.isinf(got), torch.isinf(want))
+        fin = torch.isfinite(want)
+        err = float(((got - want).abs() / (1 + want.abs()))[fin].max()) if bool(fin.any()) else 0.0
+        checks.add(D, V, B, f"torch baseline's processed logits == float64 reference ({PROCESSOR_TITLES[g]})",
+                   same_inf and err < 1e-5, f"same -inf ids: {same_inf}; max rel err {err:.2e}")
+
+        greedy = fsdist.sample(h, ctx.weight, temperature=0.0, **ctx.processor_kwargs(g)).tokens
+        g_rows = greedy[rows].to(want.device).clamp(0, V - 1)
+        best = want.amax(dim=1)
+        tol = 1e-3 * (1.0 + torch.where(fin, want.abs(), torch.zeros_like(want)).amax(dim=1))
+        gap = best - want.gather(1, g_rows[:, None])[:, 0]
+        exact = int((g_rows == want.argmax(dim=1)).sum())
+        checks.add(D, V, B, f"fsdist greedy == float64 argmax of the processed logits ({PROCESSOR_TITLES[g]})",
+                   bool((gap <= tol).all()) and bool((greedy[rows] >= 0).all()),
+                   f"{exact}/{len(rows)} exact; worst gap {float(gap.max()):.3g}")
+
+        base = torch_processed_logits(F.linear(h, ctx.weight), **ctx.processor_tensors(g))
+        top2 = base.topk(2, dim=1).values
+        scale = torch.where(torch.isfinite(base), base.abs(), torch.zeros_like(base)).amax(dim=1)
+        decided = (top2[:, 0] - top2[:, 1]) > 1e-2 * (1.0 + scale)
+        agree = greedy == base.argmax(dim=1)
+        n_dec, n_bad = int(decided.sum()), int((~agree & decided).sum())
+        checks.add(D, V, B, f"fsdist greedy == baseline argmax where decided ({PROCESSOR_TITLES[g]})",
+                   n_bad == 0,
+                   f"{n_dec}/{B} rows decided, {n_bad} of them differ; {int(agree.sum())}/{B} equal overall")
+
+
 def check_tokens(ctx: ShapeCtx, m: Method, out, checks: Checks, h: Optional[torch.Tensor] = None):
     if m.tokens is None:
         ok = tuple(out.shape) == (ctx.B, ctx.V)
@@ -493,6 +857,8 @@ def check_tokens(ctx: ShapeCtx, m: Method, out, checks: Checks, h: Optional[torc
                f"n={t.numel()} min={int(t.min()) if t.numel() else None} max={int(t.max()) if t.numel() else None}")
     if m.filter and h is not None and ok:
         check_filtered(ctx, m, h, t, checks)
+    if m.processors and h is not None and ok:
+        check_processed(ctx, m, h, t, checks)
 
 
 def check_graph(ctx: ShapeCtx, graph: C.CapturedGraph, m: Method, hs, checks: Checks):
@@ -502,7 +868,7 @@ def check_graph(ctx: ShapeCtx, graph: C.CapturedGraph, m: Method, hs, checks: Ch
     graph.replay()
     C.sync(ctx.device)
     got = m.tokens(graph.outputs[0]).clone()
-    want = m.tokens(fsdist.sample(hs[0], ctx.weight, **ctx.fs_params(scalar, m.filter),
+    want = m.tokens(fsdist.sample(hs[0], ctx.weight, **ctx.fs_params(scalar, m.filter, m.processors),
                                   return_logprobs=m.name == "fsdist_logprobs"))
     checks.add(ctx.D, ctx.V, ctx.B, f"{m.name} graph replay == eager", torch.equal(got, want),
                f"{int((got != want).sum())} rows differ")
@@ -548,7 +914,7 @@ def summarize_results(data: Dict) -> List[Dict]:
             best = min(tuned.values(), key=lambda r: r["median_us"])
             row["best_config"], row["best_config_us"] = best["method"][len("fsdist@"):], best["median_us"]
         bases = {m: r for m, r in ev.items() if METHODS.get(m) is not None and METHODS[m].kind == "baseline"
-                 and not METHODS[m].filter}
+                 and not METHODS[m].filter and not METHODS[m].processors}
         if bases:
             bm = min(bases, key=lambda m: bases[m]["median_us"])
             row["best_baseline"], row["best_baseline_us"] = bm, bases[bm]["median_us"]
@@ -582,6 +948,29 @@ def summarize_results(data: Dict) -> List[Dict]:
                 filtered[group] = g
         if filtered:
             row["filtered"] = filtered
+        procs = {}
+        for group, fs_name in PROCESSOR_FSDIST.items():
+            g = {}
+            if fs_name in ev:
+                g.update(fsdist_method=fs_name, fsdist_us=ev[fs_name]["median_us"])
+                if row["fsdist_us"]:
+                    g["over_plain_fsdist"] = g["fsdist_us"] / row["fsdist_us"]
+            if fs_name in gr:
+                g["fsdist_graph_us"] = gr[fs_name]["median_us"]
+                if row["fsdist_graph_us"]:
+                    g["graph_over_plain_graph"] = g["fsdist_graph_us"] / row["fsdist_graph_us"]
+            gb = {m: r["median_us"] for m, r in ev.items()
+                  if METHODS.get(m) is not None and METHODS[m].kind == "baseline" and METHODS[m].processors == group}
+            if gb:
+                bm = min(gb, key=gb.get)
+                g.update(baselines_us=gb, best_baseline=bm, best_baseline_us=gb[bm])
+                if g.get("fsdist_us"):
+                    g["baselines_over_fsdist"] = {m: t / g["fsdist_us"] for m, t in gb.items()}
+                    g["speedup_vs_best_baseline"] = gb[bm] / g["fsdist_us"]
+            if g:
+                procs[group] = g
+        if procs:
+            row["processors"] = procs
         row["checks_failed"] = [c["check"] for c in data.get("checks", [])
                                 if not c["ok"] and c["fatal"] and (c["D"], c["V"], c["B"]) == (D, V, B)]
         out.append(row)
@@ -616,7 +1005,7 @@ def print_tables(data: Dict):
             for B in sorted({r["B"] for r in res if (r["D"], r["V"]) == (D, V)}):
                 print(f"{B:>6} " + "".join(f"{cell(find(D, V, B, m, mode)):>11}" for m in ms))
 
-    unfiltered = {m for m in methods if not (m in METHODS and METHODS[m].filter)}
+    unfiltered = {m for m in methods if not (m in METHODS and (METHODS[m].filter or METHODS[m].processors))}
     table("events", "== all methods without filters, per call (median; CUDA events, host clock on CPU) ==",
           unfiltered)
     table("graph", "== CUDA-graph replay, per call (median) ==")
@@ -641,6 +1030,29 @@ def print_tables(data: Dict):
                 bt = [r["median_us"] for r in bt if r and r.get("median_us")]
                 sp = f"{min(bt) / fs['median_us']:.2f}x" if (bt and fs and fs.get("median_us")) else "-"
                 print(line + f"{sp:>9}")
+
+    pc = data.get("args", {}).get("processors") or {}
+    for group, fs_name in PROCESSOR_FSDIST.items():
+        ms = [m for m in methods if m in METHODS and METHODS[m].processors == group and m != fs_name]
+        if fs_name not in methods and not ms:
+            continue
+        print(f"\n== logit processors: {PROCESSOR_TITLES[group]} ([B] tensors; {pc.get('what', '')}) ==")
+        for D, V in shapes:
+            print(f"D={D} V={V}: median us per call; x/fs = over plain fsdist in the same run; graph = CUDA-graph "
+                  f"replay; base/x = each baseline over {METHODS[fs_name].label}")
+            print("     B " + f"{'fsdist':>9}{METHODS[fs_name].label:>9}{'x/fs':>7}{'fsGraph':>9}{'xGraph':>9}"
+                  f"{'xG/fsG':>7}" + "".join(f"{label[m]:>10}{'/x':>6}" for m in ms))
+            for B in sorted({r["B"] for r in res if (r["D"], r["V"]) == (D, V)}):
+                fs, x = find(D, V, B, "fsdist"), find(D, V, B, fs_name)
+                fg, xg = find(D, V, B, "fsdist", "graph"), find(D, V, B, fs_name, "graph")
+
+                def ratio(a, b, digits=3):
+                    ok = a and b and a.get("median_us") and b.get("median_us")
+                    return f"{a['median_us'] / b['median_us']:.{digits}f}" if ok else "-"
+                line = (f"{B:>6} {cell(fs):>9}{cell(x):>9}{ratio(x, fs):>7}{cell(fg):>9}{cell(xg):>9}"
+                        f"{ratio(xg, fg):>7}")
+                line += "".join(f"{cell(find(D, V, B, m)):>10}{ratio(find(D, V, B, m), x, 2):>6}" for m in ms)
+                print(line)
 
     if any("best_config" in r for r in rows):
         print("\n== fsdist tile-config sweep: best per (shape, B) ==")
@@ -692,6 +1104,8 @@ def print_tables(data: Dict):
 
 # fsdist method of each filter group
 FILTERED_FSDIST = {m.filter: m.name for m in METHODS.values() if m.kind == "fsdist" and m.filter}
+# fsdist method of each processor group
+PROCESSOR_FSDIST = {m.processors: m.name for m in METHODS.values() if m.kind == "fsdist" and m.processors}
 
 
 # --------------------------------------------------------------------------- main
@@ -703,15 +1117,16 @@ def _quiet_sync(device):
         C.log(f"  (synchronize after the failure raised {type(e).__name__}: {str(e)[:120]})")
 
 
-def _recording(fn: Callable, sink: List[torch.Tensor], bump: Callable):
+def _recording(fn: Callable, sink: List[torch.Tensor], bump: Callable, pick: Callable = lambda out: out.fallback):
     """(call, before_call) for C.time_calls: `call` runs fn and, from the first timed call on
-    (the hook is not called during warm-up), appends the output's fallback flags to `sink`."""
+    (the hook is not called during warm-up), appends pick(output) (default: the fallback
+    flags) to `sink`."""
     on = [False]
 
     def call(h):
         out = fn(h)
         if on[0]:
-            sink.append(out.fallback)
+            sink.append(pick(out))
         return out
 
     def before(i):
@@ -726,7 +1141,8 @@ def parse_args(argv=None):
     p.add_argument("--shapes", help=f"DxV list (GPU default {GPU_SHAPES}; CPU default {CPU_SHAPES})")
     p.add_argument("--batches", help=f"batch sizes, e.g. 1,2,4 or 1..256 (GPU default {GPU_BATCHES}; CPU {CPU_BATCHES})")
     p.add_argument("--methods", default="default",
-                   help="comma list of " + ",".join(METHODS) + "; 'default' or 'all'")
+                   help="comma list of " + ",".join(METHODS) + "; 'default', 'all', or a group name: "
+                   + ", ".join(f"{k} (= {','.join(v)})" for k, v in METHOD_GROUPS.items()))
     p.add_argument("--graph-methods", default="default",
                    help="methods also timed as CUDA-graph replays; 'default', 'all' or 'none'")
     p.add_argument("--configs", help="fsdist TileConfig sweep: 'sweep', 'sweep-small' or a comma list of "
@@ -742,6 +1158,11 @@ def parse_args(argv=None):
     p.add_argument("--top-k", type=int, default=50, help="top_k of the top-k/top-p methods (every row)")
     p.add_argument("--top-p", type=float, default=0.9, help="top_p of the top-k/top-p methods (every row)")
     p.add_argument("--min-p", type=float, default=0.05, help="min_p of the min-p methods (every row)")
+    p.add_argument("--bitmask-density", type=float, default=0.5,
+                   help="processors methods: probability that a bitmask bit (an id) is allowed; row 0 allows all")
+    p.add_argument("--bias-ids", type=int, help="processors methods: logit_bias ids per row (GPU 500, CPU 20)")
+    p.add_argument("--output-ids", type=int, help="processors methods: penalties.output_ids per row (GPU 250, CPU 10)")
+    p.add_argument("--prompt-ids", type=int, help="processors methods: penalties.prompt_ids per row (GPU 250, CPU 10)")
     p.add_argument("--warmup", type=int, help="warm-up calls per measurement (GPU 25, CPU 1)")
     p.add_argument("--reps", type=int, help="timed calls per run (GPU 100, CPU 3)")
     p.add_argument("--repeats", type=int, help="interleaved runs per cell (GPU 3, CPU 1)")
@@ -764,7 +1185,11 @@ def resolve_methods(spec: str, on_gpu: bool, allow_compile: bool, skipped: Dict[
     if spec in ("default", "all"):
         names = [m.name for m in METHODS.values() if spec == "all" or m.default]
     else:
-        names = [s.strip() for s in spec.split(",") if s.strip()]
+        names = []
+        for s in spec.split(","):
+            for n in METHOD_GROUPS.get(s.strip(), [s.strip()] if s.strip() else []):
+                if n not in names:
+                    names.append(n)
         bad = [n for n in names if n not in METHODS]
         if bad:
             raise SystemExit(f"unknown method(s) {bad}; known: {list(METHODS)}")
@@ -775,6 +1200,11 @@ def resolve_methods(spec: str, on_gpu: bool, allow_compile: bool, skipped: Dict[
         if m.compiled and not allow_compile:
             skipped[n] = "torch.compile skipped without a GPU (use --force-compile)"
             continue
+        if n == "xgr_bitmask":
+            xgr = _xgrammar()
+            if isinstance(xgr, Exception):
+                skipped[n] = f"xgrammar not importable ({type(xgr).__name__}: {str(xgr)[:80]})"
+                continue
         if m.flashinfer:
             if not on_gpu:
                 skipped[n] = "flashinfer needs a GPU"
@@ -798,6 +1228,8 @@ def main(argv=None) -> int:
     if args.top_k < 0 or not 0 < args.top_p <= 1 or not 0 <= args.min_p <= 1:
         raise SystemExit("--top-k must be >= 0, --top-p in (0, 1], --min-p in [0, 1]")
     filters = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
+    if not 0 <= args.bitmask_density <= 1:
+        raise SystemExit("--bitmask-density must be in [0, 1]")
     if args.quick and on_gpu:
         args.shapes = args.shapes or "4096x151936"
         args.batches = args.batches or "1,16,64,256"
@@ -814,6 +1246,14 @@ def main(argv=None) -> int:
     budget = C.Budget(60 * (args.max_minutes or (8.0 if on_gpu else 30.0)))
     skipped: Dict[str, str] = {}
     methods = resolve_methods(args.methods, on_gpu, on_gpu or args.force_compile, skipped)
+    proc_groups = [g for g in PROCESSOR_GROUPS if any(METHODS[m].processors == g for m in methods)]
+    proc_cfg = {"density": args.bitmask_density,
+                "n_bias": args.bias_ids if args.bias_ids is not None else (500 if on_gpu else 20),
+                "n_output": args.output_ids if args.output_ids is not None else (250 if on_gpu else 10),
+                "n_prompt": args.prompt_ids if args.prompt_ids is not None else (250 if on_gpu else 10)}
+    proc_cfg["what"] = (f"bitmask density {proc_cfg['density']:g} (row 0 all ones); {proc_cfg['n_bias']} bias + "
+                        f"{proc_cfg['n_output']} output + {proc_cfg['n_prompt']} prompt ids per row; "
+                        f"repetition 1.1-1.3, frequency 0.1-0.4, presence 0.1-0.3")
     if args.graph_methods == "none" or not on_gpu:
         graph_methods = []
         if not on_gpu:
@@ -838,6 +1278,8 @@ def main(argv=None) -> int:
                       "temperature": args.temperature, "temperature_spread": args.temperature_spread,
                       "greedy_rows": args.greedy_rows, "fsdist_row_params": True, "filters": filters,
                       "method_filters": {n: METHODS[n].filter for n in methods if METHODS[n].filter},
+                      "processors": proc_cfg if proc_groups else None,
+                      "method_processors": {n: METHODS[n].processors for n in methods if METHODS[n].processors},
                       "row_temperatures": C.describe_row_temperatures(args.temperature, args.temperature_spread,
                                                                       args.greedy_rows),
                       "warmup": warmup, "reps": reps, "repeats": repeats,
@@ -874,7 +1316,7 @@ def main(argv=None) -> int:
             break
         torch._dynamo.reset()
         ctx = ShapeCtx(D=D, V=V, dtype=dtype, device=device, T=args.temperature, greedy_rows=args.greedy_rows,
-                       compile_mode=args.compile_mode, fi=fi_mod, filters=filters)
+                       compile_mode=args.compile_mode, fi=fi_mod, filters=filters, proc_cfg=proc_cfg)
         C.log(f"shape D={D} V={V}: weight {V * D * torch.finfo(dtype).bits // 8 / 1e9:.2f} GB")
         # Logits with a spread of about 2 (not zeros, not a flat distribution).
         ctx.weight = torch.randn(V, D, device=device, generator=gen, dtype=dtype).mul_(2.0 / math.sqrt(D))
@@ -895,11 +1337,19 @@ def main(argv=None) -> int:
             if B >= 2 and args.compile_mode == "dynamic":
                 for x in hs + [ctx.temp_t, ctx.top_k_t, ctx.top_p_t, ctx.min_p_t]:
                     torch._dynamo.mark_dynamic(x, 0)
+            if proc_groups:
+                ctx.set_processors(B, gen)
             try:
                 check_cell(ctx, hs, checks)
             except Exception as e:  # noqa: BLE001
                 checks.add(D, V, B, "fsdist check raised", False, f"{type(e).__name__}: {e}")
                 traceback.print_exc()
+            if proc_groups:
+                try:
+                    check_processors_cell(ctx, hs, proc_groups, checks)
+                except Exception as e:  # noqa: BLE001
+                    checks.add(D, V, B, "processors check raised", False, f"{type(e).__name__}: {e}")
+                    traceback.print_exc()
             writer.flush()
 
             cell_methods = list(methods)
@@ -941,6 +1391,10 @@ def main(argv=None) -> int:
             fallback_flags: Dict[str, List[torch.Tensor]] = {n: [] for n in fns
                                                              if n in METHODS and METHODS[n].filter
                                                              and METHODS[n].kind == "fsdist"}
+            # Methods with a bitmask: each timed call's tokens (kept by reference, checked after
+            # the timing: no call may ever draw a disallowed id).
+            drawn: Dict[str, List[torch.Tensor]] = {n: [] for n in fns if n in METHODS and METHODS[n].processors
+                                                     and "token_bitmask" in PROCESSOR_GROUPS[METHODS[n].processors]}
             for rep in range(repeats):
                 for name, fn in fns.items():
                     if name in errors:
@@ -951,6 +1405,8 @@ def main(argv=None) -> int:
                         w = warmup if rep == 0 else min(5, warmup)  # later runs only re-warm the clocks
                         if name in fallback_flags:
                             call, before = _recording(fn, fallback_flags[name], bump)
+                        elif name in drawn:
+                            call, before = _recording(fn, drawn[name], bump, METHODS[name].tokens)
                         else:
                             call, before = (lambda h, _fn=fn: _fn(h)), bump
                         samples[name].append(C.time_calls(call, [(h,) for h in hs], warmup=w,
@@ -958,6 +1414,11 @@ def main(argv=None) -> int:
                     except Exception as e:  # noqa: BLE001
                         errors[name] = f"{type(e).__name__}: {str(e)[:300]}"
                         C.log(f"  {name} B={B}: timing failed: {errors[name]}")
+            for name, toks in drawn.items():
+                if toks:
+                    ok = bitmask_allows(ctx.bitmask_t, torch.stack([t.reshape(-1) for t in toks]))
+                    checks.add(D, V, B, f"{name}: timed calls never drew a disallowed id", bool(ok.all()),
+                               f"{int((~ok).sum())} of {ok.numel()} draws ({len(toks)} calls) disallowed")
             for name in cell_methods:
                 runs = samples.get(name) or []
                 flat = [x for run in runs for x in run]
@@ -975,6 +1436,8 @@ def main(argv=None) -> int:
                     row["note"] = ctx.fi_notes.get(name)
                 if name in METHODS and METHODS[name].filter:
                     row["filter"] = {k: filters[k] for k in FILTER_GROUPS[METHODS[name].filter]}
+                if name in METHODS and METHODS[name].processors:
+                    row["processors"] = METHODS[name].processors
                 if fallback_flags.get(name):
                     flags = torch.cat(fallback_flags[name])
                     row.update(fallback_rate=float(flags.float().mean()), fallback_rows=int(flags.sum()),

@@ -47,6 +47,16 @@ LABELS = {
     "torch_minp_eager": "matmul+min-p+race (eager)",
     "fi_topk_topp_filtered": "FlashInfer top_k_top_p_sampling_from_logits, filters on",
     "fi_minp": "softmax+FlashInfer min_p_sampling_from_probs",
+    "fsdist_bitmask": "fsdist, token bitmask",
+    "fsdist_bias_pen": "fsdist, logit bias + penalties",
+    "fsdist_processors_all": "fsdist, bitmask + bias + penalties",
+    "torch_bitmask_compiled": "matmul+fp32+bitmask+Gumbel (compiled)",
+    "xgr_bitmask": "matmul+fp32+xgrammar bitmask+Gumbel",
+    "torch_bias_pen_compiled": "matmul+fp32+bias+penalties+Gumbel (compiled)",
+    "torch_processors_compiled": "matmul+fp32+bitmask+bias+penalties+Gumbel (compiled)",
+    "torch_bitmask_eager": "matmul+fp32+bitmask+Gumbel (eager)",
+    "torch_bias_pen_eager": "matmul+fp32+bias+penalties+Gumbel (eager)",
+    "torch_processors_eager": "matmul+fp32+bitmask+bias+penalties+Gumbel (eager)",
 }
 SHORT = {"cublas": "cuBLAS", "fsdist": "fsdist", "fsdist_logprobs": "fsdist+lp", "fsdist_scalar": "fsdist scalar T",
          "fsdist_tvec": "fsdist tvec",
@@ -55,7 +65,12 @@ SHORT = {"cublas": "cuBLAS", "fsdist": "fsdist", "fsdist_logprobs": "fsdist+lp",
          "fsdist_topk_topp": "fsdist top-k/top-p", "fsdist_minp": "fsdist min-p",
          "torch_topk_topp_compiled": "torch top-k/top-p compiled", "torch_topk_topp_eager": "torch top-k/top-p eager",
          "torch_minp_compiled": "torch min-p compiled", "torch_minp_eager": "torch min-p eager",
-         "fi_topk_topp_filtered": "FI top-k/top-p", "fi_minp": "FI min-p"}
+         "fi_topk_topp_filtered": "FI top-k/top-p", "fi_minp": "FI min-p",
+         "fsdist_bitmask": "fsdist bitmask", "fsdist_bias_pen": "fsdist bias+pen",
+         "fsdist_processors_all": "fsdist all processors", "torch_bitmask_compiled": "torch bitmask compiled",
+         "xgr_bitmask": "xgrammar bitmask", "torch_bias_pen_compiled": "torch bias+pen compiled",
+         "torch_processors_compiled": "torch all compiled", "torch_bitmask_eager": "torch bitmask eager",
+         "torch_bias_pen_eager": "torch bias+pen eager", "torch_processors_eager": "torch all eager"}
 BASELINES = ["multinomial_eager", "multinomial_compiled", "gumbel_eager", "gumbel_compiled", "fi_topk_topp",
              "fi_sampling"]
 # Filtered sampling (kernel_bench.py since 2026-11-23): per filter group, fsdist's method, its
@@ -67,6 +82,17 @@ FILTERED = {
              "baselines": ["torch_minp_compiled", "torch_minp_eager", "fi_minp"]},
 }
 FILTERED_METHODS = {m for g in FILTERED.values() for m in [g["fsdist"], *g["baselines"]]}
+# Logit processors (kernel_bench.py --methods processors): per group, fsdist's method and its
+# materialized baselines; summary[i]["processors"][group] holds the ratios.
+PROCESSORS = {
+    "bitmask": {"title": "token bitmask", "fsdist": "fsdist_bitmask",
+                "baselines": ["torch_bitmask_compiled", "xgr_bitmask", "torch_bitmask_eager"]},
+    "bias_pen": {"title": "logit bias + penalties", "fsdist": "fsdist_bias_pen",
+                 "baselines": ["torch_bias_pen_compiled", "torch_bias_pen_eager"]},
+    "all": {"title": "bitmask + bias + penalties", "fsdist": "fsdist_processors_all",
+            "baselines": ["torch_processors_compiled", "torch_processors_eager"]},
+}
+PROCESSOR_METHODS = {m for g in PROCESSORS.values() for m in [g["fsdist"], *g["baselines"]]}
 
 # Published FlashSampling speedups (paper, appendix E, Tables 4 and 5): FlashSampling vs the
 # compiled multinomial baseline, FI1 and FI2, per GPU, keyed by D. Medians over 100 iterations.
@@ -238,6 +264,7 @@ def kernel_markdown(data, source: str, plot_files) -> str:
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
     out += filtered_markdown(data, idx, shapes)
+    out += processors_markdown(data, idx, shapes)
     tuned = [s for s in data.get("summary", []) if s.get("best_config")]
     if tuned:
         out += ["#### fsdist tile-config sweep (best per shape and B)", "",
@@ -297,6 +324,38 @@ def filtered_markdown(data, idx, shapes) -> list:
     return out
 
 
+def processors_markdown(data, idx, shapes) -> list:
+    """Per processor group present in the JSON, per shape: fsdist with the processors against plain
+    fsdist (eager calls and CUDA-graph replays) and against the same processors materialized.
+    Empty for JSONs without processors methods."""
+    present = {r["method"] for r in data.get("results", []) if r.get("median_us")}
+    what = ((data.get("args") or {}).get("processors") or {}).get("what", "")
+    out = []
+    for group, g in PROCESSORS.items():
+        bases = [m for m in g["baselines"] if m in present]
+        if g["fsdist"] not in present and not bases:
+            continue
+        for D, V in shapes:
+            bs = sorted({r["B"] for r in data.get("results", []) if (r["D"], r["V"]) == (D, V)})
+            out += [f"#### Logit processors, {g['title']} ([B] tensors): D={D}, V={V}", "",
+                    f"{what}. Ratios: over plain fsdist in the same run (eager calls, and CUDA-graph replays); "
+                    "each baseline over fsdist with the same processors.", ""]
+            hdr = ["B", "fsdist", SHORT[g["fsdist"]], "ratio", "graph ratio"] + [SHORT[m] for m in bases]
+            hdr += [f"{SHORT[m]} / fsdist" for m in bases]
+            out += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+            for B in bs:
+                fs, x = _med(idx, D, V, B, "fsdist"), _med(idx, D, V, B, g["fsdist"])
+                fg, xg = _med(idx, D, V, B, "fsdist", "graph"), _med(idx, D, V, B, g["fsdist"], "graph")
+                times = [_med(idx, D, V, B, m) for m in bases]
+                cells = [str(B), fmt(fs), fmt(x), f"{x / fs:.3f}" if (x and fs) else "–",
+                         f"{xg / fg:.3f}" if (xg and fg) else "–"]
+                cells += [fmt(t) for t in times]
+                cells += [f"{t / x:.2f}×" if (t and x) else "–" for t in times]
+                out.append("| " + " | ".join(cells) + " |")
+            out.append("")
+    return out
+
+
 def kernel_plots(data, plots_dir: Path, stem: str):
     import matplotlib
 
@@ -309,7 +368,8 @@ def kernel_plots(data, plots_dir: Path, stem: str):
     shapes = sorted({(r["D"], r["V"]) for r in data.get("results", [])})
     methods = []
     for r in data.get("results", []):
-        if r["method"] not in methods and not r["method"].startswith("fsdist@") and r["method"] not in FILTERED_METHODS:
+        if (r["method"] not in methods and not r["method"].startswith("fsdist@") and r["method"] not in FILTERED_METHODS
+                and r["method"] not in PROCESSOR_METHODS):
             methods.append(r["method"])
     files = []
     if not shapes:

@@ -92,8 +92,9 @@ class LogitProcessing:
             fp = fp * 1000033 + self.entries.sum(dim=1, dtype=torch.int64)
             fp = fp * 1000037 + self.values.view(torch.int32).sum(dim=1, dtype=torch.int64)
         if self.penalties is not None:
-            fp = fp * 1000039 + (self.penalties.view(torch.int32).to(torch.int64) * torch.tensor(
-                [[1], [7919], [104729]], device=fp.device)).sum(dim=0)
+            # no torch.tensor(list, device=...): a host-to-device copy would sync (and break capture)
+            rep, freq, pres = self.penalties.view(torch.int32).to(torch.int64).unbind(0)
+            fp = fp * 1000039 + rep + freq * 7919 + pres * 104729
         return fp
 
 
@@ -215,7 +216,8 @@ def prepare_processing(token_bitmask=None, logit_bias=None, penalties=None, *, b
     if entries is None:
         pen = None  # penalties without any listed id change nothing
     elif pen is None:  # a bias alone: penalties off
-        pen = torch.tensor([[1.0], [0.0], [0.0]], device=device).expand(3, batch).contiguous()
+        pen = torch.zeros(3, batch, dtype=torch.float32, device=device)
+        pen[0] = 1.0
     bad = torch.zeros(batch, dtype=torch.bool, device=device)
     for _, _, rows in problems:
         bad = bad | rows

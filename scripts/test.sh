@@ -11,6 +11,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FSDIST_EXTRAS="[test]" source scripts/_install.sh
+# The light optional extras, so that their integration tests run here too (vLLM, 2 GB, stays a
+# local reference: tests/integrations/test_vllm_reference.py says how). xgrammar and
+# megatron-core install with --no-deps on a CPU-only machine (their declared dependencies
+# would pull CUDA builds; megatron-core >= 0.17 also declares Python >= 3.12, and its 0.19
+# wheel runs on 3.11). FSDIST_SKIP_EXTRAS=1 leaves them out (their tests then skip).
+if [ "${FSDIST_SKIP_EXTRAS:-0}" != 1 ]; then
+    echo "== optional extras: transformers, xgrammar, megatron-core =="
+    "${PIP[@]}" transformers pydantic
+    "${PIP[@]}" --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
+    "${PIP[@]}" --no-deps --ignore-requires-python megatron-core==0.19.2
+fi
 export NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 MPIRUN=$(command -v mpirun || command -v mpiexec || true)

@@ -259,3 +259,17 @@ def test_bad_values_in_device_tensors_poison_only_their_rows(device):
     assert bool(torch.isnan(out.logprobs[1:]).all())
     with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\] in every row \(bad rows: \[1, 2\]\)"):
         fsdist.sample(h, w, top_p=top_p, check=True)
+
+
+def test_greedy_rows_ignore_bad_filter_values_whatever_the_temperature_type(device):
+    """A greedy row ignores its filters, forbidden values included, both when a scalar 0 skips
+    the filter kernels and when a [B] temperature tensor runs them; sampled rows still get -1."""
+    h, w = problem(4, 16, 300, device=device)
+    top_p = torch.tensor([5.0, 0.0, 0.9, 0.9], device=device)
+    greedy = fsdist.sample(h, w, temperature=0.0, config=cfg(64)).tokens
+    scalar = fsdist.sample(h, w, temperature=0.0, top_p=top_p, config=cfg(64)).tokens
+    tensor = fsdist.sample(h, w, temperature=torch.zeros(4, device=device), top_p=top_p, config=cfg(64)).tokens
+    assert torch.equal(scalar, greedy) and torch.equal(tensor, greedy)
+    mixed = fsdist.sample(h, w, temperature=torch.tensor([0.0, 0.8, 0.8, 0.0], device=device), top_p=top_p,
+                          seed=3, config=cfg(64)).tokens
+    assert int(mixed[0]) == int(greedy[0]) and int(mixed[1]) == -1 and int(mixed[2]) >= 0

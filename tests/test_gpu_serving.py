@@ -57,8 +57,12 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_head_never_synchronises():
-    """A one-rank tensor-parallel group (NCCL): the head's forward, status monitor included."""
+@pytest.mark.parametrize("transport", ["collective", "symm_mem"])
+def test_head_never_synchronises(transport):
+    """A one-rank tensor-parallel group (NCCL): the head's forward, status monitor included;
+    on a peer-store transport also with filters, top-N and every logit processor (the
+    fallback runs a fixed number of rounds there; the collective transport reads the count
+    of fallback rows, documented, so it is checked plain only)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -69,19 +73,32 @@ def test_head_never_synchronises():
     try:
         D, V, B = 1024, 32000, 16
         g = torch.Generator().manual_seed(1)
-        head = fsdist.ShardedFlashLMHead(D, V, transport="collective", device="cuda", max_batch_size=B)
+        head = fsdist.ShardedFlashLMHead(D, V, transport=transport, device="cuda", max_batch_size=B)
         head.load_full_weight((torch.randn(V, D, generator=g) * 0.05).cuda().bfloat16())
         h = torch.randn(B, D, generator=g).cuda().bfloat16()
         rows = torch.arange(B, device="cuda")
-        kw = dict(temperature=torch.full((B,), 0.8, device="cuda"), seed=rows + 5, offset=rows * 0 + 2,
-                  return_logprobs=True)
+        plain = dict(temperature=torch.full((B,), 0.8, device="cuda"), seed=rows + 5, offset=rows * 0 + 2,
+                     return_logprobs=True)
+        calls = [plain]
+        if transport != "collective":
+            allowed = torch.rand(B, V, generator=g) < 0.5
+            words = fsdist.reference.bitmask_from_allowed(allowed).cuda()
+            ids = torch.randint(0, V, (B, 40), generator=g).cuda()
+            calls.append(dict(plain, top_k=torch.full((B,), 50, device="cuda"), top_p=torch.full((B,), 0.9, device="cuda"),
+                              min_p=torch.full((B,), 0.02, device="cuda"), top_logprobs=5, token_bitmask=words,
+                              logit_bias=fsdist.SparseLogits(ids[:, :20], torch.randn(B, 20, generator=g).cuda()),
+                              penalties=fsdist.Penalties(torch.full((B,), 1.2, device="cuda"),
+                                                         torch.full((B,), 0.3, device="cuda"),
+                                                         torch.full((B,), 0.1, device="cuda"), ids[:, 20:], None)))
         for _ in range(3):
-            head(h, **kw)
+            for kw in calls:
+                head(h, **kw)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
             for _ in range(3):
-                head(h, **kw)
+                for kw in calls:
+                    head(h, **kw)
         finally:
             torch.cuda.set_sync_debug_mode("default")
         head.check()  # synchronises, outside the checked region: no mismatch happened

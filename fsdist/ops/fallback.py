@@ -32,7 +32,7 @@ from .select_filtered import order_key
 from .utils import fast_log_ok, load_row_param, row_param_args
 
 # Rows resolved per round on a GPU: one round covers B <= 64, so a decode batch pays two empty
-# launches when nothing falls back (15.6 MiB of pool at V = 151936, only in filtered calls).
+# launches when nothing falls back (a fp32 pool of 64 x 151936 = 37.1 MiB at V = 151936, only in filtered calls).
 POOL_ROWS = 64
 POOL_ROWS_INTERPRETER = 256  # under the interpreter: fewer, bigger rounds
 

@@ -108,7 +108,9 @@ def select_filtered_kernel(
     top_p = load_row_param(topp_ptr, topp_val, rows, mask_r, tl.float32, TOPP_PER_ROW)
     min_p = load_row_param(minp_ptr, minp_val, rows, mask_r, tl.float32, MINP_PER_ROW)
     # Values a tensor may hold but the API forbids: the row returns -1 (no sync to raise).
-    bad_filter = (top_k < 0) | ~((top_p > 0.0) & (top_p <= 1.0)) | ~((min_p >= 0.0) & (min_p <= 1.0))
+    # Greedy rows ignore their filters, bad values included, as they do when a scalar
+    # temperature of 0 skips this kernel altogether (same token either way).
+    bad_filter = ((top_k < 0) | ~((top_p > 0.0) & (top_p <= 1.0)) | ~((min_p >= 0.0) & (min_p <= 1.0))) & ~greedy
     use_k = (top_k > 0) & (top_k < vocab_size)
     use_p = top_p < 1.0
     use_minp = min_p > 0.0

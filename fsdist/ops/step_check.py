@@ -80,7 +80,8 @@ def filter_fingerprint(top_k, top_p, min_p):
 
     def as_bits(x, is_int):
         if not isinstance(x, torch.Tensor):
-            x = torch.tensor(x, dtype=torch.int64 if is_int else torch.float32, device=device)
+            # a fill, not torch.tensor(x, device=...): a host-to-device copy would synchronise
+            x = torch.full((), x, dtype=torch.int64 if is_int else torch.float32, device=device)
         return x.to(torch.int64) if is_int else x.to(torch.float32).view(torch.int32).to(torch.int64)
 
     mixed = as_bits(top_k, True) * 0x9E3779B1 + as_bits(top_p, False) * 0x85EBCA77 + as_bits(min_p, False) * 0xC2B2AE3D
@@ -95,7 +96,7 @@ def describe_status(bits: int) -> str:
     if bits & STATUS_RECORD_MISMATCH:
         what.append("ranks made different calls (step count, batch size or flags such as return_logprobs)")
     if bits & STATUS_ROW_MISMATCH:
-        what.append("ranks passed different per-row parameters (seed, offset or temperature)")
+        what.append("ranks passed different per-row parameters (seed, offset, temperature, filters or logit processors)")
     return "; ".join(what) or "no mismatch"
 
 

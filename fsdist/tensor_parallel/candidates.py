@@ -1,7 +1,7 @@
 """``reduction="candidates"``: every rank's per-tile candidates meet in every rank's buffer.
 
 The buffer is the single-GPU candidate layout with one shard block per rank,
-fp32 [tp, n_fields, n_local, batch_cap] and int32 [tp, n_local, batch_cap]
+fp32 [tp, n_fields, n_local, batch_cap] and int32 [tp, n_ifields * n_local + 2, batch_cap]
 (``fsdist.ops.layout.CandidateLayout``); rank r's stage 1 fills block r with
 candidates carrying *global* vocabulary ids and noise keyed by those ids. Stage 2 then
 merges all tp * n_local slots, in vocabulary order, on every rank. The result is the
@@ -22,11 +22,14 @@ Filters and top-N logprobs: every rank runs the single-GPU stage 2 for them
 (``fsdist.ops.select_filtered``) on the identical merged buffer, so every rank flags the
 same rows for the exact fallback. Those rows' logits are recomputed shard by shard into a
 pool [tp, FALLBACK_ROWS, rows per rank] that every rank sees (``Transport.write_target`` /
-``exchange``, like the candidates) and resolved on every rank. How many rows that is
-becomes known to the host with one read of a device integer (the number of flagged
-rows): every rank then runs the same number of exchanges. So a filtered call on several
-ranks synchronises once with the device (a plain call never does, and a single GPU never
-does); it cannot be captured in a CUDA graph.
+``exchange``, like the candidates) and resolved on every rank, FALLBACK_ROWS rows per
+round. Every rank must run the same number of rounds. With peer stores (nvshmem,
+symm_mem, shm) every filtered call runs ceil(B / FALLBACK_ROWS) rounds, whatever the
+count (a round past the count exits at once; one round covers B <= 64), so nothing
+synchronises with the host. The collective transport would all-gather the whole pool
+every round, so there the host reads the number of flagged rows (one device integer,
+the same on every rank) and runs only the rounds needed: a filtered call on that
+transport synchronises once (a plain call never does, and a single GPU never does).
 
 Buffers are doubled by step parity (see step_buffers.py) so a fast rank's next
 step never overwrites a slot a slow rank is still merging. The kernels read the
@@ -50,7 +53,13 @@ from .step_buffers import StepBuffers
 # Always room for kept logits, so every rank's block has the same size whatever the call asks
 # for (the collective transport's all-gather needs that); a plain call writes only what it uses.
 N_FIELDS = CandidateLayout.fields(True, extended=True)
-FALLBACK_ROWS = 16  # rows the shared fallback pool holds per round
+# Rows the shared fallback pool holds per round. Peer-store transports run ceil(B / rows)
+# rounds on every filtered call without asking the host how many rows fell back (one round
+# covers a decode batch of up to 64: 39 MB of pool per rank at V = 151936); the collective
+# transport all-gathers the whole pool each round, so it keeps the pool small and reads the
+# count instead.
+FALLBACK_ROWS = 64
+FALLBACK_ROWS_COLLECTIVE = 16
 
 
 class CandidatesReduction(Reduction):
@@ -69,7 +78,8 @@ class CandidatesReduction(Reduction):
         full = self._layout()
         self.buffers = StepBuffers(self.transport, full.float_numel, full.int_numel, self.counter,
                                    self.seam.num_buffers)
-        self.pool_layout = PoolLayout(FALLBACK_ROWS, self.partition.rows, self.tp)
+        rows = FALLBACK_ROWS if self.transport.peer_stores else FALLBACK_ROWS_COLLECTIVE
+        self.pool_layout = PoolLayout(rows, self.partition.rows, self.tp)
         self.pool = self.transport.alloc(self.pool_layout.numel, torch.float32)
 
     def _blocks(self):
@@ -111,10 +121,18 @@ class CandidatesReduction(Reduction):
 
     def _fallback(self, hidden, weight, params, opts, flags, tokens, lp, top_ids, top_lp) -> None:
         fb_count, fb_rows = compact_rows(flags)
-        # The one host read of a filtered multi-rank call: every rank derives the same count from
-        # the same merged buffer, so every rank runs the same number of exchanges below.
-        n = int(fb_count.item())
         pool, target, npeers = self.pool_layout, *self.transport.write_target(self.pool)
+        if self.transport.peer_stores:
+            # No host read: ceil(B / pool rows) rounds whatever the count (one for B <= 64); a
+            # round past the count exits at once, and its exchange and settle are two barriers.
+            # Every rank runs the same rounds, and a CUDA graph can capture them.
+            n = flags.shape[0]
+        else:
+            # Collective: each round all-gathers the whole pool (tens of MB at a real vocabulary),
+            # too much to pay on every filtered step, so read the count (one host sync per
+            # filtered call on this transport; every rank derives the same count from the same
+            # merged buffer, so every rank runs the same number of exchanges).
+            n = int(fb_count.item())
         for start in range(0, n, pool.rows):
             launch_materialize(hidden, weight, pool, target, fb_count=fb_count, fb_rows=fb_rows, start=start,
                                vocab_size=self.partition.vocab_size, vocab_start=self.partition.start,

@@ -7,7 +7,8 @@ Exact in distribution by the group factorisation (paper Lemma D.2): P(shard k) =
 exp(L_k) / sum_j exp(L_j) and, given k, the local sample follows the shard's softmax.
 Unlike ``candidates`` the tokens are not those of fsdist.sample for the same seed (the
 shard choice uses its own noise stream), but the distribution is the same and the
-exchange is tp * 16 bytes per row instead of tp * n_tiles * (8 or 20) bytes.
+exchange is tp * 16 bytes per row instead of tp * n_tiles * (8 bytes plain, 20 with logprobs,
+more with filters or top-N: fsdist.ops.layout) bytes.
 
 One step:
   1. stage 1 + stage 2 of the single-GPU sampler on the local shard, with logprobs and

@@ -105,7 +105,7 @@ class ShardedFlashLMHead(nn.Module):
         test_seam: tests and benchmarks only (``fsdist.tensor_parallel.testing``).
 
     Attributes: ``weight`` [V_padded / tp, D], this rank's contiguous rows
-    ``[vocab_start, vocab_end)``; ``partition`` (fsdist.tensor_parallel.utils.VocabPartition);
+    ``[vocab_start, vocab_end)``; ``partition`` (fsdist.tensor_parallel.vocab.VocabPartition);
     ``transport_name`` (the resolved transport); ``tp_rank``, ``tp_size``.
     """
 
@@ -238,7 +238,8 @@ class ShardedFlashLMHead(nn.Module):
 
     @property
     def step(self) -> int:
-        """Number of (non-empty) forward calls made from Python so far (a capture counts once,
+        """Number of forward calls made from Python so far, empty and failed ones included (each
+        still takes part in a step on every rank; a capture counts once,
         graph replays not at all). The exchange buffer is picked by ``step_counter`` instead."""
         return self._step
 

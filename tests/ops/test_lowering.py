@@ -37,11 +37,15 @@ ROW_PARAMS = {"seed_ptr": "*i64", "seed_val": "i64", "offset_ptr": "*i64", "offs
               "temp_ptr": "*fp32", "temp_val": "fp32"}
 PARITY = {"parity_ptr": "*i64", "parity_stride_f": "i32", "parity_stride_i": "i32"}
 CHECK = {"me": "i32", "status_ptr": "*i32", "fp_slot": "i32", "rec_slot": "i32"}
+# the logit processors (fsdist.ops.processors), every switch on
+PROC = {"bm_ptr": "*i32", "bm_stride": "i32", "ent_ptr": "*i32", "val_ptr": "*fp32", "ent_stride": "i32",
+        "off_ptr": "*i32", "off_stride": "i32", "pen_ptr": "*fp32", "pen_stride": "i32"}
+PROC_CONST = dict(BITMASK=True, SPARSE=True)
 STAGE1 = dict(h_ptr="*bf16", w_ptr="*bf16", cand_f="*i64",
               cand_i="*i64", B="i32", D="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", stride_hb="i32",
               buf_offset="i32", buf_offset_i="i32", stride_field="i32", stride_slot="i32", hdr_off_i="i32", flags="i32",
-              stride_ifield="i32", xfp_ptr="*i64", xfp_val="i64", **ROW_PARAMS, **PARITY)
-STAGE1_CONST = dict(BLOCK_B=16, BLOCK_V=128, BLOCK_K=128, EVEN_K=True, EVEN_V=True, SEED_PER_ROW=True,
+              stride_ifield="i32", xfp_ptr="*i64", xfp_val="i64", **ROW_PARAMS, **PARITY, **PROC)
+STAGE1_CONST = dict(**PROC_CONST, BLOCK_B=16, BLOCK_V=128, BLOCK_K=128, EVEN_K=True, EVEN_V=True, SEED_PER_ROW=True,
                     OFFSET_PER_ROW=True, TEMP_PER_ROW=True, NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4,
                     DOT_PRECISION="tf32", DOT_UPCAST=False, FAST_LOG=True, DEVICE_PARITY=True, TMA=False, HEADER=True,
                     EXTENDED=True, KEEP=4, XFP_PER_ROW=True)
@@ -79,8 +83,8 @@ CASES = {
         types=dict(logits_ptr="*fp32", stride_lb="i32", tile_base="i32", tile_end="i32", cand_f="*i64", cand_i="*i64",
                    B="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", buf_offset="i32", buf_offset_i="i32",
                    stride_field="i32", stride_slot="i32", hdr_off_i="i32", flags="i32", stride_ifield="i32",
-                   xfp_ptr="*i64", xfp_val="i64", **ROW_PARAMS, **PARITY),
-        constexprs=dict(BLOCK_B=32, BLOCK_V=128, TILES=2, SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True,
+                   xfp_ptr="*i64", xfp_val="i64", **ROW_PARAMS, **PARITY, **PROC),
+        constexprs=dict(**PROC_CONST, BLOCK_B=32, BLOCK_V=128, TILES=2, SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True,
                         NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4, FAST_LOG=True,
                         DEVICE_PARITY=True, HEADER=True, EXTENDED=True, KEEP=4, XFP_PER_ROW=False)),
     "stage2_parity": dict(
@@ -108,8 +112,8 @@ CASES = {
         module="fsdist.ops.fallback", kernel="materialize_kernel",
         types=dict(h_ptr="*bf16", w_ptr="*bf16", pool_ptr="*i64", fb_count_ptr="*i32", fb_rows_ptr="*i32",
                    round_start="i32", D="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", stride_hb="i32",
-                   shard_base="i32", shard_cols="i32"),
-        constexprs=dict(POOL=16, BLOCK_V=128, BLOCK_K=64, DOT_PRECISION="tf32", DOT_UPCAST=False, PEER_TABLE=True,
+                   shard_base="i32", shard_cols="i32", **PROC),
+        constexprs=dict(**PROC_CONST, POOL=16, BLOCK_V=128, BLOCK_K=64, DOT_PRECISION="tf32", DOT_UPCAST=False, PEER_TABLE=True,
                         NPEERS=4)),
     "fallback_resolve": dict(
         module="fsdist.ops.fallback", kernel="resolve_kernel",

@@ -4,8 +4,8 @@ Skipped without CUDA (tests/conftest.py skips every ``gpu`` test) and without at
 two ranks (the ``dist_ctx`` fixture). Not marked ``mpi``, so they run under torchrun as
 well as under mpirun::
 
-    launch/torchrun.sh 2 -m pytest -q tests/tensor_parallel/test_tp_gpu.py
-    launch/torchrun.sh 4 -m pytest -q tests/tensor_parallel/test_tp_gpu.py
+    launch/torchrun.sh 2 -m pytest -q tests/tensor_parallel/test_gpu.py
+    launch/torchrun.sh 4 -m pytest -q tests/tensor_parallel/test_gpu.py
     launch/mpirun.sh 4 -m pytest -q --with-mpi tests/tensor_parallel     # everything, on GPUs
 
 nvshmem cases need nvshmem4py (``pip install --no-deps nvshmem4py_cu13-0.4.1-*.whl``)
@@ -199,23 +199,26 @@ def test_gpu_cuda_graph_replays_alternate_the_exchange_buffers(dist_ctx, transpo
 
 
 def test_gpu_graph_capture_does_not_grow_buffers(dist_ctx):
-    """Growing the exchange buffers is a collective allocation: refused while capturing, and
-    after a capture (the graph points into the current buffers)."""
+    """The exchange capacity is fixed (max_batch_size); growing it with reserve() is a
+    collective allocation: refused while capturing, and after a capture (the graph points
+    into the current buffers). A batch over the capacity is refused, graph or not."""
     dev = dist_ctx.device
     W, h = _weights(1000, 256, 40, dev, seed=5)
-    head = fsdist.ShardedFlashLMHead(256, 1000, transport="collective", device=dev)
+    head = fsdist.ShardedFlashLMHead(256, 1000, transport="collective", device=dev, max_batch_size=16)
     head.load_full_weight(W)
-    head(h[:8])  # capacity 16
+    head(h[:8])
     torch.cuda.synchronize()
+    with pytest.raises(ValueError, match="max_batch_size"):
+        head(h)
     graph = torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="largest batch first"):
+    with pytest.raises(RuntimeError, match="during CUDA-graph capture"):
         with torch.cuda.graph(graph):
-            head(h)
+            head.reserve(40)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         head(h[:8])
     with pytest.raises(RuntimeError, match="graph was captured"):
-        head(h)
+        head.reserve(40)
     graph.replay()
     torch.cuda.synchronize()
     head.close()

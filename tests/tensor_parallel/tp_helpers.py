@@ -4,7 +4,7 @@ import torch
 import torch.distributed as dist
 from scipy import stats
 
-from fsdist.reference import gumbel_noise, materialize_logits, vocab_gumbel
+from fsdist.reference import gumbel_noise, materialize_logits, process_logits, vocab_gumbel
 
 # Statistical threshold of every goodness-of-fit test here. Seeds are fixed, so each test is
 # deterministic; a correct sampler fails a given check with probability 1e-3 over seed choices.
@@ -34,9 +34,13 @@ def problem(V: int, D: int, B: int, dtype=torch.float32, seed: int = 0, scale: f
     return W.to(device=device, dtype=dtype), h.to(device=device, dtype=dtype)
 
 
-def scaled_logits64(hidden, W, V, temperature):
-    """float64 logits / T (T = 1 for greedy rows), ids >= V at -inf; and the greedy mask."""
+def scaled_logits64(hidden, W, V, temperature, processors=None):
+    """float64 logits / T (T = 1 for greedy rows), ids >= V at -inf; and the greedy mask.
+    ``processors``: an optional dict of token_bitmask / logit_bias / penalties, applied to
+    the raw logits first (vLLM's order), as fsdist.reference.process_logits does."""
     logits = materialize_logits(hidden.cpu(), W.cpu(), V)
+    if processors:
+        logits = _processed(logits, V, processors)
     B = logits.shape[0]
     t = temperature if isinstance(temperature, torch.Tensor) else torch.full((B,), float(temperature))
     t = t.cpu().double()
@@ -44,18 +48,28 @@ def scaled_logits64(hidden, W, V, temperature):
     return logits / torch.where(greedy, torch.ones_like(t), t)[:, None], greedy
 
 
+def _processed(logits, V, processors):
+    def cpu(x):
+        if isinstance(x, tuple):
+            return type(x)(*(cpu(v) for v in x))
+        return x.cpu() if isinstance(x, torch.Tensor) else x
+
+    processed = process_logits(logits, vocab_size=V, **{k: cpu(v) for k, v in processors.items()})
+    return torch.cat([processed, logits[:, processed.shape[1]:]], dim=1)  # padding columns stay -inf
+
+
 def _rows(x, B):
     return (x if isinstance(x, torch.Tensor) else torch.full((B,), x, dtype=torch.int64)).cpu()
 
 
-def reference_group_logmass(hidden, W, V, tp_ranges, temperature=1.0, seed=0, offset=0):
+def reference_group_logmass(hidden, W, V, tp_ranges, temperature=1.0, seed=0, offset=0, processors=None):
     """float64 torch mirror of reduction="group_logmass" (paper Alg. I.4 with fsdist's noise).
 
     Returns (tokens, logprobs, lse) and the smallest decision margin per row (local
     argmax gap within the winning shard and the shard-choice gap), so callers can
     skip rows whose outcome is decided by fp32 rounding.
     """
-    scaled, greedy = scaled_logits64(hidden, W, V, temperature)
+    scaled, greedy = scaled_logits64(hidden, W, V, temperature, processors)
     B, Vp = scaled.shape
     seeds, offsets = _rows(seed, B)[:, None], _rows(offset, B)[:, None]
     ids = torch.arange(Vp)[None, :]

@@ -1,0 +1,132 @@
+"""Logit processors (token bitmask, logit bias, penalties) on the tensor-parallel head.
+
+Each rank reads only its vocabulary range of the bitmask and applies only the bias and
+penalty ids it owns; the tokens must still be exactly those of fsdist.sample on the full
+weight (TP-invariance), for both reductions, every transport, with and without filters.
+A rank handed a different bitmask, bias or penalty than its peers is caught by the row
+fingerprint: the row is -1 and every rank raises.
+"""
+import pytest
+import torch
+
+import fsdist
+from fsdist.reference import bitmask_from_allowed
+from fsdist.tensor_parallel import TensorParallelMismatchError
+from tp_helpers import (ALL_TRANSPORTS, assert_same_on_all_ranks, gather_objects, problem,
+                        reference_group_logmass, tp_ranges)
+
+mpi = pytest.mark.mpi(min_size=2)
+V, D, B = 1000, 16, 12
+
+
+def processors(B, V, device, seed=0):
+    """A bitmask (row 0 unconstrained, row 1 allows nothing), a bias whose ids straddle every
+    shard boundary at TP 2 and 4 (with a duplicate and empty slots) and per-row penalties with
+    repeated output ids; the same on every rank (explicit generator)."""
+    g = torch.Generator().manual_seed(seed)
+    allowed = torch.rand(B, V, generator=g) < 0.5
+    allowed[0] = True
+    allowed[1] = False
+    bias_ids = torch.randint(0, V, (B, 8), generator=g)
+    bias_ids[:, :4] = torch.tensor([0, 255, 256, 511])  # shard edges of 1000 ids cut into 2 or 4 (128-aligned)
+    bias_ids[:, 4] = torch.tensor([512, 767, 768, 999]).repeat(B // 4 + 1)[:B]
+    bias_ids[1::2, 5] = bias_ids[1::2, 4]
+    bias_ids[::3, -1] = -1
+    out_ids = torch.randint(0, V, (B, 10), generator=g)
+    out_ids[:, 1] = out_ids[:, 0]
+    out_ids[::4, -2:] = -1
+    prompt_ids = torch.randint(-1, V, (B, 20), generator=g)
+    pen = fsdist.Penalties((0.7 + torch.rand(B, generator=g)).to(device), (torch.rand(B, generator=g) - 0.3).to(device),
+                           (torch.rand(B, generator=g) - 0.3).to(device), out_ids.to(device), prompt_ids.to(device))
+    return dict(token_bitmask=bitmask_from_allowed(allowed).to(device),
+                logit_bias=fsdist.SparseLogits(bias_ids.to(device), (torch.randn(B, 8, generator=g) * 3).to(device)),
+                penalties=pen)
+
+
+def temperatures(B, device):
+    t = torch.rand(B, generator=torch.Generator().manual_seed(9)) + 0.5
+    t[2::5] = 0.0  # greedy rows apply the processors too
+    return t.to(device)
+
+
+@mpi
+@pytest.mark.parametrize("filtered", [False, True], ids=["plain", "filtered"])
+@pytest.mark.parametrize("transport", ALL_TRANSPORTS)
+def test_processed_head_equals_sample_on_the_full_weight(dist_ctx, transport, filtered):
+    dev = dist_ctx.device
+    W, h = problem(V, D, B, torch.float32, seed=61, scale=3.0, device=dev)
+    head = fsdist.ShardedFlashLMHead(D, V, transport=transport, params_dtype=torch.float32, device=dev,
+                                     max_batch_size=B)
+    head.load_full_weight(W)
+    kw = dict(processors(B, V, dev), temperature=temperatures(B, dev), seed=torch.arange(B, device=dev) * 7 + 3,
+              offset=2, return_logprobs=True)
+    if filtered:
+        kw.update(top_k=torch.tensor([0, 5, 50] * (B // 3), device=dev),
+                  top_p=torch.tensor([0.9, 1.0, 0.7] * (B // 3), device=dev), top_logprobs=3)
+    out = head(h, **kw)
+    ref = fsdist.sample(h, W, vocab_size=V, **kw)
+    unprocessed = fsdist.sample(h, W, vocab_size=V, **{k: v for k, v in kw.items()
+                                                       if k not in ("token_bitmask", "logit_bias", "penalties")})
+    # the comparison can fail: a head that dropped the processors would differ in most rows
+    assert int((unprocessed.tokens != ref.tokens).sum()) >= B // 2
+    ok = torch.equal(out.tokens, ref.tokens) and (not filtered or torch.equal(out.top_ids, ref.top_ids))
+    lp_err = float((out.logprobs - ref.logprobs).nan_to_num(0, 0, 0).abs().max())
+    head.close()
+    everyone = gather_objects((ok, lp_err, out.tokens.tolist()))
+    assert all(o[0] for o in everyone), everyone
+    assert all(o[1] < 1e-4 for o in everyone), everyone
+    assert everyone[0][2][1] == -1, "a row whose mask allows nothing returns -1"
+    assert_same_on_all_ranks(out)
+
+
+@mpi
+@pytest.mark.parametrize("transport", ALL_TRANSPORTS)
+def test_group_logmass_applies_the_processors(dist_ctx, transport):
+    """The other reduction (paper Alg. I.4: each rank samples its range, ranks are drawn by
+    their log-mass) on the processed logits: equal to its float64 mirror run on them."""
+    dev = dist_ctx.device
+    W, h = problem(V, D, B, torch.float32, seed=62, scale=3.0, device=dev)
+    head = fsdist.ShardedFlashLMHead(D, V, transport=transport, reduction="group_logmass",
+                                     params_dtype=torch.float32, device=dev)
+    head.load_full_weight(W)
+    kw = dict(processors(B, V, dev, seed=1), temperature=temperatures(B, dev), seed=torch.arange(B, device=dev) + 11,
+              offset=5)
+    out = head(h, **kw)
+    procs = {k: kw[k] for k in ("token_bitmask", "logit_bias", "penalties")}
+    tok, _, _, margin = reference_group_logmass(h, W, V, tp_ranges(V, dist_ctx.world_size), kw["temperature"],
+                                                kw["seed"], kw["offset"], processors=procs)
+    decided = margin > 1e-4  # NaN for the row that allows nothing
+    head.close()
+    got = out.tokens.cpu()
+    everyone = gather_objects((torch.equal(got[decided], tok[decided]), int(decided.sum()), int(got[1])))
+    assert all(o[0] for o in everyone), everyone
+    assert everyone[0][1] >= B - 3, everyone
+    assert everyone[0][2] == -1, "a row whose mask allows nothing returns -1"
+    assert_same_on_all_ranks(out)
+
+
+@mpi
+@pytest.mark.parametrize("which", ["token_bitmask", "logit_bias", "penalties"])
+def test_a_rank_with_other_processors_is_caught(dist_ctx, which):
+    """The last rank flips one bit / one bias value / one output id of row 3 (in a range it
+    does not even own, for the bitmask: every rank hashes the whole row)."""
+    dev = dist_ctx.device
+    W, h = problem(V, D, 6, torch.float32, seed=63, device=dev)
+    head = fsdist.ShardedFlashLMHead(D, V, transport="collective", params_dtype=torch.float32, device=dev)
+    head.load_full_weight(W)
+    kw = processors(6, V, dev, seed=2)
+    if dist_ctx.rank == dist_ctx.world_size - 1:
+        if which == "token_bitmask":
+            kw["token_bitmask"][3, 0] ^= 1 << 5  # id 5: owned by rank 0
+        elif which == "logit_bias":
+            kw["logit_bias"].values[3, 0] += 0.5
+        else:
+            kw["penalties"].output_ids[3, 0] = (kw["penalties"].output_ids[3, 0] + 1) % V
+    try:
+        head(h, seed=torch.arange(6, device=dev), **kw)
+        outcome = "no error"
+    except TensorParallelMismatchError as e:
+        outcome = "per-row parameters" in str(e)
+    head.close()
+    everyone = gather_objects(outcome)
+    assert all(o is True for o in everyone), everyone
