@@ -170,7 +170,7 @@ def run_grammar(model, log):
     try:
         import xgrammar  # noqa: F401
     except ImportError:
-        log("  grammar: skipped (xgrammar is not installed: pip install -e '.[examples]')")
+        log("  grammar: skipped (xgrammar is not installed: pip install -e '.[grammar]')")
         return
     vocab = json_vocabulary(model.config.vocab_size)
     (texts, matchers), t = _time(lambda: decode_json(model, vocab, batch=2))

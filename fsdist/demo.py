@@ -5,7 +5,7 @@ against cuBLAS alone and a materialize + softmax + multinomial sampler (the benc
 baseline, fsdist.reference.matmul_multinomial), through fsdist.timing as the benchmarks
 do. Without a GPU it runs the same kernels under Triton's interpreter on a small head.
 Either way it first checks the sampler against the exact distribution. Last, when
-``transformers`` is installed (``pip install -e '.[examples]'``, as scripts/demo.sh does) and
+``transformers`` is installed (scripts/demo.sh installs it, and xgrammar) and
 the checkout has ``examples/generate.py``, it runs that decode loop: a random-weight causal
 LM whose LM head is fsdist (greedy equal to ``model.generate``, filtered sampling with
 penalties, a JSON grammar through xgrammar).
