@@ -4,10 +4,16 @@ On a GPU it uses a real LM head (D=4096, V=151936, bf16) and times fsdist.sample
 against cuBLAS alone and a materialize + softmax + multinomial sampler (the benchmarks'
 baseline, fsdist.reference.matmul_multinomial), through fsdist.timing as the benchmarks
 do. Without a GPU it runs the same kernels under Triton's interpreter on a small head.
-Either way it first checks the sampler against the exact distribution.
+Either way it first checks the sampler against the exact distribution. Last, when
+``transformers`` is installed (scripts/demo.sh installs it, and xgrammar) and
+the checkout has ``examples/generate.py``, it runs that decode loop: a random-weight causal
+LM whose LM head is fsdist (greedy equal to ``model.generate``, filtered sampling with
+penalties, a JSON grammar through xgrammar).
 """
 import argparse
+import importlib.util
 import math
+import pathlib
 import warnings
 
 import torch
@@ -47,6 +53,23 @@ def _timer(gpu: bool):
     return lambda fn: timing.median_us(fn, warmup=25, reps=100, flush=flush) * 1e-6
 
 
+def _decode_loop():
+    """Section 4: examples/generate.py at its default size (real on a GPU, small on CPU)."""
+    example = pathlib.Path(__file__).resolve().parents[1] / "examples" / "generate.py"
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        _log("  skipped: transformers is not installed (pip install -e '.[examples]')")
+        return
+    if not example.exists():
+        _log(f"  skipped: {example} is not in this installation (it is in the repository)")
+        return
+    spec = importlib.util.spec_from_file_location("fsdist_example_generate", example)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main([])
+
+
 def main(argv=None):
     gpu = torch.cuda.is_available()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -55,6 +78,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64, 256] if gpu else [1, 8])
     ap.add_argument("--draws", type=int, default=65536 if gpu else 4096)
     ap.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16" if gpu else "float32")
+    ap.add_argument("--no-decode-loop", action="store_true", help="skip section 4 (examples/generate.py)")
     args = ap.parse_args(argv)
 
     if not gpu:
@@ -94,6 +118,10 @@ def main(argv=None):
         _log(f"  {B:4d}   {t_fs * scale:10.1f} {unit}  {t_mm * scale:10.1f} {unit}  {t_ref * scale:10.1f} {unit}")
     if not gpu:
         _log("  (interpreter timings only show the demo runs; real figures: docs/benchmarks.md)")
+
+    if not args.no_decode_loop:
+        _log("\n4. A decode loop: a transformers causal LM with fsdist as its LM head (examples/generate.py):")
+        _decode_loop()
 
 
 if __name__ == "__main__":

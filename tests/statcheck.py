@@ -73,6 +73,28 @@ def top_tokens_pvalue(tokens: torch.Tensor, probs: torch.Tensor, k: int = 10) ->
     return min(1.0, p * k)
 
 
+def chi2_two_sample(a: torch.Tensor, b: torch.Tensor, n_ids: int, min_count: int = 10):
+    """Two-sample chi-squared test that two samplers draw ids from the same distribution.
+
+    a, b: the ids each drew (any numbers of draws). Ids seen fewer than min_count times in
+    both samples together are pooled into one bin (dropped if the pool is still below
+    min_count), so no expected cell count is small. Returns (p_value, statistic, dof).
+    """
+    ca = torch.bincount(a.detach().cpu().long(), minlength=n_ids).double()
+    cb = torch.bincount(b.detach().cpu().long(), minlength=n_ids).double()
+    big = (ca + cb) >= min_count
+    rows = [ca[big].tolist(), cb[big].tolist()]
+    pool_a, pool_b = ca[~big].sum().item(), cb[~big].sum().item()
+    if pool_a + pool_b >= min_count:
+        rows[0].append(pool_a)
+        rows[1].append(pool_b)
+    table = np.array(rows)
+    if table.shape[1] < 2:  # one id only: the samples agree trivially
+        return 1.0, 0.0, 0
+    stat, p, dof, _ = stats.chi2_contingency(table, correction=False)
+    return p, stat, dof
+
+
 def assert_samples_match(tokens: torch.Tensor, probs: torch.Tensor, label: str = ""):
     """Both checks above must pass at P_MIN."""
     p_chi2, stat, dof = chi2_gof(tokens, probs)
