@@ -14,9 +14,10 @@ either. Two shapes of work:
 * **Bias and penalties** touch a few ids per row (tens to a few thousand of ~150k). They
   become one list of *entries* per row, ``id * 4 + kind`` (kind 0: a bias value, 1: an
   occurrence in output_ids, 2: an occurrence in prompt_ids), sorted, with the bias value
-  beside each entry, and per-tile offsets into it (``tile_offsets``): a tile visits only the
-  entries of its own ids, typically none or one. Sorting is stable, so repeated bias ids
-  add up in the order given, on every path and rank alike.
+  beside each entry, built by one kernel (``fsdist.ops.prepare_processors``); a tile finds
+  the entries of its own ids by binary search and visits only those, typically none or
+  one. Sorting is stable, so repeated bias ids add up in the order given, on every path
+  and rank alike.
 
 Nothing here synchronises with the device. Values inside device tensors that the API
 forbids (an id outside [-1, vocab_size), a NaN or infinite bias value, a repetition
@@ -25,16 +26,15 @@ row a NaN temperature, which every kernel treats as a poisoned row (token -1, Na
 logprob). ``check_values`` (``check=True``) raises instead, with a sync.
 """
 import numbers
-from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
 import torch
 
+from .ops.prepare_processors import KIND_BIAS, KIND_OUTPUT, KIND_PROMPT, SENTINEL, launch_prepare
 from .params import RowParams
 from .types import Penalties, SparseLogits
 
-KIND_BIAS, KIND_OUTPUT, KIND_PROMPT = 0, 1, 2
-SENTINEL = 2**31 - 1  # an entry past every tile: an empty or dropped slot
 MAX_IDS = 2**29  # entries hold id * 4 + kind in int32
 
 
@@ -48,7 +48,8 @@ class LogitProcessing:
     values:    fp32 [B, S], the bias value of each entry (0 for occurrences).
     penalties: fp32 [3, B]: repetition, frequency, presence of each row.
     bad_rows:  bool [B], rows whose processor values are out of range.
-    problems:  (argument, rule, bool [B]) per check behind bad_rows, for check_values.
+    checks:    (argument, rule, tensor, predicate) per value rule, evaluated only by
+               check_values (check=True), which names the argument.
     """
 
     bitmask: Optional[torch.Tensor]
@@ -56,21 +57,12 @@ class LogitProcessing:
     values: Optional[torch.Tensor]
     penalties: Optional[torch.Tensor]
     bad_rows: torch.Tensor
-    problems: Tuple[Tuple[str, str, torch.Tensor], ...] = ()
-    _offsets: Dict[Tuple[int, int, int], torch.Tensor] = field(default_factory=dict, repr=False)
+    checks: Tuple = ()
 
-    def tile_offsets(self, vocab_start: int, block_v: int, n_tiles: int) -> torch.Tensor:
-        """int32 [B, n_tiles + 1]: the entries of tile t (global ids vocab_start + t * block_v
-        onwards, block_v of them) are entries[b, off[b, t] : off[b, t + 1]]. Cached per tiling."""
-        key = (vocab_start, block_v, n_tiles)
-        off = self._offsets.get(key)
-        if off is None:
-            ent = self.entries
-            bounds = (vocab_start + torch.arange(n_tiles + 1, device=ent.device, dtype=torch.int64) * block_v) * 4
-            bounds = bounds.clamp(max=SENTINEL).to(torch.int32).expand(ent.shape[0], -1).contiguous()
-            off = torch.searchsorted(ent, bounds, out_int32=True)
-            self._offsets[key] = off
-        return off
+    @property
+    def search_steps(self) -> int:
+        """Binary-search steps that find any position in a row of entries (S + 1 outcomes)."""
+        return max(1, int(self.entries.shape[1]).bit_length()) if self.entries is not None else 0
 
     def apply_to(self, params: RowParams) -> RowParams:
         """params with bad rows poisoned: their temperature becomes NaN (a [B] tensor)."""
@@ -110,8 +102,8 @@ def _ids_tensor(x, name: str, batch: int, device: torch.device) -> torch.Tensor:
     return x
 
 
-def _penalty_row(x, name: str, batch: int, device: torch.device) -> torch.Tensor:
-    """A scalar or [B] penalty as fp32 [B] (scalars are checked here, tensors on the device)."""
+def _penalty_row(x, name: str, batch: int, device: torch.device):
+    """A [B] floating tensor (its values checked on the device) or a checked float."""
     if isinstance(x, torch.Tensor):
         if x.dim() != 1 or x.shape[0] != batch:
             raise ValueError(f"{name} tensor must have shape [{batch}] (one per row), got {tuple(x.shape)}")
@@ -119,7 +111,7 @@ def _penalty_row(x, name: str, batch: int, device: torch.device) -> torch.Tensor
             raise ValueError(f"{name} is on {x.device} but hidden is on {device}")
         if not x.is_floating_point():
             raise TypeError(f"{name} tensor must be floating point, got {x.dtype}")
-        return x.to(torch.float32)
+        return x if x.stride(0) == 1 else x.contiguous()
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"{name} must be a real number or a [{batch}] tensor, got {type(x).__name__}")
     v = float(x)
@@ -127,7 +119,7 @@ def _penalty_row(x, name: str, batch: int, device: torch.device) -> torch.Tensor
         raise ValueError(f"{name} must be finite, got {v}")
     if name.endswith("repetition") and v <= 0:
         raise ValueError(f"{name} must be > 0 (1 = off), got {v}")
-    return torch.full((batch,), v, dtype=torch.float32, device=device)
+    return v
 
 
 def check_bitmask(token_bitmask, batch: int, vocab_size: int, device: torch.device) -> torch.Tensor:
@@ -154,82 +146,77 @@ def prepare_processing(token_bitmask=None, logit_bias=None, penalties=None, *, b
     device = torch.device(device)
     if vocab_size >= MAX_IDS:
         raise ValueError(f"logit processors support vocabularies below {MAX_IDS} ids, got {vocab_size}")
-    problems = []
     bitmask = None if token_bitmask is None else check_bitmask(token_bitmask, batch, vocab_size, device)
+    checks = []
+    bias_ids = bias_values = out = prompt = None
 
-    slots, vals = [], []
-
-    def add(name: str, ids: torch.Tensor, kind: int, values: Optional[torch.Tensor] = None,
-            keep: Optional[torch.Tensor] = None):
-        out_of_range = (ids < -1) | (ids >= vocab_size)
-        problems.append((name, f"hold ids in [0, vocab_size={vocab_size}) or -1", out_of_range.any(dim=1)))
-        use = (ids >= 0) & ~out_of_range
-        if keep is not None:
-            use = use & keep[:, None]
-        slots.append(torch.where(use, ids * 4 + kind, SENTINEL).to(torch.int32))
-        if values is None:
-            vals.append(torch.zeros(ids.shape, dtype=torch.float32, device=device))
-        else:
-            vals.append(torch.where(use, values, 0.0).to(torch.float32))
+    def id_rule(name, ids):
+        checks.append((name, f"hold ids in [0, vocab_size={vocab_size}) or -1", ids,
+                       lambda t: ((t < -1) | (t >= vocab_size)).any(dim=1)))
 
     if logit_bias is not None:
         if isinstance(logit_bias, tuple) and not isinstance(logit_bias, SparseLogits) and len(logit_bias) == 2:
             logit_bias = SparseLogits(*logit_bias)
         if not isinstance(logit_bias, SparseLogits):
             raise TypeError(f"logit_bias must be fsdist.SparseLogits(ids, values), got {type(logit_bias).__name__}")
-        ids = _ids_tensor(logit_bias.ids, "logit_bias.ids", batch, device)
+        bias_ids = _ids_tensor(logit_bias.ids, "logit_bias.ids", batch, device)
         v = logit_bias.values
         if not isinstance(v, torch.Tensor) or not v.is_floating_point():
             raise TypeError("logit_bias.values must be a floating tensor [B, K]"
                             + (f", got {v.dtype}" if isinstance(v, torch.Tensor) else f", got {type(v).__name__}"))
-        if v.shape != ids.shape:
+        if v.shape != bias_ids.shape:
             raise ValueError(f"logit_bias.values has shape {tuple(v.shape)} but logit_bias.ids has "
-                             f"{tuple(ids.shape)}: they must match")
+                             f"{tuple(bias_ids.shape)}: they must match")
         if v.device != device:
             raise ValueError(f"logit_bias.values is on {v.device} but hidden is on {device}")
-        v32 = v.to(torch.float32)
-        add("logit_bias.ids", ids, KIND_BIAS, v32)
-        problems.append(("logit_bias.values", "be finite (use token_bitmask to forbid an id)",
-                         ((ids >= 0) & ~torch.isfinite(v32)).any(dim=1)))
+        bias_values = v if v.stride(-1) == 1 or v.shape[1] <= 1 else v.contiguous()
+        id_rule("logit_bias.ids", bias_ids)
+        checks.append(("logit_bias.values", "be finite (use token_bitmask to forbid an id)", (bias_ids, v),
+                       lambda t: ((t[0] >= 0) & ~torch.isfinite(t[1].float())).any(dim=1)))
 
-    pen = None
+    rep, freq, pres = 1.0, 0.0, 0.0
     if penalties is not None:
         if not isinstance(penalties, Penalties):
             raise TypeError(f"penalties must be fsdist.Penalties(...), got {type(penalties).__name__}")
         rep = _penalty_row(penalties.repetition, "penalties.repetition", batch, device)
         freq = _penalty_row(penalties.frequency, "penalties.frequency", batch, device)
         pres = _penalty_row(penalties.presence, "penalties.presence", batch, device)
-        pen = torch.stack([rep, freq, pres])
-        problems.append(("penalties", "be finite, with repetition > 0", ~torch.isfinite(pen).all(dim=0) | (rep <= 0)))
+        for name, x in (("repetition", rep), ("frequency", freq), ("presence", pres)):
+            if isinstance(x, torch.Tensor):
+                rule = "be finite and > 0 (1 = off)" if name == "repetition" else "be finite"
+                checks.append((f"penalties.{name}", rule, x, (lambda t: ~torch.isfinite(t) | (t <= 0))
+                               if name == "repetition" else (lambda t: ~torch.isfinite(t))))
         if penalties.output_ids is not None:
             out = _ids_tensor(penalties.output_ids, "penalties.output_ids", batch, device)
-            add("penalties.output_ids", out, KIND_OUTPUT, keep=(rep != 1) | (freq != 0) | (pres != 0))
+            id_rule("penalties.output_ids", out)
         if penalties.prompt_ids is not None:
             prompt = _ids_tensor(penalties.prompt_ids, "penalties.prompt_ids", batch, device)
-            add("penalties.prompt_ids", prompt, KIND_PROMPT, keep=rep != 1)  # only the repetition penalty reads the prompt
+            id_rule("penalties.prompt_ids", prompt)
 
-    entries = values = None
-    if slots and sum(s.shape[1] for s in slots) > 0:
-        entries, order = torch.sort(torch.cat(slots, dim=1), dim=1, stable=True)
-        values = torch.gather(torch.cat(vals, dim=1), 1, order).contiguous()
-        entries = entries.contiguous()
-    if entries is None:
-        pen = None  # penalties without any listed id change nothing
-    elif pen is None:  # a bias alone: penalties off
-        pen = torch.zeros(3, batch, dtype=torch.float32, device=device)
-        pen[0] = 1.0
-    bad = torch.zeros(batch, dtype=torch.bool, device=device)
-    for _, _, rows in problems:
-        bad = bad | rows
-    return LogitProcessing(bitmask, entries, values, pen, bad, tuple(problems))
+    tables = [t for t in (bias_ids, out, prompt) if t is not None]
+    entries = values = pen = None
+    if tables and sum(t.shape[1] for t in tables) > 0:
+        entries, values, pen, bad = launch_prepare(batch, vocab_size, device, bias_ids=bias_ids,
+                                                   bias_values=bias_values, output_ids=out, prompt_ids=prompt,
+                                                   repetition=rep, frequency=freq, presence=pres,
+                                                   penalties=penalties is not None)
+    else:
+        # No listed id: bias and penalties change nothing, but bad penalty values still poison
+        # their rows (the same rule as with ids).
+        bad = torch.zeros(batch, dtype=torch.bool, device=device)
+        for name, _, x, pred in checks:
+            if name.startswith("penalties.") and not name.endswith("_ids"):
+                bad = bad | pred(x)
+    return LogitProcessing(bitmask, entries, values, pen, bad, tuple(checks))
 
 
 def check_values(processing: Optional[LogitProcessing]) -> None:
     """Opt-in (``check=True``): raise ValueError on rows whose processor values are out of
-    range (synchronises with the device)."""
+    range, naming the argument (synchronises with the device)."""
     if processing is None:
         return
-    for name, rule, rows in processing.problems:
+    for name, rule, x, pred in processing.checks:
+        rows = pred(x)
         if bool(rows.any()):
             raise ValueError(f"{name} must {rule} in every row (bad rows: {rows.nonzero().flatten().tolist()[:8]})")
 

@@ -72,7 +72,7 @@ def _store_pool(base, off, vals, mask, PEER_TABLE: tl.constexpr, NPEERS: tl.cons
 @triton.jit
 def materialize_kernel(h_ptr, w_ptr, pool_ptr, fb_count_ptr, fb_rows_ptr, round_start,
                        D, V_rows, vocab_size, vocab_start, stride_hb, shard_base, shard_cols,
-                       bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, off_ptr, off_stride, pen_ptr, pen_stride,
+                       bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride,
                        POOL: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
                        PEER_TABLE: tl.constexpr = False, NPEERS: tl.constexpr = 1,
@@ -103,8 +103,8 @@ def materialize_kernel(h_ptr, w_ptr, pool_ptr, fb_count_ptr, fb_rows_ptr, round_
         ok = mask_v & ((vocab_start + offs_v) < vocab_size)
         if BITMASK or SPARSE:  # the same processed logits stage 1 saw (processors.py)
             acc = apply_processors(tl.where(ok[None, :], acc, float("-inf")), rows, active, vocab_start + offs_v, ok,
-                                   pid_v, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, off_ptr, off_stride,
-                                   pen_ptr, pen_stride, BITMASK, SPARSE)
+                                   vocab_start + pid_v * BLOCK_V, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride,
+                                   ent_width, search_steps, pen_ptr, pen_stride, BITMASK, SPARSE)
         off = shard_base + tl.arange(0, POOL)[:, None].to(tl.int64) * shard_cols + offs_v[None, :]
         _store_pool(pool_ptr, off, acc, active[:, None] & ok[None, :], PEER_TABLE, NPEERS)
 
@@ -324,8 +324,7 @@ def launch_materialize(hidden: torch.Tensor, weight: torch.Tensor, pool: PoolLay
     on_gpu = hidden.device.type == "cuda"
     block_v = 128
     n_tiles = triton.cdiv(weight.shape[0], block_v)
-    proc_args, proc_flags = processor_args(processing, fb_rows, vocab_start=vocab_start, block_v=block_v,
-                                           n_tiles=n_tiles)
+    proc_args, proc_flags = processor_args(processing, fb_rows)
     materialize_kernel[(n_tiles,)](
         hidden, weight, dest, fb_count, fb_rows, start, D, weight.shape[0], vocab_size, vocab_start, hidden.stride(0),
         shard * pool.stride_shard, pool.shard_cols, *proc_args,

@@ -39,7 +39,7 @@ def fused_sample_kernel(
     buf_offset, buf_offset_i, stride_field, stride_slot,
     parity_ptr, parity_stride_f, parity_stride_i,
     hdr_off_i, flags, stride_ifield, xfp_ptr, xfp_val,
-    bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, off_ptr, off_stride, pen_ptr, pen_stride,
+    bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_V: tl.constexpr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
@@ -104,8 +104,9 @@ def fused_sample_kernel(
     if BITMASK or SPARSE:
         # Token bitmask, logit bias, penalties (processors.py): from here on "logit" is the
         # processed logit, which everything below (noise, statistics, kept logits) uses.
-        logit = apply_processors(logit, offs_b, mask_b, gid, valid, pid_v, bm_ptr, bm_stride, ent_ptr, val_ptr,
-                                 ent_stride, off_ptr, off_stride, pen_ptr, pen_stride, BITMASK, SPARSE)
+        logit = apply_processors(logit, offs_b, mask_b, gid, valid, vocab_start + pid_v * BLOCK_V, bm_ptr, bm_stride,
+                                 ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride,
+                                 BITMASK, SPARSE)
     if NOISE:
         seed = load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
         offset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
@@ -197,8 +198,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     xfp_p, xfp_v, xfp_row = row_param_args(params.fingerprint, dummy)
     par_p, par_f, par_i, par_on = parity_args(dest.parity, dummy)
     h_arg, w_arg, tma = tma_operands(hidden, weight, cfg)
-    proc_args, proc_flags = processor_args(params.processing, dummy, vocab_start=vocab_start, block_v=cfg.block_v,
-                                           n_tiles=n_vtiles)
+    proc_args, proc_flags = processor_args(params.processing, dummy)
     fused_sample_kernel[(triton.cdiv(B, cfg.block_b), n_vtiles)](
         h_arg, w_arg,
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),

@@ -68,7 +68,7 @@ def sample_logits_kernel(
     buf_offset, buf_offset_i, stride_field, stride_slot,
     parity_ptr, parity_stride_f, parity_stride_i,
     hdr_off_i, flags, stride_ifield, xfp_ptr, xfp_val,
-    bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, off_ptr, off_stride, pen_ptr, pen_stride,
+    bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
     NOISE: tl.constexpr, LOGPROBS: tl.constexpr,
@@ -117,8 +117,9 @@ def sample_logits_kernel(
                 tok_ = ((pid_v * BLOCK_V + tcol) < V_rows) & (tgid < vocab_size)
                 raw = tl.where(tok_[None, :], tile, float("-inf"))
                 raw_bad = tl.max(((raw != raw) | (raw == float("inf"))).to(tl.int32), axis=1) > 0
-                tile = apply_processors(raw, offs_b, mask_b, tgid, tok_, pid_v, bm_ptr, bm_stride, ent_ptr, val_ptr,
-                                        ent_stride, off_ptr, off_stride, pen_ptr, pen_stride, BITMASK, SPARSE)
+                tile = apply_processors(raw, offs_b, mask_b, tgid, tok_, vocab_start + pid_v * BLOCK_V, bm_ptr,
+                                        bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr,
+                                        pen_stride, BITMASK, SPARSE)
             else:
                 raw_bad = bad_temp & False
             xe, xo = tl.split(tl.reshape(tile, [BLOCK_B, Q, 2, 2]))  # lanes (0, 2) and (1, 3)
@@ -218,8 +219,7 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
     if num_warps is None:
         num_warps = 8 if block_b >= 32 and on_gpu else 4
     grid = (triton.cdiv(B, block_b), triton.cdiv(tiles[1] - tiles[0], tiles_per_program))
-    proc_args, proc_flags = processor_args(params.processing, dummy, vocab_start=vocab_start, block_v=block_v,
-                                           n_tiles=triton.cdiv(V_rows, block_v))
+    proc_args, proc_flags = processor_args(params.processing, dummy)
     sample_logits_kernel[grid](
         logits, logits.stride(0), tiles[0], tiles[1],
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),

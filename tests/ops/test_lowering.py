@@ -39,7 +39,7 @@ PARITY = {"parity_ptr": "*i64", "parity_stride_f": "i32", "parity_stride_i": "i3
 CHECK = {"me": "i32", "status_ptr": "*i32", "fp_slot": "i32", "rec_slot": "i32"}
 # the logit processors (fsdist.ops.processors), every switch on
 PROC = {"bm_ptr": "*i32", "bm_stride": "i32", "ent_ptr": "*i32", "val_ptr": "*fp32", "ent_stride": "i32",
-        "off_ptr": "*i32", "off_stride": "i32", "pen_ptr": "*fp32", "pen_stride": "i32"}
+        "ent_width": "i32", "search_steps": "i32", "pen_ptr": "*fp32", "pen_stride": "i32"}
 PROC_CONST = dict(BITMASK=True, SPARSE=True)
 STAGE1 = dict(h_ptr="*bf16", w_ptr="*bf16", cand_f="*i64",
               cand_i="*i64", B="i32", D="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", stride_hb="i32",
@@ -131,6 +131,15 @@ CASES = {
     "end_step": dict(
         module="fsdist.ops.step_check", kernel="end_step_kernel",
         types=dict(counter_ptr="*i64", status_ptr="*i32"), constexprs=dict()),
+    "prepare_processors": dict(
+        module="fsdist.ops.prepare_processors", kernel="prepare_processors_kernel",
+        types=dict(bias_ids_ptr="*i64", bias_ids_stride="i32", bias_val_ptr="*bf16", bias_val_stride="i32", K="i32",
+                   out_ids_ptr="*i64", out_ids_stride="i32", L="i32", prompt_ids_ptr="*i64", prompt_ids_stride="i32",
+                   P="i32", rep_ptr="*fp32", rep_val="fp32", freq_ptr="*fp16", freq_val="fp32", pres_ptr="*fp32",
+                   pres_val="fp32", entries_ptr="*i32", values_ptr="*fp32", ent_stride="i32", pen_ptr="*fp32",
+                   pen_stride="i32", bad_ptr="*i8", B="i32", vocab_size="i32"),
+        constexprs=dict(HAS_BIAS=True, HAS_OUT=True, HAS_PROMPT=True, REP_PER_ROW=True, FREQ_PER_ROW=True,
+                        PRES_PER_ROW=False, BLOCK_R=1, S_POW2=2048, SORT=True), num_warps=8),
     "verify_step": dict(
         module="fsdist.ops.step_check", kernel="verify_step_kernel",
         types=dict(src_i="*i32", base_i="i32", me="i32", n_writers="i32", stride_writer_i="i32", rec_slot="i32",

@@ -1,0 +1,168 @@
+"""One launch that turns a call's logit bias and penalties into the kernels' sorted entries.
+
+Per row, the bias ids, the output ids and the prompt ids become one list of int32 entries
+``id * 4 + kind`` (kind 0: a bias value, 1: an occurrence in output_ids, 2: an occurrence
+in prompt_ids), sorted ascending, with each bias entry's value beside it; -1 slots,
+output ids of a row whose penalties are all off and prompt ids of a row whose repetition
+penalty is off become SENTINEL (past every tile). Stage-1 tiles then find their own ids'
+entries by binary search (``processors.apply_processors``).
+
+The same program checks the row's values (ids in [-1, vocab_size), finite bias values,
+finite penalties with repetition > 0) and flags the row bad, and writes the three
+penalties as fp32 [3, B] (scalars broadcast). Everything is on the device: no host sync,
+and one launch instead of the ~80 small torch operations the same work takes in torch.
+
+Sorting: each entry is packed with its slot number into an int64 key (entry << 32 | slot)
+so one bitonic sort (``tl.sort``) orders entries and, for equal entries, keeps the slot
+order: repeated bias ids add up in the order given, on every path and rank alike.
+"""
+import torch
+import triton
+import triton.language as tl
+
+SENTINEL = 2**31 - 1  # an entry past every tile (kept equal to fsdist.processing.SENTINEL)
+KIND_BIAS, KIND_OUTPUT, KIND_PROMPT = 0, 1, 2
+# jit code may read module globals only as constexprs (the compiler rejects plain ints)
+_SENTINEL = tl.constexpr(SENTINEL)
+_KIND_BIAS, _KIND_OUTPUT, _KIND_PROMPT = tl.constexpr(KIND_BIAS), tl.constexpr(KIND_OUTPUT), tl.constexpr(KIND_PROMPT)
+
+
+@triton.jit
+def _ids_of(ptr, stride, rows, live, slot, lo, n, HAS: tl.constexpr):
+    """The ids at slots [lo, lo + n) of one source table ([R, S] with -1 elsewhere) and
+    where they sit."""
+    here = live[:, None] & (slot[None, :] >= lo) & (slot[None, :] < lo + n)
+    if HAS:
+        ids = tl.load(ptr + rows[:, None].to(tl.int64) * stride + (slot - lo)[None, :], mask=here, other=-1)
+    else:
+        ids = tl.full(here.shape, -1, tl.int64)
+    return ids, here
+
+
+@triton.jit
+def _row_value(ptr, val, rows, live, PER_ROW: tl.constexpr):
+    if PER_ROW:
+        v = tl.load(ptr + rows, mask=live, other=1.0).to(tl.float32)
+    else:
+        v = val + tl.zeros(rows.shape, tl.float32)
+    return v
+
+
+@triton.jit
+def prepare_processors_kernel(
+    bias_ids_ptr, bias_ids_stride, bias_val_ptr, bias_val_stride, K,
+    out_ids_ptr, out_ids_stride, L, prompt_ids_ptr, prompt_ids_stride, P,
+    rep_ptr, rep_val, freq_ptr, freq_val, pres_ptr, pres_val,
+    entries_ptr, values_ptr, ent_stride, pen_ptr, pen_stride, bad_ptr, B, vocab_size,
+    HAS_BIAS: tl.constexpr, HAS_OUT: tl.constexpr, HAS_PROMPT: tl.constexpr,
+    REP_PER_ROW: tl.constexpr, FREQ_PER_ROW: tl.constexpr, PRES_PER_ROW: tl.constexpr,
+    BLOCK_R: tl.constexpr, S_POW2: tl.constexpr, SORT: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    live = rows < B
+    slot = tl.arange(0, S_POW2)
+    S = K + L + P
+    rep = _row_value(rep_ptr, rep_val, rows, live, REP_PER_ROW)
+    freq = _row_value(freq_ptr, freq_val, rows, live, FREQ_PER_ROW)
+    pres = _row_value(pres_ptr, pres_val, rows, live, PRES_PER_ROW)
+    pen_bad = ((rep != rep) | (rep == float("inf")) | (rep <= 0.0) | (freq != freq) | (tl.abs(freq) == float("inf"))
+               | (pres != pres) | (tl.abs(pres) == float("inf")))
+    out_used = (rep != 1.0) | (freq != 0.0) | (pres != 0.0)  # else output ids change nothing
+    prompt_used = rep != 1.0  # only the repetition penalty reads the prompt
+
+    b_ids, in_b = _ids_of(bias_ids_ptr, bias_ids_stride, rows, live, slot, 0, K, HAS_BIAS)
+    o_ids, in_o = _ids_of(out_ids_ptr, out_ids_stride, rows, live, slot, K, L, HAS_OUT)
+    p_ids, in_p = _ids_of(prompt_ids_ptr, prompt_ids_stride, rows, live, slot, K + L, P, HAS_PROMPT)
+    ids = tl.where(in_b, b_ids, tl.where(in_o, o_ids, p_ids))
+    kind = tl.where(in_b, _KIND_BIAS, tl.where(in_o, _KIND_OUTPUT, _KIND_PROMPT)).to(tl.int64)
+    out_of_range = (in_b | in_o | in_p) & ((ids < -1) | (ids >= vocab_size))
+    row_val = rows[:, None].to(tl.int64) * bias_val_stride
+    if HAS_BIAS:
+        val = tl.load(bias_val_ptr + row_val + slot[None, :], mask=in_b, other=0.0).to(tl.float32)
+    else:
+        val = tl.zeros(in_b.shape, tl.float32)
+    val_bad = in_b & (ids >= 0) & ((val != val) | (tl.abs(val) == float("inf")))
+    bad = (tl.max((out_of_range | val_bad).to(tl.int32), axis=1) > 0) | pen_bad
+    use = (ids >= 0) & ~out_of_range & (in_b | (in_o & out_used[:, None]) | (in_p & prompt_used[:, None]))
+    entry = tl.where(use, ids * 4 + kind, _SENTINEL)
+    if SORT:
+        key = tl.sort((entry << 32) | slot[None, :].to(tl.int64), dim=1)
+        sorted_entry = (key >> 32).to(tl.int32)
+        src = (key & 0xFFFFFFFF).to(tl.int32)  # the slot each sorted entry came from
+    else:  # the host sorts (see launch_prepare)
+        sorted_entry = entry.to(tl.int32)
+        src = slot[None, :] + tl.zeros(in_b.shape, tl.int32)
+    if HAS_BIAS:
+        sorted_val = tl.load(bias_val_ptr + row_val + src, mask=(src < K) & (sorted_entry != _SENTINEL),
+                             other=0.0).to(tl.float32)
+    else:
+        sorted_val = tl.zeros(in_b.shape, tl.float32)
+    keep = live[:, None] & (slot[None, :] < S)
+    out = rows[:, None].to(tl.int64) * ent_stride + slot[None, :]
+    tl.store(entries_ptr + out, sorted_entry, mask=keep)
+    tl.store(values_ptr + out, sorted_val, mask=keep)
+    tl.store(pen_ptr + rows, rep, mask=live)
+    tl.store(pen_ptr + pen_stride + rows, freq, mask=live)
+    tl.store(pen_ptr + 2 * pen_stride + rows, pres, mask=live)
+    tl.store(bad_ptr + rows, bad.to(tl.int8), mask=live)
+
+
+def _param(x, dummy):
+    """(pointer, value, per_row) of a penalty: a [B] tensor or a Python number."""
+    if isinstance(x, torch.Tensor):
+        return x, 0.0, True
+    return dummy, float(x), False
+
+
+def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_ids=None, bias_values=None,
+                   output_ids=None, prompt_ids=None, repetition=1.0, frequency=0.0, presence=0.0,
+                   penalties: bool = False, sort=None):
+    """(entries int32 [B, S], values fp32 [B, S], penalties fp32 [3, B], bad bool [B]).
+
+    bias_ids / output_ids / prompt_ids: int64 [B, *] or None (shapes, dtypes and devices
+    already checked by the caller); bias_values: floating [B, K]; repetition / frequency /
+    presence: float or [B] floating tensors; penalties: whether a Penalties was given (else
+    all three are off). S = K + L + P must be > 0. sort: sort inside the kernel (default:
+    on a GPU) or with torch after it (default under the interpreter).
+    """
+    tables = [t for t in (bias_ids, output_ids, prompt_ids) if t is not None]
+    S = sum(t.shape[1] for t in tables)
+    entries = torch.empty(batch, S, dtype=torch.int32, device=device)
+    values = torch.empty(batch, S, dtype=torch.float32, device=device)
+    pen = torch.empty(3, batch, dtype=torch.float32, device=device)
+    bad = torch.empty(batch, dtype=torch.int8, device=device)
+    if batch == 0:
+        return entries, values, pen, bad.bool()
+    dummy = entries
+
+    def table(t):
+        return (t, t.stride(0), t.shape[1]) if t is not None else (dummy, 0, 0)
+
+    bi, bi_s, K = table(bias_ids)
+    bv, bv_s = (bias_values, bias_values.stride(0)) if bias_values is not None else (dummy, 0)
+    oi, oi_s, L = table(output_ids)
+    pi, pi_s, P = table(prompt_ids)
+    if not penalties:  # a bias alone: penalties off
+        repetition, frequency, presence = 1.0, 0.0, 0.0
+    rep, freq, pres = (_param(x, values) for x in (repetition, frequency, presence))
+    s_pow2 = max(16, triton.next_power_of_2(S))
+    # One row per program on a GPU (a bitonic sort of the row in registers). Under the
+    # interpreter a program's cost is mostly fixed, so many rows per program, and the sort is
+    # left to torch: the interpreter runs tl.sort's xor-reductions element by element
+    # (seconds per call). tests/ops/test_prepare_processors.py checks that both agree.
+    on_gpu = device.type == "cuda" if sort is None else sort
+    block_r = 1 if on_gpu else max(1, min(triton.next_power_of_2(batch), 8192 // s_pow2))
+    prepare_processors_kernel[(triton.cdiv(batch, block_r),)](
+        bi, bi_s, bv, bv_s, K, oi, oi_s, L, pi, pi_s, P,
+        rep[0], rep[1], freq[0], freq[1], pres[0], pres[1],
+        entries, values, entries.stride(0), pen, pen.stride(0), bad, batch, vocab_size,
+        HAS_BIAS=bias_ids is not None, HAS_OUT=output_ids is not None, HAS_PROMPT=prompt_ids is not None,
+        REP_PER_ROW=rep[2], FREQ_PER_ROW=freq[2], PRES_PER_ROW=pres[2], BLOCK_R=block_r, S_POW2=s_pow2, SORT=on_gpu,
+        num_warps=4 if s_pow2 <= 1024 else 8)
+    if not on_gpu:
+        entries, order = torch.sort(entries, dim=1, stable=True)
+        values = values.gather(1, order)
+    return entries, values, pen, bad.bool()
+
+
+__all__ = ["SENTINEL", "launch_prepare", "prepare_processors_kernel"]

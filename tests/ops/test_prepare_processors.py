@@ -1,0 +1,75 @@
+"""The one-launch preparation of logit bias and penalties (fsdist.ops.prepare_processors).
+
+Against a plain-Python statement of what it must produce: per row, the bias, output and
+prompt ids as ``id * 4 + kind`` entries (dropped slots: -1 ids, output ids when every
+penalty is off, prompt ids when the repetition penalty is off), sorted with ties in slot
+order, each bias value beside its entry; the penalties as fp32 [3, B]; the bad-row flags.
+Both ways of sorting run: inside the kernel (tl.sort, what a GPU does; slow under the
+interpreter, so a small batch) and with torch after it (the interpreter's default).
+"""
+import pytest
+import torch
+
+from fsdist.ops.prepare_processors import SENTINEL, launch_prepare
+
+
+def expected(ids, vals, out, prompt, rep, freq, pres, vocab_size):
+    B = ids.shape[0]
+    S = ids.shape[1] + out.shape[1] + prompt.shape[1]
+    entries, values, bad = [], [], []
+    for b in range(B):
+        r, f, p = float(rep[b]), float(freq[b]), float(pres[b])
+        rows = [(int(i) * 4, j, float(vals[b, j])) for j, i in enumerate(ids[b]) if 0 <= i < vocab_size]
+        if r != 1 or f != 0 or p != 0:
+            rows += [(int(i) * 4 + 1, 100 + j, 0.0) for j, i in enumerate(out[b]) if 0 <= i < vocab_size]
+        if r != 1:
+            rows += [(int(i) * 4 + 2, 200 + j, 0.0) for j, i in enumerate(prompt[b]) if 0 <= i < vocab_size]
+        rows.sort()
+        entries.append([e for e, _, _ in rows] + [SENTINEL] * (S - len(rows)))
+        values.append([v for _, _, v in rows] + [0.0] * (S - len(rows)))
+        tables = torch.cat([ids[b], out[b], prompt[b]])
+        bad.append(bool(((tables < -1) | (tables >= vocab_size)).any()) or not r > 0
+                   or bool((~torch.isfinite(vals[b]) & (ids[b] >= 0)).any()))
+    return torch.tensor(entries, dtype=torch.int32), torch.tensor(values), torch.tensor(bad)
+
+
+def inputs(B, V, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(-1, V, (B, 6), generator=g)
+    ids[:, 1] = ids[:, 0]  # a repeated bias id: both values, in slot order
+    vals = torch.randn(B, 6, generator=g)
+    out = torch.randint(-1, V, (B, 5), generator=g)
+    out[:, 2] = out[:, 3]
+    prompt = torch.randint(-1, V, (B, 4), generator=g)
+    rep = 1 + (torch.rand(B, generator=g) > 0.5).float() * 0.3
+    pres = (torch.rand(B, generator=g) > 0.5).float() * 0.5
+    freq = (torch.rand(B, generator=g) > 0.5).float() * 0.25
+    rep[1] = 0.0  # bad penalty
+    out[2, 0] = V  # id out of range
+    vals[3, 2] = float("nan")
+    ids[3, 2] = 7  # a NaN value on a live slot
+    return ids, vals, out, prompt, rep, freq, pres
+
+
+@pytest.mark.parametrize("sort", [False, True], ids=["torch-sort", "kernel-sort"])
+def test_entries_values_penalties_and_bad_rows(sort):
+    B, V = (6 if sort else 40), 500
+    ids, vals, out, prompt, rep, freq, pres = inputs(B, V, seed=B)
+    entries, values, pen, bad = launch_prepare(B, V, torch.device("cpu"), bias_ids=ids, bias_values=vals,
+                                               output_ids=out, prompt_ids=prompt, repetition=rep, frequency=freq,
+                                               presence=pres, penalties=True, sort=sort)
+    want_e, want_v, want_bad = expected(ids, vals, out, prompt, rep, freq, pres, V)
+    assert torch.equal(bad, want_bad)
+    good = ~want_bad
+    assert torch.equal(entries[good], want_e[good])
+    torch.testing.assert_close(values[good], want_v[good].float())
+    assert torch.equal(pen[0], rep) and torch.equal(pen[1], freq) and torch.equal(pen[2], pres)
+
+
+def test_bias_alone_turns_the_penalties_off():
+    ids = torch.tensor([[3, -1, 3], [0, 1, 2]])
+    vals = torch.tensor([[1.0, 9.0, 2.0], [0.5, 0.25, 0.125]])
+    entries, values, pen, bad = launch_prepare(2, 10, torch.device("cpu"), bias_ids=ids, bias_values=vals)
+    assert entries.tolist() == [[12, 12, SENTINEL], [0, 4, 8]]
+    assert values.tolist() == [[1.0, 2.0, 0.0], [0.5, 0.25, 0.125]]
+    assert pen.tolist() == [[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]] and not bool(bad.any())
