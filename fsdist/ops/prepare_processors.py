@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .utils import load_row_param
+
 SENTINEL = 2**31 - 1  # an entry past every tile (kept equal to fsdist.processing.SENTINEL)
 KIND_BIAS, KIND_OUTPUT, KIND_PROMPT = 0, 1, 2
 # jit code may read module globals only as constexprs (the compiler rejects plain ints)
@@ -40,15 +42,6 @@ def _ids_of(ptr, stride, rows, live, slot, lo, n, HAS: tl.constexpr):
 
 
 @triton.jit
-def _row_value(ptr, val, rows, live, PER_ROW: tl.constexpr):
-    if PER_ROW:
-        v = tl.load(ptr + rows, mask=live, other=1.0).to(tl.float32)
-    else:
-        v = val + tl.zeros(rows.shape, tl.float32)
-    return v
-
-
-@triton.jit
 def prepare_processors_kernel(
     bias_ids_ptr, bias_ids_stride, bias_val_ptr, bias_val_stride, K,
     out_ids_ptr, out_ids_stride, L, prompt_ids_ptr, prompt_ids_stride, P,
@@ -62,9 +55,9 @@ def prepare_processors_kernel(
     live = rows < B
     slot = tl.arange(0, S_POW2)
     S = K + L + P
-    rep = _row_value(rep_ptr, rep_val, rows, live, REP_PER_ROW)
-    freq = _row_value(freq_ptr, freq_val, rows, live, FREQ_PER_ROW)
-    pres = _row_value(pres_ptr, pres_val, rows, live, PRES_PER_ROW)
+    rep = load_row_param(rep_ptr, rep_val, rows, live, tl.float32, REP_PER_ROW)
+    freq = load_row_param(freq_ptr, freq_val, rows, live, tl.float32, FREQ_PER_ROW)
+    pres = load_row_param(pres_ptr, pres_val, rows, live, tl.float32, PRES_PER_ROW)
     pen_bad = ((rep != rep) | (rep == float("inf")) | (rep <= 0.0) | (freq != freq) | (tl.abs(freq) == float("inf"))
                | (pres != pres) | (tl.abs(pres) == float("inf")))
     out_used = (rep != 1.0) | (freq != 0.0) | (pres != 0.0)  # else output ids change nothing

@@ -37,7 +37,6 @@ parity from the reduction's device counter, so a CUDA graph of a step alternates
 the copies on replay; the collective transport has one copy (its all-gather needs a
 host-known address and cannot race).
 """
-from typing import Optional
 
 import torch
 
