@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One device call on two GPUs (nvidia-h200-x2): the tensor-parallel GPU tests at TP=2 (real
+# shapes, every transport; filters and logit processors across ranks; rank divergence), then the
+# tensor-parallel sweep at TP=1 and TP=2 in the serving case ([B] device tensors for
+# temperature, seed and offset), each bounded so the whole call ends within the tool's 600 s.
+# Logs and JSONs go to $OUT:
+#   tp_gpu_tests.log        pytest -rfE --durations (rank 0's and rank 1's output interleaved)
+#   tp_sweep_tp1.log, tp_sweep_tp2.log, tp_sweep_tp<N>_<gpu>_<date>.json
+# Usage: bash scripts/gpu_session_tp.sh [seconds for the whole call, 560] [of which for the tests, 250]
+# nvshmem needs the nvshmem4py wheel in .whl/ (carry=[".whl"]); bench/run_gpu.sh installs it
+# for the sweep, this script for the tests. SWEEP_EXTRA="..." appends tp_sweep.py options.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT="${OUT:-bench/results}"
+mkdir -p "$OUT"
+t_total="${1:-560}"; t_tests="${2:-250}"
+start=$SECONDS
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site" || echo "warning: wheel install failed" >&2
+fi
+python3 -c 'import nvshmem.core; print("nvshmem4py importable")' || echo "nvshmem4py NOT importable: nvshmem cases skip"
+# A hang must fail a test, not eat the call: the suite's watchdog kills a test after 120 s.
+export FSDIST_TEST_HARD_TIMEOUT=120 FSDIST_TEST_TIMEOUT=90
+timeout -s INT -k 20 "$t_tests" launch/torchrun.sh 2 -m pytest -q -p no:warnings -p no:cacheprovider -rfE \
+  --durations=15 tests/tensor_parallel/test_gpu.py tests/tensor_parallel/test_divergence.py \
+  tests/tensor_parallel/test_filters_tp.py tests/tensor_parallel/test_processors_tp.py \
+  > "$OUT/tp_gpu_tests.log" 2>&1
+echo "TP tests rc=$? after $((SECONDS - start))s"
+grep -E " passed| failed| error|^FAILED|^ERROR" "$OUT/tp_gpu_tests.log" | tail -20
+left=$((t_total - (SECONDS - start)))
+if [ "$left" -lt 150 ]; then
+  echo "only ${left}s left: no sweep"; exit 1
+fi
+echo "sweep: ${left}s"
+BENCH_TIMEOUT="$left" bash bench/run_gpu.sh tp "1 2" --shapes 4096x151936,8192x128256 --batches 1,16,64,256 \
+  --transports nvshmem,symm_mem,collective --reductions candidates --runs 3 --iters 50 ${SWEEP_EXTRA:-} \
+  > "$OUT/tp_sweep_console.log" 2>&1
+echo "sweep rc=$?"; tail -45 "$OUT/tp_sweep_console.log"
