@@ -4,7 +4,7 @@
 # tensor-parallel sweep at TP=1 and TP=2 in the serving case ([B] device tensors for
 # temperature, seed and offset), each bounded so the whole call ends within the tool's 600 s.
 # Logs and JSONs go to $OUT:
-#   tp_gpu_tests.log        pytest -rfE --durations (rank 0's and rank 1's output interleaved)
+#   tp_gpu_tests_rank<r>.log  each rank's pytest -rfE --durations; tp_gpu_tests_launcher.log torchrun's own
 #   tp_sweep_tp1.log, tp_sweep_tp2.log, tp_sweep_tp<N>_<gpu>_<date>.json
 # Usage: bash scripts/gpu_session_tp.sh [seconds for the whole call, 560] [of which for the tests, 250]
 # nvshmem needs the nvshmem4py wheel in .whl/ (carry=[".whl"]); bench/run_gpu.sh installs it
@@ -25,12 +25,13 @@ fi
 python3 -c 'import nvshmem.core; print("nvshmem4py importable")' || echo "nvshmem4py NOT importable: nvshmem cases skip"
 # A hang must fail a test, not eat the call: the suite's watchdog kills a test after 120 s.
 export FSDIST_TEST_HARD_TIMEOUT=120 FSDIST_TEST_TIMEOUT=90
-timeout -s INT -k 20 "$t_tests" launch/torchrun.sh 2 -m pytest -q -p no:warnings -p no:cacheprovider -rfE \
-  --durations=15 tests/tensor_parallel/test_gpu.py tests/tensor_parallel/test_divergence.py \
-  tests/tensor_parallel/test_filters_tp.py tests/tensor_parallel/test_processors_tp.py \
-  > "$OUT/tp_gpu_tests.log" 2>&1
+# Rank 0's and rank 1's pytest logs apart (scripts/rank_pytest.sh), so a rank's failure stays readable.
+TORCHRUN_ARGS=--no-python timeout -s INT -k 20 "$t_tests" launch/torchrun.sh 2 bash scripts/rank_pytest.sh tp_gpu_tests \
+  -q -p no:warnings -p no:cacheprovider -rfE --durations=15 ${TEST_SELECT:-tests/tensor_parallel/test_gpu.py \
+  tests/tensor_parallel/test_divergence.py tests/tensor_parallel/test_filters_tp.py tests/tensor_parallel/test_processors_tp.py} \
+  > "$OUT/tp_gpu_tests_launcher.log" 2>&1
 echo "TP tests rc=$? after $((SECONDS - start))s"
-grep -E " passed| failed| error|^FAILED|^ERROR" "$OUT/tp_gpu_tests.log" | tail -20
+for f in "$OUT"/tp_gpu_tests_rank*.log; do echo "== $f"; grep -E " passed| failed| error|^FAILED|^ERROR" "$f" | tail -12; done
 left=$((t_total - (SECONDS - start)))
 if [ "$left" -lt 150 ]; then
   echo "only ${left}s left: no sweep"; exit 1

@@ -56,8 +56,10 @@ class StepMonitor:
         self._next = 1 - k
 
     def poll(self) -> int:
-        """Fold in every copy that has landed; returns the status word known so far."""
-        if self._cuda:
+        """Fold in every copy that has landed; returns the status word known so far.
+        While a CUDA graph is being captured nothing is looked at: querying an event is not
+        permitted then (it would invalidate the capture); the next eager call looks."""
+        if self._cuda and not torch.cuda.is_current_stream_capturing():
             for k in (self._next, 1 - self._next):  # older copy first
                 ev = self._events[k]
                 if ev is not None and ev.query():
