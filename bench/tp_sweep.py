@@ -146,19 +146,22 @@ def make_baselines(group, world: int, V: int, has_greedy: bool):
 
 # --------------------------------------------------------------------------- timing
 def time_lockstep(comm: Comm, fn: Callable, hs: List[torch.Tensor], *, warmup: int, iters: int, runs: int):
-    """Per-call time (µs) of each run, max over ranks."""
+    """Per-call time (µs) of each run, max over ranks; and the host's submit time per call of
+    each run (µs, max over ranks): when it is about the stream time, the GPU waited on Python."""
     for i in range(warmup):
         fn(hs[i % len(hs)])
-    per_run = []
+    per_run, host = [], []
     for _ in range(runs):
         comm.barrier()
         start = C.Stamp(comm.device)
+        t0 = time.perf_counter()
         for i in range(iters):
             fn(hs[i % len(hs)])
+        host.append((time.perf_counter() - t0) / iters * 1e6)
         end = C.Stamp(comm.device)
         C.sync(comm.device)
         per_run.append(start.us_to(end) / iters)
-    return comm.max_list(per_run)
+    return comm.max_list(per_run), comm.max_list(host)
 
 
 def hook_breakdown(comm: Comm, seam: Optional[HeadTestSeam], call: Callable, hs, iters: int) -> Optional[Dict]:
@@ -341,7 +344,7 @@ def print_table(data: Dict, world: int, tp1: Optional[Dict]):
         if tp1 and row_params_mode(tp1) != "rows":
             print("  note: that TP=1 run passed one float temperature, this one [B] per-row temperatures")
     print(f"{'D':>5} {'V':>7} {'B':>4} {'method':<32} {'TP=1':>8} {f'TP={world}':>8} {'speedup':>7} "
-          f"{'ideal':>8} {'eff':>5} {'vs best bl':>10}")
+          f"{'ideal':>8} {'eff':>5} {'vs best bl':>10} {'host':>8}")
     for D, V in sorted({(r["D"], r["V"]) for r in res}):
         for B in sorted({r["B"] for r in res if (r["D"], r["V"]) == (D, V)}):
             rows = [r for r in res if (r["D"], r["V"], r["B"]) == (D, V, B)]
@@ -353,8 +356,12 @@ def print_table(data: Dict, world: int, tp1: Optional[Dict]):
                 ideal = base / world if base else None
                 eff = f"{100 * ideal / r['min_us']:.0f}%" if ideal else "-"
                 vs = (f"{best_bl / r['min_us']:.2f}x" if (best_bl and r["method"].startswith("fsdist")) else "")
+                # host: the submit time per call; a '!' where it is >= 90% of the stream time (the GPU
+                # waited on Python, so the cell measures the host, not the kernels)
+                ht = r.get("host_us")
+                hflag = "!" if ht and ht >= 0.9 * r["min_us"] else ""
                 print(f"{D:>5} {V:>7} {B:>4} {r['method']:<32} {C.fmt_us(base):>8} {C.fmt_us(r['min_us']):>8} "
-                      f"{sp:>7} {C.fmt_us(ideal):>8} {eff:>5} {vs:>10}")
+                      f"{sp:>7} {C.fmt_us(ideal):>8} {eff:>5} {vs:>10} {C.fmt_us(ht):>7}{hflag}")
     errs = [r for r in data["results"] if r.get("error")]
     for r in errs[:8]:
         print(f"error: D={r['D']} B={r['B']} {r['method']}: {r['error'][:160]}")
@@ -504,8 +511,10 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
             err = f"{type(e).__name__}: {str(e)[:300]}"
         if comm.agree(err is None):
             try:
-                per_run = time_lockstep(comm, lambda _x: graph.replay(), hs, warmup=warmup, iters=iters, runs=runs)
-                row.update(min_us=min(per_run), median_us=statistics.median(per_run), runs_us=per_run, iters=iters)
+                per_run, host = time_lockstep(comm, lambda _x: graph.replay(), hs, warmup=warmup, iters=iters,
+                                              runs=runs)
+                row.update(min_us=min(per_run), median_us=statistics.median(per_run), runs_us=per_run, iters=iters,
+                           host_us=min(host))
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         else:
@@ -653,13 +662,15 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                         check(D, V, B, f"{name} check raised", False, f"{type(e).__name__}: {e}")
                     comm.agree(True)  # re-align ranks after the checks
                 try:
-                    per_run = time_lockstep(comm, fn, hs, warmup=warmup, iters=iters, runs=runs)
+                    per_run, host = time_lockstep(comm, fn, hs, warmup=warmup, iters=iters, runs=runs)
                     row.update(min_us=min(per_run), median_us=statistics.median(per_run), runs_us=per_run,
+                               host_us=min(host),
                                iters=iters)
                 except Exception as e:  # noqa: BLE001
                     row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 log(f"  D={D} B={B:<4} {name:<32} min {C.fmt_us(row['min_us']):>9} us  median "
-                    f"{C.fmt_us(row['median_us']):>9} us" + (f"  ERROR {row['error']}" if row["error"] else ""))
+                    f"{C.fmt_us(row['median_us']):>9} us  host {C.fmt_us(row.get('host_us')):>9} us"
+                    + (f"  ERROR {row['error']}" if row["error"] else ""))
                 record(row)
                 if args.graph and head is not None and row["min_us"] is not None:
                     graph_row(D, V, B, name, fn, hs)

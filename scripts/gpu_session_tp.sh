@@ -38,6 +38,6 @@ if [ "$left" -lt 150 ]; then
 fi
 echo "sweep: ${left}s"
 BENCH_TIMEOUT="$left" bash bench/run_gpu.sh tp "1 2" --shapes 4096x151936,8192x128256 --batches 1,16,64,256 \
-  --transports nvshmem,symm_mem,collective --reductions candidates --runs 3 --iters 50 ${SWEEP_EXTRA:-} \
+  --transports nvshmem,symm_mem,collective --reductions candidates --runs 3 --iters 50 --graph ${SWEEP_EXTRA:-} \
   > "$OUT/tp_sweep_console.log" 2>&1
 echo "sweep rc=$?"; tail -45 "$OUT/tp_sweep_console.log"
