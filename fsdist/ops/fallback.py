@@ -29,6 +29,7 @@ from .epilogue import row_temperature
 from .noise import gumbel_from_bits, vocab_bits
 from .processors import apply_processors, processor_args
 from .select_filtered import order_key
+from .top_logprobs import place_pick, top_n_normaliser
 from .utils import fast_log_ok, load_row_param, row_param_args
 
 # Rows resolved per round on a GPU: one round covers B <= 64, so a decode batch pays two empty
@@ -240,14 +241,7 @@ def resolve_kernel(pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, round_start,
             tl.store(logprob_ptr + row, lp, mask=filtered)
 
         if TOP_N > 0:
-            if MODE == 1:
-                log_z = tl.log(z_raw)
-                scale = tl.full([BLOCK_R], 1.0, tl.float32)
-            else:
-                log_z = tl.log(z_full)
-                scale = inv_t
-            if MODE == 2:
-                log_z = tl.where(filtered, tl.log(z_kept), log_z)
+            log_z, scale = top_n_normaliser(tl.log(z_raw), tl.log(z_full), tl.log(z_kept), filtered, inv_t, MODE)
             n = tl.arange(0, TOP_N_POW2)
             out_ids = tl.full([BLOCK_R, TOP_N_POW2], -1, tl.int64)
             out_lp = tl.full([BLOCK_R, TOP_N_POW2], float("-inf"), tl.float32)
@@ -273,11 +267,8 @@ def resolve_kernel(pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, round_start,
                 idsel = tl.min(tl.where(k2 == kmax[:, None], i2, 2147483647), axis=1)
                 vsel = tl.max(tl.where(i2 == idsel[:, None], v2, float("-inf")), axis=1)
                 have = kmax >= 0
-                lpv = (vsel - m) * scale - log_z
-                if MODE == 2:
-                    lpv = tl.where(filtered & (kmax < key_t), float("-inf"), lpv)
-                out_ids = tl.where(n[None, :] == t, tl.where(have, idsel, -1).to(tl.int64)[:, None], out_ids)
-                out_lp = tl.where(n[None, :] == t, tl.where(have, lpv, float("-inf"))[:, None], out_lp)
+                out_ids, out_lp = place_pick(out_ids, out_lp, n, t, have, idsel, vsel, m, scale, log_z, filtered,
+                                             kmax, key_t, MODE)
                 prev_key = tl.where(have, kmax, prev_key)
                 prev_id = tl.where(have, idsel, prev_id)
             wr = live_r[:, None] & (n < TOP_N)[None, :]

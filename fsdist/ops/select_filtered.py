@@ -41,6 +41,7 @@ from .epilogue import row_temperature
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits
 from .parity import parity_args, parity_offsets
+from .top_logprobs import place_pick, top_n_normaliser
 from .utils import fast_log_ok, load_row_param, row_param_args
 
 MODE_SCALED, MODE_RAW, MODE_PROCESSED = 0, 1, 2
@@ -151,6 +152,7 @@ def select_filtered_kernel(
         mass = tl.where(live, tl.exp((vals - msafe[:, None]) * inv_t[:, None]), 0.0)  # exp((l - max) / T)
         z_full = tl.sum(tl.where(tmax > float("-inf"), tsum * tl.exp((tmax - msafe[:, None]) * inv_t[:, None]), 0.0),
                         axis=1)
+        log_z_raw = tl.zeros([BLOCK_R], tl.float32)  # only MODE 1 ("raw") reads it
         if MODE == 1:
             rsum = tl.load(cand_f + base_f + (shard_off_f + 4 * stride_field)[None, :] + rows[:, None], mask=first,
                            other=0.0)
@@ -208,14 +210,7 @@ def select_filtered_kernel(
             n = tl.arange(0, TOP_N_POW2)
             out_ids = tl.full([BLOCK_R, TOP_N_POW2], -1, tl.int64)
             out_lp = tl.full([BLOCK_R, TOP_N_POW2], float("-inf"), tl.float32)
-            if MODE == 1:
-                log_z = log_z_raw
-                scale = tl.full([BLOCK_R], 1.0, tl.float32)
-            else:
-                log_z = tl.log(z_full)
-                scale = inv_t
-            if MODE == 2:
-                log_z = tl.where(filtered, tl.log(z_kept), log_z)
+            log_z, scale = top_n_normaliser(log_z_raw, tl.log(z_full), tl.log(z_kept), filtered, inv_t, MODE)
             alive = live
             last_key = tl.full([BLOCK_R], 4294967296, tl.int64)
             found_all = mask_r
@@ -226,11 +221,8 @@ def select_filtered_kernel(
                 chosen = pick & (ids == idsel[:, None])
                 vsel = tl.max(tl.where(chosen, vals, float("-inf")), axis=1)
                 have = kmax >= 0
-                lpv = (vsel - msafe) * scale - log_z
-                if MODE == 2:
-                    lpv = tl.where(filtered & (kmax < key_t), float("-inf"), lpv)
-                out_ids = tl.where(n[None, :] == t, tl.where(have, idsel, -1).to(tl.int64)[:, None], out_ids)
-                out_lp = tl.where(n[None, :] == t, tl.where(have, lpv, float("-inf"))[:, None], out_lp)
+                out_ids, out_lp = place_pick(out_ids, out_lp, n, t, have, idsel, vsel, msafe, scale, log_z, filtered,
+                                             kmax, key_t, MODE)
                 last_key = tl.where(have, kmax, last_key)
                 found_all = found_all & have
                 alive = alive & ~chosen
