@@ -10,7 +10,7 @@ import torch
 
 import fsdist
 from fsdist.tensor_parallel import TensorParallelMismatchError
-from tp_helpers import ALL_TRANSPORTS, assert_same_on_all_ranks, gather_objects, problem
+from tp_helpers import ALL_TRANSPORTS, assert_same_on_all_ranks, gather_objects, loaded_head, problem
 
 mpi = pytest.mark.mpi(min_size=2)
 V, D, B = 1000, 16, 24
@@ -32,9 +32,7 @@ def row_filters(B, device, seed=0):
 def test_filtered_head_equals_sample_on_the_full_weight(dist_ctx, transport, mode):
     dev = dist_ctx.device
     W, h = problem(V, D, B, torch.float32, seed=51, scale=3.0, device=dev)
-    head = fsdist.ShardedFlashLMHead(D, V, transport=transport, params_dtype=torch.float32, device=dev,
-                                     max_batch_size=B)
-    head.load_full_weight(W)
+    head = loaded_head(dist_ctx, W, transport, max_batch_size=B)
     kw = dict(row_filters(B, dev), seed=torch.arange(B, device=dev) * 13 + 1, offset=4, return_logprobs=True,
               top_logprobs=3, logprobs_mode=mode)
     out = head(h, **kw)
@@ -57,9 +55,7 @@ def test_filtered_head_equals_sample_on_the_full_weight(dist_ctx, transport, mod
 def test_group_logmass_refuses_filters_on_every_rank(dist_ctx):
     dev = dist_ctx.device
     W, h = problem(V, D, 4, torch.float32, seed=52, device=dev)
-    head = fsdist.ShardedFlashLMHead(D, V, transport="collective", reduction="group_logmass",
-                                     params_dtype=torch.float32, device=dev)
-    head.load_full_weight(W)
+    head = loaded_head(dist_ctx, W, "collective", reduction="group_logmass")
     outcomes = []
     for kw in (dict(top_k=5), dict(top_logprobs=2), dict(return_logprobs=True, logprobs_mode="raw")):
         try:
@@ -81,8 +77,7 @@ def test_a_rank_with_another_filter_is_caught(dist_ctx, transport):
     differs, the row is -1 everywhere and every rank raises."""
     dev = dist_ctx.device
     W, h = problem(V, D, 6, torch.float32, seed=53, device=dev)
-    head = fsdist.ShardedFlashLMHead(D, V, transport=transport, params_dtype=torch.float32, device=dev)
-    head.load_full_weight(W)
+    head = loaded_head(dist_ctx, W, transport)
     top_p = torch.full((6,), 0.9, device=dev)
     if dist_ctx.rank == dist_ctx.world_size - 1:
         top_p[2] = 0.8

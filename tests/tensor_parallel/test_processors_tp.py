@@ -12,7 +12,7 @@ import torch
 import fsdist
 from fsdist.reference import bitmask_from_allowed
 from fsdist.tensor_parallel import TensorParallelMismatchError
-from tp_helpers import (ALL_TRANSPORTS, assert_same_on_all_ranks, gather_objects, problem,
+from tp_helpers import (ALL_TRANSPORTS, assert_same_on_all_ranks, gather_objects, loaded_head, problem,
                         reference_group_logmass, tp_ranges)
 
 mpi = pytest.mark.mpi(min_size=2)
@@ -55,9 +55,7 @@ def temperatures(B, device):
 def test_processed_head_equals_sample_on_the_full_weight(dist_ctx, transport, filtered):
     dev = dist_ctx.device
     W, h = problem(V, D, B, torch.float32, seed=61, scale=3.0, device=dev)
-    head = fsdist.ShardedFlashLMHead(D, V, transport=transport, params_dtype=torch.float32, device=dev,
-                                     max_batch_size=B)
-    head.load_full_weight(W)
+    head = loaded_head(dist_ctx, W, transport, max_batch_size=B)
     kw = dict(processors(B, V, dev), temperature=temperatures(B, dev), seed=torch.arange(B, device=dev) * 7 + 3,
               offset=2, return_logprobs=True)
     if filtered:
@@ -86,9 +84,7 @@ def test_group_logmass_applies_the_processors(dist_ctx, transport):
     their log-mass) on the processed logits: equal to its float64 mirror run on them."""
     dev = dist_ctx.device
     W, h = problem(V, D, B, torch.float32, seed=62, scale=3.0, device=dev)
-    head = fsdist.ShardedFlashLMHead(D, V, transport=transport, reduction="group_logmass",
-                                     params_dtype=torch.float32, device=dev)
-    head.load_full_weight(W)
+    head = loaded_head(dist_ctx, W, transport, reduction="group_logmass")
     kw = dict(processors(B, V, dev, seed=1), temperature=temperatures(B, dev), seed=torch.arange(B, device=dev) + 11,
               offset=5)
     out = head(h, **kw)
@@ -112,8 +108,7 @@ def test_a_rank_with_other_processors_is_caught(dist_ctx, which):
     does not even own, for the bitmask: every rank hashes the whole row)."""
     dev = dist_ctx.device
     W, h = problem(V, D, 6, torch.float32, seed=63, device=dev)
-    head = fsdist.ShardedFlashLMHead(D, V, transport="collective", params_dtype=torch.float32, device=dev)
-    head.load_full_weight(W)
+    head = loaded_head(dist_ctx, W, "collective")
     kw = processors(6, V, dev, seed=2)
     if dist_ctx.rank == dist_ctx.world_size - 1:
         if which == "token_bitmask":

@@ -34,6 +34,17 @@ def problem(V: int, D: int, B: int, dtype=torch.float32, seed: int = 0, scale: f
     return W.to(device=device, dtype=dtype), h.to(device=device, dtype=dtype)
 
 
+def loaded_head(dist_ctx, W, transport="collective", **kw):
+    """A ShardedFlashLMHead on this rank's device holding its shard of the full weight W [V, D]
+    (fp32 unless params_dtype says otherwise); kw go to the constructor."""
+    import fsdist
+
+    kw.setdefault("params_dtype", W.dtype)
+    head = fsdist.ShardedFlashLMHead(W.shape[1], W.shape[0], transport=transport, device=dist_ctx.device, **kw)
+    head.load_full_weight(W)
+    return head
+
+
 def scaled_logits64(hidden, W, V, temperature, processors=None):
     """float64 logits / T (T = 1 for greedy rows), ids >= V at -inf; and the greedy mask.
     ``processors``: an optional dict of token_bitmask / logit_bias / penalties, applied to
