@@ -3,9 +3,12 @@
 # shapes, every transport; filters and logit processors across ranks; rank divergence), then the
 # tensor-parallel sweep at TP=1 and TP=2 in the serving case ([B] device tensors for
 # temperature, seed and offset), each bounded so the whole call ends within the tool's 600 s.
-# Logs and JSONs go to $OUT:
+# First, on GPU 0 alone, bench/processors_breakdown.py (device time per kernel of a processed call).
+# The device tool brings back at most 8 files, so the JSONs land in $OUT and every log in
+# $OUT/logs.tgz:
 #   tp_gpu_tests_rank<r>.log  each rank's pytest -rfE --durations; tp_gpu_tests_launcher.log torchrun's own
-#   tp_sweep_tp1.log, tp_sweep_tp2.log, tp_sweep_tp<N>_<gpu>_<date>.json
+#   tp_sweep_console.log, tp_sweep_tp<N>.log, processors_breakdown.log
+#   tp_sweep_tp<N>_<gpu>_<date>.json, processors_breakdown_<gpu>_<date>.json (in $OUT itself)
 # Usage: bash scripts/gpu_session_tp.sh [seconds for the whole call, 560] [of which for the tests, 250]
 # nvshmem needs the nvshmem4py wheel in .whl/ (carry=[".whl"]); bench/run_gpu.sh installs it
 # for the sweep, this script for the tests. SWEEP_EXTRA="..." appends tp_sweep.py options.
@@ -13,8 +16,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-OUT="${OUT:-bench/results}"
+FINAL="${OUT:-bench/results}"
+export OUT="$FINAL/work"
 mkdir -p "$OUT"
+pack() {  # JSONs next to the archive of the logs; called on every exit
+  cp "$OUT"/*.json "$FINAL"/ 2>/dev/null
+  tar czf "$FINAL/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log 2>/dev/null) 2>/dev/null
+  rm -rf "$OUT"
+}
+trap pack EXIT
 t_total="${1:-560}"; t_tests="${2:-250}"
 start=$SECONDS
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -23,6 +33,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH="$PYTHONPATH:/tmp/site" || echo "warning: wheel install failed" >&2
 fi
 python3 -c 'import nvshmem.core; print("nvshmem4py importable")' || echo "nvshmem4py NOT importable: nvshmem cases skip"
+CUDA_VISIBLE_DEVICES=0 timeout 120 python3 bench/processors_breakdown.py --out "$OUT" > "$OUT/processors_breakdown.log" 2>&1
+echo "processors_breakdown rc=$?"; tail -20 "$OUT/processors_breakdown.log"
 # A hang must fail a test, not eat the call: the suite's watchdog kills a test after 120 s.
 export FSDIST_TEST_HARD_TIMEOUT=120 FSDIST_TEST_TIMEOUT=90
 # Rank 0's and rank 1's pytest logs apart (scripts/rank_pytest.sh), so a rank's failure stays readable.
