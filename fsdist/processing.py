@@ -31,7 +31,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .ops.prepare_processors import KIND_BIAS, KIND_OUTPUT, KIND_PROMPT, SENTINEL, launch_prepare
+from .ops.prepare_processors import KIND_BIAS, KIND_OUTPUT, KIND_PROMPT, SENTINEL, launch_prepare, search_rounds
 from .params import RowParams
 from .types import Penalties, SparseLogits
 
@@ -61,8 +61,8 @@ class LogitProcessing:
 
     @property
     def search_steps(self) -> int:
-        """Binary-search steps that find any position in a row of entries (S + 1 outcomes)."""
-        return max(1, int(self.entries.shape[1]).bit_length()) if self.entries is not None else 0
+        """Rounds of the tiles' entry search (``ops.processors.lower_bounds``) for a row of entries."""
+        return search_rounds(self.entries.shape[1]) if self.entries is not None else 0
 
     def apply_to(self, params: RowParams) -> RowParams:
         """params with bad rows poisoned: their temperature becomes NaN (a [B] tensor)."""

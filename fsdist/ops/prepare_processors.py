@@ -29,6 +29,20 @@ _SENTINEL = tl.constexpr(SENTINEL)
 _KIND_BIAS, _KIND_OUTPUT, _KIND_PROMPT = tl.constexpr(KIND_BIAS), tl.constexpr(KIND_OUTPUT), tl.constexpr(KIND_PROMPT)
 
 
+# Entries probed per row and key in one round of the search (one memory latency per round).
+PROBES = 16
+
+
+def search_rounds(width: int, probes: int = PROBES) -> int:
+    """Rounds of ``processors.lower_bounds`` (the tiles' search of these entries) that settle any position in a row of ``width`` entries: a
+    round leaves at most ceil(span / probes) - 1 of a span of candidate positions."""
+    rounds, span = 0, int(width)
+    while span > 0:
+        span = -(-span // probes) - 1
+        rounds += 1
+    return rounds
+
+
 @triton.jit
 def _ids_of(ptr, stride, rows, live, slot, lo, n, HAS: tl.constexpr):
     """The ids at slots [lo, lo + n) of one source table ([R, S] with -1 elsewhere) and

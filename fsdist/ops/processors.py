@@ -9,7 +9,8 @@ size or the tensor-parallel degree.
 
 Bias and penalties come as a sorted list of entries per row (``id * 4 + kind``, built by
 ``prepare_processors``). A tile finds the slice of its own ids by two binary searches per
-row (about log2(S) loads each: nothing per tile is precomputed, so any tiling, path or
+row (a 16-ary search: a few rounds of independent loads, where a binary search would wait
+on log2(S) dependent ones; nothing per tile is precomputed, so any tiling, path or
 vocabulary range reads the same list), then loops over those entries only (usually zero
 or one per row), accumulating, per (row, id), the bias sum, the occurrences in the output
 and whether the id was seen in the prompt or the output. Then, per element:
@@ -25,24 +26,45 @@ import triton
 import triton.language as tl
 
 from ..processing import SENTINEL, LogitProcessing
+from .prepare_processors import PROBES
 
 _SENTINEL = tl.constexpr(SENTINEL)
+_PROBES = tl.constexpr(PROBES)
 
 
 @triton.jit
-def lower_bound(ent_ptr, row_base, width, key, mask_r, steps):
-    """Per row: the first position in the row's sorted entries whose entry is >= key (width
-    if none). steps >= bit_length(width) halvings settle every row."""
-    lo = tl.zeros(row_base.shape, tl.int32)
-    hi = tl.where(mask_r, width, 0)
-    for _ in range(steps):
-        open_ = lo < hi
-        mid = (lo + hi) // 2
-        e = tl.load(ent_ptr + row_base + mid, mask=open_, other=0)
-        right = open_ & (e < key)
-        lo = tl.where(right, mid + 1, lo)
-        hi = tl.where(open_ & ~right, mid, hi)
-    return lo
+def _narrow(ent_ptr, row_base, key, lo, hi, k, PROBES: tl.constexpr):
+    """One round for one key: the first position >= key lies in [lo, hi] (hi = width: none)."""
+    span = hi - lo
+    # probe k (1..PROBES) at lo + ceil(k * span / PROBES) - 1: probe PROBES is hi - 1
+    q = lo[:, None] + (k[None, :] * span[:, None] + PROBES - 1) // PROBES - 1
+    live = span[:, None] > 0
+    e = tl.load(ent_ptr + row_base[:, None] + q, mask=live, other=0)
+    below = tl.sum((live & (e < key)).to(tl.int32), axis=1)  # the entries are sorted: a prefix of probes
+    q_below = tl.max(tl.where(k[None, :] == below[:, None], q, -1), axis=1)  # last probe < key
+    q_above = tl.max(tl.where(k[None, :] == below[:, None] + 1, q, -1), axis=1)  # first probe >= key
+    busy = span > 0
+    lo = tl.where(busy & (below > 0), q_below + 1, lo)
+    hi = tl.where(busy & (below < PROBES), q_above, hi)
+    return lo, hi
+
+
+@triton.jit
+def lower_bounds(ent_ptr, row_base, width, key_a, key_b, mask_r, rounds, PROBES: tl.constexpr):
+    """Per row: the first position in the row's sorted entries whose entry is >= key_a, and the
+    same for key_b (width if none). A PROBES-ary search: each round loads PROBES entries per
+    row and key, all independent, so a round costs one memory latency where a binary search
+    pays one per halving (3 rounds instead of 11 dependent loads at 1,000 entries). rounds:
+    ``prepare_processors.search_rounds(width)``."""
+    k = tl.arange(0, PROBES) + 1
+    lo_a = tl.zeros(row_base.shape, tl.int32)
+    hi_a = tl.where(mask_r, width, 0)
+    lo_b = lo_a
+    hi_b = hi_a
+    for _ in range(rounds):
+        lo_a, hi_a = _narrow(ent_ptr, row_base, key_a, lo_a, hi_a, k, PROBES)
+        lo_b, hi_b = _narrow(ent_ptr, row_base, key_b, lo_b, hi_b, k, PROBES)
+    return lo_a, lo_b
 
 
 @triton.jit
@@ -59,8 +81,8 @@ def apply_processors(x, rows, mask_r, gid, ok, tile_lo,
         x = tl.where(allowed, x, float("-inf"))
     if SPARSE:
         row_base = rows.to(tl.int64) * ent_stride
-        start = lower_bound(ent_ptr, row_base, ent_width, tile_lo * 4, mask_r, search_steps)
-        end = lower_bound(ent_ptr, row_base, ent_width, (tile_lo + x.shape[1]) * 4, mask_r, search_steps)
+        start, end = lower_bounds(ent_ptr, row_base, ent_width, tile_lo * 4, (tile_lo + x.shape[1]) * 4, mask_r,
+                                  search_steps, _PROBES)
         n = tl.where(mask_r, end - start, 0)
         bias = tl.zeros(x.shape, tl.float32)
         count = tl.zeros(x.shape, tl.int32)
@@ -99,4 +121,4 @@ def processor_args(processing: Optional[LogitProcessing], dummy: torch.Tensor):
     return args, {"BITMASK": bm is not None, "SPARSE": sparse}
 
 
-__all__ = ["apply_processors", "processor_args"]
+__all__ = ["apply_processors", "lower_bounds", "processor_args"]
