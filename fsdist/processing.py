@@ -15,7 +15,7 @@ either. Two shapes of work:
   become one list of *entries* per row, ``id * 4 + kind`` (kind 0: a bias value, 1: an
   occurrence in output_ids, 2: an occurrence in prompt_ids), sorted, with the bias value
   beside each entry, built by one kernel (``fsdist.ops.prepare_processors``); a tile finds
-  the entries of its own ids by binary search and visits only those, typically none or
+  the entries of its own ids by a 16-ary search and visits only those, typically none or
   one. Sorting is stable, so repeated bias ids add up in the order given, on every path
   and rank alike.
 

@@ -5,7 +5,7 @@ Per row, the bias ids, the output ids and the prompt ids become one list of int3
 in prompt_ids), sorted ascending, with each bias entry's value beside it; -1 slots,
 output ids of a row whose penalties are all off and prompt ids of a row whose repetition
 penalty is off become SENTINEL (past every tile). Stage-1 tiles then find their own ids'
-entries by binary search (``processors.apply_processors``).
+entries by a 16-ary search (``processors.lower_bounds``).
 
 The same program checks the row's values (ids in [-1, vocab_size), finite bias values,
 finite penalties with repetition > 0) and flags the row bad, and writes the three

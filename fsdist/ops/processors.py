@@ -8,7 +8,7 @@ processed logits, hence the candidates and tokens, do not depend on the path, th
 size or the tensor-parallel degree.
 
 Bias and penalties come as a sorted list of entries per row (``id * 4 + kind``, built by
-``prepare_processors``). A tile finds the slice of its own ids by two binary searches per
+``prepare_processors``). A tile finds the slice of its own ids by searching both ends at once per
 row (a 16-ary search: a few rounds of independent loads, where a binary search would wait
 on log2(S) dependent ones; nothing per tile is precomputed, so any tiling, path or
 vocabulary range reads the same list), then loops over those entries only (usually zero
