@@ -22,9 +22,7 @@ a device counter (``step_counter``) that every step advances on the stream, so
 replays alternate the exchange buffers like eager calls do. See
 docs/tensor_parallel.md, "CUDA graphs".
 """
-import dataclasses
 import logging
-import warnings
 from typing import Optional, Union
 
 import torch
@@ -33,93 +31,20 @@ from torch import nn
 
 from .. import rows, validation
 from ..env import apply_safe_env
-from ..ops.configs import STAGE1_PATHS, TileConfig, default_block_v
-from ..ops.step_check import ERROR_INPUT, filter_fingerprint
-from ..processing import check_values as check_processing_values
-from ..processing import prepare_processing
-from ..runtime import default_device
+from ..ops.configs import TileConfig, default_block_v
+from ..ops.step_check import ERROR_INPUT
 from ..types import Penalties, SampleOutput, SparseLogits
-from . import agreement, transports
+from . import agreement, head_args, transports
 from .candidates import CandidatesReduction
 from .group_logmass import GroupLogmassReduction
 from .health import TensorParallelMismatchError  # noqa: F401  (documented with forward)
-from .reduction import DEFAULT_MAX_BATCH_SIZE, CallOptions
+from .reduction import DEFAULT_MAX_BATCH_SIZE
 from .testing import HeadTestSeam
 from .vocab import vocab_partition
 
 log = logging.getLogger("fsdist")
 
 REDUCTIONS = {"candidates": CandidatesReduction, "group_logmass": GroupLogmassReduction}
-
-
-def _check_reduction(name) -> str:
-    if not isinstance(name, str):
-        raise TypeError(f"reduction must be a str, got {type(name).__name__}")
-    if name not in REDUCTIONS:
-        raise ValueError(f"unknown reduction {name!r}; choose one of {', '.join(REDUCTIONS)}")
-    return name
-
-
-def _resolve_device(device) -> torch.device:
-    device = default_device() if device is None else torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _positive_int(x, name: str):
-    if isinstance(x, bool) or not isinstance(x, int):
-        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
-    if x < 1:
-        raise ValueError(f"{name} must be >= 1, got {x}")
-
-
-def _group_words(tp: int, default_group: bool) -> str:
-    """How an error names the tensor-parallel group (a shard made for another TP degree
-    has another row count: the first thing to check is which group the head was given)."""
-    if default_group:
-        return (f"tp_group=None, i.e. the whole world of {tp} ranks; if the model is tensor-parallel over "
-                "a smaller group (DP x TP), pass that group as tp_group")
-    return f"tp_group of {tp} ranks"
-
-
-def _check_shared_weight(weight, partition, hidden_size: int, params_dtype, device, tp_words: str):
-    """A caller's Parameter that the head uses as its shard (no copy): this rank's rows."""
-    if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"weight must be a torch.Tensor (this rank's shard), got {type(weight).__name__}")
-    want = (partition.rows, hidden_size)
-    if tuple(weight.shape) != want:
-        raise ValueError(f"weight must be this rank's shard [padded_vocab_size / tp, hidden_size] = "
-                         f"[{partition.padded_vocab_size} / {partition.tp_size}, {hidden_size}] = {list(want)} "
-                         f"(vocabulary ids [{partition.start}, {partition.end}) of rank {partition.rank}), got "
-                         f"{list(weight.shape)}; {tp_words}")
-    if weight.dtype != params_dtype:
-        raise TypeError(f"weight dtype {weight.dtype} does not match params_dtype {params_dtype}")
-    if weight.device != device:
-        raise ValueError(f"weight is on {weight.device} but device is {device}")
-    if not weight.is_contiguous():
-        raise ValueError("weight must be contiguous (the kernels read rows of the shard)")
-
-
-def _warn_if_padded(vocab_size: int, unit: int, vocab_size_is_true: bool):
-    if vocab_size_is_true or vocab_size % unit:
-        return
-    warnings.warn(f"ShardedFlashLMHead: vocab_size={vocab_size} is a multiple of the padding unit {unit} "
-                  "(make_vocab_size_divisible_by x tp size). If it is a padded size (e.g. Megatron's "
-                  "GPTModel.vocab_size) the padding rows can be sampled: pass the tokenizer's true vocabulary "
-                  "size, or vocab_size_is_true=True if it is the true size.", UserWarning, stacklevel=3)
-
-
-def _empty_output(device, opts: CallOptions) -> SampleOutput:
-    def f():
-        return torch.empty(0, dtype=torch.float32, device=device)
-
-    top = opts.top_n > 0
-    return SampleOutput(torch.empty(0, dtype=torch.int64, device=device),
-                        f() if opts.logprobs else None, f() if opts.logprobs else None,
-                        torch.empty(0, opts.top_n, dtype=torch.int64, device=device) if top else None,
-                        torch.empty(0, opts.top_n, dtype=torch.float32, device=device) if top else None,
-                        torch.empty(0, dtype=torch.bool, device=device) if opts.filtered or top else None)
 
 
 class ShardedFlashLMHead(nn.Module):
@@ -184,22 +109,22 @@ class ShardedFlashLMHead(nn.Module):
         probe = {"ok": True, "why": ""}
         max_batch_size = DEFAULT_MAX_BATCH_SIZE if max_batch_size is None else max_batch_size
         try:
-            _positive_int(hidden_size, "hidden_size")
-            _positive_int(vocab_size, "vocab_size")
-            _positive_int(make_vocab_size_divisible_by, "make_vocab_size_divisible_by")
+            head_args.positive_int(hidden_size, "hidden_size")
+            head_args.positive_int(vocab_size, "vocab_size")
+            head_args.positive_int(make_vocab_size_divisible_by, "make_vocab_size_divisible_by")
             if not isinstance(seam, HeadTestSeam):
                 raise TypeError(f"test_seam must be a HeadTestSeam, got {type(seam).__name__}")
             if seam.num_buffers not in (1, 2):
                 raise ValueError(f"test_seam.num_buffers must be 1 or 2 (a parity picks the copy), "
                                  f"got {seam.num_buffers}")
-            _positive_int(max_batch_size, "max_batch_size")
+            head_args.positive_int(max_batch_size, "max_batch_size")
             if params_dtype not in validation.SUPPORTED_DTYPES:
                 raise TypeError(f"params_dtype must be one of bf16/fp16/fp32, got {params_dtype}")
             transports.check_transport_name(transport)
-            _check_reduction(reduction)
+            head_args.check_reduction(reduction, REDUCTIONS)
             if device is None and isinstance(shared, torch.Tensor):
                 device = shared.device
-            dev = _resolve_device(device)
+            dev = head_args.resolve_device(device)
             validation.check_device_runnable(dev)
             block_v = block_v or default_block_v(dev.type)
             TileConfig(16, block_v, 16)  # validates block_v (power of two >= 16)
@@ -214,8 +139,8 @@ class ShardedFlashLMHead(nn.Module):
             if shared is None:
                 weight = torch.empty(partition.rows, hidden_size, dtype=params_dtype, device=dev)
             else:
-                _check_shared_weight(shared, partition, hidden_size, params_dtype, dev,
-                                     _group_words(tp, tp_group is None and initialized))
+                head_args.check_shared_weight(shared, partition, hidden_size, params_dtype, dev,
+                                     head_args.group_words(tp, tp_group is None and initialized))
         except Exception as e:  # anything: a rank that raised alone would leave its peers in the gather
             error = f"{type(e).__name__}: {e}"
         if not initialized:
@@ -239,7 +164,7 @@ class ShardedFlashLMHead(nn.Module):
         elif resolved != transport:
             log.warning("fsdist: ShardedFlashLMHead transport %s -> %s (%s)", transport, resolved, why)
         if rank == 0:
-            _warn_if_padded(vocab_size, make_vocab_size_divisible_by * tp, vocab_size_is_true)
+            head_args.warn_if_padded(vocab_size, make_vocab_size_divisible_by * tp, vocab_size_is_true)
 
         # ---- build ----
         self.hidden_size = hidden_size
@@ -247,7 +172,7 @@ class ShardedFlashLMHead(nn.Module):
         self.params_dtype = params_dtype
         self.device = dev
         self.tp_group = group
-        self._tp_words = _group_words(tp, tp_group is None)
+        self.tp_group_words = head_args.group_words(tp, tp_group is None)  # how errors name the group
         self.tp_rank = rank
         self.tp_size = tp
         self.block_v = block_v
@@ -409,7 +334,7 @@ class ShardedFlashLMHead(nn.Module):
             temperature, seed, offset = rp["temperature"], rp["seed"], rp["offset"]
             top_k, top_p, min_p = rp["top_k"], rp["top_p"], rp["min_p"]
             token_bitmask, logit_bias, penalties = rows.flatten_processors(lead, token_bitmask, logit_bias, penalties)
-            hidden, w, params, opts = self._prepare(hidden, temperature, seed, offset, return_logprobs, weight, path,
+            hidden, w, params, opts = head_args.prepare_call(self, hidden, temperature, seed, offset, return_logprobs, weight, path,
                                                     check, top_k, top_p, min_p, top_logprobs, logprobs_mode,
                                                     token_bitmask, logit_bias, penalties)
         except Exception:
@@ -421,7 +346,7 @@ class ShardedFlashLMHead(nn.Module):
         if B == 0:
             # Nothing to sample, but the step still happens on every rank (headers alone).
             self._reduction.skip_step(0, opts.flags(), 0, self._step)
-            out = _empty_output(self.device, opts)
+            out = head_args.empty_output(self.device, opts)
         else:
             # The exchange buffer's copy is chosen on the device (step_counter), not from self._step:
             # a host integer would be frozen into a captured CUDA graph. self._step feeds the test seam.
@@ -431,60 +356,10 @@ class ShardedFlashLMHead(nn.Module):
         monitor.raise_if_mismatched(monitor.poll())
         return rows.unflatten_output(out, lead)
 
-    def _prepare(self, hidden, temperature, seed, offset, return_logprobs, weight, path, check, top_k, top_p, min_p,
-                 top_logprobs, logprobs_mode, token_bitmask=None, logit_bias=None, penalties=None):
-        """Every local check of a forward call; raises on a bad argument."""
-        validation.check_hidden(hidden, hidden_size=self.hidden_size)
-        if hidden.device != self.device:
-            raise ValueError(f"hidden is on {hidden.device} but the head lives on {self.device}")
-        if weight is None:
-            w = self.weight
-        else:
-            if isinstance(weight, torch.Tensor) and tuple(weight.shape) != tuple(self.weight.shape):
-                raise ValueError(f"weight override must be this rank's shard of shape "
-                                 f"{tuple(self.weight.shape)} ([V_padded / tp, D], vocabulary ids "
-                                 f"[{self.vocab_start}, {self.vocab_end}) of rank {self.tp_rank}), got "
-                                 f"{tuple(weight.shape)}; {self._tp_words}")
-            w = weight
-        validation.check_weight(w, hidden, name="weight" if weight is None else "weight override")
-        B = hidden.shape[0]
-        if B > self.max_batch_size:
-            raise ValueError(f"batch {B} exceeds the head's max_batch_size {self.max_batch_size}: construct the "
-                             "head with a larger max_batch_size, or call head.reserve(batch) on every rank")
-        validation.check_logprobs_options(top_logprobs, logprobs_mode)
-        params = validation.row_params(temperature, seed, offset, B, hidden.device, top_k=top_k, top_p=top_p,
-                                       min_p=min_p)
-        processing = prepare_processing(token_bitmask, logit_bias, penalties, batch=B, vocab_size=self.vocab_size,
-                                        device=hidden.device)
-        if processing is not None and logprobs_mode == "raw" and (return_logprobs or top_logprobs):
-            raise ValueError("logprobs_mode='raw' cannot be combined with token_bitmask / logit_bias / penalties "
-                             "(raw logprobs need the unprocessed logits); use 'scaled' or 'processed'")
-        if check:
-            validation.check_row_values(params)
-            check_processing_values(processing)
-        if path is not None and path not in STAGE1_PATHS:
-            raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
-        opts = CallOptions(bool(return_logprobs), path, params.filtered(self.vocab_size), top_logprobs, logprobs_mode)
-        if opts.extended and self.reduction != "candidates":
-            raise ValueError(f"top_k / top_p / min_p, top_logprobs and logprobs_mode='raw' need "
-                             f"reduction='candidates' (this head uses {self.reduction!r}, which exchanges one "
-                             "sample per rank and cannot apply a filter across shards)")
-        if opts.extended:
-            params = dataclasses.replace(params, fingerprint=filter_fingerprint(params.top_k, params.top_p,
-                                                                                params.min_p))
-        if processing is not None:
-            # Poisoned rows get a NaN temperature; the processors' hash joins the row fingerprint
-            # so ranks given different bitmasks, biases or penalties are caught (step_check.py).
-            params = processing.apply_to(params)
-            params = dataclasses.replace(params, fingerprint=processing.row_fingerprint() ^ params.fingerprint)
-        if hidden.stride(1) != 1:
-            hidden = hidden.contiguous()
-        return hidden, w.detach(), params, opts
-
     def reserve(self, batch_size: int) -> None:
         """Grow the exchange buffers to hold ``batch_size`` rows. Collective: call on every rank
         with the same value, outside CUDA-graph capture and before capturing."""
-        _positive_int(batch_size, "batch_size")
+        head_args.positive_int(batch_size, "batch_size")
         self._reduction.reserve(batch_size)
 
     def check(self) -> None:
