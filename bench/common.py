@@ -48,6 +48,24 @@ SCHEMA = "fsdist-bench/1"
 _T0 = time.perf_counter()
 
 
+# --------------------------------------------------------------------------- profiler
+def per_kernel_us(prof, device, iters: int) -> Dict[str, float]:
+    """µs per call of each kernel or op of a torch.profiler run over ``iters`` calls: device time
+    on CUDA, CPU time otherwise."""
+    on_gpu = getattr(device, "type", None) == "cuda"
+    out: Dict[str, float] = {}
+    for ev in prof.key_averages():
+        if on_gpu:
+            us = getattr(ev, "self_device_time_total", None)
+            if us is None:
+                us = getattr(ev, "self_cuda_time_total", 0.0)
+        else:
+            us = getattr(ev, "self_cpu_time_total", 0.0)
+        if us and us > 0:
+            out[ev.key] = out.get(ev.key, 0.0) + us / iters
+    return out
+
+
 # --------------------------------------------------------------------------- logging
 def log(*parts, rank: Optional[int] = None):
     """Progress line with the seconds since start, flushed at once (the GPU tool keeps only the tail)."""

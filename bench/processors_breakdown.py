@@ -38,17 +38,7 @@ def kernel_times(fn, iters: int, device) -> Dict[str, float]:
         for _ in range(iters):
             fn()
         C.sync(device)
-    out: Dict[str, float] = {}
-    for ev in prof.key_averages():
-        if on_gpu:
-            us = getattr(ev, "self_device_time_total", None)
-            if us is None:
-                us = getattr(ev, "self_cuda_time_total", 0.0)
-        else:
-            us = getattr(ev, "self_cpu_time_total", 0.0)
-        if us and us > 0:
-            out[ev.key] = out.get(ev.key, 0.0) + us / iters
-    return out
+    return C.per_kernel_us(prof, device, iters)
 
 
 def main() -> int:

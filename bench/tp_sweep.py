@@ -223,16 +223,7 @@ def profile_breakdown(comm: Comm, call: Callable, hs, iters: int) -> Optional[Di
             C.sync(comm.device)
     except Exception as e:  # noqa: BLE001  (profiler unavailable)
         return {"error": f"{type(e).__name__}: {e}"}
-    per_kernel: Dict[str, float] = {}
-    for ev in prof.key_averages():
-        if comm.device.type == "cuda":
-            us = getattr(ev, "self_device_time_total", None)
-            if us is None:
-                us = getattr(ev, "self_cuda_time_total", 0.0)
-        else:
-            us = getattr(ev, "self_cpu_time_total", 0.0)
-        if us and us > 0:
-            per_kernel[ev.key] = per_kernel.get(ev.key, 0.0) + us / iters
+    per_kernel = C.per_kernel_us(prof, comm.device, iters)
     cats: Dict[str, float] = {}
     for name, us in per_kernel.items():
         cat = next((c for c, pat in KERNEL_CATEGORIES if re.search(pat, name, re.I)), "other")

@@ -32,6 +32,7 @@ from typing import Optional, Tuple
 import torch
 
 from .ops.prepare_processors import KIND_BIAS, KIND_OUTPUT, KIND_PROMPT, SENTINEL, launch_prepare, search_rounds
+from . import validation
 from .params import RowParams
 from .types import Penalties, SparseLogits
 
@@ -223,3 +224,21 @@ def check_values(processing: Optional[LogitProcessing]) -> None:
 
 __all__ = ["KIND_BIAS", "KIND_OUTPUT", "KIND_PROMPT", "LogitProcessing", "SENTINEL", "check_bitmask",
            "check_values", "prepare_processing"]
+
+
+def prepare_call_rows(temperature, seed, offset, batch: int, device, *, top_k, top_p, min_p, token_bitmask,
+                      logit_bias, penalties, vocab_size: int, wants_logprobs: bool, logprobs_mode: str,
+                      check: bool):
+    """(RowParams, LogitProcessing or None) of one call, with the checks ``fsdist.sample`` and the
+    tensor-parallel head both make: raw logprobs refuse the processors; ``check`` also validates
+    the values inside device tensors (synchronises)."""
+    params = validation.row_params(temperature, seed, offset, batch, device, top_k=top_k, top_p=top_p, min_p=min_p)
+    processing = prepare_processing(token_bitmask, logit_bias, penalties, batch=batch, vocab_size=vocab_size,
+                                    device=device)
+    if processing is not None and logprobs_mode == "raw" and wants_logprobs:
+        raise ValueError("logprobs_mode='raw' cannot be combined with token_bitmask / logit_bias / penalties "
+                         "(raw logprobs need the unprocessed logits); use 'scaled' or 'processed'")
+    if check:
+        validation.check_row_values(params)
+        check_values(processing)
+    return params, processing

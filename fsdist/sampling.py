@@ -99,16 +99,11 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
                                min_p=min_p)
     token_bitmask, logit_bias, penalties = rows.flatten_processors(lead, token_bitmask, logit_bias, penalties)
     B, D = hidden.shape
-    params = validation.row_params(rp["temperature"], rp["seed"], rp["offset"], B, hidden.device, top_k=rp["top_k"],
-                                   top_p=rp["top_p"], min_p=rp["min_p"])
-    processing = proc.prepare_processing(token_bitmask, logit_bias, penalties, batch=B, vocab_size=vocab_size,
-                                         device=hidden.device)
-    if processing is not None and logprobs_mode == "raw" and (return_logprobs or top_logprobs):
-        raise ValueError("logprobs_mode='raw' cannot be combined with token_bitmask / logit_bias / penalties "
-                         "(raw logprobs need the unprocessed logits); use 'scaled' or 'processed'")
-    if check:
-        validation.check_row_values(params)
-        proc.check_values(processing)
+    params, processing = proc.prepare_call_rows(
+        rp["temperature"], rp["seed"], rp["offset"], B, hidden.device, top_k=rp["top_k"], top_p=rp["top_p"],
+        min_p=rp["min_p"], token_bitmask=token_bitmask, logit_bias=logit_bias, penalties=penalties,
+        vocab_size=vocab_size, wants_logprobs=bool(return_logprobs or top_logprobs), logprobs_mode=logprobs_mode,
+        check=check)
     if processing is not None:
         params = processing.apply_to(params)
     if hidden.stride(1) != 1:

@@ -11,8 +11,7 @@ import torch
 from .. import validation
 from ..ops.configs import STAGE1_PATHS
 from ..ops.step_check import filter_fingerprint
-from ..processing import check_values as check_processing_values
-from ..processing import prepare_processing
+from ..processing import prepare_call_rows
 from ..runtime import default_device
 from ..types import SampleOutput
 from .reduction import CallOptions
@@ -109,16 +108,10 @@ def prepare_call(head, hidden, temperature, seed, offset, return_logprobs, weigh
         raise ValueError(f"batch {B} exceeds the head's max_batch_size {head.max_batch_size}: construct the "
                          "head with a larger max_batch_size, or call head.reserve(batch) on every rank")
     validation.check_logprobs_options(top_logprobs, logprobs_mode)
-    params = validation.row_params(temperature, seed, offset, B, hidden.device, top_k=top_k, top_p=top_p,
-                                   min_p=min_p)
-    processing = prepare_processing(token_bitmask, logit_bias, penalties, batch=B, vocab_size=head.vocab_size,
-                                    device=hidden.device)
-    if processing is not None and logprobs_mode == "raw" and (return_logprobs or top_logprobs):
-        raise ValueError("logprobs_mode='raw' cannot be combined with token_bitmask / logit_bias / penalties "
-                         "(raw logprobs need the unprocessed logits); use 'scaled' or 'processed'")
-    if check:
-        validation.check_row_values(params)
-        check_processing_values(processing)
+    params, processing = prepare_call_rows(
+        temperature, seed, offset, B, hidden.device, top_k=top_k, top_p=top_p, min_p=min_p,
+        token_bitmask=token_bitmask, logit_bias=logit_bias, penalties=penalties, vocab_size=head.vocab_size,
+        wants_logprobs=bool(return_logprobs or top_logprobs), logprobs_mode=logprobs_mode, check=check)
     if path is not None and path not in STAGE1_PATHS:
         raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
     opts = CallOptions(bool(return_logprobs), path, params.filtered(head.vocab_size), top_logprobs, logprobs_mode)

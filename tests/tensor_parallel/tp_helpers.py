@@ -45,6 +45,22 @@ def loaded_head(dist_ctx, W, transport="collective", **kw):
     return head
 
 
+def mismatch_outcomes(head, call, phrase="per-row parameters"):
+    """Run ``call`` (a forward of ``head`` that some rank made differently), then head.check()
+    (on a GPU the forward raises a call or two later); close the head. Every rank's outcome:
+    True if it raised TensorParallelMismatchError naming ``phrase``, else what happened."""
+    from fsdist.tensor_parallel import TensorParallelMismatchError
+
+    try:
+        call()
+        head.check()
+        outcome = "no error"
+    except TensorParallelMismatchError as e:
+        outcome = phrase in str(e)
+    head.close()
+    return gather_objects(outcome)
+
+
 def scaled_logits64(hidden, W, V, temperature, processors=None):
     """float64 logits / T (T = 1 for greedy rows), ids >= V at -inf; and the greedy mask.
     ``processors``: an optional dict of token_bitmask / logit_bias / penalties, applied to
