@@ -172,7 +172,8 @@ def run_divergence(ctx, transport, reduction, *, rank: str, change: Callable, bi
     after = head.call(h, **kw)
     closed = head.close()
     reuse = head.call(h, **kw)
-    everyone = gather_objects(dict(step=step, checked=checked, after=after, closed=closed, reuse=reuse))
+    everyone = gather_objects(dict(step=step, checked=checked, after=after, closed=closed, reuse=reuse,
+                                   rows=mine[0].shape[0]))
 
     for r, o in enumerate(everyone):
         step, where = o["step"], f"rank {r}: {o}"
@@ -181,8 +182,8 @@ def run_divergence(ctx, transport, reduction, *, rank: str, change: Callable, bi
             assert step["tokens"] is None, where
         elif step["error"] is None:
             # Allowed on a GPU only (the status word reaches the host a call or two later); its tokens
-            # are checked below, and head.check() must raise.
-            assert ON_GPU and step["tokens"] is not None, where
+            # are checked below (a rank that called with no rows has none), and head.check() must raise.
+            assert ON_GPU and (step["tokens"] is not None or o["rows"] == 0), where
         else:
             assert step["error"] == MISMATCH and diverged(bits) in step["message"], where
         if r != diverging:  # an agreeing rank merged the step: its tokens are what check_headers left
