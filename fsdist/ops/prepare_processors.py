@@ -12,14 +12,18 @@ finite penalties with repetition > 0) and flags the row bad, and writes the thre
 penalties as fp32 [3, B] (scalars broadcast). Everything is on the device: no host sync,
 and one launch instead of the ~80 small torch operations the same work takes in torch.
 
-Sorting: each entry is packed with its slot number into an int64 key (entry << 32 | slot)
-so one bitonic sort (``tl.sort``) orders entries and, for equal entries, keeps the slot
-order: repeated bias ids add up in the order given, on every path and rank alike.
+Sorting is stable (equal entries keep their slot order), so repeated bias ids add up in the
+order given, on every path and rank alike. Rows of up to ``sort_entries.RANK_SORT_MAX``
+entries are sorted by a second, many-program kernel that computes each entry's rank
+(``sort_entries.py``: a few µs where one program's bitonic sort took ~25 µs at B = 1); wider
+rows by one bitonic sort per row inside this kernel (``tl.sort`` of int64 keys
+``entry << 32 | slot``) on a GPU, by torch under the interpreter.
 """
 import torch
 import triton
 import triton.language as tl
 
+from .sort_entries import RANK_SORT_MAX, launch_sort_entries
 from .utils import load_row_param
 
 SENTINEL = 2**31 - 1  # an entry past every tile (kept equal to fsdist.processing.SENTINEL)
@@ -96,7 +100,7 @@ def prepare_processors_kernel(
         key = tl.sort((entry << 32) | slot[None, :].to(tl.int64), dim=1)
         sorted_entry = (key >> 32).to(tl.int32)
         src = (key & 0xFFFFFFFF).to(tl.int32)  # the slot each sorted entry came from
-    else:  # the host sorts (see launch_prepare)
+    else:  # sorted after this kernel (see launch_prepare)
         sorted_entry = entry.to(tl.int32)
         src = slot[None, :] + tl.zeros(in_b.shape, tl.int32)
     if HAS_BIAS:
@@ -129,8 +133,10 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     bias_ids / output_ids / prompt_ids: int64 [B, *] or None (shapes, dtypes and devices
     already checked by the caller); bias_values: floating [B, K]; repetition / frequency /
     presence: float or [B] floating tensors; penalties: whether a Penalties was given (else
-    all three are off). S = K + L + P must be > 0. sort: sort inside the kernel (default:
-    on a GPU) or with torch after it (default under the interpreter).
+    all three are off). S = K + L + P must be > 0. sort: "rank" (``sort_entries``, the
+    default for S <= RANK_SORT_MAX), "bitonic" (inside this kernel; the default above it
+    on a GPU) or "torch" (after it; the default above it under the interpreter). All three
+    give the same result.
     """
     tables = [t for t in (bias_ids, output_ids, prompt_ids) if t is not None]
     S = sum(t.shape[1] for t in tables)
@@ -153,20 +159,26 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
         repetition, frequency, presence = 1.0, 0.0, 0.0
     rep, freq, pres = (_param(x, values) for x in (repetition, frequency, presence))
     s_pow2 = max(16, triton.next_power_of_2(S))
-    # One row per program on a GPU (a bitonic sort of the row in registers). Under the
-    # interpreter a program's cost is mostly fixed, so many rows per program, and the sort is
-    # left to torch: the interpreter runs tl.sort's xor-reductions element by element
-    # (seconds per call). tests/ops/test_prepare_processors.py checks that both agree.
-    on_gpu = device.type == "cuda" if sort is None else sort
-    block_r = 1 if on_gpu else max(1, min(triton.next_power_of_2(batch), 8192 // s_pow2))
+    on_gpu = device.type == "cuda"
+    if sort is None:
+        sort = "rank" if S <= RANK_SORT_MAX else ("bitonic" if on_gpu else "torch")
+    if sort not in ("rank", "bitonic", "torch"):
+        raise ValueError(f"sort must be 'rank', 'bitonic' or 'torch', got {sort!r}")
+    # One row per program on a GPU. Under the interpreter a program's cost is mostly fixed,
+    # so many rows per program (and no bitonic sort by default: the interpreter runs tl.sort's
+    # xor-reductions element by element, seconds per call). tests/ops/test_prepare_processors.py
+    # checks that the three sorts agree.
+    block_r = 1 if on_gpu or sort == "bitonic" else max(1, min(triton.next_power_of_2(batch), 8192 // s_pow2))
     prepare_processors_kernel[(triton.cdiv(batch, block_r),)](
         bi, bi_s, bv, bv_s, K, oi, oi_s, L, pi, pi_s, P,
         rep[0], rep[1], freq[0], freq[1], pres[0], pres[1],
         entries, values, entries.stride(0), pen, pen.stride(0), bad, batch, vocab_size,
         HAS_BIAS=bias_ids is not None, HAS_OUT=output_ids is not None, HAS_PROMPT=prompt_ids is not None,
-        REP_PER_ROW=rep[2], FREQ_PER_ROW=freq[2], PRES_PER_ROW=pres[2], BLOCK_R=block_r, S_POW2=s_pow2, SORT=on_gpu,
-        num_warps=4 if s_pow2 <= 1024 else 8)
-    if not on_gpu:
+        REP_PER_ROW=rep[2], FREQ_PER_ROW=freq[2], PRES_PER_ROW=pres[2], BLOCK_R=block_r, S_POW2=s_pow2,
+        SORT=sort == "bitonic", num_warps=4 if s_pow2 <= 1024 else 8)
+    if sort == "rank":
+        entries, values = launch_sort_entries(entries, values)
+    elif sort == "torch":
         entries, order = torch.sort(entries, dim=1, stable=True)
         values = values.gather(1, order)
     return entries, values, pen, bad.bool()

@@ -100,17 +100,29 @@ def apply_processors(x, rows, mask_r, gid, ok, tile_lo,
         rep = tl.load(pen_ptr + rows, mask=mask_r, other=1.0)[:, None]
         freq = tl.load(pen_ptr + pen_stride + rows, mask=mask_r, other=0.0)[:, None]
         pres = tl.load(pen_ptr + 2 * pen_stride + rows, mask=mask_r, other=0.0)[:, None]
-        x = x + bias
-        x = tl.where(seen != 0, tl.where(x > 0, x / rep, x * rep), x)
-        x = x - freq * count.to(tl.float32) - pres * (count > 0).to(tl.float32)
+        x = processed_logit(x, bias, count, seen, rep, freq, pres)
     return x
 
 
-def processor_args(processing: Optional[LogitProcessing], dummy: torch.Tensor):
+@triton.jit
+def processed_logit(x, bias, count, seen, rep, freq, pres):
+    """Bias and penalties of one id, elementwise: x + bias, then the repetition penalty where
+    the id was seen (prompt or output), then frequency x count and presence. The one formula
+    every path uses (in-tile here, in place on a chunk in ``apply_entries``), so a processed
+    logit does not depend on where it was computed. An id without entries (bias 0, count 0,
+    not seen) keeps its value."""
+    x = x + bias
+    x = tl.where(seen != 0, tl.where(x > 0, x / rep, x * rep), x)
+    return x - freq * count.to(tl.float32) - pres * (count > 0).to(tl.float32)
+
+
+def processor_args(processing: Optional[LogitProcessing], dummy: torch.Tensor, sparse_in_tile: bool = True):
     """(runtime arguments, constexpr flags) of apply_processors; ((dummy, ...),
-    BITMASK=False, SPARSE=False) without processors. The same for every launch of a call."""
+    BITMASK=False, SPARSE=False) without processors. The same for every launch of a call.
+    sparse_in_tile=False: bias and penalties are already in the logits (``apply_entries``
+    ran on them), only the bitmask is left to the tiles."""
     bm = processing.bitmask if processing is not None else None
-    sparse = processing is not None and processing.entries is not None
+    sparse = processing is not None and processing.entries is not None and sparse_in_tile
     args = [bm if bm is not None else dummy, bm.stride(0) if bm is not None else 0]
     if sparse:
         ent = processing.entries
@@ -121,4 +133,4 @@ def processor_args(processing: Optional[LogitProcessing], dummy: torch.Tensor):
     return args, {"BITMASK": bm is not None, "SPARSE": sparse}
 
 
-__all__ = ["apply_processors", "lower_bounds", "processor_args"]
+__all__ = ["apply_processors", "lower_bounds", "processed_logit", "processor_args"]

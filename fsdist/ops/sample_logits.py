@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from ..params import RowParams
+from .apply_entries import launch_apply_entries
 from .configs import TileConfig, chunk_rows_for, chunk_workspace_bytes
 from .epilogue import raw_sum, row_temperature, tile_topk, write_candidates, write_kept
 from .layout import KEEP, BufferPair, CandidateLayout
@@ -194,9 +195,12 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
                          block_v: int, tiles: Tuple[int, int], V_rows: int, vocab_size: int, vocab_start: int = 0,
                          shard: int = 0, logprobs: bool = False, block_b: Optional[int] = None,
                          tiles_per_program: int = 2, num_warps: Optional[int] = None,
-                         extended: Optional[bool] = None, flags: Optional[int] = None) -> None:
+                         extended: Optional[bool] = None, flags: Optional[int] = None,
+                         sparse_in_tile: bool = True) -> None:
     """The sampling pass over fp32 ``logits`` [B, n] (column 0 = weight row tiles[0] * block_v):
-    candidates of vocabulary tiles [tiles[0], tiles[1]) into block ``shard`` of ``dest``."""
+    candidates of vocabulary tiles [tiles[0], tiles[1]) into block ``shard`` of ``dest``.
+    sparse_in_tile=False: the logits already hold the call's bias and penalties
+    (``apply_entries``); the tiles apply only its bitmask."""
     B = logits.shape[0]
     if B == 0 or tiles[1] <= tiles[0]:
         return
@@ -219,7 +223,7 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
     if num_warps is None:
         num_warps = 8 if block_b >= 32 and on_gpu else 4
     grid = (triton.cdiv(B, block_b), triton.cdiv(tiles[1] - tiles[0], tiles_per_program))
-    proc_args, proc_flags = processor_args(params.processing, dummy)
+    proc_args, proc_flags = processor_args(params.processing, dummy, sparse_in_tile)
     sample_logits_kernel[grid](
         logits, logits.stride(0), tiles[0], tiles[1],
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
@@ -260,7 +264,9 @@ def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams
     Writes the candidates launch_fused would (same noise, same tiles, same layout); the
     logits differ only by fp32 accumulation order, so tokens agree except on near-exact
     ties. Extra memory is one fp32 chunk of at most configs.chunk_workspace_bytes (the
-    L2 size by default) or of chunk_rows rows: O(L2), never O(B x V).
+    L2 size by default) or of chunk_rows rows: O(L2), never O(B x V). Bias and penalties
+    are applied to each chunk in place by one small per-entry kernel (``apply_entries``)
+    before the sampling pass; the bitmask inside it.
     """
     layout.check_fit(hidden.shape[0], weight.shape[0], cfg.block_v, shard, vocab_start)
     B, V_rows = hidden.shape[0], weight.shape[0]
@@ -271,7 +277,8 @@ def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams
     for r0 in range(0, V_rows, rows):
         r1 = min(r0 + rows, V_rows)
         logits = chunk_logits(hidden, weight[r0:r1], buf[: B * (r1 - r0)].view(B, r1 - r0))
+        launch_apply_entries(logits, params.processing, vocab_start + r0)
         launch_sample_logits(logits, params, layout, dest, block_v=cfg.block_v,
                              tiles=(r0 // cfg.block_v, triton.cdiv(r1, cfg.block_v)), V_rows=V_rows,
                              vocab_size=vocab_size, vocab_start=vocab_start, shard=shard, logprobs=logprobs,
-                             extended=extended, flags=flags)
+                             extended=extended, flags=flags, sparse_in_tile=False)

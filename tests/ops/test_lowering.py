@@ -140,6 +140,16 @@ CASES = {
                    pen_stride="i32", bad_ptr="*i8", B="i32", vocab_size="i32"),
         constexprs=dict(HAS_BIAS=True, HAS_OUT=True, HAS_PROMPT=True, REP_PER_ROW=True, FREQ_PER_ROW=True,
                         PRES_PER_ROW=False, BLOCK_R=1, S_POW2=2048, SORT=True), num_warps=8),
+    "apply_entries": dict(
+        module="fsdist.ops.apply_entries", kernel="apply_entries_kernel",
+        types=dict(logits_ptr="*fp32", stride_l="i32", id_lo="i32", n_cols="i32", ent_ptr="*i32", val_ptr="*fp32",
+                   ent_stride="i32", S="i32", pen_ptr="*fp32", pen_stride="i32"),
+        constexprs=dict(BLOCK_S=256)),
+    "sort_entries": dict(
+        module="fsdist.ops.sort_entries", kernel="sort_entries_kernel",
+        types=dict(ent_in="*i32", val_in="*fp32", ent_out="*i32", val_out="*fp32", stride_in="i32",
+                   stride_out="i32", S="i32"),
+        constexprs=dict(BLOCK_I=64, BLOCK_J=128)),
     "verify_step": dict(
         module="fsdist.ops.step_check", kernel="verify_step_kernel",
         types=dict(src_i="*i32", base_i="i32", me="i32", n_writers="i32", stride_writer_i="i32", rec_slot="i32",

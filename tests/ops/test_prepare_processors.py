@@ -4,13 +4,16 @@ Against a plain-Python statement of what it must produce: per row, the bias, out
 prompt ids as ``id * 4 + kind`` entries (dropped slots: -1 ids, output ids when every
 penalty is off, prompt ids when the repetition penalty is off), sorted with ties in slot
 order, each bias value beside its entry; the penalties as fp32 [3, B]; the bad-row flags.
-Both ways of sorting run: inside the kernel (tl.sort, what a GPU does; slow under the
-interpreter, so a small batch) and with torch after it (the interpreter's default).
+All three ways of sorting run: by rank in a second kernel (sort_entries.py, the default for
+rows of up to RANK_SORT_MAX entries), inside the kernel (tl.sort, a GPU's default for wider
+rows; slow under the interpreter, so a small batch) and with torch after it; the rank sort
+also alone, against torch's stable sort on rows full of equal entries.
 """
 import pytest
 import torch
 
 from fsdist.ops.prepare_processors import SENTINEL, launch_prepare
+from fsdist.ops.sort_entries import RANK_SORT_MAX, launch_sort_entries
 
 
 def expected(ids, vals, out, prompt, rep, freq, pres, vocab_size):
@@ -51,9 +54,9 @@ def inputs(B, V, seed):
     return ids, vals, out, prompt, rep, freq, pres
 
 
-@pytest.mark.parametrize("sort", [False, True], ids=["torch-sort", "kernel-sort"])
+@pytest.mark.parametrize("sort", ["torch", "bitonic", "rank"])
 def test_entries_values_penalties_and_bad_rows(sort):
-    B, V = (6 if sort else 40), 500
+    B, V = (6 if sort == "bitonic" else 40), 500
     ids, vals, out, prompt, rep, freq, pres = inputs(B, V, seed=B)
     entries, values, pen, bad = launch_prepare(B, V, torch.device("cpu"), bias_ids=ids, bias_values=vals,
                                                output_ids=out, prompt_ids=prompt, repetition=rep, frequency=freq,
@@ -73,3 +76,34 @@ def test_bias_alone_turns_the_penalties_off():
     assert entries.tolist() == [[12, 12, SENTINEL], [0, 4, 8]]
     assert values.tolist() == [[1.0, 2.0, 0.0], [0.5, 0.25, 0.125]]
     assert pen.tolist() == [[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]] and not bool(bad.any())
+
+
+@pytest.mark.parametrize("S", [1, 5, 64, 130, 1000])
+def test_rank_sort_is_torchs_stable_sort(device, S):
+    """Few distinct entries (many ties), each slot's value distinct: the values show that equal
+    entries kept their slot order. Rows of different content, a SENTINEL tail."""
+    g = torch.Generator().manual_seed(S)
+    B = 5
+    entries = torch.randint(0, max(2, S // 8), (B, S), generator=g, dtype=torch.int32)
+    entries[1, S // 2:] = SENTINEL
+    entries[2] = 7  # one value throughout: only slot order decides
+    values = torch.arange(B * S, dtype=torch.float32).view(B, S)
+    got_e, got_v = launch_sort_entries(entries.to(device), values.to(device))
+    want_e, order = torch.sort(entries, dim=1, stable=True)
+    assert torch.equal(got_e.cpu(), want_e)
+    assert torch.equal(got_v.cpu(), values.gather(1, order))
+    # Power: an unstable order of the same entries (reversed ties) differs from the result.
+    rev_e, rev_order = torch.sort(entries.flip(1), dim=1, stable=True)
+    assert torch.equal(rev_e, want_e)
+    if S > 1:
+        assert not torch.equal(values.flip(1).gather(1, rev_order), got_v.cpu())
+
+
+def test_rank_sort_refuses_rows_it_is_not_for():
+    with pytest.raises(ValueError, match="at most"):
+        launch_sort_entries(torch.zeros(1, RANK_SORT_MAX + 1, dtype=torch.int32), torch.zeros(1, RANK_SORT_MAX + 1))
+    with pytest.raises(ValueError, match="int32"):
+        launch_sort_entries(torch.zeros(1, 4, dtype=torch.int64), torch.zeros(1, 4))
+    with pytest.raises(ValueError, match="sort must be"):
+        launch_prepare(1, 10, torch.device("cpu"), bias_ids=torch.zeros(1, 2, dtype=torch.int64),
+                       bias_values=torch.zeros(1, 2), sort="quick")

@@ -1,0 +1,77 @@
+"""Bias and penalties applied in place to a materialized fp32 logits chunk (the chunked path).
+
+The chunked path (``sample_logits.py``) has its logits in memory anyway: cuBLAS writes one
+vocabulary chunk, the sampling pass reads it. There, visiting a row's sorted entries
+(``prepare_processors``) from every [rows, BLOCK_V] tile costs a compare per element and
+entry: at B = 256 with ~1,000 entries per row that made the sampling pass 6.5x slower on
+an H200 (bench/processors_breakdown.py, 2026-11-23). This kernel instead works per
+*entry*: the first entry of each run of equal ids (the list is sorted, so an id's entries
+sit together, bias values in the order given) sums its run and rewrites that one logit
+with ``processors.processed_logit``, the formula the tiles use; every other id keeps its
+value, exactly as in a tile. Work is O(B x S), not O(B x V x entries per tile). The
+bitmask stays in the tiles (it is dense: one word per 32 ids).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..processing import SENTINEL, LogitProcessing
+from .processors import processed_logit
+
+_SENTINEL = tl.constexpr(SENTINEL)
+
+
+@triton.jit
+def apply_entries_kernel(logits_ptr, stride_l, id_lo, n_cols, ent_ptr, val_ptr, ent_stride, S,
+                         pen_ptr, pen_stride, BLOCK_S: tl.constexpr):
+    """Row program_id(0), entry slots [program_id(1) * BLOCK_S, + BLOCK_S): each run head
+    whose id lies in [id_lo, id_lo + n_cols) rewrites logits[row, id - id_lo]."""
+    row = tl.program_id(0)
+    slot = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
+    base = ent_ptr + row.to(tl.int64) * ent_stride
+    vbase = val_ptr + row.to(tl.int64) * ent_stride
+    e = tl.load(base + slot, mask=slot < S, other=_SENTINEL)
+    prev = tl.load(base + slot - 1, mask=(slot > 0) & (slot < S), other=-1)
+    ident = e >> 2
+    head = (e != _SENTINEL) & ((prev >> 2) != ident) & (ident >= id_lo) & (ident < id_lo + n_cols)
+    # Sum each head's run in list order: bias values as the tiles add them (starting at 0.0),
+    # occurrences in the output counted, any prompt/output occurrence marks the id seen.
+    bias = tl.zeros([BLOCK_S], tl.float32)
+    count = tl.zeros([BLOCK_S], tl.int32)
+    seen = tl.zeros([BLOCK_S], tl.int32)
+    j = 0
+    going = head
+    while tl.max(going.to(tl.int32), axis=0) > 0:
+        at = slot + j
+        ej = tl.load(base + at, mask=going & (at < S), other=_SENTINEL)
+        going = going & (at < S) & ((ej >> 2) == ident) & (ej != _SENTINEL)
+        kind = ej & 3
+        bias += tl.where(going & (kind == 0), tl.load(vbase + at, mask=going, other=0.0), 0.0)
+        count += (going & (kind == 1)).to(tl.int32)
+        seen = seen | (going & (kind != 0)).to(tl.int32)
+        j += 1
+    rep = tl.load(pen_ptr + row)
+    freq = tl.load(pen_ptr + pen_stride + row)
+    pres = tl.load(pen_ptr + 2 * pen_stride + row)
+    dst = logits_ptr + row.to(tl.int64) * stride_l + (ident - id_lo)
+    x = tl.load(dst, mask=head, other=0.0)
+    tl.store(dst, processed_logit(x, bias, count, seen, rep, freq, pres), mask=head)
+
+
+def launch_apply_entries(logits: torch.Tensor, processing: LogitProcessing, id_lo: int) -> None:
+    """Bias and penalties of ``processing`` into fp32 ``logits`` [B, n] in place, whose column c
+    holds global id id_lo + c. No-op without entries."""
+    if processing is None or processing.entries is None or logits.shape[0] == 0 or logits.shape[1] == 0:
+        return
+    ent = processing.entries
+    B, S = ent.shape
+    if logits.shape[0] != B or logits.dtype != torch.float32 or logits.stride(1) != 1:
+        raise ValueError(f"logits must be fp32 [{B}, n] with unit column stride, got {tuple(logits.shape)} "
+                         f"{logits.dtype} strides {logits.stride()}")
+    block_s = min(256, max(16, triton.next_power_of_2(S)))
+    apply_entries_kernel[(B, triton.cdiv(S, block_s))](
+        logits, logits.stride(0), int(id_lo), logits.shape[1], ent, processing.values, ent.stride(0), S,
+        processing.penalties, processing.penalties.stride(0), BLOCK_S=block_s, num_warps=4 if block_s >= 128 else 1)
+
+
+__all__ = ["apply_entries_kernel", "launch_apply_entries"]

@@ -1,0 +1,71 @@
+"""A stable sort of each row's processor entries, by rank, spread over many programs.
+
+``prepare_processors`` builds each row's entries (``id * 4 + kind``) in slot order; the
+tiles need them sorted. Sorting a row of ~1,000 entries with a bitonic network inside one
+program (``tl.sort``) is ~55 dependent compare-exchange stages through shared memory: on an
+H200 it made the preparation a 25 µs single-program kernel at B = 1
+(bench/processors_breakdown.py, 2026-11-23), 8% of the whole sampling call. Here each
+entry's final position is computed directly, as its rank:
+
+    rank(i) = #{j : e_j < e_i} + #{j < i : e_j == e_i}
+
+(the second term keeps equal entries in slot order: a stable sort, so repeated bias ids still
+add up in the order given). A program takes BLOCK_I entries of one row and compares them with
+the whole row, BLOCK_J at a time, then scatters each entry and its value to its rank. The
+work is O(S^2) per row but fully parallel over (row, block) programs with no dependent
+stages, so for the row widths it is used for (S <= ``RANK_SORT_MAX``) it finishes in a few
+µs; wider rows keep the bitonic sort.
+"""
+import torch
+import triton
+import triton.language as tl
+
+# Widest row (entries) sorted by rank: above it, O(S^2) comparisons cost more than the bitonic sort.
+RANK_SORT_MAX = 4096
+
+
+@triton.jit
+def sort_entries_kernel(ent_in, val_in, ent_out, val_out, stride_in, stride_out, S,
+                        BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
+    row = tl.program_id(0)
+    i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    live = i < S
+    src = ent_in + row.to(tl.int64) * stride_in
+    e_i = tl.load(src + i, mask=live, other=0)
+    rank = tl.zeros([BLOCK_I], tl.int32)
+    for j0 in range(0, S, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        e_j = tl.load(src + j, mask=j < S, other=0)
+        before = (e_j[None, :] < e_i[:, None]) | ((e_j[None, :] == e_i[:, None]) & (j[None, :] < i[:, None]))
+        rank += tl.sum((before & (j < S)[None, :]).to(tl.int32), axis=1)
+    v_i = tl.load(val_in + row.to(tl.int64) * stride_in + i, mask=live, other=0.0)
+    dst = row.to(tl.int64) * stride_out + rank
+    tl.store(ent_out + dst, e_i, mask=live)
+    tl.store(val_out + dst, v_i, mask=live)
+
+
+def launch_sort_entries(entries: torch.Tensor, values: torch.Tensor):
+    """(entries, values) with each row stably sorted by entry: int32 [B, S] and fp32 [B, S]
+    (new tensors; the inputs are left as they were). S must be <= RANK_SORT_MAX."""
+    B, S = entries.shape
+    if S > RANK_SORT_MAX:
+        raise ValueError(f"rank sort is for rows of at most {RANK_SORT_MAX} entries, got {S}")
+    if entries.dtype != torch.int32 or values.shape != entries.shape:
+        raise ValueError(f"entries must be int32 [B, S] with values of the same shape, got {entries.dtype} "
+                         f"{tuple(entries.shape)} and {tuple(values.shape)}")
+    out_e, out_v = torch.empty_like(entries), torch.empty_like(values)
+    if B == 0 or S == 0:
+        return out_e, out_v
+    entries, values = entries.contiguous(), values.contiguous()
+    on_gpu = entries.device.type == "cuda"
+    # GPU: 64 entries a program (B = 1, S = 1,000: 16 programs, each ~64k comparisons).
+    # Interpreter: a program's cost is mostly fixed, so whole rows.
+    block_i = 64 if on_gpu else min(1024, triton.next_power_of_2(S))
+    block_j = 128 if on_gpu else min(1024, triton.next_power_of_2(S))
+    sort_entries_kernel[(B, triton.cdiv(S, block_i))](
+        entries, values, out_e, out_v, entries.stride(0), out_e.stride(0), S,
+        BLOCK_I=block_i, BLOCK_J=block_j, num_warps=4)
+    return out_e, out_v
+
+
+__all__ = ["RANK_SORT_MAX", "launch_sort_entries", "sort_entries_kernel"]
