@@ -3,7 +3,7 @@
 # processors and of the serving case, then the processors kernel benchmark on both shapes
 # (D=4096 V=151936 and D=8192 V=128256, B = 1, 4, 16, 64, 256), each bounded so that the whole
 # call ends within the device tool's 600 s. Logs and JSONs go to $OUT:
-#   gpu_tests.log           pytest -rfE --durations: tests/test_processors_gpu.py,
+#   gpu_tests.log           pytest -rfE --durations: tests/test_processors_gpu.py, the processors ops tests,
 #                           tests/test_gpu_serving.py, tests/test_processors.py (on CUDA)
 #   kernel_bench_console.log, kernel_bench.log, kernel_bench_<gpu>_<date>.json
 # Usage: bash scripts/gpu_session.sh [seconds for the whole call, 560] [of which for the tests, 220]
@@ -21,7 +21,8 @@ start=$SECONDS
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 # SIGINT first: pytest stops and still prints its summary of what ran.
 timeout -s INT -k 20 "$t_tests" python3 -m pytest -q -p no:warnings -p no:cacheprovider -rfE --durations=25 \
-  tests/test_processors_gpu.py tests/test_gpu_serving.py tests/test_processors.py > "$OUT/gpu_tests.log" 2>&1
+  tests/test_processors_gpu.py tests/test_gpu_serving.py tests/test_processors.py tests/ops/test_apply_entries.py \
+  tests/ops/test_prepare_processors.py > "$OUT/gpu_tests.log" 2>&1
 echo "tests rc=$? after $((SECONDS - start))s"
 grep -E " passed| failed| error|^FAILED|^ERROR" "$OUT/gpu_tests.log" | tail -15
 left=$((t_total - (SECONDS - start)))
