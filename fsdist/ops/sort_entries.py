@@ -13,15 +13,24 @@ entry's final position is computed directly, as its rank:
 add up in the order given). A program takes BLOCK_I entries of one row and compares them with
 the whole row, BLOCK_J at a time, then scatters each entry and its value to its rank. The
 work is O(S^2) per row but fully parallel over (row, block) programs with no dependent
-stages, so for the row widths it is used for (S <= ``RANK_SORT_MAX``) it finishes in a few
-µs; wider rows keep the bitonic sort.
+stages: where a call has little of it (``rank_sort_pays``: small batches of rows of up to
+RANK_SORT_MAX entries) it beats the bitonic sort's latency; elsewhere the bitonic sort stays.
 """
 import torch
 import triton
 import triton.language as tl
 
-# Widest row (entries) sorted by rank: above it, O(S^2) comparisons cost more than the bitonic sort.
+# Widest row (entries) sorted by rank, and the most comparisons per call (B x S^2) for which the
+# rank sort is chosen over one bitonic sort per row: the bitonic sort's cost is ~25 µs of
+# latency whatever B (rows sort in parallel), the rank sort's grows with B x S^2 (H200,
+# 2026-11-23: 10 µs at B = 1 and 156 µs at B = 256 for S = 1,000 with a first, slower version).
 RANK_SORT_MAX = 4096
+RANK_SORT_MAX_WORK = 1 << 26  # S = 1,000: B <= 67
+
+
+def rank_sort_pays(batch: int, width: int) -> bool:
+    """Whether rows of ``width`` entries in a batch of ``batch`` are sorted by rank (see above)."""
+    return width <= RANK_SORT_MAX and batch * width * width <= RANK_SORT_MAX_WORK
 
 
 @triton.jit
@@ -31,13 +40,18 @@ def sort_entries_kernel(ent_in, val_in, ent_out, val_out, stride_in, stride_out,
     i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     live = i < S
     src = ent_in + row.to(tl.int64) * stride_in
-    e_i = tl.load(src + i, mask=live, other=0)
-    rank = tl.zeros([BLOCK_I], tl.int32)
+    # Unique keys (entry, slot) in one int64, so a rank is one comparison per pair; slots past
+    # the row load as the largest key and never count. The comparisons add up elementwise and
+    # are reduced once at the end (a reduction per block of j would cost more than the compares).
+    k_i = (tl.load(src + i, mask=live, other=0).to(tl.int64) << 32) | i.to(tl.int64)
+    below = tl.zeros([BLOCK_I, BLOCK_J], tl.int32)
     for j0 in range(0, S, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
-        e_j = tl.load(src + j, mask=j < S, other=0)
-        before = (e_j[None, :] < e_i[:, None]) | ((e_j[None, :] == e_i[:, None]) & (j[None, :] < i[:, None]))
-        rank += tl.sum((before & (j < S)[None, :]).to(tl.int32), axis=1)
+        k_j = (tl.load(src + j, mask=j < S, other=0).to(tl.int64) << 32) | j.to(tl.int64)
+        k_j = tl.where(j < S, k_j, 0x7FFFFFFFFFFFFFFF)
+        below += (k_j[None, :] < k_i[:, None]).to(tl.int32)
+    rank = tl.sum(below, axis=1)
+    e_i = (k_i >> 32).to(tl.int32)
     v_i = tl.load(val_in + row.to(tl.int64) * stride_in + i, mask=live, other=0.0)
     dst = row.to(tl.int64) * stride_out + rank
     tl.store(ent_out + dst, e_i, mask=live)
@@ -68,4 +82,4 @@ def launch_sort_entries(entries: torch.Tensor, values: torch.Tensor):
     return out_e, out_v
 
 
-__all__ = ["RANK_SORT_MAX", "launch_sort_entries", "sort_entries_kernel"]
+__all__ = ["RANK_SORT_MAX", "RANK_SORT_MAX_WORK", "launch_sort_entries", "rank_sort_pays", "sort_entries_kernel"]
