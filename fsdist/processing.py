@@ -145,6 +145,8 @@ def prepare_processing(token_bitmask=None, logit_bias=None, penalties=None, *, b
     if token_bitmask is None and logit_bias is None and penalties is None:
         return None
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # "cuda" means the current device (tensors say cuda:N)
+        device = torch.device("cuda", torch.cuda.current_device())
     if vocab_size >= MAX_IDS:
         raise ValueError(f"logit processors support vocabularies below {MAX_IDS} ids, got {vocab_size}")
     bitmask = None if token_bitmask is None else check_bitmask(token_bitmask, batch, vocab_size, device)

@@ -55,12 +55,13 @@ def inputs(B, V, seed):
 
 
 @pytest.mark.parametrize("sort", ["torch", "bitonic", "rank"])
-def test_entries_values_penalties_and_bad_rows(sort):
-    B, V = (6 if sort == "bitonic" else 40), 500
+def test_entries_values_penalties_and_bad_rows(device, sort):
+    B, V = (6 if sort == "bitonic" and device.type == "cpu" else 40), 500
     ids, vals, out, prompt, rep, freq, pres = inputs(B, V, seed=B)
-    entries, values, pen, bad = launch_prepare(B, V, torch.device("cpu"), bias_ids=ids, bias_values=vals,
-                                               output_ids=out, prompt_ids=prompt, repetition=rep, frequency=freq,
-                                               presence=pres, penalties=True, sort=sort)
+    d = lambda t: t.to(device)  # noqa: E731
+    got = launch_prepare(B, V, device, bias_ids=d(ids), bias_values=d(vals), output_ids=d(out), prompt_ids=d(prompt),
+                         repetition=d(rep), frequency=d(freq), presence=d(pres), penalties=True, sort=sort)
+    entries, values, pen, bad = (t.cpu() for t in got)
     want_e, want_v, want_bad = expected(ids, vals, out, prompt, rep, freq, pres, V)
     assert torch.equal(bad, want_bad)
     good = ~want_bad
@@ -69,10 +70,10 @@ def test_entries_values_penalties_and_bad_rows(sort):
     assert torch.equal(pen[0], rep) and torch.equal(pen[1], freq) and torch.equal(pen[2], pres)
 
 
-def test_bias_alone_turns_the_penalties_off():
-    ids = torch.tensor([[3, -1, 3], [0, 1, 2]])
-    vals = torch.tensor([[1.0, 9.0, 2.0], [0.5, 0.25, 0.125]])
-    entries, values, pen, bad = launch_prepare(2, 10, torch.device("cpu"), bias_ids=ids, bias_values=vals)
+def test_bias_alone_turns_the_penalties_off(device):
+    ids = torch.tensor([[3, -1, 3], [0, 1, 2]], device=device)
+    vals = torch.tensor([[1.0, 9.0, 2.0], [0.5, 0.25, 0.125]], device=device)
+    entries, values, pen, bad = (t.cpu() for t in launch_prepare(2, 10, device, bias_ids=ids, bias_values=vals))
     assert entries.tolist() == [[12, 12, SENTINEL], [0, 4, 8]]
     assert values.tolist() == [[1.0, 2.0, 0.0], [0.5, 0.25, 0.125]]
     assert pen.tolist() == [[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]] and not bool(bad.any())
