@@ -21,11 +21,12 @@ import triton
 import triton.language as tl
 
 # Widest row (entries) sorted by rank, and the most comparisons per call (B x S^2) for which the
-# rank sort is chosen over one bitonic sort per row: the bitonic sort's cost is ~25 µs of
-# latency whatever B (rows sort in parallel), the rank sort's grows with B x S^2 (H200,
-# 2026-11-23: 10 µs at B = 1 and 156 µs at B = 256 for S = 1,000 with a first, slower version).
+# rank sort is chosen over one bitonic sort per row. The bitonic sort costs ~25 µs of latency
+# whatever B (rows sort in parallel, one program each); the rank sort grows with B x S^2: on an
+# H200 (2026-11-23, S = 1,000, bench/processors_breakdown.py) 5.3 / 6.8 / 23 µs at B = 1 / 16 /
+# 64 plus ~6-7 µs for the then unsorting preparation, so it pays up to B of ~40 at S = 1,000.
 RANK_SORT_MAX = 4096
-RANK_SORT_MAX_WORK = 1 << 26  # S = 1,000: B <= 67
+RANK_SORT_MAX_WORK = 40 << 20  # S = 1,000: B <= 41
 
 
 def rank_sort_pays(batch: int, width: int) -> bool:

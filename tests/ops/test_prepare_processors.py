@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fsdist.ops.prepare_processors import SENTINEL, launch_prepare
-from fsdist.ops.sort_entries import RANK_SORT_MAX, launch_sort_entries
+from fsdist.ops.sort_entries import RANK_SORT_MAX, launch_sort_entries, rank_sort_pays
 
 
 def expected(ids, vals, out, prompt, rep, freq, pres, vocab_size):
@@ -101,6 +101,9 @@ def test_rank_sort_is_torchs_stable_sort(device, S):
 
 
 def test_rank_sort_refuses_rows_it_is_not_for():
+    # chosen for small batches of rows of up to RANK_SORT_MAX entries only (measured crossover)
+    assert rank_sort_pays(1, 1000) and rank_sort_pays(32, 1000) and rank_sort_pays(1, RANK_SORT_MAX)
+    assert not rank_sort_pays(64, 1000) and not rank_sort_pays(1, RANK_SORT_MAX + 1)
     with pytest.raises(ValueError, match="at most"):
         launch_sort_entries(torch.zeros(1, RANK_SORT_MAX + 1, dtype=torch.int32), torch.zeros(1, RANK_SORT_MAX + 1))
     with pytest.raises(ValueError, match="int32"):
