@@ -147,6 +147,26 @@ def parse_shapes(text: str) -> List[tuple]:
     return shapes
 
 
+def add_problem_options(parser) -> None:
+    """--shape, --batches, --iters and --out of the one-shape breakdown scripts (host_overhead.py,
+    processors_breakdown.py); read them back with problem_from_args."""
+    parser.add_argument("--shape", default=None, help="DxV (GPU default 4096x151936, CPU 64x2048)")
+    parser.add_argument("--batches", default=None, help="GPU default 1,16,64,256; CPU 1,4")
+    parser.add_argument("--iters", type=int, default=None)
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS_DIR))
+
+
+def problem_from_args(args, gpu_iters: int, cpu_iters: int):
+    """(device, D, V, batches, iters, dtype) from add_problem_options' arguments: the GPU
+    defaults on a GPU (bf16), a small fp32 problem on CPU."""
+    device = bench_device()
+    on_gpu = device.type == "cuda"
+    D, V = parse_shapes(args.shape or ("4096x151936" if on_gpu else "64x2048"))[0]
+    batches = parse_int_list(args.batches or ("1,16,64,256" if on_gpu else "1,4"))
+    iters = args.iters or (gpu_iters if on_gpu else cpu_iters)
+    return device, D, V, batches, iters, (torch.bfloat16 if on_gpu else torch.float32)
+
+
 # --------------------------------------------------------------------------- sampling parameters
 def row_temperatures(batch: int, center: float, spread: float = 0.25, greedy_rows: int = 0,
                      device: Optional[torch.device] = None) -> torch.Tensor:

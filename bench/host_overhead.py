@@ -55,20 +55,12 @@ def profile_top(fn, iters: int, n: int = 25) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", default=None, help="DxV (GPU default 4096x151936, CPU 64x2048)")
-    p.add_argument("--batches", default=None, help="GPU default 1,16,64,256; CPU 1,4")
+    C.add_problem_options(p)
     p.add_argument("--head", default="", help="comma list of transports for a ShardedFlashLMHead (needs a "
                    "torch.distributed launch, e.g. launch/torchrun.sh 1 ...)")
-    p.add_argument("--iters", type=int, default=None)
     p.add_argument("--profile", action="store_true")
-    p.add_argument("--out", default=os.environ.get("OUT") or str(C.RESULTS_DIR))
     args = p.parse_args()
-    device = C.bench_device()
-    on_gpu = device.type == "cuda"
-    D, V = C.parse_shapes(args.shape or ("4096x151936" if on_gpu else "64x2048"))[0]
-    batches = C.parse_int_list(args.batches or ("1,16,64,256" if on_gpu else "1,4"))
-    iters = args.iters or (50 if on_gpu else 3)
-    dtype = torch.bfloat16 if on_gpu else torch.float32
+    device, D, V, batches, iters, dtype = C.problem_from_args(args, gpu_iters=50, cpu_iters=3)
     g = torch.Generator(device="cpu").manual_seed(0)
     W = (torch.randn(V, D, generator=g) / D ** 0.5).to(device=device, dtype=dtype)
     rank, world = 0, 1

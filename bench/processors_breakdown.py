@@ -43,17 +43,10 @@ def kernel_times(fn, iters: int, device) -> Dict[str, float]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", default=None, help="DxV (GPU default 4096x151936, CPU 64x2048)")
-    p.add_argument("--batches", default=None, help="GPU default 1,16,64,256; CPU 1,4")
-    p.add_argument("--iters", type=int, default=None)
-    p.add_argument("--out", default=os.environ.get("OUT") or str(C.RESULTS_DIR))
+    C.add_problem_options(p)
     args = p.parse_args()
-    device = C.bench_device()
+    device, D, V, batches, iters, dtype = C.problem_from_args(args, gpu_iters=20, cpu_iters=1)
     on_gpu = device.type == "cuda"
-    D, V = C.parse_shapes(args.shape or ("4096x151936" if on_gpu else "64x2048"))[0]
-    batches = C.parse_int_list(args.batches or ("1,16,64,256" if on_gpu else "1,4"))
-    iters = args.iters or (20 if on_gpu else 1)
-    dtype = torch.bfloat16 if on_gpu else torch.float32
     gen = torch.Generator(device=device).manual_seed(0)
     W = (torch.randn(V, D, device=device, generator=gen) / D ** 0.5).to(dtype)
     rows = []
