@@ -13,11 +13,11 @@ penalties as fp32 [3, B] (scalars broadcast). Everything is on the device: no ho
 and one launch instead of the ~80 small torch operations the same work takes in torch.
 
 Sorting is stable (equal entries keep their slot order), so repeated bias ids add up in the
-order given, on every path and rank alike. Small batches of rows (``sort_entries.rank_sort_pays``)
-are sorted by a second, many-program kernel that computes each entry's rank
-(``sort_entries.py``: a few µs where one program's bitonic sort takes ~25 µs at B = 1); the
-rest by one bitonic sort per row inside this kernel (``tl.sort`` of int64 keys
-``entry << 32 | slot``) on a GPU, by torch under the interpreter.
+order given, on every path and rank alike. On a GPU, small batches of rows
+(``sort_entries.rank_sort_pays``) are sorted by a second, many-program kernel that computes
+each entry's rank (``sort_entries.py``: a few µs where one program's bitonic sort takes ~25 µs
+at B = 1), the rest by one bitonic sort per row inside this kernel (``tl.sort`` of int64 keys
+``entry << 32 | slot``). Under the interpreter torch sorts after the kernel.
 """
 import torch
 import triton
@@ -134,8 +134,8 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     already checked by the caller); bias_values: floating [B, K]; repetition / frequency /
     presence: float or [B] floating tensors; penalties: whether a Penalties was given (else
     all three are off). S = K + L + P must be > 0. sort: "rank" (``sort_entries``, the
-    default where ``rank_sort_pays``), "bitonic" (inside this kernel; the default otherwise
-    on a GPU) or "torch" (after it; the default otherwise under the interpreter). All three
+    default on a GPU where ``rank_sort_pays``), "bitonic" (inside this kernel; the default
+    otherwise on a GPU) or "torch" (after it; the default under the interpreter). All three
     give the same result.
     """
     tables = [t for t in (bias_ids, output_ids, prompt_ids) if t is not None]
@@ -161,7 +161,8 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     s_pow2 = max(16, triton.next_power_of_2(S))
     on_gpu = device.type == "cuda"
     if sort is None:
-        sort = "rank" if rank_sort_pays(batch, S) else ("bitonic" if on_gpu else "torch")
+        # (the rank sort is a GPU latency fix: under the interpreter torch sorts faster)
+        sort = ("rank" if rank_sort_pays(batch, S) else "bitonic") if on_gpu else "torch"
     if sort not in ("rank", "bitonic", "torch"):
         raise ValueError(f"sort must be 'rank', 'bitonic' or 'torch', got {sort!r}")
     # One row per program on a GPU. Under the interpreter a program's cost is mostly fixed,

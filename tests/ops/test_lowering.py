@@ -143,8 +143,8 @@ CASES = {
     "apply_entries": dict(
         module="fsdist.ops.apply_entries", kernel="apply_entries_kernel",
         types=dict(logits_ptr="*fp32", stride_l="i32", id_lo="i32", n_cols="i32", ent_ptr="*i32", val_ptr="*fp32",
-                   ent_stride="i32", S="i32", pen_ptr="*fp32", pen_stride="i32"),
-        constexprs=dict(BLOCK_S=256)),
+                   ent_stride="i32", S="i32", B="i32", pen_ptr="*fp32", pen_stride="i32"),
+        constexprs=dict(BLOCK_R=1, BLOCK_S=256)),
     "sort_entries": dict(
         module="fsdist.ops.sort_entries", kernel="sort_entries_kernel",
         types=dict(ent_in="*i32", val_in="*fp32", ent_out="*i32", val_out="*fp32", stride_in="i32",
