@@ -224,8 +224,6 @@ def check_values(processing: Optional[LogitProcessing]) -> None:
             raise ValueError(f"{name} must {rule} in every row (bad rows: {rows.nonzero().flatten().tolist()[:8]})")
 
 
-__all__ = ["KIND_BIAS", "KIND_OUTPUT", "KIND_PROMPT", "LogitProcessing", "SENTINEL", "check_bitmask",
-           "check_values", "prepare_processing"]
 
 
 def prepare_call_rows(temperature, seed, offset, batch: int, device, *, top_k, top_p, min_p, token_bitmask,
@@ -244,3 +242,7 @@ def prepare_call_rows(temperature, seed, offset, batch: int, device, *, top_k, t
         validation.check_row_values(params)
         check_values(processing)
     return params, processing
+
+
+__all__ = ["KIND_BIAS", "KIND_OUTPUT", "KIND_PROMPT", "LogitProcessing", "SENTINEL", "check_bitmask",
+           "check_values", "prepare_call_rows", "prepare_processing"]
