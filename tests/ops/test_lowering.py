@@ -101,10 +101,11 @@ CASES = {
                    stride_shard="i32", stride_shard_i="i32", stride_field="i32", stride_ifield="i32",
                    stride_slot="i32", topk_ptr="*i32", topk_val="i32", topp_ptr="*fp32", topp_val="fp32",
                    minp_ptr="*fp32", minp_val="fp32", vocab_size="i32", tokens_ptr="*i64", logprob_ptr="*fp32",
-                   top_ids_ptr="*i64", top_lp_ptr="*fp32", fallback_ptr="*i8", **ROW_PARAMS, **PARITY),
+                   top_ids_ptr="*i64", top_lp_ptr="*fp32", fallback_ptr="*i8", scratch_f="*fp32", scratch_i="*i32",
+                   **ROW_PARAMS, **PARITY),
         constexprs=dict(SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True, TOPK_PER_ROW=True,
                         TOPP_PER_ROW=True, MINP_PER_ROW=False, BLOCK_R=1, BLOCK_U=8192, KEEP=4, TOP_N=5,
-                        TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True), num_warps=16),
+                        TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True, CAP=256), num_warps=8),
     "fallback_compact": dict(
         module="fsdist.ops.fallback", kernel="compact_kernel",
         types=dict(flags_ptr="*i8", B="i32", count_ptr="*i32", rows_ptr="*i32"), constexprs=dict(BLOCK=1024)),
