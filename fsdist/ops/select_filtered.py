@@ -196,7 +196,7 @@ def select_filtered_kernel(
     TOPK_PER_ROW: tl.constexpr, TOPP_PER_ROW: tl.constexpr, MINP_PER_ROW: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_U: tl.constexpr, KEEP: tl.constexpr, TOP_N: tl.constexpr,
     TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr,
-    DEVICE_PARITY: tl.constexpr, CAP: tl.constexpr = 0,
+    DEVICE_PARITY: tl.constexpr, PACK: tl.constexpr = False, CAP: tl.constexpr = 1,
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rows < B
@@ -264,7 +264,7 @@ def select_filtered_kernel(
         above = (vals > float("-inf")) & (order_key(vals) > bkey[:, None]) & active[:, None]
         n_up = tl.sum(above.to(tl.int32), axis=1)
         small = False
-        if CAP > 0:
+        if PACK:
             small = tl.max(n_up, axis=0) <= CAP
         if small:
             pos = tl.cumsum(above.to(tl.int32), axis=1) - 1
@@ -335,7 +335,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         **flags,
         BLOCK_R=block_r, BLOCK_U=triton.next_power_of_2(layout.n_slots * KEEP), KEEP=KEEP, TOP_N=top_n,
         TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)), MODE=LOGPROBS_MODES.index(mode),
-        LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device), DEVICE_PARITY=par_on, CAP=cap,
+        LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device), DEVICE_PARITY=par_on, PACK=cap > 0, CAP=max(cap, 1),
         num_warps=num_warps or (8 if on_gpu else 4),
     )
     return fallback
