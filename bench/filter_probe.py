@@ -1,15 +1,17 @@
 """Filtered sampling, piece by piece: stage 1 with and without the kept logits (per tile
-config and top-k implementation), stage 2's threshold search (packed or full, per warp
-count), and whole calls as CUDA-graph replays, all in one run on the same inputs.
+config and top-k implementation), stage 2's threshold search, and whole calls as CUDA-graph
+replays, all in one run on the same inputs.
 
 What it answers (docs/performance.md, v13): how much of a filtered call's extra time is the
-extended stage-1 epilogue, how much the search, and which tile config suits the epilogue.
-Timings: CUDA events around each launch, L2 flushed before each, medians (fsdist.timing).
+extended stage-1 epilogue, how much stage 2's search, and which tile config suits the
+epilogue. Stage 1: CUDA events around each launch, L2 flushed before each, medians
+(fsdist.timing); small kernels: device time from torch.profiler; whole calls: CUDA graphs.
 
     python3 bench/filter_probe.py [--shape 4096x151936] [--batches 1,16,64] [--configs ...]
 
-``--variant old-topk`` (run by the parent in a subprocess) swaps in the previous top-k of
-the epilogue (two row reductions per kept logit) before anything compiles, for the A/B.
+``--variant packed-topk`` (run by the parent in a subprocess) swaps in a top-k that packs
+(order key, reversed column) into one int64 (one row reduction per kept logit instead of
+two) before anything compiles: the A/B of v13, kept for the record.
 On a machine without a GPU it runs one tiny shape under the interpreter (smoke test).
 """
 import argparse
@@ -35,20 +37,26 @@ from fsdist.timing import CapturedGraph, L2Flusher, median_us, time_calls, time_
 
 
 @triton.jit
-def _old_tile_topk(logit, cols, KEEP: tl.constexpr):
-    # The epilogue's top-k before v13: a max, then a min over the columns holding it, per kept value.
-    BIG: tl.constexpr = 1 << 30
+def _packed_tile_topk(logit, cols, KEEP: tl.constexpr):
+    # v13's candidate (measured no faster, not adopted): (order key, reversed column) in one
+    # int64, so one max per kept logit finds the value and its lowest column.
+    W: tl.constexpr = logit.shape[1]
+    b = (logit + 0.0).to(tl.int32, bitcast=True)
+    okey = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
+    rev = (W - 1) - cols.to(tl.int64)
+    packed = (okey.to(tl.int64) << 32) | rev[None, :]
     slot = tl.arange(0, KEEP)[None, :]
     vals = tl.full([logit.shape[0], KEEP], float("-inf"), tl.float32)
     idx = tl.zeros([logit.shape[0], KEEP], tl.int32)
-    x = logit
     for j in tl.static_range(KEEP):
-        m = tl.max(x, axis=1)
-        c = tl.min(tl.where(x == m[:, None], cols[None, :], BIG), axis=1)
-        vals = tl.where(slot == j, m[:, None], vals)
-        idx = tl.where(slot == j, c[:, None], idx)
-        x = tl.where(cols[None, :] == c[:, None], float("-inf"), x)
-    return vals, idx, tl.max(x, axis=1)
+        m = tl.max(packed, axis=1)
+        k = (m >> 32).to(tl.int32)
+        vals = tl.where(slot == j, tl.where(k >= 0, k, k ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)[:, None], vals)
+        col = (W - 1) - (m & 0xFFFFFFFF)
+        idx = tl.where(slot == j, col.to(tl.int32)[:, None], idx)
+        packed = tl.where(packed == m[:, None], -9223372036854775807 - 1, packed)
+    k = (tl.max(packed, axis=1) >> 32).to(tl.int32)
+    return vals, idx, tl.where(k >= 0, k, k ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
 
 
 def _inputs(D, V, B, device):
@@ -80,9 +88,23 @@ def stage1_times(D, V, B, configs, args, device):
     return out
 
 
+def _kernels_us(fn, iters, device):
+    """Device µs per call of each kernel fn launches (torch.profiler / CUPTI: no host time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    common.sync(device)
+    with profile(activities=[ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]) as prof:
+        for _ in range(iters):
+            fn()
+        common.sync(device)
+    return common.per_kernel_us(prof, device, iters)
+
+
 def select_times(D, V, B, args, device):
+    """select_filtered's device time (eager launches of a small kernel are host bound, so CUDA
+    events around them would time Python), twice, and whether the two runs agree."""
     w, h, rows, temp, filt = _inputs(D, V, B, device)
-    flush = L2Flusher(device)
     out = {}
     for name, kw in (("k50+p0.9", filt), ("min_p0.05", dict(min_p=torch.full((B,), 0.05, device=device)))):
         params = RowParams(temp, rows + 1, rows * 0, **kw)
@@ -92,22 +114,34 @@ def select_times(D, V, B, args, device):
         tokens0, _, _ = launch_merge(plan.layout, bufs, B, params)
         tokens = tokens0.clone()
         results = {}
-        for cap, nw in ((0, 16), (0, 8), (256, 8), (256, 4), (128, 4)):
+        for run in (1, 2):
             def call():
-                return launch_select_filtered(plan.layout, bufs, B, params, vocab_size=V, tokens=tokens, cap=cap,
-                                              num_warps=nw)
-            ts = time_calls(call, warmup=args.warmup, reps=args.reps, flush=flush,
-                            before_call=lambda i: tokens.copy_(tokens0), device=device)
-            tokens.copy_(tokens0)
+                tokens.copy_(tokens0)
+                return launch_select_filtered(plan.layout, bufs, B, params, vocab_size=V, tokens=tokens)
+            ks = _kernels_us(call, args.reps, device)
+            t = sum(v for k, v in ks.items() if "select_filtered" in k)
             fb = call()
-            results[(cap, nw)] = (tokens.clone(), fb.clone())
-            out[f"{name} cap={cap} warps={nw}"] = statistics.median(ts)
-            common.log(f"  B={B} select {name:10s} cap={cap:<4d} warps={nw:<3d} {statistics.median(ts):8.1f} us, "
+            results[run] = (tokens.clone(), fb.clone())
+            out[f"{name} run {run}"] = t
+            common.log(f"  B={B} select {name:10s} {t:8.1f} us (device), "
                        f"fallback rows {int(fb.sum())}/{B}")
-        ref = results[(0, 16)]
+        ref = results[1]
         same = all(torch.equal(a, ref[0]) and torch.equal(b, ref[1]) for a, b in results.values())
         out[f"{name} identical"] = same
-        common.log(f"  B={B} select {name}: every variant gives the same tokens and flags: {same}")
+        common.log(f"  B={B} select {name}: two runs give the same tokens and flags: {same}")
+    return out
+
+
+def call_kernels(D, V, B, args, device):
+    """Device µs per kernel of whole calls (plain, top-k + top-p, min-p)."""
+    w, h, rows, temp, filt = _inputs(D, V, B, device)
+    out = {}
+    for name, kw in (("plain", {}), ("k50+p0.9", filt), ("min_p0.05", dict(min_p=torch.full((B,), 0.05, device=device)))):
+        ks = _kernels_us(lambda: fsdist.sample(h, w, temperature=temp, seed=rows + 1, offset=rows * 0, **kw),
+                         max(3, args.reps // 5), device)
+        out[name] = ks
+        common.log(f"  B={B} kernels {name:10s} total {sum(ks.values()):8.1f} us: "
+                   + ", ".join(f"{k[:40]} {v:.1f}" for k, v in sorted(ks.items(), key=lambda kv: -kv[1])[:8]))
     return out
 
 
@@ -135,9 +169,9 @@ def main():
                                                   "(names as TileConfig.parse reads them, comma-separated)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=None)
-    ap.add_argument("--variant", default="", choices=["", "old-topk"])
-    ap.add_argument("--only", default="stage1,select,graph")
-    ap.add_argument("--no-ab", action="store_true", help="skip the old-topk subprocess")
+    ap.add_argument("--variant", default="", choices=["", "packed-topk"])
+    ap.add_argument("--only", default="stage1,select,kernels,graph")
+    ap.add_argument("--no-ab", action="store_true", help="skip the packed-topk subprocess")
     args = ap.parse_args()
     gpu = common.has_gpu()
     device = common.bench_device()
@@ -146,10 +180,10 @@ def main():
     args.reps = args.reps or (50 if gpu else 2)
     args.warmup = args.warmup or (10 if gpu else 1)
     only = set(args.only.split(","))
-    if args.variant == "old-topk":
+    if args.variant == "packed-topk":
         import fsdist.ops.fused_sample as fs
 
-        fs.tile_topk = _old_tile_topk  # before the first compile of the stage-1 kernel
+        fs.tile_topk = _packed_tile_topk  # before the first compile of the stage-1 kernel
     results = {"env": common.env_info(), "shape": [D, V], "variant": args.variant or "current", "batches": {}}
     for B in batches:
         configs = [pick_config(B, D, device.type)] + [TileConfig.parse(c) for c in args.configs.split(",") if c
@@ -159,6 +193,8 @@ def main():
             r["stage1_us"] = stage1_times(D, V, B, configs if gpu else configs[:1], args, device)
         if "select" in only and not args.variant:
             r["select_us"] = select_times(D, V, B, args, device)
+        if "kernels" in only and not args.variant:
+            r["kernels_us"] = call_kernels(D, V, B, args, device)
         if "graph" in only and not args.variant and gpu:
             r["graph_us"] = graph_times(D, V, B, args, device)
         results["batches"][B] = r
@@ -166,22 +202,24 @@ def main():
         print("JSON " + json.dumps(results["batches"]))
         return
     if not args.no_ab and "stage1" in only:
-        cmd = [sys.executable, os.path.abspath(__file__), "--variant", "old-topk", "--only", "stage1",
+        cmd = [sys.executable, os.path.abspath(__file__), "--variant", "packed-topk", "--only", "stage1",
                "--batches", ",".join(map(str, batches)), "--shape", f"{D}x{V}", "--reps", str(args.reps),
                "--warmup", str(args.warmup)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON ")]
         if line:
             for B, r in json.loads(line[-1][5:]).items():
-                results["batches"][int(B)]["stage1_old_topk_us"] = r["stage1_us"]
+                results["batches"][int(B)]["stage1_packed_topk_us"] = r["stage1_us"]
         else:
-            print("old-topk variant failed:", proc.stderr[-2000:])
+            print("packed-topk variant failed:", proc.stderr[-2000:])
     w = common.ResultWriter("filter_probe", device)
     w.data.update(results)
     w.flush()
     print(f"\nfilter_probe D={D} V={V} ({results['env'].get('gpu') or 'CPU'}) -> {w.path}")
     for B, r in results["batches"].items():
         for k, v in r.items():
+            if k == "kernels_us":
+                v = {n: sum(x.values()) for n, x in v.items()}
             print(f"B={B} {k}: " + ", ".join(f"{n}={x:.1f}" if isinstance(x, float) else f"{n}={x}"
                                             for n, x in v.items()))
 

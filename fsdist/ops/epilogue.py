@@ -56,34 +56,19 @@ def tile_stats(logit, valid, inv_t):
 def tile_topk(logit, cols, KEEP: tl.constexpr):
     """The KEEP largest values of each row of a [rows, cols] tile, largest first (lowest column
     first among equal values; -inf once a row runs out), their columns, and the boundary: the
-    largest value not kept (-inf if none). -0.0 comes back as +0.0 (they compare equal).
-
-    One row reduction per kept value: each element is packed into one int64 whose high word
-    orders like the float and whose low word is the reversed column, so a single max finds
-    both the value and its lowest column, and removing it touches exactly one element.
-    """
-    b = (logit + 0.0).to(tl.int32, bitcast=True)  # + 0.0 folds -0.0 into +0.0
-    okey = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)  # signed, ordered like the float
-    W: tl.constexpr = logit.shape[1]
-    rev = (W - 1) - cols.to(tl.int64)
-    packed = (okey.to(tl.int64) << 32) | rev[None, :]
+    largest value not kept (-inf if none). A few row reductions per kept value."""
+    BIG: tl.constexpr = 1 << 30
     slot = tl.arange(0, KEEP)[None, :]
     vals = tl.full([logit.shape[0], KEEP], float("-inf"), tl.float32)
     idx = tl.zeros([logit.shape[0], KEEP], tl.int32)
+    x = logit
     for j in tl.static_range(KEEP):
-        m = tl.max(packed, axis=1)
-        vals = tl.where(slot == j, _unpack_value(m)[:, None], vals)
-        col = (W - 1) - (m & 0xFFFFFFFF)
-        idx = tl.where(slot == j, col.to(tl.int32)[:, None], idx)
-        packed = tl.where(packed == m[:, None], -9223372036854775807 - 1, packed)
-    return vals, idx, _unpack_value(tl.max(packed, axis=1))
-
-
-@triton.jit
-def _unpack_value(m):
-    """The float of a packed key's high word (tile_topk's mapping, inverted)."""
-    k = (m >> 32).to(tl.int32)
-    return tl.where(k >= 0, k, k ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+        m = tl.max(x, axis=1)
+        c = tl.min(tl.where(x == m[:, None], cols[None, :], BIG), axis=1)
+        vals = tl.where(slot == j, m[:, None], vals)
+        idx = tl.where(slot == j, c[:, None], idx)
+        x = tl.where(cols[None, :] == c[:, None], float("-inf"), x)
+    return vals, idx, tl.max(x, axis=1)
 
 
 @triton.jit
