@@ -86,6 +86,37 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
     return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5)
 
 
+def fit_num_stages(cfg: TileConfig, elem_size: int, device) -> int:
+    """cfg.num_stages, lowered until the fused kernel's pipeline fits the device's shared memory.
+
+    The configs above are tuned for 2-byte operands; fp32 operands double every stage (at
+    D = 4096, 16x128x128 with 5 stages would need 288 KB). Triton keeps num_stages - 1 operand
+    tiles in flight, so the count is cut to what fits beside a reserve for the epilogue. The
+    stage count changes no arithmetic: the candidates, hence the tokens, are the same.
+    """
+    if getattr(device, "type", None) != "cuda" or cfg.num_stages <= 2:
+        return cfg.num_stages
+    per_stage = (cfg.block_b + cfg.block_v) * cfg.block_k * elem_size
+    room = _smem_per_block(device.index if device.index is not None else -1) - _EPILOGUE_RESERVE
+    return max(2, min(cfg.num_stages, 1 + room // per_stage))
+
+
+_EPILOGUE_RESERVE = 16 << 10
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_per_block(index: int) -> int:
+    import torch
+
+    dev = torch.cuda.current_device() if index < 0 else index
+    props = torch.cuda.get_device_properties(dev)
+    optin = getattr(props, "shared_memory_per_block_optin", 0)
+    if optin:
+        return int(optin)
+    # Older torch: the opt-in limits of the architectures (Hopper 227 KB, Ampere 163 KB).
+    return {9: 227 << 10, 8: 163 << 10}.get(props.major, 99 << 10)
+
+
 # Most bytes of fp32 logits the chunked path keeps at once (one chunk), or None for the
 # device's L2 size. A chunk that fits in L2 is written by cuBLAS and read back by the
 # sampling pass without touching HBM; on an H200 (60 MB of L2) B = 256 then runs as three

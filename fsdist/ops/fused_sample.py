@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ..params import RowParams
 from ..runtime import interpreting
-from .configs import TileConfig
+from .configs import TileConfig, fit_num_stages
 from .epilogue import raw_sum, row_temperature, tile_stats, tile_topk, write_candidates, write_kept
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
@@ -221,7 +221,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         FAST_LOG=fast_log_ok(hidden.device),
         DEVICE_PARITY=par_on, TMA=tma, HEADER=_header(layout, dest), EXTENDED=extended, KEEP=KEEP,
         XFP_PER_ROW=xfp_row, **proc_flags,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=fit_num_stages(cfg, hidden.element_size(), hidden.device),
     )
 
 

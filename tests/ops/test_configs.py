@@ -1,0 +1,38 @@
+"""Tile-config helpers that need no kernel: the shared-memory fit of the pipeline depth."""
+import types
+
+import pytest
+
+from fsdist.ops import configs
+from fsdist.ops.configs import TileConfig, fit_num_stages
+
+CUDA0 = types.SimpleNamespace(type="cuda", index=0)
+
+
+@pytest.fixture
+def hopper_smem(monkeypatch):
+    """Pretend the current device opts blocks into Hopper's 227 KB of shared memory."""
+    monkeypatch.setattr(configs, "_smem_per_block", lambda index: 227 << 10)
+
+
+def test_two_byte_operands_keep_their_tuned_depth(hopper_smem):
+    # 16x128x128 bf16: 36 KB a stage, 5 stages fit in 227 KB beside the epilogue's reserve.
+    cfg = TileConfig(16, 128, 128, num_warps=4, num_stages=5)
+    assert fit_num_stages(cfg, 2, CUDA0) == 5
+
+
+def test_fp32_operands_get_fewer_stages(hopper_smem):
+    # The same tile in fp32 needs 72 KB a stage: 5 stages (288 KB) cannot launch; what fits is
+    # 1 + (227 - 16) // 72 = 3.
+    cfg = TileConfig(16, 128, 128, num_warps=4, num_stages=5)
+    stages = fit_num_stages(cfg, 4, CUDA0)
+    assert stages == 3
+    per_stage = (cfg.block_b + cfg.block_v) * cfg.block_k * 4
+    assert (stages - 1) * per_stage <= (227 - 16) << 10
+
+
+def test_never_below_two_and_cpu_untouched(hopper_smem):
+    big = TileConfig(128, 256, 128, num_warps=8, num_stages=4)   # 192 KB a stage in fp32
+    assert fit_num_stages(big, 4, CUDA0) == 2
+    cpu = types.SimpleNamespace(type="cpu", index=None)
+    assert fit_num_stages(big, 4, cpu) == big.num_stages
