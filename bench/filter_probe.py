@@ -9,9 +9,11 @@ epilogue. Stage 1: CUDA events around each launch, L2 flushed before each, media
 
     python3 bench/filter_probe.py [--shape 4096x151936] [--batches 1,16,64] [--configs ...]
 
-``--variant packed-topk`` (run by the parent in a subprocess) swaps in a top-k that packs
-(order key, reversed column) into one int64 (one row reduction per kept logit instead of
-two) before anything compiles: the A/B of v13, kept for the record.
+``--ab`` also runs ``--variant packed-topk`` in a subprocess, which swaps in a top-k that
+packs (order key, reversed column) into one int64 (one row reduction per kept logit instead
+of two) before anything compiles: the A/B of v13, kept for the record. Stage 2 is timed with
+each ``--caps`` search cap (v14: the packed search over each row's kept logits above its
+boundary against the search over all of them).
 On a machine without a GPU it runs one tiny shape under the interpreter (smoke test).
 """
 import argparse
@@ -103,7 +105,9 @@ def _kernels_us(fn, iters, device):
 
 def select_times(D, V, B, args, device):
     """select_filtered's device time (eager launches of a small kernel are host bound, so CUDA
-    events around them would time Python), twice, and whether the two runs agree."""
+    events around them would time Python) for each search cap (0: all kept logits; the default
+    packs each row's kept logits above its boundary), whether every cap gives the same tokens
+    and flags, and how many kept logits each row's packed search ran over."""
     w, h, rows, temp, filt = _inputs(D, V, B, device)
     out = {}
     for name, kw in (("k50+p0.9", filt), ("min_p0.05", dict(min_p=torch.full((B,), 0.05, device=device)))):
@@ -113,22 +117,32 @@ def select_times(D, V, B, args, device):
         launch_stage1(plan, h, w, params, bufs, vocab_size=V)
         tokens0, _, _ = launch_merge(plan.layout, bufs, B, params)
         tokens = tokens0.clone()
+        searched = torch.zeros(B, dtype=torch.int32, device=device)
         results = {}
-        for run in (1, 2):
+        for cap in args.caps:
             def call():
                 tokens.copy_(tokens0)
-                return launch_select_filtered(plan.layout, bufs, B, params, vocab_size=V, tokens=tokens)
+                return launch_select_filtered(plan.layout, bufs, B, params, vocab_size=V, tokens=tokens, cap=cap,
+                                              searched=searched)
             ks = _kernels_us(call, args.reps, device)
             t = sum(v for k, v in ks.items() if "select_filtered" in k)
             fb = call()
-            results[run] = (tokens.clone(), fb.clone())
-            out[f"{name} run {run}"] = t
-            common.log(f"  B={B} select {name:10s} {t:8.1f} us (device), "
-                       f"fallback rows {int(fb.sum())}/{B}")
-        ref = results[1]
+            results[cap] = (tokens.clone(), fb.clone())
+            n = searched.cpu()
+            packed = n[n >= 0]
+            out[f"{name} cap={cap}"] = t
+            out[f"{name} cap={cap} packed rows"] = int(packed.numel())
+            if packed.numel():
+                out[f"{name} cap={cap} searched median"] = float(packed.float().median())
+                out[f"{name} cap={cap} searched max"] = int(packed.max())
+            common.log(f"  B={B} select {name:10s} cap={cap:<5d} {t:8.1f} us (device), fallback rows "
+                       f"{int(fb.sum())}/{B}, packed rows {packed.numel()}/{B}"
+                       + (f" (kept logits above the boundary: median {float(packed.float().median()):.0f}, "
+                          f"max {int(packed.max())})" if packed.numel() else ""))
+        ref = next(iter(results.values()))
         same = all(torch.equal(a, ref[0]) and torch.equal(b, ref[1]) for a, b in results.values())
         out[f"{name} identical"] = same
-        common.log(f"  B={B} select {name}: two runs give the same tokens and flags: {same}")
+        common.log(f"  B={B} select {name}: every cap gives the same tokens and flags: {same}")
     return out
 
 
@@ -146,17 +160,28 @@ def call_kernels(D, V, B, args, device):
 
 
 def graph_times(D, V, B, args, device):
+    """Whole calls as CUDA-graph replays (L2 flushed), the filtered ones with the default search
+    and with the full search (SEARCH_CAP = 0 while capturing), side by side."""
+    import fsdist.ops.select_filtered as sf
+
     w, h, rows, temp, filt = _inputs(D, V, B, device)
     flush = L2Flusher(device)
     out = {}
-    for name, kw in (("plain", {}), ("k50+p0.9", filt), ("min_p0.05", dict(min_p=torch.full((B,), 0.05, device=device)))):
+    default_cap = sf.SEARCH_CAP
+    minp = dict(min_p=torch.full((B,), 0.05, device=device))
+    for name, kw, cap in (("plain", {}, default_cap), ("k50+p0.9", filt, default_cap), ("min_p0.05", minp, default_cap),
+                          ("k50+p0.9 full-search", filt, 0), ("min_p0.05 full-search", minp, 0)):
         def call(hh):
             return fsdist.sample(hh, w, temperature=temp, seed=rows + 1, offset=rows * 0, **kw)
-        graph = CapturedGraph(call, [(h,)], calls=5)
+        sf.SEARCH_CAP = cap
+        try:
+            graph = CapturedGraph(call, [(h,)], calls=5)
+        finally:
+            sf.SEARCH_CAP = default_cap
         t = statistics.median(time_graph(graph, warmup=3, reps=max(5, args.reps // 5), flush=flush))
         out[name] = t
         fb = graph.outputs[0].fallback
-        common.log(f"  B={B} graph {name:10s} {t:9.1f} us per call"
+        common.log(f"  B={B} graph {name:22s} {t:9.1f} us per call"
                    + (f", fallback rows {int(fb.sum())}/{B}" if fb is not None else ""))
     return out
 
@@ -171,7 +196,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--variant", default="", choices=["", "packed-topk"])
     ap.add_argument("--only", default="stage1,select,kernels,graph")
-    ap.add_argument("--no-ab", action="store_true", help="skip the packed-topk subprocess")
+    ap.add_argument("--caps", default=None, help="select_filtered search caps to time (default: 0 and SEARCH_CAP)")
+    ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
     gpu = common.has_gpu()
     device = common.bench_device()
@@ -180,6 +206,8 @@ def main():
     args.reps = args.reps or (50 if gpu else 2)
     args.warmup = args.warmup or (10 if gpu else 1)
     only = set(args.only.split(","))
+    from fsdist.ops.select_filtered import SEARCH_CAP
+    args.caps = common.parse_int_list(args.caps) if args.caps else [0, SEARCH_CAP]
     if args.variant == "packed-topk":
         import fsdist.ops.fused_sample as fs
 
@@ -201,7 +229,7 @@ def main():
     if args.variant:
         print("JSON " + json.dumps(results["batches"]))
         return
-    if not args.no_ab and "stage1" in only:
+    if args.ab and "stage1" in only:
         cmd = [sys.executable, os.path.abspath(__file__), "--variant", "packed-topk", "--only", "stage1",
                "--batches", ",".join(map(str, batches)), "--shape", f"{D}x{V}", "--reps", str(args.reps),
                "--warmup", str(args.warmup)]
