@@ -33,7 +33,7 @@ from fsdist.ops.configs import TileConfig, pick_config
 from fsdist.ops.layout import BufferPair
 from fsdist.ops.merge_candidates import launch_merge
 from fsdist.ops.plan import launch_stage1, plan_sample
-from fsdist.ops.select_filtered import launch_select_filtered
+from fsdist.ops.select_filtered import SEARCH_BITS, launch_select_filtered
 from fsdist.params import RowParams
 from fsdist.timing import CapturedGraph, L2Flusher, median_us, time_calls, time_graph
 
@@ -119,30 +119,31 @@ def select_times(D, V, B, args, device):
         tokens = tokens0.clone()
         searched = torch.zeros(B, dtype=torch.int32, device=device)
         results = {}
-        for cap in args.caps:
+        for cap, bits in [(c, b) for c in args.caps for b in (args.bits if c else args.bits[:1])]:
             def call():
                 tokens.copy_(tokens0)
                 return launch_select_filtered(plan.layout, bufs, B, params, vocab_size=V, tokens=tokens, cap=cap,
-                                              searched=searched)
+                                              searched=searched, bits=(bits, SEARCH_BITS[1]))
             ks = _kernels_us(call, args.reps, device)
             t = sum(v for k, v in ks.items() if "select_filtered" in k)
             fb = call()
-            results[cap] = (tokens.clone(), fb.clone())
+            results[cap, bits] = (tokens.clone(), fb.clone())
             n = searched.cpu()
             packed = n[n >= 0]
-            out[f"{name} cap={cap}"] = t
-            out[f"{name} cap={cap} packed rows"] = int(packed.numel())
+            tag = f"{name} cap={cap}" + (f" bits={bits}" if cap else "")
+            out[tag] = t
+            out[f"{tag} packed rows"] = int(packed.numel())
             if packed.numel():
-                out[f"{name} cap={cap} searched median"] = float(packed.float().median())
-                out[f"{name} cap={cap} searched max"] = int(packed.max())
-            common.log(f"  B={B} select {name:10s} cap={cap:<5d} {t:8.1f} us (device), fallback rows "
+                out[f"{tag} searched median"] = float(packed.float().median())
+                out[f"{tag} searched max"] = int(packed.max())
+            common.log(f"  B={B} select {tag:28s} {t:8.1f} us (device), fallback rows "
                        f"{int(fb.sum())}/{B}, packed rows {packed.numel()}/{B}"
                        + (f" (kept logits above the boundary: median {float(packed.float().median()):.0f}, "
                           f"max {int(packed.max())})" if packed.numel() else ""))
         ref = next(iter(results.values()))
         same = all(torch.equal(a, ref[0]) and torch.equal(b, ref[1]) for a, b in results.values())
         out[f"{name} identical"] = same
-        common.log(f"  B={B} select {name}: every cap gives the same tokens and flags: {same}")
+        common.log(f"  B={B} select {name}: every variant gives the same tokens and flags: {same}")
     return out
 
 
@@ -197,6 +198,8 @@ def main():
     ap.add_argument("--variant", default="", choices=["", "packed-topk"])
     ap.add_argument("--only", default="stage1,select,kernels,graph")
     ap.add_argument("--caps", default=None, help="select_filtered search caps to time (default: 0 and SEARCH_CAP)")
+    ap.add_argument("--bits", default=None, help="key bits per search step over the packed logits to time "
+                                                  "(default: SEARCH_BITS[0]; the full search keeps SEARCH_BITS[1])")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
     gpu = common.has_gpu()
@@ -208,6 +211,7 @@ def main():
     only = set(args.only.split(","))
     from fsdist.ops.select_filtered import SEARCH_CAP
     args.caps = common.parse_int_list(args.caps) if args.caps else [0, SEARCH_CAP]
+    args.bits = common.parse_int_list(args.bits) if args.bits else [SEARCH_BITS[0]]
     if args.variant == "packed-topk":
         import fsdist.ops.fused_sample as fs
 

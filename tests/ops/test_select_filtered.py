@@ -9,6 +9,8 @@ searches. Runs under Triton's interpreter on CPU and unchanged on CUDA.
 """
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import fsdist.ops.select_filtered as sf
 from fsdist.ops.layout import KEEP, BufferPair, CandidateLayout
@@ -136,3 +138,51 @@ def test_bad_cap_and_searched_are_refused(device):
     with pytest.raises(ValueError, match="searched"):
         sf.launch_select_filtered(layout, buffers, 1, params, vocab_size=200, tokens=tokens,
                                   searched=torch.zeros(1, dtype=torch.int64, device=device))
+
+
+@triton.jit
+def _search_kernel(vals_ptr, k_ptr, target_ptr, kth_ptr, nuc_ptr, N: tl.constexpr, R: tl.constexpr,
+                   BITS: tl.constexpr):
+    r = tl.arange(0, R)
+    c = tl.arange(0, N)
+    vals = tl.load(vals_ptr + r[:, None] * N + c[None, :])
+    live = vals > float("-inf")
+    keys = sf.order_key(vals)
+    mass = tl.where(live, tl.exp(vals - tl.max(vals, axis=1)[:, None]), 0.0)
+    tl.store(kth_ptr + r, sf.kth_largest_key(keys, live, tl.load(k_ptr + r), BITS))
+    tl.store(nuc_ptr + r, sf.nucleus_key(keys, mass, live, tl.load(target_ptr + r), BITS))
+
+
+def _order_key(v):
+    b = (v + 0.0).view(torch.int32).to(torch.int64)
+    return torch.where(b >= 0, b + 2 ** 31, 2 ** 31 - 1 - (b & (2 ** 31 - 1)))
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_radix_searches_match_a_sort(device, bits):
+    """kth_largest_key / nucleus_key at every radix width against a sort: the k-th largest key,
+    and the smallest key whose strictly-larger mass is below the target (ties, -inf, a target
+    below the largest mass so the answer is the top key, and one above everything)."""
+    R, N = 8, 64
+    g = torch.Generator().manual_seed(11)
+    vals = torch.randn(R, N, generator=g) * 2
+    vals[1] = torch.round(vals[1])  # ties
+    vals[2, 10:] = float("-inf")
+    vals[3] = -vals[3].abs()  # negative keys only
+    k = torch.tensor([1, 5, 10, 64, 3, 17, 2, 33], dtype=torch.int32)
+    mass = torch.exp(vals - vals.max(dim=1, keepdim=True).values)
+    frac = torch.tensor([0.9, 0.5, 0.99, 0.3, 1e-3, 0.7, 1.0, 0.95])
+    target = (mass.sum(dim=1) * frac).float()
+    kth = torch.empty(R, dtype=torch.int64, device=device)
+    nuc = torch.empty(R, dtype=torch.int64, device=device)
+    _search_kernel[(1,)](vals.to(device), k.to(device), target.to(device), kth, nuc, N=N, R=R, BITS=bits)
+    keys = _order_key(vals)
+    ref_kth = keys.sort(dim=1, descending=True).values[torch.arange(R), k.long() - 1]
+    assert torch.equal(kth.cpu(), ref_kth)
+    # The defining property, in float64: the mass strictly above the answer is below the target,
+    # and one key lower it is not (the mass above x only changes at keys, so this pins it down).
+    for r in range(R):
+        live = vals[r] > float("-inf")
+        above = lambda x: float(mass[r][live & (keys[r] > x)].double().sum())  # noqa: E731
+        got = int(nuc[r])
+        assert above(got) < float(target[r]) and (got == 0 or above(got - 1) >= float(target[r])), (r, got)
