@@ -33,7 +33,7 @@ from fsdist.ops.configs import TileConfig, pick_config
 from fsdist.ops.layout import BufferPair
 from fsdist.ops.merge_candidates import launch_merge
 from fsdist.ops.plan import launch_stage1, plan_sample
-from fsdist.ops.select_filtered import SEARCH_BITS, launch_select_filtered
+from fsdist.ops.select_filtered import launch_select_filtered
 from fsdist.params import RowParams
 from fsdist.timing import CapturedGraph, L2Flusher, median_us, time_calls, time_graph
 
@@ -119,18 +119,18 @@ def select_times(D, V, B, args, device):
         tokens = tokens0.clone()
         searched = torch.zeros(B, dtype=torch.int32, device=device)
         results = {}
-        for cap, bits in [(c, b) for c in args.caps for b in (args.bits if c else args.bits[:1])]:
+        for cap in args.caps:
             def call():
                 tokens.copy_(tokens0)
                 return launch_select_filtered(plan.layout, bufs, B, params, vocab_size=V, tokens=tokens, cap=cap,
-                                              searched=searched, bits=(bits, SEARCH_BITS[1]))
+                                              searched=searched)
             ks = _kernels_us(call, args.reps, device)
             t = sum(v for k, v in ks.items() if "select_filtered" in k)
             fb = call()
-            results[cap, bits] = (tokens.clone(), fb.clone())
+            results[cap] = (tokens.clone(), fb.clone())
             n = searched.cpu()
             packed = n[n >= 0]
-            tag = f"{name} cap={cap}" + (f" bits={bits}" if cap else "")
+            tag = f"{name} cap={cap}"
             out[tag] = t
             out[f"{tag} packed rows"] = int(packed.numel())
             if packed.numel():
@@ -198,8 +198,6 @@ def main():
     ap.add_argument("--variant", default="", choices=["", "packed-topk"])
     ap.add_argument("--only", default="stage1,select,kernels,graph")
     ap.add_argument("--caps", default=None, help="select_filtered search caps to time (default: 0 and SEARCH_CAP)")
-    ap.add_argument("--bits", default=None, help="key bits per search step over the packed logits to time "
-                                                  "(default: SEARCH_BITS[0]; the full search keeps SEARCH_BITS[1])")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
     gpu = common.has_gpu()
@@ -211,7 +209,6 @@ def main():
     only = set(args.only.split(","))
     from fsdist.ops.select_filtered import SEARCH_CAP
     args.caps = common.parse_int_list(args.caps) if args.caps else [0, SEARCH_CAP]
-    args.bits = common.parse_int_list(args.bits) if args.bits else [SEARCH_BITS[0]]
     if args.variant == "packed-topk":
         import fsdist.ops.fused_sample as fs
 

@@ -58,10 +58,6 @@ MODE_SCALED, MODE_RAW, MODE_PROCESSED = 0, 1, 2
 # Most kept logits above the boundary a row may have for the packed search (else all of U
 # is searched: same results, slower). A power of two; 2,048 covers the 700-1,300 of flat rows.
 SEARCH_CAP = 2048
-# Key bits per step of the threshold searches (kth_largest_key, nucleus_key): over the packed
-# logits (<= SEARCH_CAP per row) and over all of U. 16 pivots x 2,048 elements per step keep
-# the element work modest while 8 steps replace bisection's 32 reductions.
-SEARCH_BITS = (4, 2)
 
 
 @triton.jit
@@ -72,43 +68,32 @@ def order_key(v):
 
 
 @triton.jit
-def kth_largest_key(keys, live, k, BITS: tl.constexpr):
+def kth_largest_key(keys, live, k):
     """Per row, the key of the k-th largest live element (k >= 1, at most the live count).
-    keys / live: [rows, n]; k: [rows].
-
-    A radix search, BITS bits of the 32-bit key per step: 2**BITS pivots split the interval
-    [base, base + width) that holds the answer into equal parts, one [rows, 2**BITS, n] count
-    finds the part, and 32 / BITS steps pin the key down. BITS = 1 is plain bisection; more
-    bits trade element work (2**BITS pivots per element) for fewer steps, each of which
-    ends in a reduction across the program's warps. BITS is 2, 4 or 8 (widths stay < 2**31)."""
-    LANES: tl.constexpr = 1 << BITS
-    lane = tl.arange(0, LANES).to(tl.int64)
-    base = tl.zeros(k.shape, tl.int64)  # invariant: count(keys >= base) >= k > count(keys >= base + width)
-    for s in tl.static_range(32 // BITS):
-        width = 1 << (32 - BITS * (s + 1))  # of each part after this step (< 2**31)
-        piv = base[:, None] + lane[None, :] * width  # lane 0 is base itself: always counted >= k
-        n = tl.sum((live[:, None, :] & (keys[:, None, :] >= piv[:, :, None])).to(tl.int32), axis=2)
-        base += tl.sum(((n >= k[:, None]) & (lane[None, :] > 0)).to(tl.int64), axis=1) * width
-    return base
+    keys / live: [rows, n]; k: [rows]."""
+    lo = tl.zeros(k.shape, tl.int64)  # count(keys >= lo) >= k
+    hi = tl.full(k.shape, 4294967296, tl.int64)  # count(keys >= hi) < k
+    for _ in range(32):
+        mid = (lo + hi) // 2
+        n = tl.sum((live & (keys >= mid[:, None])).to(tl.int32), axis=1)
+        big = n >= k
+        lo = tl.where(big, mid, lo)
+        hi = tl.where(big, hi, mid)
+    return lo
 
 
 @triton.jit
-def nucleus_key(keys, mass, live, target, BITS: tl.constexpr):
-    """Per row, the smallest key x such that the mass of live elements with key > x is < target
-    (2**32 - 1 when no smaller key qualifies). Radix search as in kth_largest_key: each step
-    tests the last key of every part but the final one and keeps the first part where the
-    predicate turns true (it is monotone: masses are non-negative)."""
-    LANES: tl.constexpr = 1 << BITS
-    lane = tl.arange(0, LANES).to(tl.int64)
-    base = tl.zeros(target.shape, tl.int64)  # invariant: the answer lies in [base, base + width)
-    for s in tl.static_range(32 // BITS):
-        width = 1 << (32 - BITS * (s + 1))
-        piv = base[:, None] + (lane[None, :] + 1) * width - 1  # the last key of each part
-        above = tl.sum(tl.where(live[:, None, :] & (keys[:, None, :] > piv[:, :, None]), mass[:, None, :], 0.0),
-                       axis=2)
-        late = (above >= target[:, None]) & (lane[None, :] < LANES - 1)  # the answer lies past this part
-        base += tl.sum(late.to(tl.int64), axis=1) * width
-    return base
+def nucleus_key(keys, mass, live, target):
+    """Per row, the smallest key x such that the mass of live elements with key > x is < target."""
+    lo = tl.full(target.shape, -1, tl.int64)  # predicate false (or below every key)
+    hi = tl.full(target.shape, 4294967295, tl.int64)  # true: nothing lies above the largest key
+    for _ in range(32):
+        mid = (lo + hi) // 2
+        above = tl.sum(tl.where(live & (keys > mid[:, None]), mass, 0.0), axis=1)
+        ok = above < target
+        hi = tl.where(ok, mid, hi)
+        lo = tl.where(ok, lo, mid)
+    return hi
 
 
 @triton.jit
@@ -116,8 +101,7 @@ def _finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, compl
                  inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp,
                  seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
                  fallback_ptr, SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TOP_N: tl.constexpr,
-                 TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr,
-                 BITS: tl.constexpr):
+                 TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr):
     """Thresholds, proof, token, logprobs and top-N of each row from its kept logits ``vals`` /
     ``ids`` [rows, n] (-inf = empty): all of U, or only its elements above the boundary (the
     same outcome: see the module docstring)."""
@@ -135,12 +119,12 @@ def _finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, compl
     n_above = tl.sum((live & (keys > bkey[:, None])).to(tl.int32), axis=1)
     key_minp = tl.where(use_minp, order_key(m + temp * tl.log(tl.where(use_minp, min_p, 1.0))), 0)
     k_known = ~use_k | (top_k <= n_above) | complete
-    key_k = kth_largest_key(keys, live, tl.maximum(tl.minimum(top_k, n_live), 1), BITS)
+    key_k = kth_largest_key(keys, live, tl.maximum(tl.minimum(top_k, n_live), 1))
     key_s = tl.where(use_k & k_known, tl.maximum(key_minp, key_k), key_minp)
     s_known = k_known | (key_minp > bkey)
     in_s = live & (keys >= key_s[:, None])
     z_s = tl.where(key_s > 0, tl.sum(tl.where(in_s, mass, 0.0), axis=1), z_full)
-    key_p = nucleus_key(keys, mass, in_s, top_p * z_s, BITS)
+    key_p = nucleus_key(keys, mass, in_s, top_p * z_s)
     key_t = tl.where(use_p, tl.maximum(key_s, key_p), key_s)
     # Top-p renormalises over S: its sum comes from U only if S lies above B.
     proven = complete | (s_known & (key_t > bkey) & (~use_p | (key_s == 0) | (key_s > bkey)))
@@ -215,7 +199,7 @@ def select_filtered_kernel(
     BLOCK_R: tl.constexpr, BLOCK_U: tl.constexpr, KEEP: tl.constexpr, TOP_N: tl.constexpr,
     TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr,
     DEVICE_PARITY: tl.constexpr, PACK: tl.constexpr = False, CAP: tl.constexpr = 1,
-    SEARCHED: tl.constexpr = False, PACKED_BITS: tl.constexpr = 4, FULL_BITS: tl.constexpr = 2,
+    SEARCHED: tl.constexpr = False,
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rows < B
@@ -300,18 +284,18 @@ def select_filtered_kernel(
                          rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw, inv_t,
                          noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, seed_ptr, seed_val,
                          offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr, fallback_ptr,
-                         SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, PACKED_BITS)
+                         SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG)
         else:
             _finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full,
                          log_z_raw, inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, seed_ptr,
                          seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
-                         fallback_ptr, SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, FULL_BITS)
+                         fallback_ptr, SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG)
 
 
 def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int, params: RowParams, *,
                            vocab_size: int, tokens: torch.Tensor, logprobs=None, top_n: int = 0,
                            mode: str = "scaled", top_ids=None, top_lp=None, cap: int = None, num_warps: int = None,
-                           searched=None, bits=None):
+                           searched=None):
     """Finish filtered rows and top-N logprobs from an extended candidate buffer ``src``, after
     launch_merge wrote ``tokens`` (and ``logprobs``) for every row.
 
@@ -320,9 +304,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     cap: how many kept logits above the boundary a row may have for the packed search
     (default SEARCH_CAP, at most half of U's padded size; 0 searches all of U, which gives the
     same results: tests, probes); num_warps overrides the GPU's (probes); ``searched``, an
-    int32 [B] tensor, receives how many kept logits each row's search ran over (-1: all of U);
-    ``bits`` = (packed, full): key bits resolved per step of the threshold searches over the
-    packed logits and over all of U (default SEARCH_BITS; each 2, 4 or 8; probes).
+    int32 [B] tensor, receives how many kept logits each row's search ran over (-1: all of U).
     """
     if not layout.extended:
         raise ValueError("filters and top-N logprobs need an extended candidate layout (layout.fields(extended=True))")
@@ -348,9 +330,6 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         raise ValueError(f"cap must be 0 or a power of two, got {cap}")
     block_u = triton.next_power_of_2(layout.n_slots * KEEP)
     cap = min(cap, block_u // 2)  # a search over more than half of U saves too little to pack
-    bits = SEARCH_BITS if bits is None else tuple(bits)
-    if len(bits) != 2 or any(b not in (2, 4, 8) for b in bits):
-        raise ValueError(f"bits must be two of 2, 4, 8 (packed, full search), got {bits}")
     if searched is not None and (searched.dtype != torch.int32 or searched.numel() < batch):
         raise ValueError(f"searched must be an int32 tensor of at least {batch} elements")
     # [B, cap] scratch for the packed kept logits (fp32 values, int32 ids): O(B), never O(B x V).
@@ -368,6 +347,6 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         BLOCK_R=block_r, BLOCK_U=block_u, KEEP=KEEP, TOP_N=top_n,
         TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)), MODE=LOGPROBS_MODES.index(mode),
         LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device), DEVICE_PARITY=par_on, PACK=cap > 0, CAP=max(cap, 1),
-        SEARCHED=searched is not None, PACKED_BITS=bits[0], FULL_BITS=bits[1], num_warps=num_warps or (16 if on_gpu else 4),
+        SEARCHED=searched is not None, num_warps=num_warps or (16 if on_gpu else 4),
     )
     return fallback

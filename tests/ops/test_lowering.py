@@ -106,7 +106,7 @@ CASES = {
         constexprs=dict(SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True, TOPK_PER_ROW=True,
                         TOPP_PER_ROW=True, MINP_PER_ROW=False, BLOCK_R=1, BLOCK_U=8192, KEEP=4, TOP_N=5,
                         TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True, PACK=True, CAP=2048,
-                        SEARCHED=True, PACKED_BITS=4, FULL_BITS=2), num_warps=16),
+                        SEARCHED=True), num_warps=16),
     "select_filtered_full_search": dict(
         module="fsdist.ops.select_filtered", kernel="select_filtered_kernel",
         types=dict(cand_f="*fp32", cand_i="*i32", base_f="i32", base_i="i32", B="i32", n_slots="i32", n_local="i32",
@@ -118,7 +118,7 @@ CASES = {
         constexprs=dict(SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True, TOPK_PER_ROW=True,
                         TOPP_PER_ROW=True, MINP_PER_ROW=False, BLOCK_R=1, BLOCK_U=8192, KEEP=4, TOP_N=5,
                         TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True, PACK=False, CAP=1,
-                        SEARCHED=False, PACKED_BITS=4, FULL_BITS=2), num_warps=16),
+                        SEARCHED=False), num_warps=16),
     "fallback_compact": dict(
         module="fsdist.ops.fallback", kernel="compact_kernel",
         types=dict(flags_ptr="*i8", B="i32", count_ptr="*i32", rows_ptr="*i32"), constexprs=dict(BLOCK=1024)),
