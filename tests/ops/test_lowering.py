@@ -107,18 +107,6 @@ CASES = {
                         TOPP_PER_ROW=True, MINP_PER_ROW=False, BLOCK_R=1, BLOCK_U=8192, KEEP=4, TOP_N=5,
                         TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True, PACK=True, CAP=2048,
                         SEARCHED=True), num_warps=16),
-    "select_filtered_full_search": dict(
-        module="fsdist.ops.select_filtered", kernel="select_filtered_kernel",
-        types=dict(cand_f="*fp32", cand_i="*i32", base_f="i32", base_i="i32", B="i32", n_slots="i32", n_local="i32",
-                   stride_shard="i32", stride_shard_i="i32", stride_field="i32", stride_ifield="i32",
-                   stride_slot="i32", topk_ptr="*i32", topk_val="i32", topp_ptr="*fp32", topp_val="fp32",
-                   minp_ptr="*fp32", minp_val="fp32", vocab_size="i32", tokens_ptr="*i64", logprob_ptr="*fp32",
-                   top_ids_ptr="*i64", top_lp_ptr="*fp32", fallback_ptr="*i8", scratch_f="*fp32", scratch_i="*i32",
-                   searched_ptr="*i32", **ROW_PARAMS, **PARITY),
-        constexprs=dict(SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True, TOPK_PER_ROW=True,
-                        TOPP_PER_ROW=True, MINP_PER_ROW=False, BLOCK_R=1, BLOCK_U=8192, KEEP=4, TOP_N=5,
-                        TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True, PACK=False, CAP=1,
-                        SEARCHED=False), num_warps=16),
     "fallback_compact": dict(
         module="fsdist.ops.fallback", kernel="compact_kernel",
         types=dict(flags_ptr="*i8", B="i32", count_ptr="*i32", rows_ptr="*i32"), constexprs=dict(BLOCK=1024)),
@@ -170,6 +158,9 @@ CASES = {
                    status_ptr="*i32", **PARITY),
         constexprs=dict()),
 }
+# select_filtered's other branch alone: the search over all kept logits (no packing, no instrumentation).
+CASES["select_filtered_full_search"] = dict(
+    CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], PACK=False, CAP=1, SEARCHED=False))
 
 
 @pytest.fixture(scope="module")
