@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the filtered path (issue 11, v14) and the real-size decode loop (issue 13):
-#   1. bench/filter_probe.py: select_filtered per search cap, whole calls as CUDA
+#   1. bench/filter_probe.py (PROBE_BATCHES, PROBE_EXTRA e.g. "--shape 8192x128256", PROBE_TIMEOUT):
+#      select_filtered per search cap, whole calls as CUDA
 #      graphs (filtered with the packed and the full search, plain), B = 1, 16, 64, 256
 #                                                    -> $OUT/filter_probe.log, filter_probe_*.json
 #   2. examples/generate.py at its real size (Llama-shaped, hidden 4096, V = 128256, fp32 and
@@ -25,7 +26,7 @@ total="${1:-570}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 if [[ "$PARTS" == *" probe "* ]]; then
-  timeout -s INT -k 20 200 python3 bench/filter_probe.py --only select,graph --batches 1,16,64,256 \
+  timeout -s INT -k 20 "${PROBE_TIMEOUT:-200}" python3 bench/filter_probe.py --only select,graph --batches "${PROBE_BATCHES:-1,16,64,256}" ${PROBE_EXTRA:-} \
     > "$OUT/filter_probe.log" 2>&1
   echo "probe rc=$? after $((SECONDS - start))s"
   cp bench/results/filter_probe_*.json "$OUT/" 2>/dev/null

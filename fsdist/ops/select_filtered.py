@@ -68,14 +68,15 @@ def order_key(v):
 
 
 @triton.jit
-def kth_largest_key(keys, live, k):
-    """Per row, the key of the k-th largest live element (k >= 1, at most the live count).
-    keys / live: [rows, n]; k: [rows]."""
+def kth_largest_key(skeys, live, k):
+    """Per row, the key (order_key) of the k-th largest live element (k >= 1, at most the live
+    count). skeys: order_key - 2**31 as int32 [rows, n] (the same order in 32-bit compares,
+    half the work of int64 ones in every step); live: [rows, n]; k: [rows]."""
     lo = tl.zeros(k.shape, tl.int64)  # count(keys >= lo) >= k
     hi = tl.full(k.shape, 4294967296, tl.int64)  # count(keys >= hi) < k
     for _ in range(32):
-        mid = (lo + hi) // 2
-        n = tl.sum((live & (keys >= mid[:, None])).to(tl.int32), axis=1)
+        mid = (lo + hi) // 2  # in [0, 2**32): its signed twin fits int32
+        n = tl.sum((live & (skeys >= (mid - 2147483648).to(tl.int32)[:, None])).to(tl.int32), axis=1)
         big = n >= k
         lo = tl.where(big, mid, lo)
         hi = tl.where(big, hi, mid)
@@ -83,13 +84,14 @@ def kth_largest_key(keys, live, k):
 
 
 @triton.jit
-def nucleus_key(keys, mass, live, target):
-    """Per row, the smallest key x such that the mass of live elements with key > x is < target."""
+def nucleus_key(skeys, mass, live, target):
+    """Per row, the smallest key x such that the mass of live elements with key > x is < target
+    (skeys as in kth_largest_key; the result is an order_key)."""
     lo = tl.full(target.shape, -1, tl.int64)  # predicate false (or below every key)
     hi = tl.full(target.shape, 4294967295, tl.int64)  # true: nothing lies above the largest key
     for _ in range(32):
-        mid = (lo + hi) // 2
-        above = tl.sum(tl.where(live & (keys > mid[:, None]), mass, 0.0), axis=1)
+        mid = (lo + hi) // 2  # in [0, 2**32 - 1)
+        above = tl.sum(tl.where(live & (skeys > (mid - 2147483648).to(tl.int32)[:, None]), mass, 0.0), axis=1)
         ok = above < target
         hi = tl.where(ok, mid, hi)
         lo = tl.where(ok, lo, mid)
@@ -119,12 +121,13 @@ def _finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, compl
     n_above = tl.sum((live & (keys > bkey[:, None])).to(tl.int32), axis=1)
     key_minp = tl.where(use_minp, order_key(m + temp * tl.log(tl.where(use_minp, min_p, 1.0))), 0)
     k_known = ~use_k | (top_k <= n_above) | complete
-    key_k = kth_largest_key(keys, live, tl.maximum(tl.minimum(top_k, n_live), 1))
+    skeys = (keys - 2147483648).to(tl.int32)
+    key_k = kth_largest_key(skeys, live, tl.maximum(tl.minimum(top_k, n_live), 1))
     key_s = tl.where(use_k & k_known, tl.maximum(key_minp, key_k), key_minp)
     s_known = k_known | (key_minp > bkey)
     in_s = live & (keys >= key_s[:, None])
     z_s = tl.where(key_s > 0, tl.sum(tl.where(in_s, mass, 0.0), axis=1), z_full)
-    key_p = nucleus_key(keys, mass, in_s, top_p * z_s)
+    key_p = nucleus_key(skeys, mass, in_s, top_p * z_s)
     key_t = tl.where(use_p, tl.maximum(key_s, key_p), key_s)
     # Top-p renormalises over S: its sum comes from U only if S lies above B.
     proven = complete | (s_known & (key_t > bkey) & (~use_p | (key_s == 0) | (key_s > bkey)))
@@ -240,23 +243,22 @@ def select_filtered_kernel(
         shard_off_i = (slot // n_local) * stride_shard_i + (slot % n_local) * stride_slot
         vals = tl.load(cand_f + base_f + (shard_off_f + (5 + j) * stride_field)[None, :] + rows[:, None], mask=m2,
                        other=float("-inf"))
-        ids = tl.load(cand_i + base_i + (shard_off_i + (1 + j) * stride_ifield)[None, :] + rows[:, None], mask=m2,
-                      other=-1)
-        first = m2 & (j == 0)[None, :]  # one entry per slot: its boundary and stats
-        bound = tl.max(tl.load(cand_f + base_f + (shard_off_f + (5 + KEEP) * stride_field)[None, :] + rows[:, None],
-                               mask=first, other=float("-inf")), axis=1)
-        tmax = tl.load(cand_f + base_f + (shard_off_f + 2 * stride_field)[None, :] + rows[:, None], mask=first,
-                       other=float("-inf"))
-        tsum = tl.load(cand_f + base_f + (shard_off_f + 3 * stride_field)[None, :] + rows[:, None], mask=first,
-                       other=0.0)
+        ids_at = cand_i + base_i + (shard_off_i + (1 + j) * stride_ifield)[None, :] + rows[:, None]
+        # Per-slot fields (boundary, tile max and sums) on their own slot axis, a quarter of U's width.
+        BLOCK_S: tl.constexpr = BLOCK_U // KEEP
+        sl = tl.arange(0, BLOCK_S)
+        ms = active[:, None] & (sl < n_slots)[None, :]
+        slot_f = cand_f + base_f + ((sl // n_local) * stride_shard + (sl % n_local) * stride_slot)[None, :] + rows[:, None]
+        bound = tl.max(tl.load(slot_f + (5 + KEEP) * stride_field, mask=ms, other=float("-inf")), axis=1)
+        tmax = tl.load(slot_f + 2 * stride_field, mask=ms, other=float("-inf"))
+        tsum = tl.load(slot_f + 3 * stride_field, mask=ms, other=0.0)
         m = tl.max(tmax, axis=1)
         msafe = tl.where(m == float("-inf"), 0.0, m)
         z_full = tl.sum(tl.where(tmax > float("-inf"), tsum * tl.exp((tmax - msafe[:, None]) * inv_t[:, None]), 0.0),
                         axis=1)
         log_z_raw = tl.zeros([BLOCK_R], tl.float32)  # only MODE 1 ("raw") reads it
         if MODE == 1:
-            rsum = tl.load(cand_f + base_f + (shard_off_f + 4 * stride_field)[None, :] + rows[:, None], mask=first,
-                           other=0.0)
+            rsum = tl.load(slot_f + 4 * stride_field, mask=ms, other=0.0)
             log_z_raw = tl.log(tl.sum(tl.where(tmax > float("-inf"), rsum * tl.exp(tmax - msafe[:, None]), 0.0),
                                       axis=1))
         bkey = order_key(bound)
@@ -275,7 +277,7 @@ def select_filtered_kernel(
             pos = tl.cumsum(above.to(tl.int32), axis=1) - 1
             at = rows[:, None].to(tl.int64) * CAP + pos
             tl.store(scratch_f + at, vals, mask=above)
-            tl.store(scratch_i + at, ids, mask=above)
+            tl.store(scratch_i + at, tl.load(ids_at, mask=above, other=-1), mask=above)  # only the ids packed
             tl.debug_barrier()  # the packed values are read back by other threads of this program
             c = tl.arange(0, CAP)
             cm = c[None, :] < n_up[:, None]
@@ -286,7 +288,7 @@ def select_filtered_kernel(
                          offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr, fallback_ptr,
                          SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG)
         else:
-            _finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full,
+            _finish_rows(vals, tl.load(ids_at, mask=m2, other=-1), rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full,
                          log_z_raw, inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, seed_ptr,
                          seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
                          fallback_ptr, SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG)

@@ -146,10 +146,10 @@ def _search_kernel(vals_ptr, k_ptr, target_ptr, kth_ptr, nuc_ptr, N: tl.constexp
     c = tl.arange(0, N)
     vals = tl.load(vals_ptr + r[:, None] * N + c[None, :])
     live = vals > float("-inf")
-    keys = sf.order_key(vals)
+    skeys = (sf.order_key(vals) - 2147483648).to(tl.int32)
     mass = tl.where(live, tl.exp(vals - tl.max(vals, axis=1)[:, None]), 0.0)
-    tl.store(kth_ptr + r, sf.kth_largest_key(keys, live, tl.load(k_ptr + r)))
-    tl.store(nuc_ptr + r, sf.nucleus_key(keys, mass, live, tl.load(target_ptr + r)))
+    tl.store(kth_ptr + r, sf.kth_largest_key(skeys, live, tl.load(k_ptr + r)))
+    tl.store(nuc_ptr + r, sf.nucleus_key(skeys, mass, live, tl.load(target_ptr + r)))
 
 
 def _order_key(v):
