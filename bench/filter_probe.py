@@ -35,7 +35,7 @@ from fsdist.ops.merge_candidates import launch_merge
 from fsdist.ops.plan import launch_stage1, plan_sample
 from fsdist.ops.select_filtered import launch_select_filtered
 from fsdist.params import RowParams
-from fsdist.timing import CapturedGraph, L2Flusher, median_us, time_calls, time_graph
+from fsdist.timing import CapturedGraph, L2Flusher, median_us, time_graph
 
 
 @triton.jit

@@ -248,7 +248,8 @@ def select_filtered_kernel(
         BLOCK_S: tl.constexpr = BLOCK_U // KEEP
         sl = tl.arange(0, BLOCK_S)
         ms = active[:, None] & (sl < n_slots)[None, :]
-        slot_f = cand_f + base_f + ((sl // n_local) * stride_shard + (sl % n_local) * stride_slot)[None, :] + rows[:, None]
+        slot_off = (sl // n_local) * stride_shard + (sl % n_local) * stride_slot
+        slot_f = cand_f + base_f + slot_off[None, :] + rows[:, None]
         bound = tl.max(tl.load(slot_f + (5 + KEEP) * stride_field, mask=ms, other=float("-inf")), axis=1)
         tmax = tl.load(slot_f + 2 * stride_field, mask=ms, other=float("-inf"))
         tsum = tl.load(slot_f + 3 * stride_field, mask=ms, other=0.0)
@@ -282,22 +283,23 @@ def select_filtered_kernel(
             c = tl.arange(0, CAP)
             cm = c[None, :] < n_up[:, None]
             at = rows[:, None].to(tl.int64) * CAP + c[None, :]
-            _finish_rows(tl.load(scratch_f + at, mask=cm, other=float("-inf")), tl.load(scratch_i + at, mask=cm, other=-1),
-                         rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw, inv_t,
-                         noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, seed_ptr, seed_val,
+            _finish_rows(tl.load(scratch_f + at, mask=cm, other=float("-inf")),
+                         tl.load(scratch_i + at, mask=cm, other=-1),
+                         rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
+                         inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, seed_ptr, seed_val,
                          offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr, fallback_ptr,
                          SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG)
         else:
-            _finish_rows(vals, tl.load(ids_at, mask=m2, other=-1), rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full,
-                         log_z_raw, inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, seed_ptr,
-                         seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
-                         fallback_ptr, SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG)
+            _finish_rows(vals, tl.load(ids_at, mask=m2, other=-1),
+                         rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
+                         inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, seed_ptr, seed_val,
+                         offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr, fallback_ptr,
+                         SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG)
 
 
 def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int, params: RowParams, *,
                            vocab_size: int, tokens: torch.Tensor, logprobs=None, top_n: int = 0,
-                           mode: str = "scaled", top_ids=None, top_lp=None, cap: int = None, num_warps: int = None,
-                           searched=None):
+                           mode: str = "scaled", top_ids=None, top_lp=None, cap: int = None, searched=None):
     """Finish filtered rows and top-N logprobs from an extended candidate buffer ``src``, after
     launch_merge wrote ``tokens`` (and ``logprobs``) for every row.
 
@@ -305,8 +307,8 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     ``top_lp`` [B, top_n], and returns the rows the fallback must finish: int8 [B] flags.
     cap: how many kept logits above the boundary a row may have for the packed search
     (default SEARCH_CAP, at most half of U's padded size; 0 searches all of U, which gives the
-    same results: tests, probes); num_warps overrides the GPU's (probes); ``searched``, an
-    int32 [B] tensor, receives how many kept logits each row's search ran over (-1: all of U).
+    same results: tests, probes); ``searched``, an int32 [B] tensor, receives how many kept
+    logits each row's search ran over (-1: all of U).
     """
     if not layout.extended:
         raise ValueError("filters and top-N logprobs need an extended candidate layout (layout.fields(extended=True))")
@@ -325,12 +327,11 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     par_p, par_f, par_i, par_on = parity_args(src.parity, dummy)
     on_gpu = device.type == "cuda"
     # GPU: one row per program, a decode batch spreads over the SMs. Interpreter: big blocks.
-    block_r = 1 if on_gpu else max(1, min(1024, triton.next_power_of_2(batch), 2 ** 16 // triton.next_power_of_2(
-        layout.n_slots * KEEP)))
+    block_u = triton.next_power_of_2(layout.n_slots * KEEP)
+    block_r = 1 if on_gpu else max(1, min(1024, triton.next_power_of_2(batch), 2 ** 16 // block_u))
     cap = SEARCH_CAP if cap is None else cap
     if cap < 0 or cap & (cap - 1):
         raise ValueError(f"cap must be 0 or a power of two, got {cap}")
-    block_u = triton.next_power_of_2(layout.n_slots * KEEP)
     cap = min(cap, block_u // 2)  # a search over more than half of U saves too little to pack
     if searched is not None and (searched.dtype != torch.int32 or searched.numel() < batch):
         raise ValueError(f"searched must be an int32 tensor of at least {batch} elements")
@@ -348,7 +349,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         **flags,
         BLOCK_R=block_r, BLOCK_U=block_u, KEEP=KEEP, TOP_N=top_n,
         TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)), MODE=LOGPROBS_MODES.index(mode),
-        LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device), DEVICE_PARITY=par_on, PACK=cap > 0, CAP=max(cap, 1),
-        SEARCHED=searched is not None, num_warps=num_warps or (16 if on_gpu else 4),
+        LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device), DEVICE_PARITY=par_on,
+        PACK=cap > 0, CAP=max(cap, 1), SEARCHED=searched is not None, num_warps=16 if on_gpu else 4,
     )
     return fallback
