@@ -27,6 +27,9 @@ fell back to the exact fallback over their timed calls, ``fallback_rate`` in the
   fsdist_minp          fsdist.sample(min_p=[B])
   torch_topk_topp_compiled  cuBLAS logits -> /T -> sort-based top-k + top-p as vLLM's torch
                        sampler (baselines.matmul_top_k_top_p) -> exponential race, torch.compile
+  torch_topk_topp_compiled_es  the same with the top-p cumsum left out of the compiled graph
+                       (baselines.matmul_top_k_top_p_eager_scan): torch 2.11's Inductor fails to
+                       generate that 150k-wide scan at B >= 16, so this is the compiled baseline there
   torch_minp_compiled  cuBLAS logits -> /T -> min-p (baselines.matmul_min_p) -> race, torch.compile
   torch_topk_topp_eager, torch_minp_eager   the same without torch.compile (not default)
   fi_topk_topp_filtered  cuBLAS logits -> /T -> flashinfer top_k_top_p_sampling_from_logits with the
@@ -284,10 +287,11 @@ def _build_torch(which: str, compiled: bool):
     return build
 
 
-def _build_torch_filtered(group: str, compiled: bool):
+def _build_torch_filtered(group: str, compiled: bool, which: Optional[str] = None):
     """fsdist.reference.baselines' filtered matmul + sampler (sort-based top-k/top-p, or min-p),
-    eager or torch.compiled, with ctx's [B] temperatures and filter tensors."""
-    which = {"topk_topp": "top_k_top_p", "minp": "min_p"}[group]
+    eager or torch.compiled, with ctx's [B] temperatures and filter tensors. which: the
+    FILTERED_SAMPLERS name (default: the group's)."""
+    which = which or {"topk_topp": "top_k_top_p", "minp": "min_p"}[group]
 
     def build(ctx: ShapeCtx):
         W = ctx.weight
@@ -506,6 +510,11 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
            filter="topk_topp", compiled=True,
            note="cuBLAS logits, then sort-based top-k + top-p (vLLM's torch sampler) and an exponential race, "
                 "torch.compile"),
+    Method("torch_topk_topp_compiled_es", "tk/tp-comp-es", "baseline",
+           _build_torch_filtered("topk_topp", True, "top_k_top_p_eager_scan"), _plain, filter="topk_topp",
+           compiled=True,
+           note="as torch_topk_topp_compiled, its top-p cumsum outside the graph (torch 2.11's Inductor fails to "
+                "generate that scan at B >= 16)"),
     Method("torch_minp_eager", "minp-eag", "baseline", _build_torch_filtered("minp", False), _plain, filter="minp",
            default=False, note="baselines.matmul_min_p, eager"),
     Method("torch_minp_compiled", "minp-comp", "baseline", _build_torch_filtered("minp", True), _plain,

@@ -24,7 +24,8 @@ from .epilogue import raw_sum, row_temperature, tile_stats, tile_topk, write_can
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
 from .parity import parity_args, parity_offsets
-from .processors import apply_processors, processor_args
+from .entry_offsets import HEAD as ENTRY_HEAD, launch_entry_offsets
+from .processors import process_tile, processor_args, row_penalties, table_slice, tile_bitmask_words
 from .step_check import call_flags, write_row_fingerprints, write_step_record
 from .utils import fast_log_ok, load_row_param, row_param_args
 
@@ -40,6 +41,7 @@ def fused_sample_kernel(
     parity_ptr, parity_stride_f, parity_stride_i,
     hdr_off_i, flags, stride_ifield, xfp_ptr, xfp_val,
     bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride,
+    eoff_ptr, eoff_stride, head_ptr, head_val_ptr, head_stride,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_V: tl.constexpr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
@@ -48,7 +50,8 @@ def fused_sample_kernel(
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
     FAST_LOG: tl.constexpr, DEVICE_PARITY: tl.constexpr, TMA: tl.constexpr = False, HEADER: tl.constexpr = False,
     EXTENDED: tl.constexpr = False, KEEP: tl.constexpr = 4, XFP_PER_ROW: tl.constexpr = False,
-    BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False,
+    BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False, ENTRY_HEAD: tl.constexpr = 4,
+    BM_WORDS: tl.constexpr = False,
 ):
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
@@ -64,6 +67,14 @@ def fused_sample_kernel(
     if not TMA:
         h_ptrs = h_ptr + offs_b[:, None] * stride_hb + offs_k[None, :]
         w_ptrs = w_ptr + offs_v[:, None].to(tl.int64) * D + offs_k[None, :]
+    # The tile's bias / penalty entries (where they start, how many) and the rows' penalties:
+    # independent loads issued before the main loop, ready by the epilogue (processors.py).
+    e_start, e_count, e_head, e_head_val = table_slice(eoff_ptr, eoff_stride, head_ptr, head_val_ptr, head_stride,
+                                                       offs_b, mask_b, pid_v, SPARSE, ENTRY_HEAD)
+    rep, freq, pres = row_penalties(pen_ptr, pen_stride, offs_b, mask_b, SPARSE)
+    # The tile's bitmask words, [BLOCK_B, BLOCK_V / 32], where the tile starts on a word.
+    words = tile_bitmask_words(bm_ptr, bm_stride, offs_b, mask_b, vocab_start + pid_v * BLOCK_V, vocab_size, BLOCK_V,
+                               BITMASK and BM_WORDS)
     acc = tl.zeros([BLOCK_B, BLOCK_V], dtype=tl.float32)
     for k in range(0, D, BLOCK_K):
         if TMA:
@@ -104,9 +115,9 @@ def fused_sample_kernel(
     if BITMASK or SPARSE:
         # Token bitmask, logit bias, penalties (processors.py): from here on "logit" is the
         # processed logit, which everything below (noise, statistics, kept logits) uses.
-        logit = apply_processors(logit, offs_b, mask_b, gid, valid, vocab_start + pid_v * BLOCK_V, bm_ptr, bm_stride,
-                                 ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride,
-                                 BITMASK, SPARSE)
+        logit = process_tile(logit, offs_b, mask_b, gid, valid, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride,
+                             e_start, e_count, e_head, e_head_val, rep, freq, pres, words, BITMASK, SPARSE, ENTRY_HEAD,
+                             BM_WORDS)
     if NOISE:
         seed = load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
         offset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
@@ -199,6 +210,12 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     par_p, par_f, par_i, par_on = parity_args(dest.parity, dummy)
     h_arg, w_arg, tma = tma_operands(hidden, weight, cfg)
     proc_args, proc_flags = processor_args(params.processing, dummy)
+    if proc_flags["SPARSE"]:
+        proc = params.processing
+        eoff = launch_entry_offsets(proc.entries, proc.values, vocab_start, cfg.block_v, n_vtiles)
+        eoff_args = (eoff.offsets, eoff.offsets.stride(0), eoff.head, eoff.head_values, eoff.head.stride(0))
+    else:
+        eoff_args = (dummy, 0, dummy, dummy, 0)
     fused_sample_kernel[(triton.cdiv(B, cfg.block_b), n_vtiles)](
         h_arg, w_arg,
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
@@ -210,7 +227,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         par_p, par_f, par_i,
         layout.fingerprint_slot, call_flags(logprobs, chunked=False) if flags is None else flags,
         layout.stride_ifield, xfp_p, xfp_v,
-        *proc_args,
+        *proc_args, *eoff_args,
         BLOCK_B=cfg.block_b, BLOCK_V=cfg.block_v, BLOCK_K=cfg.block_k,
         EVEN_K=D % cfg.block_k == 0, EVEN_V=V_rows % cfg.block_v == 0,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
@@ -220,7 +237,9 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
         FAST_LOG=fast_log_ok(hidden.device),
         DEVICE_PARITY=par_on, TMA=tma, HEADER=_header(layout, dest), EXTENDED=extended, KEEP=KEEP,
-        XFP_PER_ROW=xfp_row, **proc_flags,
+        XFP_PER_ROW=xfp_row, **proc_flags, ENTRY_HEAD=ENTRY_HEAD,
+        # the bitmask's words loaded before the main loop where every tile starts on a word
+        BM_WORDS=vocab_start % 32 == 0 and cfg.block_v % 32 == 0,
         num_warps=cfg.num_warps, num_stages=fit_num_stages(cfg, hidden.element_size(), hidden.device),
     )
 

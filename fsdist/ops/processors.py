@@ -8,16 +8,18 @@ processed logits, hence the candidates and tokens, do not depend on the path, th
 size or the tensor-parallel degree.
 
 Bias and penalties come as a sorted list of entries per row (``id * 4 + kind``, built by
-``prepare_processors``). A tile finds the slice of its own ids by searching both ends at once per
-row (a 16-ary search: a few rounds of independent loads, where a binary search would wait
-on log2(S) dependent ones; nothing per tile is precomputed, so any tiling, path or
-vocabulary range reads the same list), then loops over those entries only (usually zero
-or one per row), accumulating, per (row, id), the bias sum, the occurrences in the output
-and whether the id was seen in the prompt or the output. Then, per element:
+``prepare_processors``). A tile needs the slice of its own ids: the fused GEMM reads it from a
+per-launch table of offsets (``entry_offsets.py``; two loads issued before its main loop, so
+nothing waits in the epilogue), the other kernels search the list (a 16-ary search: a few
+rounds of independent loads, any tiling, path or vocabulary range). ``process_tile`` then
+walks those entries (usually none or one per row), summing, per (row, id), the bias values,
+the occurrences in the output and whether the id was seen in the prompt or the output, and
+rewrites each such id's logit once:
 
     x = x + bias;  x = x / r if x > 0 else x * r  (seen ids);  x -= f * count + p * [count > 0]
 
-A disallowed id is -inf before and after (-inf plus, times or minus a finite number).
+Ids without entries keep their logit bit for bit. A disallowed id is -inf before and after
+(-inf plus, times or minus a finite number).
 """
 from typing import Optional
 
@@ -68,40 +70,172 @@ def lower_bounds(ent_ptr, row_base, width, key_a, key_b, mask_r, rounds, PROBES:
 
 
 @triton.jit
-def apply_processors(x, rows, mask_r, gid, ok, tile_lo,
-                     bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride,
-                     BITMASK: tl.constexpr, SPARSE: tl.constexpr):
-    """Processed logits of a tile. x: fp32 [R, C] raw logits of global ids gid [C] for rows
-    [R] (mask_r: real rows; ok: ids < vocab_size inside the weight); the tile's ids are
-    tile_lo .. tile_lo + C - 1 (gid may hold them in another order)."""
+def lower_bound(ent_ptr, row_base, width, key, mask_r, rounds, PROBES: tl.constexpr):
+    """Per lane: the first position in its sorted entries (at row_base [R]) that is >= its key
+    (key [R]; width if none); lower_bounds with a key per lane."""
+    k = tl.arange(0, PROBES) + 1
+    lo = tl.zeros(row_base.shape, tl.int32)
+    hi = tl.where(mask_r, width, 0)
+    for _ in range(rounds):
+        lo, hi = _narrow(ent_ptr, row_base, key[:, None], lo, hi, k, PROBES)
+    return lo
+
+
+@triton.jit
+def searched_slice(ent_ptr, ent_stride, ent_width, search_steps, rows, mask_r, tile_lo, TILE: tl.constexpr,
+                   SPARSE: tl.constexpr):
+    """(start, n) per row: the row's entries of ids tile_lo .. tile_lo + TILE - 1, found by
+    searching the row's list (any tiling); (0, 0) without entries."""
+    if SPARSE:
+        start, end = lower_bounds(ent_ptr, rows.to(tl.int64) * ent_stride, ent_width, tile_lo * 4,
+                                  (tile_lo + TILE) * 4, mask_r, search_steps, _PROBES)
+        n = tl.where(mask_r, end - start, 0)
+    else:
+        start = tl.zeros(rows.shape, tl.int32)
+        n = start
+    return start, n
+
+
+@triton.jit
+def table_slice(eoff_ptr, eoff_stride, head_ptr, head_val_ptr, head_stride, rows, mask_r, tile, SPARSE: tl.constexpr,
+                HEAD: tl.constexpr):
+    """(start, n, head, head_values) per row for tile ``tile`` of a launch, read from its
+    ``entry_offsets`` (start, n: int32 [R]; head / head_values: the slice's first HEAD entries and
+    values, [R, HEAD]). All independent loads, so a kernel can issue them before its main loop
+    and find them ready in the epilogue. Zeros / SENTINEL without entries."""
+    h = tl.arange(0, HEAD)
+    if SPARSE:
+        base = eoff_ptr + rows.to(tl.int64) * eoff_stride + tile
+        start = tl.load(base, mask=mask_r, other=0)
+        n = tl.load(base + 1, mask=mask_r, other=0) - start
+        hoff = rows[:, None].to(tl.int64) * head_stride + tile * HEAD + h[None, :]
+        head = tl.load(head_ptr + hoff, mask=mask_r[:, None], other=_SENTINEL)
+        head_val = tl.load(head_val_ptr + hoff, mask=mask_r[:, None], other=0.0)
+    else:
+        start = tl.zeros(rows.shape, tl.int32)
+        n = start
+        head = tl.zeros([rows.shape[0], HEAD], tl.int32) + _SENTINEL
+        head_val = tl.zeros([rows.shape[0], HEAD], tl.float32)
+    return start, n, head, head_val
+
+
+@triton.jit
+def tile_bitmask_words(bm_ptr, bm_stride, rows, mask_r, tile_lo, vocab_size, WIDTH: tl.constexpr,
+                       BITMASK: tl.constexpr):
+    """int32 [R, WIDTH // 32]: the bitmask words of ids tile_lo .. tile_lo + WIDTH - 1 (tile_lo a
+    multiple of 32), -1 (all allowed) past the vocabulary. One small independent load a kernel
+    issues before its main loop (``bitmask_bits`` expands it in the epilogue), instead of a
+    [R, WIDTH] gather that the epilogue waits for."""
+    w = tile_lo // 32 + tl.arange(0, WIDTH // 32)
     if BITMASK:
+        words = tl.load(bm_ptr + rows[:, None].to(tl.int64) * bm_stride + w[None, :],
+                        mask=mask_r[:, None] & (w * 32 < vocab_size)[None, :], other=-1)
+    else:
+        words = tl.zeros([rows.shape[0], WIDTH // 32], tl.int32) - 1
+    return words
+
+
+@triton.jit
+def bitmask_bits(words, WIDTH: tl.constexpr):
+    """[R, WIDTH] bool, id tile_lo + c allowed, from ``tile_bitmask_words``: each word repeated
+    over its 32 columns in registers, then bit c % 32 of it."""
+    R: tl.constexpr = words.shape[0]
+    full = tl.reshape(tl.broadcast_to(words[:, :, None], [R, WIDTH // 32, 32]), [R, WIDTH])
+    return ((full >> (tl.arange(0, WIDTH) % 32)[None, :]) & 1) != 0
+
+
+@triton.jit
+def row_penalties(pen_ptr, pen_stride, rows, mask_r, SPARSE: tl.constexpr):
+    """(repetition, frequency, presence) fp32 [R] of the rows (1, 0, 0 without entries)."""
+    if SPARSE:
+        rep = tl.load(pen_ptr + rows, mask=mask_r, other=1.0)
+        freq = tl.load(pen_ptr + pen_stride + rows, mask=mask_r, other=0.0)
+        pres = tl.load(pen_ptr + 2 * pen_stride + rows, mask=mask_r, other=0.0)
+    else:
+        rep = tl.full(rows.shape, 1.0, tl.float32)
+        freq = tl.zeros(rows.shape, tl.float32)
+        pres = freq
+    return rep, freq, pres
+
+
+@triton.jit
+def _entry_step(x, gid, e, v, live, run, bias, count, seen, rep, freq, pres):
+    """One entry per row (e, v; live: the row still has one): close the runs it ends, then add it."""
+    ident = e >> 2
+    ends = (ident != run) & (run >= 0)
+    hit = gid[None, :] == tl.where(ends, run, -1)[:, None]
+    # the run's one logit, read out of the tile (a row max over a single hit) and written back
+    xv = tl.max(tl.where(hit, x, float("-inf")), axis=1)
+    x = tl.where(hit, processed_logit(xv, bias, count, seen, rep, freq, pres)[:, None], x)
+    fresh = ident != run
+    kind = e & 3
+    bias = tl.where(fresh, 0.0, bias) + tl.where(live & (kind == 0), v, 0.0)
+    count = tl.where(fresh, 0, count) + (live & (kind == 1)).to(tl.int32)
+    seen = tl.where(fresh, 0, seen) | (live & (kind != 0)).to(tl.int32)
+    return x, ident, bias, count, seen
+
+
+@triton.jit
+def process_tile(x, rows, mask_r, gid, ok, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, start, n, head, head_val,
+                 rep, freq, pres, words, BITMASK: tl.constexpr, SPARSE: tl.constexpr, HEAD: tl.constexpr,
+                 WORDS: tl.constexpr = False):
+    """Processed logits of a tile whose entry slices (start, n per row), the slices' first HEAD
+    entries (head, head_val [R, HEAD]; HEAD = 0: none given) and the rows' penalties are known.
+    x: fp32 [R, C] raw logits of global ids gid [C] for rows [R] (mask_r: real rows; ok: ids <
+    vocab_size inside the weight).
+
+    The entries are walked in list order, all rows at once, one entry per step: a step adds the
+    entry to its id's run (bias values in the order given, output occurrences counted, any
+    prompt/output occurrence marks the id seen) and, where a row's run ends (the next entry has
+    another id, or none is left), rewrites that one logit with ``processed_logit``. Only
+    per-row scalars carry between steps (no [R, C] accumulators: registers the GEMM's epilogue
+    does not have). The sums are those of ``apply_entries`` (same order, same formula), so
+    every path agrees bit for bit. WORDS: the bitmask's words of this tile are given (``words``,
+    from ``tile_bitmask_words``; gid then holds the tile's ids in order from a multiple of 32),
+    else they are gathered here."""
+    if BITMASK and WORDS:
+        x = tl.where(bitmask_bits(words, x.shape[1]), x, float("-inf"))
+    elif BITMASK:
         word = tl.load(bm_ptr + rows[:, None].to(tl.int64) * bm_stride + (gid // 32)[None, :],
                        mask=mask_r[:, None] & ok[None, :], other=-1)
         allowed = ((word >> (gid % 32)[None, :]) & 1) != 0
         x = tl.where(allowed, x, float("-inf"))
     if SPARSE:
-        row_base = rows.to(tl.int64) * ent_stride
-        start, end = lower_bounds(ent_ptr, row_base, ent_width, tile_lo * 4, (tile_lo + x.shape[1]) * 4, mask_r,
-                                  search_steps, _PROBES)
-        n = tl.where(mask_r, end - start, 0)
-        bias = tl.zeros(x.shape, tl.float32)
-        count = tl.zeros(x.shape, tl.int32)
-        seen = tl.zeros(x.shape, tl.int32)
-        row_ent = row_base + start
-        for j in range(0, tl.max(n, axis=0)):
-            live = j < n
-            e = tl.load(ent_ptr + row_ent + j, mask=live, other=_SENTINEL)
-            v = tl.load(val_ptr + row_ent + j, mask=live, other=0.0)
-            hit = gid[None, :] == (e >> 2)[:, None]
-            kind = (e & 3)[:, None]
-            bias += tl.where(hit & (kind == 0), v[:, None], 0.0)
-            count += (hit & (kind == 1)).to(tl.int32)
-            seen = seen | (hit & (kind != 0)).to(tl.int32)
-        rep = tl.load(pen_ptr + rows, mask=mask_r, other=1.0)[:, None]
-        freq = tl.load(pen_ptr + pen_stride + rows, mask=mask_r, other=0.0)[:, None]
-        pres = tl.load(pen_ptr + 2 * pen_stride + rows, mask=mask_r, other=0.0)[:, None]
-        x = processed_logit(x, bias, count, seen, rep, freq, pres)
+        run = tl.full(rows.shape, -1, tl.int32)  # id of the run being summed (-1: none yet)
+        bias = tl.zeros(rows.shape, tl.float32)
+        count = tl.zeros(rows.shape, tl.int32)
+        seen = tl.zeros(rows.shape, tl.int32)
+        longest = tl.max(n, axis=0)
+        if longest > 0:
+            # The head entries are in registers already; a row past its slice reads SENTINEL
+            # (an id of no tile), which closes its last run.
+            for j in tl.static_range(HEAD):
+                pick = tl.arange(0, HEAD)[None, :] == j
+                e = tl.max(tl.where(pick, head, -1), axis=1)
+                v = tl.sum(tl.where(pick, head_val, 0.0), axis=1)
+                x, run, bias, count, seen = _entry_step(x, gid, e, v, j < n, run, bias, count, seen, rep, freq, pres)
+            # Entries past the heads (and, without heads, all of them): read from the list, plus
+            # one step past the longest slice to close every row's last run.
+            row_ent = rows.to(tl.int64) * ent_stride + start
+            for j in range(HEAD, longest + 1):
+                live = j < n
+                e = tl.load(ent_ptr + row_ent + j, mask=live, other=_SENTINEL)
+                v = tl.load(val_ptr + row_ent + j, mask=live, other=0.0)
+                x, run, bias, count, seen = _entry_step(x, gid, e, v, live, run, bias, count, seen, rep, freq, pres)
     return x
+
+
+@triton.jit
+def apply_processors(x, rows, mask_r, gid, ok, tile_lo,
+                     bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride,
+                     BITMASK: tl.constexpr, SPARSE: tl.constexpr):
+    """Processed logits of a tile, its entry slices found by searching (``process_tile``; the
+    tile's ids are tile_lo .. tile_lo + C - 1, gid may hold them in another order)."""
+    start, n = searched_slice(ent_ptr, ent_stride, ent_width, search_steps, rows, mask_r, tile_lo, x.shape[1],
+                              SPARSE)
+    rep, freq, pres = row_penalties(pen_ptr, pen_stride, rows, mask_r, SPARSE)
+    return process_tile(x, rows, mask_r, gid, ok, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, start, n, start,
+                        rep, rep, freq, pres, start, BITMASK, SPARSE, 0)
 
 
 @triton.jit
@@ -133,4 +267,5 @@ def processor_args(processing: Optional[LogitProcessing], dummy: torch.Tensor, s
     return args, {"BITMASK": bm is not None, "SPARSE": sparse}
 
 
-__all__ = ["apply_processors", "lower_bounds", "processed_logit", "processor_args"]
+__all__ = ["apply_processors", "lower_bound", "lower_bounds", "process_tile", "processed_logit", "processor_args",
+           "bitmask_bits", "row_penalties", "searched_slice", "table_slice", "tile_bitmask_words"]

@@ -12,7 +12,8 @@
 """
 from .baselines import (FILTERED_SAMPLERS, MATERIALIZED_SAMPLERS, compiled_sampler, exponential_race,
                         gumbel_argmax_from_logits, materialize_logits, matmul_gumbel_argmax, matmul_min_p,
-                        matmul_multinomial, matmul_top_k_top_p, min_p_filter, min_p_from_logits,
+                        matmul_multinomial, matmul_top_k_top_p, matmul_top_k_top_p_eager_scan, min_p_filter,
+                        eager_row_cumsum, min_p_from_logits,
                         multinomial_from_logits, reference_gumbel, reference_sample, sample_from_logits, scale_logits,
                         top_k_top_p_filter, top_k_top_p_from_logits)
 from .noise import (gumbel_from_bits, gumbel_noise, philox_uniform_bits, philox_words, vocab_gumbel,
@@ -26,7 +27,7 @@ __all__ = ["FILTERED_SAMPLERS", "MATERIALIZED_SAMPLERS", "compiled_sampler", "ex
            "gumbel_argmax_from_logits", "materialize_logits", "matmul_gumbel_argmax", "matmul_min_p",
            "matmul_multinomial", "matmul_top_k_top_p", "min_p_filter", "min_p_from_logits",
            "multinomial_from_logits", "reference_gumbel", "reference_sample", "sample_from_logits", "scale_logits",
-           "top_k_top_p_filter", "top_k_top_p_from_logits", "gumbel_from_bits", "gumbel_noise",
+           "top_k_top_p_filter", "top_k_top_p_from_logits", "matmul_top_k_top_p_eager_scan", "eager_row_cumsum", "gumbel_from_bits", "gumbel_noise",
            "philox_uniform_bits", "philox_words", "vocab_gumbel", "vocab_uniform_bits",
            "GREEDY_EPS", "LOGPROBS_MODES", "MAX_TOP_LOGPROBS", "Penalties", "ServingSemantics", "SparseLogits",
            "allowed_from_bitmask", "bitmask_from_allowed", "bitmask_words", "filtered_distribution",

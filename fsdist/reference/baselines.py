@@ -173,7 +173,8 @@ Filter = Union[int, float, torch.Tensor]
 _NEG_INF = float("-inf")
 
 
-def top_k_top_p_filter(scaled: torch.Tensor, top_k: Filter = 0, top_p: Filter = 1.0) -> torch.Tensor:
+def top_k_top_p_filter(scaled: torch.Tensor, top_k: Filter = 0, top_p: Filter = 1.0, *,
+                       cumsum: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
     """A new [B, V] tensor: `scaled` (logits / T) with the ids top-k, then top-p, drop set to -inf.
 
     top_k: int or [B] integer tensor, 0 or >= V = off; every id >= the k-th largest value
@@ -182,7 +183,8 @@ def top_k_top_p_filter(scaled: torch.Tensor, top_k: Filter = 0, top_p: Filter = 
     sampler does it: one ascending sort per row, the k-th largest read at column V - k,
     softmax and cumulative sum of the sorted row (least likely first), an id dropped when
     the mass up to and including it is <= 1 - top_p (never the last, most likely one),
-    then the sorted row scattered back to vocabulary order.
+    then the sorted row scattered back to vocabulary order. cumsum: the row scan (default
+    ``torch.cumsum`` along the row; see ``eager_row_cumsum``).
     """
     batch, vocab = scaled.shape
     k = _as_rows(top_k, batch, torch.int64, scaled.device)
@@ -191,7 +193,8 @@ def top_k_top_p_filter(scaled: torch.Tensor, top_k: Filter = 0, top_p: Filter = 
     k = torch.where((k > 0) & (k < vocab), k, torch.full_like(k, vocab))  # off: the k-th largest is the minimum
     kth = asc.gather(1, (vocab - k)[:, None])
     asc = asc.masked_fill(asc < kth, _NEG_INF)
-    mass_up_to = asc.softmax(dim=-1).cumsum(dim=-1)
+    probs = asc.softmax(dim=-1)
+    mass_up_to = probs.cumsum(dim=-1) if cumsum is None else cumsum(probs)
     drop = mass_up_to <= (1.0 - p)[:, None]
     last = torch.arange(vocab, device=scaled.device)[None, :] == vocab - 1
     asc = asc.masked_fill(drop & ~last, _NEG_INF)
@@ -227,12 +230,13 @@ def exponential_race(filtered: torch.Tensor, generator: Optional[torch.Generator
 
 def top_k_top_p_from_logits(logits: torch.Tensor, temperature: Temperature = 1.0, top_k: Filter = 0,
                             top_p: Filter = 1.0, *, has_greedy: Optional[bool] = None,
-                            generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                            generator: Optional[torch.Generator] = None,
+                            cumsum: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
     """Tokens int64 [B]: fp32 logits / T, :func:`top_k_top_p_filter`, :func:`exponential_race`;
     greedy rows (T < 1e-5) take the argmax (the filters never remove it). has_greedy: as in
-    :func:`sample_from_logits`."""
+    :func:`sample_from_logits`; cumsum: as in :func:`top_k_top_p_filter`."""
     def draw(scaled):
-        return exponential_race(top_k_top_p_filter(scaled, top_k, top_p), generator)
+        return exponential_race(top_k_top_p_filter(scaled, top_k, top_p, cumsum=cumsum), generator)
 
     return sample_from_logits(logits, temperature, draw, has_greedy=has_greedy)
 
@@ -254,6 +258,23 @@ def matmul_top_k_top_p(hidden: torch.Tensor, weight: torch.Tensor, temperature: 
     return top_k_top_p_from_logits(F.linear(hidden, weight), temperature, top_k, top_p, has_greedy=has_greedy)
 
 
+@torch.compiler.disable
+def eager_row_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """``x.cumsum(dim=-1)`` kept out of any ``torch.compile`` graph (a graph break: the scan runs
+    as the eager CUDA kernel). Torch 2.11's Inductor fails to generate its split scan over a
+    150k-wide row at B >= 16 ("list indices must be integers or slices, not NoneType", on an
+    H100, 2026-11-24); with this the rest of the sampler still compiles."""
+    return x.cumsum(dim=-1)
+
+
+def matmul_top_k_top_p_eager_scan(hidden: torch.Tensor, weight: torch.Tensor, temperature: Temperature = 1.0, *,
+                                  top_k: Filter = 0, top_p: Filter = 1.0, has_greedy: Optional[bool] = None
+                                  ) -> torch.Tensor:
+    """:func:`matmul_top_k_top_p` with the top-p scan outside the compiled graph (``eager_row_cumsum``)."""
+    return top_k_top_p_from_logits(F.linear(hidden, weight), temperature, top_k, top_p, has_greedy=has_greedy,
+                                   cumsum=eager_row_cumsum)
+
+
 def matmul_min_p(hidden: torch.Tensor, weight: torch.Tensor, temperature: Temperature = 1.0, *,
                  min_p: Filter = 0.0, has_greedy: Optional[bool] = None) -> torch.Tensor:
     """``F.linear(hidden, weight)`` (cuBLAS logits), then :func:`min_p_from_logits`."""
@@ -263,6 +284,7 @@ def matmul_min_p(hidden: torch.Tensor, weight: torch.Tensor, temperature: Temper
 # name -> fn(hidden, weight, temperature, *, <its filters as keywords>, has_greedy=None) -> tokens int64 [B]
 FILTERED_SAMPLERS: Dict[str, Callable[..., torch.Tensor]] = {
     "top_k_top_p": matmul_top_k_top_p,
+    "top_k_top_p_eager_scan": matmul_top_k_top_p_eager_scan,
     "min_p": matmul_min_p,
 }
 

@@ -44,11 +44,13 @@ PROC_CONST = dict(BITMASK=True, SPARSE=True)
 STAGE1 = dict(h_ptr="*bf16", w_ptr="*bf16", cand_f="*i64",
               cand_i="*i64", B="i32", D="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", stride_hb="i32",
               buf_offset="i32", buf_offset_i="i32", stride_field="i32", stride_slot="i32", hdr_off_i="i32", flags="i32",
-              stride_ifield="i32", xfp_ptr="*i64", xfp_val="i64", **ROW_PARAMS, **PARITY, **PROC)
+              stride_ifield="i32", xfp_ptr="*i64", xfp_val="i64", eoff_ptr="*i32", eoff_stride="i32", head_ptr="*i32",
+              head_val_ptr="*fp32", head_stride="i32", **ROW_PARAMS, **PARITY,
+              **PROC)
 STAGE1_CONST = dict(**PROC_CONST, BLOCK_B=16, BLOCK_V=128, BLOCK_K=128, EVEN_K=True, EVEN_V=True, SEED_PER_ROW=True,
                     OFFSET_PER_ROW=True, TEMP_PER_ROW=True, NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4,
                     DOT_PRECISION="tf32", DOT_UPCAST=False, FAST_LOG=True, DEVICE_PARITY=True, TMA=False, HEADER=True,
-                    EXTENDED=True, KEEP=4, XFP_PER_ROW=True)
+                    EXTENDED=True, KEEP=4, XFP_PER_ROW=True, ENTRY_HEAD=4, BM_WORDS=True)
 
 CASES = {
     "group_select": dict(
@@ -107,6 +109,11 @@ CASES = {
                         TOPP_PER_ROW=True, MINP_PER_ROW=False, BLOCK_R=1, BLOCK_U=8192, KEEP=4, TOP_N=5,
                         TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True, PACK=True, CAP=2048,
                         SEARCHED=True), num_warps=16),
+    "entry_offsets": dict(
+        module="fsdist.ops.entry_offsets", kernel="entry_offsets_kernel",
+        types=dict(ent_ptr="*i32", val_ptr="*fp32", ent_stride="i32", width="i32", rounds="i32", out_ptr="*i32",
+                   out_stride="i32", head_ptr="*i32", head_val_ptr="*fp32", head_stride="i32", B="i32",
+                   n_tiles="i32", first_id="i32", tile="i32"), constexprs=dict(BLOCK=128)),
     "fallback_compact": dict(
         module="fsdist.ops.fallback", kernel="compact_kernel",
         types=dict(flags_ptr="*i8", B="i32", count_ptr="*i32", rows_ptr="*i32"), constexprs=dict(BLOCK=1024)),

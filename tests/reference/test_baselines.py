@@ -11,7 +11,8 @@ import torch
 
 from fsdist.reference import (FILTERED_SAMPLERS, MATERIALIZED_SAMPLERS, compiled_sampler, filtered_distribution,
                               gumbel_argmax_from_logits, matmul_gumbel_argmax, matmul_min_p, matmul_multinomial,
-                              matmul_top_k_top_p, min_p_from_logits, multinomial_from_logits, sample_from_logits,
+                              matmul_top_k_top_p, matmul_top_k_top_p_eager_scan,
+                              min_p_from_logits, multinomial_from_logits, sample_from_logits,
                               scale_logits, top_k_top_p_filter, top_k_top_p_from_logits)
 from statcheck import P_MIN, assert_samples_match, chi2_gof
 
@@ -234,11 +235,11 @@ def test_filtered_matmul_samplers(name):
     weight = torch.randn(V, 16, generator=g) * 0.8
     T = torch.full((N,), 0.8)
     params = {"top_k": torch.full((N,), 12, dtype=torch.int32), "top_p": torch.full((N,), 0.85)} \
-        if name == "top_k_top_p" else {"min_p": torch.full((N,), 0.05)}
+        if name.startswith("top_k_top_p") else {"min_p": torch.full((N,), 0.05)}
     torch.manual_seed(62)  # the samplers draw from torch's default generator
     tokens = FILTERED_SAMPLERS[name](hidden_row.expand(N, -1), weight, T, has_greedy=False, **params)
     logits = hidden_row.double() @ weight.double().T
     want = _reference(logits[0], temperature=0.8, **{k: (v[0].item()) for k, v in params.items()})
     assert_samples_match(tokens, want, name)
-    assert FILTERED_SAMPLERS[name] in (matmul_top_k_top_p, matmul_min_p)
+    assert FILTERED_SAMPLERS[name] in (matmul_top_k_top_p, matmul_top_k_top_p_eager_scan, matmul_min_p)
     assert callable(compiled_sampler(name))  # compiles lazily, on the first call
