@@ -48,7 +48,8 @@ class LogitProcessing:
                penalty touches any id).
     values:    fp32 [B, S], the bias value of each entry (0 for occurrences).
     penalties: fp32 [3, B]: repetition, frequency, presence of each row.
-    bad_rows:  bool [B], rows whose processor values are out of range.
+    bad_rows:  bool [B], rows whose processor values are out of range, or None where no value can
+               be (a bitmask alone: every int32 word is a valid mask).
     checks:    (argument, rule, tensor, predicate) per value rule, evaluated only by
                check_values (check=True), which names the argument.
     """
@@ -57,7 +58,7 @@ class LogitProcessing:
     entries: Optional[torch.Tensor]
     values: Optional[torch.Tensor]
     penalties: Optional[torch.Tensor]
-    bad_rows: torch.Tensor
+    bad_rows: Optional[torch.Tensor]
     checks: Tuple = ()
 
     @property
@@ -66,7 +67,11 @@ class LogitProcessing:
         return search_rounds(self.entries.shape[1]) if self.entries is not None else 0
 
     def apply_to(self, params: RowParams) -> RowParams:
-        """params with bad rows poisoned: their temperature becomes NaN (a [B] tensor)."""
+        """params with bad rows poisoned: their temperature becomes NaN (a [B] tensor). Without
+        values to check (bad_rows None) the temperature stays as it is: no launch."""
+        if self.bad_rows is None:
+            return RowParams(params.temperature, params.seed, params.offset, params.top_k, params.top_p, params.min_p,
+                             params.fingerprint, self)
         t = params.temperature
         if not isinstance(t, torch.Tensor):
             t = torch.full(self.bad_rows.shape, float(t), dtype=torch.float32, device=self.bad_rows.device)
@@ -78,7 +83,9 @@ class LogitProcessing:
         """int64 [B]: a cheap hash of each row's processor inputs, for the tensor-parallel call
         header (ranks that disagree on a bitmask word, an entry or a penalty are caught, up
         to sums that happen to agree)."""
-        fp = self.bad_rows.to(torch.int64)
+        fp = 0
+        if self.bad_rows is not None:
+            fp = self.bad_rows.to(torch.int64)
         if self.bitmask is not None:
             fp = fp * 1000003 + self.bitmask.sum(dim=1, dtype=torch.int64)
         if self.entries is not None:
@@ -205,11 +212,11 @@ def prepare_processing(token_bitmask=None, logit_bias=None, penalties=None, *, b
                                                    penalties=penalties is not None)
     else:
         # No listed id: bias and penalties change nothing, but bad penalty values still poison
-        # their rows (the same rule as with ids).
-        bad = torch.zeros(batch, dtype=torch.bool, device=device)
+        # their rows (the same rule as with ids). A bitmask alone has nothing to check.
+        bad = None
         for name, _, x, pred in checks:
             if name.startswith("penalties.") and not name.endswith("_ids"):
-                bad = bad | pred(x)
+                bad = pred(x) if bad is None else bad | pred(x)
     return LogitProcessing(bitmask, entries, values, pen, bad, tuple(checks))
 
 

@@ -49,13 +49,14 @@ def entry_offsets_kernel(ent_ptr, val_ptr, ent_stride, width, rounds, out_ptr, o
     key = tl.minimum((first_id + t * tile) * 4, _SENTINEL)
     pos = lower_bound(ent_ptr, row_base, width, key, live, rounds, _PROBES)
     tl.store(out_ptr + row * out_stride + t, pos, mask=live)
-    # the first HEAD entries of each tile (SENTINEL / 0.0 past its slice)
+    # The first HEAD entries of each tile (SENTINEL / 0.0 past its slice): those after pos whose
+    # id is still below the next bound (the list is sorted), without a second search.
     is_tile = live & (t < n_tiles)
-    nxt = lower_bound(ent_ptr, row_base, width, tl.minimum(key + tile * 4, _SENTINEL), is_tile, rounds, _PROBES)
     h = tl.arange(0, _HEAD)
     at = pos[:, None] + h[None, :]
-    inside = is_tile[:, None] & (at < nxt[:, None])
-    e = tl.load(ent_ptr + row_base[:, None] + at, mask=inside, other=_SENTINEL)
+    e = tl.load(ent_ptr + row_base[:, None] + at, mask=is_tile[:, None] & (at < width), other=_SENTINEL)
+    inside = e < tl.minimum(key + tile * 4, _SENTINEL)[:, None]
+    e = tl.where(inside, e, _SENTINEL)
     v = tl.load(val_ptr + row_base[:, None] + at, mask=inside, other=0.0)
     dst = row[:, None] * head_stride + t[:, None] * _HEAD + h[None, :]
     tl.store(head_ptr + dst, e, mask=is_tile[:, None])
