@@ -50,9 +50,9 @@ def test_offsets_and_heads_match_the_list(device, first_id, tile, n_tiles):
         assert int(counts.max()) > HEAD and int(counts[2].sum()) == 0
 
 
-def test_power_one_id_off():
+def test_power_one_id_off(device):
     """Power: a table built for ids one tile off gives other offsets."""
-    ent, vals = _rows("cpu")
+    ent, vals = _rows(device)
     a = launch_entry_offsets(ent, vals, 0, 128, 7).offsets
     b = launch_entry_offsets(ent, vals, 128, 128, 7).offsets
     assert not torch.equal(a, b)

@@ -50,8 +50,8 @@ def _case(device, vocab_start, seed=0, bias_shift=0.0):
     prompt = torch.randint(lo, hi, (B, 15), generator=g)
     allowed = torch.rand(B, vocab_size, generator=g) < 0.8
     allowed[:, :vocab_start] = False
-    pen = fsdist.Penalties(torch.linspace(1.1, 1.6, B), torch.linspace(0.0, 0.5, B), torch.linspace(-0.3, 0.3, B),
-                           out.to(device), prompt.to(device))
+    pen = fsdist.Penalties(torch.linspace(1.1, 1.6, B).to(device), torch.linspace(0.0, 0.5, B).to(device),
+                           torch.linspace(-0.3, 0.3, B).to(device), out.to(device), prompt.to(device))
     proc = prepare_processing(token_bitmask=bitmask_from_allowed(allowed).to(device),
                               logit_bias=fsdist.SparseLogits(bias_ids.to(device), vals.to(device)),
                               penalties=pen, batch=B, vocab_size=vocab_size, device=device)
