@@ -43,6 +43,7 @@ LABELS = {
     "fsdist_minp": "fsdist, min-p ([B] tensor)",
     "torch_topk_topp_compiled": "matmul+sort-based top-k/top-p+race (compiled)",
     "torch_topk_topp_eager": "matmul+sort-based top-k/top-p+race (eager)",
+    "torch_topk_topp_compiled_es": "matmul+sort-based top-k/top-p+race (compiled, top-p scan eager)",
     "torch_minp_compiled": "matmul+min-p+race (compiled)",
     "torch_minp_eager": "matmul+min-p+race (eager)",
     "fi_topk_topp_filtered": "FlashInfer top_k_top_p_sampling_from_logits, filters on",
@@ -64,6 +65,7 @@ SHORT = {"cublas": "cuBLAS", "fsdist": "fsdist", "fsdist_logprobs": "fsdist+lp",
          "gumbel_compiled": "gumbel compiled", "fi_topk_topp": "FI1", "fi_sampling": "FI2",
          "fsdist_topk_topp": "fsdist top-k/top-p", "fsdist_minp": "fsdist min-p",
          "torch_topk_topp_compiled": "torch top-k/top-p compiled", "torch_topk_topp_eager": "torch top-k/top-p eager",
+         "torch_topk_topp_compiled_es": "torch top-k/top-p compiled (eager scan)",
          "torch_minp_compiled": "torch min-p compiled", "torch_minp_eager": "torch min-p eager",
          "fi_topk_topp_filtered": "FI top-k/top-p", "fi_minp": "FI min-p",
          "fsdist_bitmask": "fsdist bitmask", "fsdist_bias_pen": "fsdist bias+pen",
@@ -77,7 +79,8 @@ BASELINES = ["multinomial_eager", "multinomial_compiled", "gumbel_eager", "gumbe
 # baselines (same [B] filters) and the filter parameters it reads from args["filters"].
 FILTERED = {
     "topk_topp": {"fsdist": "fsdist_topk_topp", "params": ("top_k", "top_p"),
-                  "baselines": ["torch_topk_topp_compiled", "torch_topk_topp_eager", "fi_topk_topp_filtered"]},
+                  "baselines": ["torch_topk_topp_compiled", "torch_topk_topp_compiled_es", "torch_topk_topp_eager",
+                                "fi_topk_topp_filtered"]},
     "minp": {"fsdist": "fsdist_minp", "params": ("min_p",),
              "baselines": ["torch_minp_compiled", "torch_minp_eager", "fi_minp"]},
 }
@@ -304,11 +307,19 @@ def filtered_markdown(data, idx, shapes) -> list:
             continue
         for D, V in shapes:
             bs = sorted({r["B"] for r in data.get("results", []) if (r["D"], r["V"]) == (D, V)})
+            graphs = any(idx.get((D, V, B, g["fsdist"], "graph")) for B in bs)
             out += [f"#### Filtered sampling, {_filter_text(data, group)} ([B] tensors): D={D}, V={V}", "",
                     "fsdist's fallback column: the fraction of rows of its timed calls resolved by the exact "
-                    "fallback (the kept logits could not prove the filtered set).", ""]
-            hdr = ["B", SHORT[g["fsdist"]], "fallback"] + [SHORT[m] for m in bases] + ["best baseline",
-                                                                                        "speedup vs best"]
+                    "fallback (the kept logits could not prove the filtered set)."
+                    + (" Graph: fsdist's call as a CUDA-graph replay (the serving number where eager calls are "
+                       "host-bound), its ratio over the plain call's replay, and the speedup of that replay over "
+                       "the best baseline (eager calls of the baselines)." if graphs else ""), ""]
+            hdr = ["B", SHORT[g["fsdist"]], "fallback"]
+            if graphs:
+                hdr += ["graph", "graph / plain graph"]
+            hdr += [SHORT[m] for m in bases] + ["best baseline", "speedup vs best"]
+            if graphs:
+                hdr += ["graph speedup vs best"]
             out += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
             for B in bs:
                 r = idx.get((D, V, B, g["fsdist"], "events")) or {}
@@ -317,8 +328,14 @@ def filtered_markdown(data, idx, shapes) -> list:
                 times = {m: t for m, t in times.items() if t}
                 best = min(times, key=times.get) if times else None
                 cells = [str(B), fmt(fs), f"{100 * fb:.1f}%" if fb is not None else "–"]
+                fg = (idx.get((D, V, B, g["fsdist"], "graph")) or {}).get("median_us")
+                pg = (idx.get((D, V, B, "fsdist", "graph")) or {}).get("median_us")
+                if graphs:
+                    cells += [fmt(fg), f"{fg / pg:.3f}" if (fg and pg) else "–"]
                 cells += [fmt(_med(idx, D, V, B, m)) for m in bases]
                 cells += [SHORT[best] if best else "–", f"{times[best] / fs:.2f}×" if (best and fs) else "–"]
+                if graphs:
+                    cells += [f"{times[best] / fg:.2f}×" if (best and fg) else "–"]
                 out.append("| " + " | ".join(cells) + " |")
             out.append("")
     return out
@@ -875,14 +892,23 @@ def main(argv=None):
     sections = {}
     if kernel:
         parts = []
-        per_gpu = defaultdict(int)
-        for _, d in kernel:
+        per_gpu, per_day = defaultdict(int), defaultdict(int)
+
+        def stamp(f):
+            return re.search(r"_(\d{8})T(\d{6})Z", os.path.basename(f))
+
+        for f, d in kernel:
             per_gpu[gpu_of(d)] += 1
+            m = stamp(f)
+            per_day[(gpu_of(d), m.group(1) if m else f)] += 1
         for f, d in kernel:
             stem = f"kernel_{gpu_of(d)}"
             if per_gpu[gpu_of(d)] > 1:  # several runs on one GPU kind: one set of plots per run
-                day = re.search(r"_(\d{8})T", os.path.basename(f))
-                stem += f"_{day.group(1) if day else Path(f).stem}"
+                m = stamp(f)
+                if not m:
+                    stem += f"_{Path(f).stem}"
+                else:  # the day, and the time where that GPU kind has several runs that day
+                    stem += f"_{m.group(1)}" + (f"T{m.group(2)}" if per_day[(gpu_of(d), m.group(1))] > 1 else "")
             files = [] if args.no_plots else kernel_plots(d, plots_dir, stem)
             for x in files:
                 print(f"wrote {x}")
