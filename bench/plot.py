@@ -307,7 +307,7 @@ def filtered_markdown(data, idx, shapes) -> list:
             continue
         for D, V in shapes:
             bs = sorted({r["B"] for r in data.get("results", []) if (r["D"], r["V"]) == (D, V)})
-            graphs = any(idx.get((D, V, B, g["fsdist"], "graph")) for B in bs)
+            graphs = any(_med(idx, D, V, B, g["fsdist"], "graph") for B in bs)
             out += [f"#### Filtered sampling, {_filter_text(data, group)} ([B] tensors): D={D}, V={V}", "",
                     "fsdist's fallback column: the fraction of rows of its timed calls resolved by the exact "
                     "fallback (the kept logits could not prove the filtered set)."
@@ -328,8 +328,7 @@ def filtered_markdown(data, idx, shapes) -> list:
                 times = {m: t for m, t in times.items() if t}
                 best = min(times, key=times.get) if times else None
                 cells = [str(B), fmt(fs), f"{100 * fb:.1f}%" if fb is not None else "–"]
-                fg = (idx.get((D, V, B, g["fsdist"], "graph")) or {}).get("median_us")
-                pg = (idx.get((D, V, B, "fsdist", "graph")) or {}).get("median_us")
+                fg, pg = _med(idx, D, V, B, g["fsdist"], "graph"), _med(idx, D, V, B, "fsdist", "graph")
                 if graphs:
                     cells += [fmt(fg), f"{fg / pg:.3f}" if (fg and pg) else "–"]
                 cells += [fmt(_med(idx, D, V, B, m)) for m in bases]

@@ -162,12 +162,12 @@ def row_penalties(pen_ptr, pen_stride, rows, mask_r, SPARSE: tl.constexpr):
 def _entry_step(x, gid, e, v, live, run, bias, count, seen, rep, freq, pres):
     """One entry per row (e, v; live: the row still has one): close the runs it ends, then add it."""
     ident = e >> 2
-    ends = (ident != run) & (run >= 0)
+    fresh = ident != run
+    ends = fresh & (run >= 0)
     hit = gid[None, :] == tl.where(ends, run, -1)[:, None]
     # the run's one logit, read out of the tile (a row max over a single hit) and written back
     xv = tl.max(tl.where(hit, x, float("-inf")), axis=1)
     x = tl.where(hit, processed_logit(xv, bias, count, seen, rep, freq, pres)[:, None], x)
-    fresh = ident != run
     kind = e & 3
     bias = tl.where(fresh, 0.0, bias) + tl.where(live & (kind == 0), v, 0.0)
     count = tl.where(fresh, 0, count) + (live & (kind == 1)).to(tl.int32)
@@ -234,8 +234,10 @@ def apply_processors(x, rows, mask_r, gid, ok, tile_lo,
     start, n = searched_slice(ent_ptr, ent_stride, ent_width, search_steps, rows, mask_r, tile_lo, x.shape[1],
                               SPARSE)
     rep, freq, pres = row_penalties(pen_ptr, pen_stride, rows, mask_r, SPARSE)
-    return process_tile(x, rows, mask_r, gid, ok, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, start, n, start,
-                        rep, rep, freq, pres, start, BITMASK, SPARSE, 0)
+    # No heads (HEAD = 0) and no preloaded bitmask words (WORDS off): head, head_val and words
+    # are placeholders that process_tile never reads.
+    return process_tile(x, rows, mask_r, gid, ok, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, start, n,
+                        start, rep, rep, freq, pres, start, BITMASK, SPARSE, 0, False)
 
 
 @triton.jit
