@@ -256,13 +256,13 @@ SCALAR_METHODS = {"fsdist_scalar"}  # fsdist methods called with one float tempe
 
 
 def _build_fsdist(logprobs: bool = False, scalar: bool = False, config: Optional[TileConfig] = None,
-                  group: Optional[str] = None, procs: Optional[str] = None):
+                  group: Optional[str] = None, procs: Optional[str] = None, path: Optional[str] = None):
     def build(ctx: ShapeCtx):
         W = ctx.weight
 
         def fn(h):
             return fsdist.sample(h, W, **ctx.fs_params(scalar, group, procs), return_logprobs=logprobs,
-                                 config=config)
+                                 config=config, path=path)
         return fn
     return build
 
@@ -489,6 +489,10 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
     Method("fsdist_scalar", "fs-scalar", "fsdist", _build_fsdist(scalar=True), _fs_tokens, default=False,
            graph_default=True, note="one float temperature, as the 'fsdist' method of the 2026-11-21 "
            "result JSONs; seeds and offsets [B] device tensors"),
+    Method("fsdist_fused", "fs-fused", "fsdist", _build_fsdist(path="fused"), _fs_tokens, default=False,
+           graph_default=True, note="as fsdist, stage 1 always the fused kernel (its default config for B)"),
+    Method("fsdist_chunked", "fs-chunk", "fsdist", _build_fsdist(path="chunked"), _fs_tokens, default=False,
+           graph_default=True, note="as fsdist, stage 1 always cuBLAS fp32 logits per chunk + the sampling pass"),
     Method("multinomial_eager", "mn-eager", "baseline", _build_torch("multinomial", False), _plain,
            note="torch.multinomial syncs the host (input check): not graph-capturable"),
     Method("multinomial_compiled", "mn-comp", "baseline", _build_torch("multinomial", True), _plain,

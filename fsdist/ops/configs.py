@@ -10,6 +10,7 @@ that every tensor-parallel rank picks the same one.
 import functools
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 import triton
 
@@ -26,6 +27,9 @@ class TileConfig:
     # Feed the fused kernel's GEMM through tensor descriptors (TMA) where the inputs allow
     # it (sm_90+, 16-byte aligned rows, tiles <= 256); otherwise pointers. Same candidates.
     tma: bool = False
+    # Cap on registers per thread (ptxas maxrregcount), e.g. 128 so that two 8-warp programs
+    # share an SM; None: the compiler's choice. Changes no arithmetic.
+    max_regs: Optional[int] = None
 
     def __post_init__(self):
         for name in ("block_b", "block_v", "block_k"):
@@ -34,21 +38,25 @@ class TileConfig:
                 raise ValueError(f"TileConfig.{name} must be a power of two >= 16, got {v}")
         if not isinstance(self.tma, bool):
             raise ValueError(f"TileConfig.tma must be a bool, got {self.tma!r}")
+        if self.max_regs is not None and not (isinstance(self.max_regs, int) and 24 <= self.max_regs <= 255):
+            raise ValueError(f"TileConfig.max_regs must be None or an int in [24, 255], got {self.max_regs!r}")
 
     @property
     def name(self) -> str:
-        """'BBxBVxBKwWsS', plus 't' with TMA: e.g. '64x128x64w8s4' (parse() reads it back)."""
+        """'BBxBVxBKwWsS', plus 't' with TMA and 'rN' with a register cap: e.g. '64x128x64w8s4',
+        '128x128x64w8s3tr128' (parse() reads it back)."""
         return (f"{self.block_b}x{self.block_v}x{self.block_k}w{self.num_warps}s{self.num_stages}"
-                + ("t" if self.tma else ""))
+                + ("t" if self.tma else "") + (f"r{self.max_regs}" if self.max_regs else ""))
 
     @classmethod
     def parse(cls, text: str) -> "TileConfig":
         """Read a config written as ``name`` ('64x128x64w8s4[t]') or as 'block_b:block_v:block_k[:warps[:stages]]'."""
         text = text.strip()
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(t?)", text)
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(t?)(?:r(\d+))?", text)
         if m:
             bb, bv, bk = (int(g) for g in m.groups()[:3])
-            kw = {k: int(v) for k, v in (("num_warps", m.group(4)), ("num_stages", m.group(5))) if v}
+            kw = {k: int(v) for k, v in (("num_warps", m.group(4)), ("num_stages", m.group(5)),
+                                         ("max_regs", m.group(7))) if v}
             return cls(bb, bv, bk, tma=bool(m.group(6)), **kw)
         parts = text.split(":")
         if 3 <= len(parts) <= 5 and all(p.isdigit() for p in parts):
@@ -80,10 +88,10 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
         return TileConfig(32, block_v, _block_k(hidden_size, 128), num_warps=4, num_stages=4)
     if batch <= 64:
         return TileConfig(64, block_v, _block_k(hidden_size, 128), num_warps=8, num_stages=4)
-    if batch <= 128:
-        # v3 sweep: 64-row batch tiles beat 128-row ones at B = 128 on both shapes.
-        return TileConfig(64, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5)
-    return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5)
+    # Past one 64-row tile: 128-row tiles fed by TMA, 5 stages (bench/epilogue_bench.py, H200,
+    # 2026-11-24, docs/performance.md v16): 1.3-1.4x faster than the same tile through pointers and
+    # than 64-row tiles at B = 128-1024 (D = 4096), the best of 13 configs tried.
+    return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5, tma=True)
 
 
 def fit_num_stages(cfg: TileConfig, elem_size: int, device) -> int:
@@ -153,18 +161,29 @@ def chunk_rows_for(batch: int, V_rows: int, block_v: int, budget_bytes: int) -> 
     return triton.cdiv(triton.cdiv(V_rows, n_chunks), block_v) * block_v
 
 
-# Batch size from which sample() computes logits with cuBLAS per vocabulary chunk instead
+# Batch size from which sample() may compute logits with cuBLAS per vocabulary chunk instead
 # of the fused Triton GEMM. bench/epilogue_bench.py on an H200: at B = 64 fused is ~10%
 # faster than chunked; at B = 96 chunked is 1.3-1.4x faster (the fused kernel's batch
 # tiles are 64 rows, so B > 64 reads the weight in two batch tiles). See docs/performance.md.
 CHUNKED_MIN_BATCH = 65
+# From this batch size the fused kernel's 128-row TMA tiles (pick_config) are back ahead of the
+# chunked path, as long as the batch fills its last tile (FULL_TILE_ROWS of 128): v16 on an H200,
+# 10-17% faster at B = 384-1024 on D = 4096, within 3% either way on D = 8192. A batch that
+# leaves most of a tile empty pays the whole tile, so it stays chunked (B = 320: 3 tiles).
+FUSED_LARGE_MIN_BATCH = 384
+LARGE_TILE_ROWS = 128
+FULL_TILE_ROWS = 112
 
 
 STAGE1_PATHS = ("fused", "chunked")
 
 
 def choose_path(batch: int, hidden_size: int, device_type: str) -> str:
-    """'fused' while the op is memory bound, 'chunked' once cuBLAS's GEMM beats ours."""
-    if device_type == "cuda" and batch >= CHUNKED_MIN_BATCH:
-        return "chunked"
-    return "fused"
+    """'fused' while the op is memory bound and again for large batches of whole 128-row tiles;
+    'chunked' (cuBLAS's GEMM, then the sampling pass) in between."""
+    if device_type != "cuda" or batch < CHUNKED_MIN_BATCH:
+        return "fused"
+    last = batch % LARGE_TILE_ROWS
+    if batch >= FUSED_LARGE_MIN_BATCH and (last == 0 or last >= FULL_TILE_ROWS):
+        return "fused"
+    return "chunked"

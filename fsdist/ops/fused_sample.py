@@ -241,6 +241,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         # the bitmask's words loaded before the main loop where every tile starts on a word
         BM_WORDS=vocab_start % 32 == 0 and cfg.block_v % 32 == 0,
         num_warps=cfg.num_warps, num_stages=fit_num_stages(cfg, hidden.element_size(), hidden.device),
+        **({"maxnreg": cfg.max_regs} if cfg.max_regs and hidden.device.type == "cuda" else {}),
     )
 
 

@@ -36,3 +36,25 @@ def test_never_below_two_and_cpu_untouched(hopper_smem):
     assert fit_num_stages(big, 4, CUDA0) == 2
     cpu = types.SimpleNamespace(type="cpu", index=None)
     assert fit_num_stages(big, 4, cpu) == big.num_stages
+
+
+@pytest.mark.parametrize("batch, path", [(1, "fused"), (64, "fused"), (65, "chunked"), (128, "chunked"),
+                                         (256, "chunked"), (320, "chunked"), (383, "chunked"), (384, "fused"),
+                                         (496, "fused"), (495, "chunked"), (500, "fused"), (512, "fused"),
+                                         (513, "chunked"), (1024, "fused")])
+def test_large_batches_of_whole_tiles_go_back_to_the_fused_kernel(batch, path):
+    assert configs.choose_path(batch, 4096, "cuda") == path
+    assert configs.choose_path(batch, 4096, "cpu") == "fused"  # the interpreter has no cuBLAS path
+
+
+def test_large_batch_config_is_tma_fed_128_row_tiles():
+    cfg = configs.pick_config(512, 4096, "cuda")
+    assert (cfg.block_b, cfg.block_k, cfg.num_warps, cfg.num_stages, cfg.tma) == (128, 64, 8, 5, True)
+    assert configs.pick_config(64, 4096, "cuda").block_b == 64
+
+
+def test_register_cap_is_validated_and_named():
+    cfg = TileConfig.parse("128x128x64w8s3tr128")
+    assert cfg.max_regs == 128 and cfg.tma and cfg.name == "128x128x64w8s3tr128"
+    with pytest.raises(ValueError, match="max_regs"):
+        TileConfig(128, 128, 64, max_regs=7)
