@@ -166,24 +166,26 @@ def chunk_rows_for(batch: int, V_rows: int, block_v: int, budget_bytes: int) -> 
 # faster than chunked; at B = 96 chunked is 1.3-1.4x faster (the fused kernel's batch
 # tiles are 64 rows, so B > 64 reads the weight in two batch tiles). See docs/performance.md.
 CHUNKED_MIN_BATCH = 65
-# From this batch size the fused kernel's 128-row TMA tiles (pick_config) are back ahead of the
-# chunked path, as long as the batch fills its last tile (FULL_TILE_ROWS of 128): v16 on an H200,
-# 10-17% faster at B = 384-1024 on D = 4096, within 3% either way on D = 8192. A batch that
-# leaves most of a tile empty pays the whole tile, so it stays chunked (B = 320: 3 tiles).
-FUSED_LARGE_MIN_BATCH = 384
+# The fused kernel's 128-row TMA tiles (pick_config) against the chunked path, CUDA-graph replays on
+# an H200 (docs/performance.md v16b): one full tile (B = 113-128) is 5-12% faster; two (B = 256) tie
+# or lose by 5%; from three (B >= 384) they tie or win by 3-4% and need one launch instead of one per
+# chunk (the eager call's host time). A batch pays its last tile whole, so only batches that fill it
+# (>= FULL_TILE_ROWS of LARGE_TILE_ROWS rows) go fused; the rest stay chunked (B = 96, 192, 320).
 LARGE_TILE_ROWS = 128
 FULL_TILE_ROWS = 112
+FUSED_LARGE_MIN_BATCH = 384
 
 
 STAGE1_PATHS = ("fused", "chunked")
 
 
 def choose_path(batch: int, hidden_size: int, device_type: str) -> str:
-    """'fused' while the op is memory bound and again for large batches of whole 128-row tiles;
-    'chunked' (cuBLAS's GEMM, then the sampling pass) in between."""
+    """'fused' while the op is memory bound (B <= 64), for one full 128-row tile and for large batches
+    of full tiles; 'chunked' (cuBLAS's GEMM, then the sampling pass) otherwise."""
     if device_type != "cuda" or batch < CHUNKED_MIN_BATCH:
         return "fused"
     last = batch % LARGE_TILE_ROWS
-    if batch >= FUSED_LARGE_MIN_BATCH and (last == 0 or last >= FULL_TILE_ROWS):
+    fills = last == 0 or last >= FULL_TILE_ROWS
+    if fills and (batch <= LARGE_TILE_ROWS or batch >= FUSED_LARGE_MIN_BATCH):
         return "fused"
     return "chunked"

@@ -38,7 +38,8 @@ def test_never_below_two_and_cpu_untouched(hopper_smem):
     assert fit_num_stages(big, 4, cpu) == big.num_stages
 
 
-@pytest.mark.parametrize("batch, path", [(1, "fused"), (64, "fused"), (65, "chunked"), (128, "chunked"),
+@pytest.mark.parametrize("batch, path", [(1, "fused"), (64, "fused"), (65, "chunked"), (100, "chunked"), (111, "chunked"), (112, "fused"), (128, "fused"),
+                                         (129, "chunked"),
                                          (256, "chunked"), (320, "chunked"), (383, "chunked"), (384, "fused"),
                                          (496, "fused"), (495, "chunked"), (500, "fused"), (512, "fused"),
                                          (513, "chunked"), (1024, "fused")])
