@@ -4,7 +4,8 @@
 # fused kernel under each config, cuBLAS + compiled Gumbel argmax; [B] parameter tensors), then
 # (PARTS with "kernel") the full harness at issue 14's batch sizes.
 # Everything under $OUT (default bench/results); the short tables go to stdout last.
-# (PARTS with "probe": bench/large_batch_probe.py first.)
+# (PARTS with "probe": bench/large_batch_probe.py first; with "tests": the GPU tests of the large-batch
+# paths last, log in $OUT/gpu_tests.log.)
 # Usage: PARTS="probe configs kernel" CONFIGS=64x128x64w4s4t,... BATCHES=96,128 bash scripts/gpu_session_v16.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,4 +36,9 @@ if [[ " $PARTS " == *" kernel "* ]]; then
     --shapes "${SHAPES:-4096x151936,8192x128256}" --batches "${KERNEL_BATCHES:-1,16,64,96,128,192,256,384,512,768,1024}" \
     --reps "${REPS:-30}" --repeats 1 --warmup 8 ${KERNEL_EXTRA:-} > "$OUT/kernel_bench_console.log" 2>&1
   echo "kernel rc=$? after $((SECONDS - start))s"; tail -45 "$OUT/kernel_bench_console.log"
+fi
+if [[ " $PARTS " == *" tests "* ]]; then
+  timeout -k 10 "${TESTS_TIMEOUT:-400}" python3 -m pytest -q -p no:warnings -p no:cacheprovider -rfE \
+    ${TESTS:-tests/ops/test_sample_gpu.py tests/test_gpu_serving.py tests/test_processors_gpu.py} > "$OUT/gpu_tests.log" 2>&1
+  echo "tests rc=$? after $((SECONDS - start))s"; tail -15 "$OUT/gpu_tests.log"
 fi

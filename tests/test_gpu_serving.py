@@ -34,7 +34,7 @@ def _serving_inputs(B, D=4096, V=V_REAL, seed=0):
     return h, w, params, filters
 
 
-@pytest.mark.parametrize("B,path", [(16, "fused"), (128, "chunked")])
+@pytest.mark.parametrize("B,path", [(16, "fused"), (128, "chunked"), (512, "fused")])
 def test_sample_never_synchronises(B, path):
     h, w, params, filters = _serving_inputs(B)
     calls = [dict(), dict(return_logprobs=True), dict(filters, return_logprobs=True, logprobs_mode="processed"),
