@@ -166,26 +166,26 @@ def chunk_rows_for(batch: int, V_rows: int, block_v: int, budget_bytes: int) -> 
 # faster than chunked; at B = 96 chunked is 1.3-1.4x faster (the fused kernel's batch
 # tiles are 64 rows, so B > 64 reads the weight in two batch tiles). See docs/performance.md.
 CHUNKED_MIN_BATCH = 65
-# The fused kernel's 128-row TMA tiles (pick_config) against the chunked path, CUDA-graph replays on
-# an H200 (docs/performance.md v16b): one full tile (B = 113-128) is 5-12% faster; two (B = 256) tie
-# or lose by 5%; from three (B >= 384) they tie or win by 3-4% and need one launch instead of one per
-# chunk (the eager call's host time). A batch pays its last tile whole, so only batches that fill it
-# (>= FULL_TILE_ROWS of LARGE_TILE_ROWS rows) go fused; the rest stay chunked (B = 96, 192, 320).
+# The fused kernel's 128-row TMA tiles (pick_config) against the chunked path, CUDA-graph replays
+# on an H100 and an H200, both shapes (docs/performance.md v16b): one tile of >= 96 rows is 8-17%
+# faster on the H100 and within 3% either way on the H200; from two tiles they tie within a few
+# percent (D = 4096 fused ahead, D = 8192 chunked) and need one launch instead of one per chunk,
+# which decides eager calls (the chunked path's host time). A batch pays its last tile whole, so
+# batches that leave much of it empty (B = 65-95, 129-239, 320) stay chunked.
 LARGE_TILE_ROWS = 128
+ONE_TILE_MIN_ROWS = 96
 FULL_TILE_ROWS = 112
-FUSED_LARGE_MIN_BATCH = 384
 
 
 STAGE1_PATHS = ("fused", "chunked")
 
 
 def choose_path(batch: int, hidden_size: int, device_type: str) -> str:
-    """'fused' while the op is memory bound (B <= 64), for one full 128-row tile and for large batches
-    of full tiles; 'chunked' (cuBLAS's GEMM, then the sampling pass) otherwise."""
+    """'fused' while the op is memory bound (B <= 64) and for batches that fill their last 128-row
+    tile; 'chunked' (cuBLAS's GEMM, then the sampling pass) otherwise."""
     if device_type != "cuda" or batch < CHUNKED_MIN_BATCH:
         return "fused"
+    if batch <= LARGE_TILE_ROWS:
+        return "fused" if batch >= ONE_TILE_MIN_ROWS else "chunked"
     last = batch % LARGE_TILE_ROWS
-    fills = last == 0 or last >= FULL_TILE_ROWS
-    if fills and (batch <= LARGE_TILE_ROWS or batch >= FUSED_LARGE_MIN_BATCH):
-        return "fused"
-    return "chunked"
+    return "fused" if last == 0 or last >= FULL_TILE_ROWS else "chunked"

@@ -38,10 +38,10 @@ def test_never_below_two_and_cpu_untouched(hopper_smem):
     assert fit_num_stages(big, 4, cpu) == big.num_stages
 
 
-@pytest.mark.parametrize("batch, path", [(1, "fused"), (64, "fused"), (65, "chunked"), (100, "chunked"), (111, "chunked"), (112, "fused"), (128, "fused"),
-                                         (129, "chunked"),
-                                         (256, "chunked"), (320, "chunked"), (383, "chunked"), (384, "fused"),
-                                         (496, "fused"), (495, "chunked"), (500, "fused"), (512, "fused"),
+@pytest.mark.parametrize("batch, path", [(1, "fused"), (64, "fused"), (65, "chunked"), (95, "chunked"), (96, "fused"),
+                                         (128, "fused"), (129, "chunked"), (192, "chunked"), (239, "chunked"),
+                                         (240, "fused"), (256, "fused"), (320, "chunked"), (360, "chunked"), (383, "fused"),
+                                         (384, "fused"), (495, "chunked"), (496, "fused"), (512, "fused"),
                                          (513, "chunked"), (1024, "fused")])
 def test_large_batches_of_whole_tiles_go_back_to_the_fused_kernel(batch, path):
     assert configs.choose_path(batch, 4096, "cuda") == path
