@@ -77,8 +77,9 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
         beside the processed ones): a ValueError says so.
     config: override the tile configuration (benchmarks and tests).
     path: "fused" (logits tiles computed in the kernel), "chunked" (cuBLAS fp32 logits per
-        L2-sized vocabulary chunk, then a sampling pass with the same noise: faster from
-        B = 65 on a GPU), or None to choose by batch size (see ops/configs.choose_path).
+        L2-sized vocabulary chunk, then a sampling pass with the same noise: used on a GPU for
+        B > 64 batches that leave much of a 128-row tile empty), or None to choose by batch size
+        (see ops/configs.choose_path).
         Both draw the same noise, so they return the same tokens up to near-exact ties.
     check: also validate the values inside per-row tensors and raise ValueError on a bad
         one (this synchronises with the device; off by default, bad rows then return -1).
