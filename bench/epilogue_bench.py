@@ -12,7 +12,7 @@ pieces side by side in one run, per shape and batch size:
   greedy_pass       sample_logits_kernel with no noise: its load + reduction floor
   sample_<MB>       fsdist.sample as shipped (its own path and budget), timed next to chunked_<MB>
   gemm_fn_/chunked_fn_<MB>  the same with torch.mm returning a new tensor per chunk, not out=
-  fused             the fused Triton GEMM + epilogue (the B <= 64 path), then stage 2
+  fused             the fused Triton GEMM + epilogue with pick_config's tile, then stage 2
   fused_<cfg>       the same with another tile config, e.g. 128x128x64w8s3 (block_b x block_v x
                     block_k, warps, stages; a trailing t feeds the GEMM through TMA descriptors,
                     rN caps the registers per thread at N)

@@ -50,7 +50,8 @@ class TileConfig:
 
     @classmethod
     def parse(cls, text: str) -> "TileConfig":
-        """Read a config written as ``name`` ('64x128x64w8s4[t]') or as 'block_b:block_v:block_k[:warps[:stages]]'."""
+        """Read a config written as ``name`` ('64x128x64w8s4[t][rN]') or as
+        'block_b:block_v:block_k[:warps[:stages]]'."""
         text = text.strip()
         m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(t?)(?:r(\d+))?", text)
         if m:
@@ -61,7 +62,8 @@ class TileConfig:
         parts = text.split(":")
         if 3 <= len(parts) <= 5 and all(p.isdigit() for p in parts):
             return cls(*(int(p) for p in parts))
-        raise ValueError(f"cannot read tile config {text!r}: want e.g. '64x128x64w8s4' (add 't' for TMA) "
+        raise ValueError(f"cannot read tile config {text!r}: want e.g. '64x128x64w8s4' (add 't' for TMA, "
+                         "'r128' for a register cap) "
                          "or 'block_b:block_v:block_k[:num_warps[:num_stages]]'")
 
 
@@ -89,8 +91,8 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
     if batch <= 64:
         return TileConfig(64, block_v, _block_k(hidden_size, 128), num_warps=8, num_stages=4)
     # Past one 64-row tile: 128-row tiles fed by TMA, 5 stages (bench/epilogue_bench.py, H200,
-    # 2026-11-24, docs/performance.md v16): 1.3-1.4x faster than the same tile through pointers and
-    # than 64-row tiles at B = 128-1024 (D = 4096), the best of 13 configs tried.
+    # 2026-11-24, docs/performance.md v16): 1.2-1.4x faster than the configs used before (64-row
+    # tiles, or this tile through pointers) at B = 128-1024 (D = 4096), the best of 13 tried.
     return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5, tma=True)
 
 
@@ -161,17 +163,18 @@ def chunk_rows_for(batch: int, V_rows: int, block_v: int, budget_bytes: int) -> 
     return triton.cdiv(triton.cdiv(V_rows, n_chunks), block_v) * block_v
 
 
-# Batch size from which sample() may compute logits with cuBLAS per vocabulary chunk instead
-# of the fused Triton GEMM. bench/epilogue_bench.py on an H200: at B = 64 fused is ~10%
-# faster than chunked; at B = 96 chunked is 1.3-1.4x faster (the fused kernel's batch
-# tiles are 64 rows, so B > 64 reads the weight in two batch tiles). See docs/performance.md.
+# Up to this batch size stage 1 is always the fused kernel: one batch tile covers the batch and
+# the op is memory bound (bench/epilogue_bench.py on an H200: at B = 64 fused is ~10% faster than
+# chunked). Past it choose_path weighs the 128-row tiles against the chunked path.
 CHUNKED_MIN_BATCH = 65
 # The fused kernel's 128-row TMA tiles (pick_config) against the chunked path, CUDA-graph replays
 # on an H100 and an H200, both shapes (docs/performance.md v16b): one tile of >= 96 rows is 8-17%
-# faster on the H100 and within 3% either way on the H200; from two tiles they tie within a few
-# percent (D = 4096 fused ahead, D = 8192 chunked) and need one launch instead of one per chunk,
-# which decides eager calls (the chunked path's host time). A batch pays its last tile whole, so
-# batches that leave much of it empty (B = 65-95, 129-239, 320) stay chunked.
+# faster on the H100 and within 3% either way on the H200; from two tiles the paths are within
+# ~5% of each other (D = 4096 fused ahead, D = 8192 chunked ahead), and the fused call needs one
+# launch instead of one per chunk. A batch pays its last tile whole, so the fused kernel takes
+# B = 96-128 and, past 128, batches whose last tile holds >= FULL_TILE_ROWS rows (B % 128 == 0
+# or >= 112); the others (B = 65-95, 129-239, 257-367, ...) stay chunked. fp32 operands stay
+# chunked past B = 64: the fused kernel's fp32 dot is exact FMA math, not tensor cores.
 LARGE_TILE_ROWS = 128
 ONE_TILE_MIN_ROWS = 96
 FULL_TILE_ROWS = 112
@@ -180,11 +183,14 @@ FULL_TILE_ROWS = 112
 STAGE1_PATHS = ("fused", "chunked")
 
 
-def choose_path(batch: int, hidden_size: int, device_type: str) -> str:
-    """'fused' while the op is memory bound (B <= 64) and for batches that fill their last 128-row
-    tile; 'chunked' (cuBLAS's GEMM, then the sampling pass) otherwise."""
+def choose_path(batch: int, hidden_size: int, device_type: str, elem_size: int = 2) -> str:
+    """'fused' while the op is memory bound (B <= 64), for B = 96-128 and for larger batches whose
+    last 128-row tile holds >= 112 rows; 'chunked' (cuBLAS's GEMM, then the sampling pass) otherwise,
+    and for every B > 64 with 4-byte (fp32) operands. elem_size: bytes per hidden / weight element."""
     if device_type != "cuda" or batch < CHUNKED_MIN_BATCH:
         return "fused"
+    if elem_size >= 4:
+        return "chunked"
     if batch <= LARGE_TILE_ROWS:
         return "fused" if batch >= ONE_TILE_MIN_ROWS else "chunked"
     last = batch % LARGE_TILE_ROWS

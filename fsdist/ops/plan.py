@@ -38,7 +38,7 @@ class SamplePlan:
 def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch.device, logprobs: bool = False,
                 config: Optional[TileConfig] = None, path: Optional[str] = None, block_v: Optional[int] = None,
                 n_shards: int = 1, batch_cap: Optional[int] = None, n_fields: Optional[int] = None,
-                checked: bool = False, extended: bool = False) -> SamplePlan:
+                checked: bool = False, extended: bool = False, dtype: Optional[torch.dtype] = None) -> SamplePlan:
     """Plan one sampling call.
 
     weight_rows: rows of the weight (one shard's, with tensor parallelism); n_shards: how
@@ -46,11 +46,12 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     (default: the batch); n_fields: fp32 fields per slot (default: what ``logprobs``
     needs; a head sizes its buffers for the largest); checked: the int32 buffer carries the
     call's header (``step_check.py``; tensor parallelism); extended: keep the tiles' largest
-    logits too (filters, top-N and raw logprobs; ``select_filtered.py``). config / path / block_v override
+    logits too (filters, top-N and raw logprobs; ``select_filtered.py``); dtype: the operands' dtype
+    (fp32 takes the chunked path past B = 64). config / path / block_v override
     the choices (tests and benchmarks; block_v fixes a head's layout).
     """
     device = torch.device(device)
-    path = path or choose_path(batch, hidden_size, device.type)
+    path = path or choose_path(batch, hidden_size, device.type, dtype.itemsize if dtype is not None else 2)
     if path not in STAGE1_PATHS:
         raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
     cfg = config or pick_config(batch, hidden_size, device.type, block_v=block_v)

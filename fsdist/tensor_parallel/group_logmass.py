@@ -58,7 +58,7 @@ class GroupLogmassReduction(Reduction):
         B = hidden.shape[0]
         part, x, bufs = self.partition, self.exchange_layout, self.buffers
         logprobs, path = opts.logprobs, opts.path
-        plan = self.plan(B, hidden.shape[1], True, path, n_shards=1)
+        plan = self.plan(B, hidden.shape[1], True, path, n_shards=1, dtype=hidden.dtype)
         if self.local is None:
             self.local = BufferPair.alloc(plan.layout, self.device)
         self.seam.call("before_stage1", step)
@@ -66,7 +66,7 @@ class GroupLogmassReduction(Reduction):
         launch_stage1(plan, hidden, weight, params, self.local, vocab_size=part.vocab_size, vocab_start=part.start)
         tok, lp, _lse, stats = launch_merge(plan.layout, self.local, B, params, logprobs=True, stats=True)
         # 2. exchange the records
-        flags = opts.flags(self.plan(B, hidden.shape[1], logprobs, path, n_shards=1))
+        flags = opts.flags(self.plan(B, hidden.shape[1], logprobs, path, n_shards=1, dtype=hidden.dtype))
         launch_group_publish(tok, lp, stats, x, bufs.dest, rank=self.rank, params=params, flags=flags)
         bufs.exchange(x.stride_rank, x.stride_rank_i)
         self.seam.call("before_stage2", step)

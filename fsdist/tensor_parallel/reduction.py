@@ -106,11 +106,13 @@ class Reduction:
 
     # ---- shared ----------------------------------------------------------------------
     def plan(self, batch: int, hidden_size: int, logprobs: bool, path: Optional[str], n_shards: int,
-             n_fields: Optional[int] = None, checked: bool = False, extended: bool = False) -> SamplePlan:
+             n_fields: Optional[int] = None, checked: bool = False, extended: bool = False,
+             dtype: Optional[torch.dtype] = None) -> SamplePlan:
         """Stage 1 of this rank's shard, into a buffer of the current capacity with n_shards blocks."""
         return plan_sample(batch=batch, hidden_size=hidden_size, weight_rows=self.partition.rows, device=self.device,
                            logprobs=logprobs, path=path, block_v=self.block_v, n_shards=n_shards,
-                           batch_cap=self.capacity, n_fields=n_fields, checked=checked, extended=extended)
+                           batch_cap=self.capacity, n_fields=n_fields, checked=checked, extended=extended,
+                           dtype=dtype)
 
     def header_check(self) -> HeaderCheck:
         return HeaderCheck(self.rank, self.monitor.status)
