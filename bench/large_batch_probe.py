@@ -19,7 +19,8 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 import fsdist  # noqa: E402
-from fsdist.ops.configs import chunk_rows_for, chunk_workspace_bytes, choose_path, pick_config  # noqa: E402
+from fsdist.ops.configs import chunk_rows_for, chunk_workspace_bytes  # noqa: E402
+from fsdist.ops.plan import plan_sample  # noqa: E402
 
 
 # Host-side pieces of one call, timed by wrapping the names the callers look up (module, attribute).
@@ -94,9 +95,9 @@ def main(argv=None):
         hs = [torch.randn(B, D, device=dev).to(torch.bfloat16) for _ in range(4)]
         seed = torch.randint(0, 2**62, (B,), device=dev)
         off = torch.randint(0, 2**40, (B,), device=dev)
-        rows = chunk_rows_for(B, V, pick_config(B, D, "cuda").block_v, chunk_workspace_bytes(dev))
-        print(f"\nB={B}: path {choose_path(B, D, 'cuda')}, config {pick_config(B, D, 'cuda').name}, "
-              f"chunk rows {rows} ({-(-V // rows)} chunks)")
+        plan = plan_sample(batch=B, hidden_size=D, weight_rows=V, device=dev, dtype=hs[0].dtype)  # as sample() plans
+        rows = chunk_rows_for(B, V, plan.config.block_v, chunk_workspace_bytes(dev))
+        print(f"\nB={B}: path {plan.path}, config {plan.config.name}, chunk rows {rows} ({-(-V // rows)} chunks)")
         for label, temp in (("scalar T", 1.0), ("[B] T", torch.ones(B, device=dev))):
             def call(h):
                 return fsdist.sample(h, W, temperature=temp, seed=seed, offset=off).tokens

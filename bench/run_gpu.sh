@@ -9,8 +9,7 @@
 # call carries that folder. BENCH_TIMEOUT (seconds, default 570) bounds each python run.
 set -o pipefail
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source scripts/gpu_env.sh
 OUT="${OUT:-bench/results}"
 mkdir -p "$OUT"
 limit="${BENCH_TIMEOUT:-570}"

@@ -5,8 +5,7 @@
 # Usage: bash scripts/gpu_check.sh [extra pytest args]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source scripts/gpu_env.sh
 log="${OUT:+$OUT/gpu_check.log}"
 python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(), torch.__version__)"
 python3 -m pytest -q -p no:warnings -p no:cacheprovider -rfE tests --ignore=tests/tensor_parallel "$@" \

@@ -15,8 +15,7 @@
 # The benchmark alone: see the kernel_bench.py docstring (--methods processors).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source scripts/gpu_env.sh
 OUT="${OUT:-bench/results}"
 mkdir -p "$OUT"
 PARTS="${PARTS:-all}"

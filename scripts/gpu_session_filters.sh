@@ -16,8 +16,7 @@
 # more than one call, and each decode loop ~150-200 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source scripts/gpu_env.sh
 OUT="${OUT:-bench/results}"
 PARTS=" ${PARTS:-probe generate tests} "
 mkdir -p "$OUT"

@@ -14,8 +14,7 @@
 # for the sweep, this script for the tests. SWEEP_EXTRA="..." appends tp_sweep.py options.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source scripts/gpu_env.sh
 FINAL="${OUT:-bench/results}"
 export OUT="$FINAL/work"
 mkdir -p "$OUT"

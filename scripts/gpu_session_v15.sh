@@ -8,8 +8,7 @@
 # Usage: PARTS="breakdown bench filters" BATCHES=1,16,64 bash scripts/gpu_session_v15.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source scripts/gpu_env.sh
 OUT="${OUT:-bench/results}"
 mkdir -p "$OUT"
 PARTS="${PARTS:-breakdown bench}"

@@ -9,8 +9,7 @@
 # Usage: PARTS="probe configs kernel" CONFIGS=64x128x64w4s4t,... BATCHES=96,128 bash scripts/gpu_session_v16.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source scripts/gpu_env.sh
 OUT="${OUT:-bench/results}"
 mkdir -p "$OUT"
 PARTS="${PARTS:-configs}"
