@@ -30,6 +30,10 @@ class TileConfig:
     # Cap on registers per thread (ptxas maxrregcount), e.g. 128 so that two 8-warp programs
     # share an SM; None: the compiler's choice. Changes no arithmetic.
     max_regs: Optional[int] = None
+    # Run the tile on the warp-specialised Hopper kernel (fused_sample_ws.py: per SM a load warp, an
+    # MMA warpgroup and num_warps epilogue warps, persistent) where it applies: sm_90, a 128x128x64
+    # TMA tile, a plain call. Elsewhere the Triton kernel runs the same tile. Same candidates.
+    ws: bool = False
 
     def __post_init__(self):
         for name in ("block_b", "block_v", "block_k"):
@@ -38,32 +42,35 @@ class TileConfig:
                 raise ValueError(f"TileConfig.{name} must be a power of two >= 16, got {v}")
         if not isinstance(self.tma, bool):
             raise ValueError(f"TileConfig.tma must be a bool, got {self.tma!r}")
+        if not isinstance(self.ws, bool):
+            raise ValueError(f"TileConfig.ws must be a bool, got {self.ws!r}")
         if self.max_regs is not None and not (isinstance(self.max_regs, int) and 24 <= self.max_regs <= 255):
             raise ValueError(f"TileConfig.max_regs must be None or an int in [24, 255], got {self.max_regs!r}")
 
     @property
     def name(self) -> str:
-        """'BBxBVxBKwWsS', plus 't' with TMA and 'rN' with a register cap: e.g. '64x128x64w8s4',
-        '128x128x64w8s3tr128' (parse() reads it back)."""
+        """'BBxBVxBKwWsS', plus 't' with TMA, 'rN' with a register cap and '-ws' on the warp-specialised
+        kernel: e.g. '64x128x64w8s4', '128x128x64w8s3tr128', '128x128x64w8s5t-ws' (parse() reads it back)."""
         return (f"{self.block_b}x{self.block_v}x{self.block_k}w{self.num_warps}s{self.num_stages}"
-                + ("t" if self.tma else "") + (f"r{self.max_regs}" if self.max_regs else ""))
+                + ("t" if self.tma else "") + (f"r{self.max_regs}" if self.max_regs else "")
+                + ("-ws" if self.ws else ""))
 
     @classmethod
     def parse(cls, text: str) -> "TileConfig":
         """Read a config written as ``name`` ('64x128x64w8s4[t][rN]') or as
         'block_b:block_v:block_k[:warps[:stages]]'."""
         text = text.strip()
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(t?)(?:r(\d+))?", text)
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(t?)(?:r(\d+))?(-ws)?", text)
         if m:
             bb, bv, bk = (int(g) for g in m.groups()[:3])
             kw = {k: int(v) for k, v in (("num_warps", m.group(4)), ("num_stages", m.group(5)),
                                          ("max_regs", m.group(7))) if v}
-            return cls(bb, bv, bk, tma=bool(m.group(6)), **kw)
+            return cls(bb, bv, bk, tma=bool(m.group(6)), ws=bool(m.group(8)), **kw)
         parts = text.split(":")
         if 3 <= len(parts) <= 5 and all(p.isdigit() for p in parts):
             return cls(*(int(p) for p in parts))
         raise ValueError(f"cannot read tile config {text!r}: want e.g. '64x128x64w8s4' (add 't' for TMA, "
-                         "'r128' for a register cap) "
+                         "'r128' for a register cap, '-ws' for the warp-specialised kernel) "
                          "or 'block_b:block_v:block_k[:num_warps[:num_stages]]'")
 
 
@@ -93,7 +100,8 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
     # Past one 64-row tile: 128-row tiles fed by TMA, 5 stages (bench/epilogue_bench.py, H200,
     # 2026-11-24, docs/performance.md v16): 1.2-1.4x faster than the configs used before (64-row
     # tiles, or this tile through pointers) at B = 128-1024 (D = 4096), the best of 13 tried.
-    return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5, tma=True)
+    # On an H100 / H200 the warp-specialised kernel runs it (v17, bench/ws_probe.py), 5-17% faster.
+    return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5, tma=True, ws=True)
 
 
 def fit_num_stages(cfg: TileConfig, elem_size: int, device) -> int:

@@ -43,6 +43,22 @@ def row_temperature(temp):
 
 
 @triton.jit
+def perturb(logit, noise_scale, g, PINNED: tl.constexpr):
+    """The perturbed score logit + T * Gumbel, rounded as the contract's mirror rounds it: the
+    product, then the sum (never one fused multiply-add, which compilers form or not depending
+    on the surrounding code: two kernels would then disagree in the last bit). PINNED (CUDA)
+    issues the product as ``mul.rn.f32``, which no compiler contracts; the interpreter has no
+    PTX and rounds each numpy operation on its own anyway."""
+    if PINNED:
+        scale, g = tl.broadcast(noise_scale, g)  # inline asm takes operands of one shape
+        prod = tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [scale, g], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+        return logit + prod
+    else:
+        return logit + noise_scale * g
+
+
+@triton.jit
 def tile_stats(logit, valid, inv_t):
     """(max, sum of exp((logit - max) / T)) over axis 1 of raw logits; -inf / 0 where nothing is finite."""
     tmax = tl.max(logit, axis=1)

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..params import LOGPROBS_MODES, RowParams
-from .epilogue import row_temperature
+from .epilogue import perturb, row_temperature
 from .noise import gumbel_from_bits, vocab_bits
 from .processors import apply_processors, processor_args
 from .select_filtered import order_key
@@ -218,7 +218,7 @@ def resolve_kernel(pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, round_start,
             v = _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL)
             kept = (v > float("-inf")) & (order_key(v) >= key_t[:, None])
             g = gumbel_from_bits(vocab_bits(seed[:, None], offset[:, None], offs[None, :]), FAST_LOG)
-            score = tl.where(kept, v + noise_scale[:, None] * g, float("-inf"))
+            score = tl.where(kept, perturb(v, noise_scale[:, None], g, FAST_LOG), float("-inf"))
             take = score > best2
             best2 = tl.where(take, score, best2)
             id2 = tl.where(take, offs[None, :], id2)

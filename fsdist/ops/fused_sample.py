@@ -20,11 +20,12 @@ import triton.language as tl
 from ..params import RowParams
 from ..runtime import interpreting
 from .configs import TileConfig, fit_num_stages
-from .epilogue import raw_sum, row_temperature, tile_stats, tile_topk, write_candidates, write_kept
+from .epilogue import perturb, raw_sum, row_temperature, tile_stats, tile_topk, write_candidates, write_kept
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
 from .parity import parity_args, parity_offsets
 from .entry_offsets import HEAD as ENTRY_HEAD, launch_entry_offsets
+from .fused_sample_ws import WS_BLOCK_B, WS_BLOCK_K, WS_BLOCK_V, launch_fused_ws, ws_supported
 from .processors import process_tile, processor_args, row_penalties, table_slice, tile_bitmask_words
 from .step_check import call_flags, write_row_fingerprints, write_step_record
 from .utils import fast_log_ok, load_row_param, row_param_args
@@ -125,7 +126,7 @@ def fused_sample_kernel(
         # tile's ids are whole Philox quads: one evaluation per 4 ids.
         bits = vocab_bits_tile(seed[:, None], offset[:, None], vocab_start + pid_v * BLOCK_V, BLOCK_B, BLOCK_V)
         g = gumbel_from_bits(bits, FAST_LOG)
-        score = logit + noise_scale[:, None] * g  # greedy rows: scale 0, the logit itself
+        score = perturb(logit, noise_scale[:, None], g, FAST_LOG)  # greedy rows: scale 0, the logit itself
     else:
         score = logit
     poisoned = bad_logit | bad_temp
@@ -200,6 +201,12 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     extended = layout.extended if extended is None else extended
     if extended and not layout.extended:
         raise ValueError("kept logits need an extended candidate layout")
+    if cfg.ws and _ws_tile(cfg) and ws_supported(hidden, weight, params, layout, dest, logprobs=logprobs,
+                                                  extended=extended, block_v=cfg.block_v) and flags is None:
+        # The same tile on the warp-specialised Hopper kernel (fused_sample_ws.py): same candidates.
+        launch_fused_ws(hidden, weight, params, layout, dest, vocab_size=vocab_size, vocab_start=vocab_start,
+                        shard=shard, stages=cfg.num_stages, epilogue_warps=8 if cfg.num_warps >= 8 else 4)
+        return
     B, D = hidden.shape
     V_rows = weight.shape[0]
     dummy = dest.i  # any tensor: ignored by the kernel when a parameter is a scalar
@@ -243,6 +250,12 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         num_warps=cfg.num_warps, num_stages=fit_num_stages(cfg, hidden.element_size(), hidden.device),
         **({"maxnreg": cfg.max_regs} if cfg.max_regs and hidden.device.type == "cuda" else {}),
     )
+
+
+def _ws_tile(cfg: TileConfig) -> bool:
+    """The one tile the warp-specialised kernel runs (128 x 128 x 64, TMA)."""
+    return (cfg.tma and (cfg.block_b, cfg.block_v, cfg.block_k) == (WS_BLOCK_B, WS_BLOCK_V, WS_BLOCK_K)
+            and cfg.max_regs is None and 3 <= cfg.num_stages <= 6)
 
 
 def _header(layout: CandidateLayout, dest: BufferPair) -> bool:

@@ -31,8 +31,9 @@ def philox_words(seed, offset, counter, stream: tl.constexpr):
     off_lo = (off & 0xFFFFFFFF).to(tl.uint32)
     off_hi = (off >> 32).to(tl.uint32)
     c0 = counter.to(tl.uint32, bitcast=True)
-    # Broadcast every word to one shape so the rounds stay elementwise.
-    zero = tl.zeros_like(c0) + tl.zeros_like(off_lo)
+    # Broadcast every word to one shape so the rounds stay elementwise. (x * 0 folds away; unlike
+    # tl.zeros_like it also compiles in Gluon, whose tensors carry explicit layouts.)
+    zero = c0 * 0 + off_lo * 0
     return tl.philox(seed.to(tl.int64), c0 + zero, off_lo + zero, off_hi + zero, zero + stream)
 
 

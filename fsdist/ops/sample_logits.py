@@ -29,7 +29,7 @@ import triton.language as tl
 from ..params import RowParams
 from .apply_entries import launch_apply_entries
 from .configs import TileConfig, chunk_rows_for, chunk_workspace_bytes
-from .epilogue import raw_sum, row_temperature, tile_topk, write_candidates, write_kept
+from .epilogue import perturb, raw_sum, row_temperature, tile_topk, write_candidates, write_kept
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_quad_bits
 from .parity import parity_args, parity_offsets
@@ -48,7 +48,7 @@ def _lane_scores(x, valid, noise_scale, bits, NOISE: tl.constexpr, FAST_LOG: tl.
     """(masked raw logits, perturbed scores logit + T * Gumbel) of one lane."""
     logit = tl.where(valid, x, float("-inf"))
     if NOISE:
-        score = logit + noise_scale[:, None] * gumbel_from_bits(bits, FAST_LOG)
+        score = perturb(logit, noise_scale[:, None], gumbel_from_bits(bits, FAST_LOG), FAST_LOG)
     else:
         score = logit
     return logit, score

@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from ..params import LOGPROBS_MODES, RowParams
-from .epilogue import row_temperature
+from .epilogue import perturb, row_temperature
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits
 from .parity import parity_args, parity_offsets
@@ -137,7 +137,7 @@ def _finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, compl
     seed = load_row_param(seed_ptr, seed_val, rows, mask_r, tl.int64, SEED_PER_ROW)
     offset = load_row_param(offset_ptr, offset_val, rows, mask_r, tl.int64, OFFSET_PER_ROW)
     g = gumbel_from_bits(vocab_bits(seed[:, None], offset[:, None], ids), FAST_LOG)
-    score = tl.where(kept, vals + noise_scale[:, None] * g, float("-inf"))
+    score = tl.where(kept, perturb(vals, noise_scale[:, None], g, FAST_LOG), float("-inf"))
     best = tl.max(score, axis=1)
     tok = tl.min(tl.where(kept & (score == best[:, None]), ids, 2147483647), axis=1)
     done = filtered & proven & mask_r

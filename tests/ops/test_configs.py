@@ -61,3 +61,12 @@ def test_register_cap_is_validated_and_named():
     assert cfg.max_regs == 128 and cfg.tma and cfg.name == "128x128x64w8s3tr128"
     with pytest.raises(ValueError, match="max_regs"):
         TileConfig(128, 128, 64, max_regs=7)
+
+
+def test_large_batch_config_runs_warp_specialised_where_it_can():
+    cfg = configs.pick_config(512, 4096, "cuda")
+    assert cfg.ws and cfg.name == "128x128x64w8s5t-ws"
+    assert TileConfig.parse(cfg.name) == cfg
+    assert not configs.pick_config(64, 4096, "cuda").ws  # one 64-row tile: the Triton kernel
+    with pytest.raises(ValueError, match="ws must be a bool"):
+        TileConfig(128, 128, 64, ws="yes")

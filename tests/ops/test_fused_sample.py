@@ -3,10 +3,12 @@
 Runs under Triton's interpreter on CPU and unchanged on CUDA. Distribution tests
 use the threshold in statcheck.P_MIN with fixed seeds.
 """
+import dataclasses
 import math
 
 import pytest
 import torch
+import triton
 
 import fsdist
 from fsdist.ops.configs import TileConfig
@@ -448,3 +450,22 @@ def test_tma_falls_back_to_pointers_when_rows_are_misaligned(device):
     assert torch.equal(out.tokens, ref.tokens)
     with pytest.raises(ValueError, match="tma must be a bool"):
         TileConfig(16, 128, 32, tma=1)
+
+
+def test_ws_config_without_a_hopper_gpu_runs_the_triton_kernel(device):
+    """TileConfig.ws asks for the warp-specialised kernel; where it cannot run (here: no sm_90 GPU,
+    or a call it does not cover) the Triton kernel runs the same tile: same candidates."""
+    from fsdist.ops.fused_sample_ws import ws_supported
+
+    h, w = make_problem(5, 64, 700, torch.float32, device, seed=8)
+    cfg = TileConfig(16, 128, 32, num_stages=1, tma=True)
+    params = RowParams(torch.full((5,), 0.9, device=device), 3, 4)
+    layout = CandidateLayout(1, triton.cdiv(700, 128), 5)
+    got = []
+    for c in (cfg, dataclasses.replace(cfg, ws=True)):
+        dest = BufferPair.alloc(layout, device)
+        launch_fused(h, w, params, c, layout, dest, vocab_size=697)
+        got.append((dest.f.clone(), dest.i.clone()))
+    assert torch.equal(got[0][1], got[1][1]) and torch.equal(got[0][0], got[1][0])
+    if device.type != "cuda" or torch.cuda.get_device_capability() != (9, 0):
+        assert not ws_supported(h, w, params, layout, BufferPair.alloc(layout, device))

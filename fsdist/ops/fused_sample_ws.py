@@ -1,0 +1,302 @@
+"""Stage 1 on Hopper, warp-specialised: the LM-head GEMM and the sampling epilogue run side by side.
+
+``fused_sample_kernel`` (Triton) computes a logits tile and then runs its epilogue (Philox,
+two logs per id, the row reductions) in the same warps: past one 128-row batch tile the
+tensor cores idle while it runs, and nothing else fits on the SM (one 160 KB program per
+SM). This kernel, written in Gluon (Triton's explicit-layout dialect), is persistent (one
+program per SM walks its tiles) and splits each program's warps by role:
+
+* a **load** warp streams the operand tiles into a ring of shared-memory stages with TMA;
+* the **MMA** warpgroup (the default partition) runs the wgmma main loop of one tile,
+  hands the fp32 accumulator over through shared memory, and starts the next tile;
+* the **epilogue** warpgroup reads the accumulator back and runs the same sampling
+  epilogue as the Triton kernel (``noise.py``'s Philox stream, ``epilogue.py``'s
+  temperature rules) while the next tile's MMAs proceed.
+
+Stage buffers and the accumulator hand-off are guarded by mbarriers (ready / empty pairs).
+The candidates are those of ``fused_sample_kernel`` with the same 128x128x64 tile, bit for
+bit: the same wgmma instruction sequence in the same K order gives the same logits, and the
+noise is keyed by the global vocabulary id. It covers the plain call (temperature, seed and
+offset as scalars or ``[B]`` tensors; no logprobs, filters, processors or tensor-parallel
+fan-out); ``ws_supported`` says when it applies, and every other call keeps the Triton kernel.
+"""
+import torch
+import triton
+
+from ..params import RowParams
+from .epilogue import perturb, row_temperature
+from .layout import BufferPair, CandidateLayout
+from .noise import gumbel_from_bits, vocab_quad_bits
+
+try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this path is off.
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    HAVE_GLUON = False
+
+# The one tile this kernel runs: 128 rows x 128 ids x 64 of the hidden size per stage. The
+# vocabulary tile fixes the candidate layout (configs.default_block_v on a GPU).
+WS_BLOCK_B = 128
+WS_BLOCK_V = 128
+WS_BLOCK_K = 64
+WS_STAGES = 4  # x 32 KB of operands, + 32 KB for the accumulator hand-off (one column half at a time)
+WS_ROW_THREADS = 8  # rows a warp spans in the epilogue's layout
+# Registers: the launch gives every warp maxnreg; the partitions then trade them per warpgroup
+# (setmaxnreg): the load warp drops to LOAD_REGS, the epilogue rises to its budget, the MMA
+# warpgroup keeps the rest (>= 128 for its accumulator). warps -> (maxnreg, epilogue registers):
+# 4 + 1 + 4 warps run as 12 (3 x 128 threads x 168 <= 64K); 4 + 1 + 8 as 16 (4 x 128 x 128).
+WS_EPILOGUE_WARPS = 4
+WS_REGISTERS = {4: (168, 232), 8: (128, 160)}
+WS_LOAD_REGS = 24
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _load_partition(h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
+                        BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_K: gl.constexpr,
+                        STAGES: gl.constexpr):
+        # One warp: wait for a free stage, then let the copy engine fill it (both operands
+        # arrive on the stage's "ready" barrier, which counts their bytes).
+        it = 0
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            off_b = (t % n_btiles) * BLOCK_B
+            off_v = (t // n_btiles) * BLOCK_V
+            for k in range(k_steps):
+                s = it % STAGES
+                mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), h_desc.block_type.nbytes + w_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(h_desc, [off_b, k * BLOCK_K], ready.index(s), h_bufs.index(s))
+                tma.async_copy_global_to_shared(w_desc, [off_v, k * BLOCK_K], ready.index(s), w_bufs.index(s))
+                it += 1
+
+    @gluon.jit
+    def _mma_partition(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_tiles, k_steps,
+                       BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr):
+        # One warpgroup: acc[BLOCK_B, BLOCK_V] = h_tile @ w_tile^T over k, one wgmma group in
+        # flight while the next stage's data is awaited; a stage is released as soon as the
+        # wgmma that read it has retired.
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, BLOCK_V, 16])
+        it = 0
+        hc = 0
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            acc = gl.zeros([BLOCK_B, BLOCK_V], gl.float32, acc_layout)
+            for k in range(k_steps):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                acc = warpgroup_mma(h_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                # the previous stage's wgmma has retired: its buffers may be refilled
+                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
+                it += 1
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+            # Hand the tile to the epilogue in two column halves through one 32 KB buffer, each
+            # once the epilogue has read the previous one out. (Column 64 is a register bit of
+            # the wgmma layout: the split moves no data.)
+            left, right = gl.split(gl.permute(gl.reshape(acc, [BLOCK_B, 2, BLOCK_V // 2]), (0, 2, 1)))
+            mbarrier.wait(acc_empty, (hc & 1) ^ 1)
+            acc_smem.store(left)
+            mbarrier.arrive(acc_ready)
+            mbarrier.wait(acc_empty, hc & 1)
+            acc_smem.store(right)
+            mbarrier.arrive(acc_ready)
+            hc += 2
+
+    @gluon.jit
+    def _epilogue_half(acc_smem, acc_ready, acc_empty, phase, half: gl.constexpr, seed, offset, noise_scale,
+                       tile_start, V_rows, vocab_size, vocab_start, HALF: gl.constexpr, NOISE: gl.constexpr,
+                       FAST_LOG: gl.constexpr, quad_layout: gl.constexpr):
+        """(best score, best column, any NaN / +inf logit) of one HALF-wide column slice of the tile."""
+        cols_q = gl.arange(0, HALF // 4, gl.SliceLayout(0, quad_layout))
+        quad = ((vocab_start + tile_start + half * HALF) >> 2) + cols_q
+        r0, r1, r2, r3 = vocab_quad_bits(seed[:, None], offset[:, None], quad[None, :])
+        # Column 4q + 2i + j is lane 2i + j of quad q (noise.vocab_bits_tile's arrangement).
+        bits = gl.reshape(gl.join(gl.join(r0, r2), gl.join(r1, r3)), [r0.shape[0], HALF])
+        lay: gl.constexpr = bits.type.layout
+        # The half's logits, then the buffer goes straight back to the MMA warpgroup.
+        mbarrier.wait(acc_ready, phase)
+        logit = acc_smem.load(lay)
+        mbarrier.arrive(acc_empty)
+        col = half * HALF + gl.arange(0, HALF, gl.SliceLayout(0, lay))
+        gid = vocab_start + tile_start + col
+        valid = (gid < vocab_size) & (tile_start + col < V_rows)
+        logit = gl.where(valid[None, :], logit, float("-inf"))
+        bad = gl.max(((logit != logit) | (logit == float("inf"))).to(gl.int32), axis=1)
+        if NOISE:
+            g = gumbel_from_bits(bits, FAST_LOG)
+            score = perturb(logit, gl.convert_layout(noise_scale, gl.SliceLayout(1, lay))[:, None], g, FAST_LOG)
+        else:
+            score = logit
+        best = gl.max(score, axis=1)
+        # lowest column among equal maxima, as tl.argmax
+        at = gl.min(gl.where(score == best[:, None], col[None, :], 1 << 30), axis=1)
+        return best, at, bad
+
+    @gluon.jit
+    def _epilogue_partition(acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
+                            temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
+                            stride_slot, n_btiles, n_tiles,
+                            BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, EPI_WARPS: gl.constexpr,
+                            SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr,
+                            NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr):
+        HALF: gl.constexpr = BLOCK_V // 2
+        # Philox quads of a half tile, [BLOCK_B, HALF / 4]: a warp spans ROW_THREADS rows, so each
+        # thread keeps few rows' keys and counters (the per-row state is what crowds the registers).
+        quad_layout: gl.constexpr = gl.BlockedLayout([1, 1], [ROW_THREADS, 32 // ROW_THREADS], [EPI_WARPS, 1],
+                                                     [1, 0])
+        row_layout: gl.constexpr = gl.SliceLayout(1, quad_layout)
+        hc = 0
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            pid_b = t % n_btiles
+            pid_v = t // n_btiles
+            offs_b = pid_b * BLOCK_B + gl.arange(0, BLOCK_B, row_layout)
+            mask_b = offs_b < B
+            if TEMP_PER_ROW:
+                temp = gl.load(temp_ptr + offs_b, mask=mask_b, other=0.0).to(gl.float32)
+            else:
+                temp = gl.full([BLOCK_B], 0.0, gl.float32, row_layout) + temp_val
+            if SEED_PER_ROW:
+                seed = gl.load(seed_ptr + offs_b, mask=mask_b, other=0).to(gl.int64)
+            else:
+                seed = gl.full([BLOCK_B], 0, gl.int64, row_layout) + seed_val
+            if OFFSET_PER_ROW:
+                offset = gl.load(offset_ptr + offs_b, mask=mask_b, other=0).to(gl.int64)
+            else:
+                offset = gl.full([BLOCK_B], 0, gl.int64, row_layout) + offset_val
+            _inv_t, noise_scale, _greedy, bad_temp = row_temperature(temp)
+            tile_start = pid_v * BLOCK_V
+
+            best0, at0, bad0 = _epilogue_half(acc_smem, acc_ready, acc_empty, hc & 1, 0, seed, offset, noise_scale,
+                                              tile_start, V_rows, vocab_size, vocab_start, HALF, NOISE, FAST_LOG,
+                                              quad_layout)
+            best1, at1, bad1 = _epilogue_half(acc_smem, acc_ready, acc_empty, (hc + 1) & 1, 1, seed, offset,
+                                              noise_scale, tile_start, V_rows, vocab_size, vocab_start, HALF, NOISE,
+                                              FAST_LOG, quad_layout)
+            hc += 2
+
+            # Merge the halves: the second wins only when strictly larger (ties to the lower id).
+            take1 = best1 > best0
+            best = gl.convert_layout(gl.where(take1, best1, best0), row_layout)
+            at = gl.convert_layout(gl.where(take1, at1, at0), row_layout)
+            bad = gl.convert_layout((bad0 | bad1) > 0, row_layout)
+            poisoned = bad | bad_temp
+            score = gl.where(poisoned, float("nan"), best)
+            idx = gl.where(poisoned, -1, vocab_start + tile_start + at).to(gl.int32)
+            gl.store(cand_f + buf_offset + pid_v * stride_slot + offs_b, score, mask=mask_b)
+            gl.store(cand_i + buf_offset_i + pid_v * stride_slot + offs_b, idx, mask=mask_b)
+
+    @gluon.jit
+    def fused_sample_ws_kernel(h_desc, w_desc, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
+                               cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
+                               stride_slot, n_btiles, n_tiles, k_steps,
+                               STAGES: gl.constexpr, EPI_WARPS: gl.constexpr, EPI_REGS: gl.constexpr,
+                               LOAD_REGS: gl.constexpr,
+                               SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr,
+                               NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr = 8):
+        BLOCK_B: gl.constexpr = h_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
+        BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
+        dtype: gl.constexpr = h_desc.dtype
+        h_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_B, BLOCK_K], h_desc.layout)
+        w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_V, BLOCK_K], w_desc.layout)
+        # The accumulator hand-off, swizzled so the wgmma layout's row-strided stores and the
+        # epilogue's quad loads spread over the banks.
+        acc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_B, BLOCK_V // 2],
+                                             gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        acc_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        acc_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(acc_ready, count=1)
+        mbarrier.init(acc_empty, count=1)
+
+        gl.warp_specialize([
+            (_mma_partition, (h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_tiles, k_steps,
+                              BLOCK_B, BLOCK_V, STAGES)),
+            (_load_partition, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
+                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES)),
+            (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
+                                   temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
+                                   buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles,
+                                   BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW,
+                                   NOISE, FAST_LOG, ROW_THREADS)),
+        ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
+
+
+def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, layout: CandidateLayout,
+                 dest: BufferPair, *, logprobs: bool = False, extended: bool = False, block_v: int = WS_BLOCK_V) -> bool:
+    """Whether this call can run on the warp-specialised kernel: a Hopper GPU (sm_90: wgmma),
+    bf16 / fp16 operands TMA can read, the 128-id vocabulary tile, and a plain call (no logprobs,
+    kept logits, processors, peer fan-out or call header). Everything else keeps fused_sample_kernel."""
+    if not HAVE_GLUON or hidden.device.type != "cuda" or torch.version.hip is not None:
+        return False
+    if torch.cuda.get_device_capability(hidden.device) != (9, 0):
+        return False
+    if hidden.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != hidden.dtype:
+        return False
+    if logprobs or extended or params.processing is not None or dest.peer_table or dest.parity is not None:
+        return False
+    if layout.checked or block_v != WS_BLOCK_V or hidden.shape[0] == 0:
+        return False
+    elem = hidden.element_size()
+    return all(t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * elem) % 16 == 0
+               for t in (hidden, weight))
+
+
+def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, layout: CandidateLayout,
+                    dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0,
+                    stages: int = WS_STAGES, row_threads: int = WS_ROW_THREADS,
+                    epilogue_warps: int = WS_EPILOGUE_WARPS, grid_cap: int = 0, epilogue_only: bool = False) -> None:
+    """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
+    of ``dest``, as launch_fused does with the 128x128x64 TMA tile. The caller checks
+    :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
+    epilogue_only (benchmarks): skip the main loop (zero logits), to time the epilogue alone."""
+    from .utils import fast_log_ok, row_param_args
+
+    B, D = hidden.shape
+    V_rows = weight.shape[0]
+    n_vtiles = layout.check_fit(B, V_rows, WS_BLOCK_V, shard, vocab_start)
+    n_btiles = triton.cdiv(B, WS_BLOCK_B)
+    n_tiles = n_btiles * n_vtiles
+    gdt = gl.bfloat16 if hidden.dtype == torch.bfloat16 else gl.float16
+    smem = gl.NVMMASharedLayout.get_default_for([WS_BLOCK_B, WS_BLOCK_K], gdt)
+    h_desc = GluonDescriptor.from_tensor(hidden, [WS_BLOCK_B, WS_BLOCK_K], smem)
+    w_desc = GluonDescriptor.from_tensor(weight, [WS_BLOCK_V, WS_BLOCK_K], smem)
+    dummy = dest.i
+    seed_p, seed_v, seed_row = row_param_args(params.seed, dummy)
+    off_p, off_v, off_row = row_param_args(params.offset, dummy)
+    temp_p, temp_v, temp_row = row_param_args(params.temperature, dummy)
+    if epilogue_warps not in WS_REGISTERS:
+        raise ValueError(f"epilogue_warps must be one of {sorted(WS_REGISTERS)}, got {epilogue_warps}")
+    maxnreg, epi_regs = WS_REGISTERS[epilogue_warps]
+    programs = min(n_tiles, _sm_count(hidden.device))
+    if grid_cap:
+        programs = min(programs, grid_cap)
+    fused_sample_ws_kernel[(programs, )](
+        h_desc, w_desc, seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
+        dest.f, dest.i, B, V_rows, vocab_size, vocab_start,
+        dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i, layout.stride_slot,
+        n_btiles, n_tiles, 0 if epilogue_only else triton.cdiv(D, WS_BLOCK_K),
+        STAGES=stages, EPI_WARPS=epilogue_warps, EPI_REGS=epi_regs, LOAD_REGS=WS_LOAD_REGS,
+        SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
+        NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), ROW_THREADS=row_threads,
+        num_warps=4, maxnreg=maxnreg,
+    )
+
+
+_SM_COUNT = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
