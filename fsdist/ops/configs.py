@@ -31,8 +31,8 @@ class TileConfig:
     # share an SM; None: the compiler's choice. Changes no arithmetic.
     max_regs: Optional[int] = None
     # Run the tile on the warp-specialised Hopper kernel (fused_sample_ws.py: per SM a load warp, an
-    # MMA warpgroup and num_warps epilogue warps, persistent) where it applies: sm_90, a 128x128x64
-    # TMA tile, a plain call. Elsewhere the Triton kernel runs the same tile. Same candidates.
+    # MMA warpgroup and 8 epilogue warps (4 when num_warps < 8), persistent) where it applies: sm_90,
+    # a 128x128x64 TMA tile, a plain call. Elsewhere the Triton kernel runs the same tile. Same candidates.
     ws: bool = False
 
     def __post_init__(self):
@@ -57,7 +57,7 @@ class TileConfig:
 
     @classmethod
     def parse(cls, text: str) -> "TileConfig":
-        """Read a config written as ``name`` ('64x128x64w8s4[t][rN]') or as
+        """Read a config written as ``name`` ('64x128x64w8s4[t][rN][-ws]') or as
         'block_b:block_v:block_k[:warps[:stages]]'."""
         text = text.strip()
         m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(t?)(?:r(\d+))?(-ws)?", text)

@@ -94,7 +94,7 @@ if HAVE_GLUON:
                 mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
                 it += 1
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k_steps > 0)
             # Hand the tile to the epilogue in two column halves through one 32 KB buffer, each
             # once the epilogue has read the previous one out. (Column 64 is a register bit of
             # the wgmma layout: the split moves no data.)
@@ -232,7 +232,8 @@ if HAVE_GLUON:
 
 
 def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, layout: CandidateLayout,
-                 dest: BufferPair, *, logprobs: bool = False, extended: bool = False, block_v: int = WS_BLOCK_V) -> bool:
+                 dest: BufferPair, *, logprobs: bool = False, extended: bool = False,
+                 block_v: int = WS_BLOCK_V) -> bool:
     """Whether this call can run on the warp-specialised kernel: a Hopper GPU (sm_90: wgmma),
     bf16 / fp16 operands TMA can read, the 128-id vocabulary tile, and a plain call (no logprobs,
     kept logits, processors, peer fan-out or call header). Everything else keeps fused_sample_kernel."""

@@ -452,20 +452,25 @@ def test_tma_falls_back_to_pointers_when_rows_are_misaligned(device):
         TileConfig(16, 128, 32, tma=1)
 
 
-def test_ws_config_without_a_hopper_gpu_runs_the_triton_kernel(device):
+def test_ws_config_without_a_hopper_gpu_runs_the_triton_kernel(device, monkeypatch):
     """TileConfig.ws asks for the warp-specialised kernel; where it cannot run (here: no sm_90 GPU,
-    or a call it does not cover) the Triton kernel runs the same tile: same candidates."""
-    from fsdist.ops.fused_sample_ws import ws_supported
+    or fp32 operands it does not take) the Triton kernel runs the same tile: same candidates, and the
+    warp-specialised launcher is never reached (it raises if it is)."""
+    from fsdist.ops import fused_sample
 
-    h, w = make_problem(5, 64, 700, torch.float32, device, seed=8)
-    cfg = TileConfig(16, 128, 32, num_stages=1, tma=True)
-    params = RowParams(torch.full((5,), 0.9, device=device), 3, 4)
-    layout = CandidateLayout(1, triton.cdiv(700, 128), 5)
-    got = []
-    for c in (cfg, dataclasses.replace(cfg, ws=True)):
-        dest = BufferPair.alloc(layout, device)
-        launch_fused(h, w, params, c, layout, dest, vocab_size=697)
-        got.append((dest.f.clone(), dest.i.clone()))
-    assert torch.equal(got[0][1], got[1][1]) and torch.equal(got[0][0], got[1][0])
-    if device.type != "cuda" or torch.cuda.get_device_capability() != (9, 0):
-        assert not ws_supported(h, w, params, layout, BufferPair.alloc(layout, device))
+    def refuse(*a, **k):
+        raise AssertionError("the warp-specialised kernel was launched")
+
+    monkeypatch.setattr(fused_sample, "launch_fused_ws", refuse)
+    dtypes = [torch.float32] + ([torch.bfloat16] if device.type == "cpu" else [])
+    for dtype in dtypes:
+        h, w = make_problem(5, 64, 700, dtype, device, seed=8)
+        cfg = TileConfig(128, 128, 64, num_warps=8, num_stages=5, tma=True)  # the tile pick_config names
+        params = RowParams(torch.full((5,), 0.9, device=device), 3, 4)
+        layout = CandidateLayout(1, triton.cdiv(700, 128), 5)
+        got = []
+        for c in (cfg, dataclasses.replace(cfg, ws=True)):
+            dest = BufferPair.alloc(layout, device)
+            launch_fused(h, w, params, c, layout, dest, vocab_size=697)
+            got.append((dest.f.clone(), dest.i.clone()))
+        assert torch.equal(got[0][1], got[1][1]) and torch.equal(got[0][0], got[1][0])
