@@ -205,6 +205,21 @@ def summarize(samples_us: Sequence[float]) -> Dict[str, float]:
             "mean_us": statistics.fmean(xs), "p10_us": q(0.1), "p90_us": q(0.9)}
 
 
+def time_methods(methods: Dict, arg_sets: Sequence[tuple], *, warmup: int, reps: int, flush, device,
+                 failures: List[str], label: str) -> Dict[str, Dict[str, float]]:
+    """{name: summarize(time_calls(fn, arg_sets, ...))} for each method, side by side in one run. A method
+    that raises is left out and reported in failures as '<label>: timing <name> failed: ...'."""
+    times = {}
+    for name, fn in methods.items():
+        try:
+            xs = time_calls(fn, arg_sets, warmup=warmup, reps=reps, flush=flush, device=device)
+        except Exception as e:  # noqa: BLE001  (one broken method must not end the run)
+            failures.append(f"{label}: timing {name} failed: {type(e).__name__}: {str(e)[:300]}")
+            continue
+        times[name] = summarize(xs)
+    return times
+
+
 # --------------------------------------------------------------------------- ceilings
 def measure_copy_bandwidth(device: torch.device, nbytes: Optional[int] = None, reps: int = 20) -> Dict:
     """Device-to-device copy rate, counting bytes read plus bytes written (bytes/s)."""

@@ -265,15 +265,9 @@ def main(argv=None) -> int:
             if only:
                 methods = {k: v for k, v in methods.items() if k.startswith(only)}
             row = {"D": D, "V": V, "B": B, "fused_vs_chunked_mismatch_rows": c.fused_vs_chunked_mismatch,
-                   "chunked_vs_v4_mismatch_rows": c.mismatch, "times": {}}
-            for name, fn in methods.items():
-                try:
-                    xs = C.time_calls(fn, [(h,) for h in c.hs], warmup=args.warmup, reps=args.reps, flush=flush,
-                                       device=dev)
-                except Exception as e:  # noqa: BLE001
-                    failures.append(f"B={B} D={D}: timing {name} failed: {type(e).__name__}: {str(e)[:300]}")
-                    continue
-                row["times"][name] = C.summarize(xs)
+                   "chunked_vs_v4_mismatch_rows": c.mismatch}
+            row["times"] = C.time_methods(methods, [(h,) for h in c.hs], warmup=args.warmup, reps=args.reps,
+                                          flush=flush, device=dev, failures=failures, label=f"B={B} D={D}")
             out.data["cells"].append(row)
             out.flush()
             table.append(row)

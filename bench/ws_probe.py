@@ -177,15 +177,9 @@ def main(argv=None) -> int:
             for name, s, r, e in vs:
                 methods["epi_" + name] = lambda h, s=s, r=r, e=e: run_ws(h, W, params, layout, cand, V, s, r, e,
                                                                          epilogue_only=True)
-            row = {"D": D, "V": V, "B": B, "times": {}}
-            for name, fn in methods.items():
-                try:
-                    xs = C.time_calls(fn, [(h,) for h in hs], warmup=args.warmup, reps=args.reps, flush=flush,
-                                       device=dev)
-                except Exception as e:  # noqa: BLE001
-                    failures.append(f"D={D} B={B}: timing {name} failed: {type(e).__name__}: {str(e)[:300]}")
-                    continue
-                row["times"][name] = C.summarize(xs)
+            row = {"D": D, "V": V, "B": B,
+                   "times": C.time_methods(methods, [(h,) for h in hs], warmup=args.warmup, reps=args.reps,
+                                           flush=flush, device=dev, failures=failures, label=f"D={D} B={B}")}
             out.data["cells"].append(row)
             out.flush()
             table.append(row)

@@ -27,6 +27,7 @@ from ..params import RowParams
 from .epilogue import perturb, row_temperature
 from .layout import BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_quad_bits
+from .utils import fast_log_ok, row_param_args
 
 try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this path is off.
     from triton.experimental import gluon
@@ -260,8 +261,6 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     of ``dest``, as launch_fused does with the 128x128x64 TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
     epilogue_only (benchmarks): skip the main loop (zero logits), to time the epilogue alone."""
-    from .utils import fast_log_ok, row_param_args
-
     B, D = hidden.shape
     V_rows = weight.shape[0]
     n_vtiles = layout.check_fit(B, V_rows, WS_BLOCK_V, shard, vocab_start)
