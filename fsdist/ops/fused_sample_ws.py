@@ -20,6 +20,8 @@ noise is keyed by the global vocabulary id. It covers the plain call (temperatur
 offset as scalars or ``[B]`` tensors; no logprobs, filters, processors or tensor-parallel
 fan-out); ``ws_supported`` says when it applies, and every other call keeps the Triton kernel.
 """
+import functools
+
 import torch
 import triton
 
@@ -292,11 +294,10 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     )
 
 
-_SM_COUNT = {}
-
-
 def _sm_count(device: torch.device) -> int:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNT[index]
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
