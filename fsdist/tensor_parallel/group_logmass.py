@@ -66,7 +66,8 @@ class GroupLogmassReduction(Reduction):
         launch_stage1(plan, hidden, weight, params, self.local, vocab_size=part.vocab_size, vocab_start=part.start)
         tok, lp, _lse, stats = launch_merge(plan.layout, self.local, B, params, logprobs=True, stats=True)
         # 2. exchange the records
-        flags = opts.flags(self.plan(B, hidden.shape[1], logprobs, path, n_shards=1, dtype=hidden.dtype))
+        # flags read only plan.path, which logprobs does not change: the stage-1 plan's is the call's
+        flags = opts.flags(plan)
         launch_group_publish(tok, lp, stats, x, bufs.dest, rank=self.rank, params=params, flags=flags)
         bufs.exchange(x.stride_rank, x.stride_rank_i)
         self.seam.call("before_stage2", step)

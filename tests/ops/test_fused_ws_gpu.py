@@ -5,6 +5,8 @@ GPU (sm_90) only. The kernel must write the Triton kernel's candidates bit for b
 global id), same rounding of logit + T * Gumbel (``epilogue.perturb``). The 10^6-draw chi-squared
 tests in test_sample_gpu.py run on it too (B = 8192 rows take the 128-row tiles).
 """
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -13,8 +15,13 @@ import fsdist
 from fsdist.ops import fused_sample
 from fsdist.ops.configs import TileConfig
 from fsdist.ops.fused_sample import launch_fused
-from fsdist.ops.layout import BufferPair, CandidateLayout
+from fsdist.ops.fused_sample_ws import ws_supported
+from fsdist.ops.layout import KEEP, BufferPair, CandidateLayout
+from fsdist.ops.parity import DeviceParity
+from fsdist.ops.step_check import call_flags
 from fsdist.params import RowParams
+from fsdist.processing import prepare_processing
+from fsdist.reference import bitmask_from_allowed
 
 pytestmark = pytest.mark.gpu
 
@@ -39,6 +46,15 @@ def _row_params(B, g, kind):
         t[33] = float("nan")
     return RowParams(t.cuda(), torch.randint(0, 2**62, (B,), generator=g).cuda(),
                      torch.randint(0, 2**40, (B,), generator=g).cuda())
+
+
+def _operands(B, D, V, dtype, seed):
+    """hidden [B, D] and weight [V, D] (logits of std ~1), drawn on the GPU from a seeded generator: the
+    largest weight here is 4 GB in fp32, too much to draw on the host and copy over."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(V, D, generator=g, device="cuda").mul_(D ** -0.5).to(dtype)
+    h = torch.randn(B, D, generator=g, device="cuda").to(dtype)
+    return h, w
 
 
 def _candidates(cfg, h, w, params, vocab_size, vocab_start=0):
@@ -76,10 +92,8 @@ def ws_calls(monkeypatch):
 def test_ws_writes_the_triton_kernels_candidates(D, V, B, vocab_start, kind, dtype, ws_calls):
     if dtype == torch.float16 and D > 4096:
         pytest.skip("one fp16 shape is enough")
-    g = torch.Generator().manual_seed(D + V + B)
-    w = (torch.randn(V, D, generator=g) * D ** -0.5).cuda().to(dtype)
-    h = torch.randn(B, D, generator=g).cuda().to(dtype)
-    params = _row_params(B, g, kind)
+    h, w = _operands(B, D, V, dtype, D + V + B)
+    params = _row_params(B, torch.Generator().manual_seed(D + V + B), kind)
     vocab_size = vocab_start + V - 3  # a few padding ids at the end never win
     got = _candidates(WS, h, w, params, vocab_size, vocab_start)
     assert len(ws_calls) == 1
@@ -135,3 +149,181 @@ def test_sample_uses_it_and_keeps_tokens(ws_calls):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured.tokens, ref.tokens)
+
+
+# ---- calls the warp-specialised kernel must leave to the Triton kernel -------------------------------------
+EXCLUSIONS = ["logprobs", "extended", "processors", "peer-table", "parity", "checked", "flags",
+              "hidden-misaligned", "hidden-row-stride", "weight-misaligned", "weight-row-stride", "fp32"]
+
+
+def _shifted(t):
+    """A contiguous copy of t whose data starts 8 bytes past a 16-byte boundary (TMA wants 16)."""
+    pad = 8 // t.element_size()
+    out = torch.empty(t.numel() + pad, dtype=t.dtype, device=t.device)[pad:].view(t.shape)
+    out.copy_(t)
+    assert out.data_ptr() % 16 == 8
+    return out
+
+
+def _padded_rows(t, cols):
+    """t's values in a column slice of a [rows, cols] tensor: row stride cols."""
+    out = torch.zeros(t.shape[0], cols, dtype=t.dtype, device=t.device)[:, :t.shape[1]]
+    out.copy_(t)
+    return out
+
+
+class _Call:
+    """A launch_fused call that differs from a plain warp-specialised one (B = 200, two batch tiles; V = 1000,
+    a partial last tile) by ``case`` alone; "plain" is the plain call."""
+
+    def __init__(self, case):
+        B, D, V = 200, 256, 1000
+        if case == "weight-row-stride":
+            D = 100  # contiguous weight rows of 200 bytes
+        self.h, self.w = _operands(B, D, V, torch.float32 if case == "fp32" else torch.bfloat16, 29)
+        self.params = _row_params(B, torch.Generator().manual_seed(29), "rows")
+        self.vocab_size = V - 3
+        n_tiles = triton.cdiv(V, 128)
+        self.layout = CandidateLayout(1, n_tiles, B)
+        self.kw = {}
+        self.parity = case in ("parity", "checked")  # a checked layout needs the device step counter
+        self.peers = case == "peer-table"
+        if case == "logprobs":
+            self.layout = CandidateLayout(CandidateLayout.fields(True), n_tiles, B)
+            self.kw = dict(logprobs=True)
+        elif case == "extended":  # kept logits: launch_fused reads the choice off the layout
+            self.layout = CandidateLayout(CandidateLayout.fields(False, extended=True), n_tiles, B,
+                                          n_ifields=1 + KEEP)
+        elif case == "processors":
+            allowed = torch.rand(B, self.vocab_size, generator=torch.Generator().manual_seed(1)) < 0.8
+            proc = prepare_processing(token_bitmask=bitmask_from_allowed(allowed).cuda(), batch=B,
+                                      vocab_size=self.vocab_size, device="cuda")
+            self.params = dataclasses.replace(self.params, processing=proc)
+        elif case == "checked":
+            self.layout = CandidateLayout(1, n_tiles, B, checked=True)
+        elif case == "flags":  # a caller's header flags: launch_fused's own condition, not ws_supported's
+            self.kw = dict(flags=call_flags(False, False))
+        elif case == "hidden-misaligned":
+            self.h = _shifted(self.h)
+        elif case == "hidden-row-stride":
+            self.h = _padded_rows(self.h, D + 4)  # 520-byte rows
+        elif case == "weight-misaligned":
+            self.w = _shifted(self.w)
+        elif case == "weight-row-stride":
+            self.h = _padded_rows(self.h, 104)  # the hidden's rows stay 16-byte multiples (208 bytes)
+
+    def dest(self):
+        """(the BufferPair to launch into, the buffers it writes), filled with a sentinel."""
+        L = self.layout
+        if self.peers:  # two local buffers stand in for two ranks' (the epilogue stores into both)
+            bufs = [BufferPair.alloc(L, "cuda") for _ in range(2)]
+            for b in bufs:
+                b.f.fill_(7.0)
+                b.i.fill_(7)
+            table_f = torch.tensor([b.f.data_ptr() for b in bufs], dtype=torch.int64, device="cuda")
+            table_i = torch.tensor([b.i.data_ptr() for b in bufs], dtype=torch.int64, device="cuda")
+            return BufferPair(table_f, table_i, npeers=2), [t for b in bufs for t in (b.f, b.i)]
+        copies = 2 if self.parity else 1
+        f = torch.full((copies * L.float_numel,), 7.0, device="cuda")
+        i = torch.full((copies * L.int_numel,), 7, dtype=torch.int32, device="cuda")
+        parity = None
+        if self.parity:  # counter 5 (odd): the second copy
+            parity = DeviceParity(torch.tensor([5], dtype=torch.int64, device="cuda"), L.float_numel, L.int_numel)
+        return BufferPair(f, i, parity=parity), [f, i]
+
+    def run(self, cfg):
+        dest, bufs = self.dest()
+        launch_fused(self.h, self.w, self.params, cfg, self.layout, dest, vocab_size=self.vocab_size, **self.kw)
+        return [b.nan_to_num(-12345.0) if b.is_floating_point() else b for b in bufs]
+
+    def supported(self, dest=None):
+        return ws_supported(self.h, self.w, self.params, self.layout, dest if dest is not None else self.dest()[0],
+                            logprobs=self.kw.get("logprobs", False), extended=self.layout.extended)
+
+
+@hopper
+@pytest.mark.parametrize("case", ["plain"] + EXCLUSIONS)
+def test_calls_it_cannot_take_run_the_triton_kernel(case, ws_calls):
+    """With the ws tile, every call ws_supported excludes (and one with caller-given header flags) runs the
+    Triton kernel: the warp-specialised launcher is never reached, and every buffer written (both peers'
+    copies, the parity copy, the header, kept logits, logprob fields) is the Triton kernel's with the plain
+    tile. "plain", the same call without the exclusion, must launch it: a case that launches nothing shows
+    its exclusion, not a setup the kernel would refuse anyway."""
+    call = _Call(case)
+    assert call.supported() == (case in ("plain", "flags"))
+    got = call.run(WS)
+    assert len(ws_calls) == int(case == "plain")
+    ref = call.run(TRITON)
+    assert len(ws_calls) == int(case == "plain")
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref):
+        assert torch.equal(a, b)
+    if case == "plain":  # an empty batch is not taken either (checked here only: nothing to launch)
+        assert not ws_supported(call.h[:0], call.w, call.params, call.layout, call.dest()[0])
+    if case == "checked":
+        # The checked layout alone excludes it: without the counter the Triton route refuses the call
+        # (launched on the ws kernel it would have run, with no header and no error).
+        assert not call.supported(BufferPair.alloc(call.layout, "cuda"))
+        with pytest.raises(ValueError, match="device step counter"):
+            launch_fused(call.h, call.w, call.params, WS, call.layout, BufferPair.alloc(call.layout, "cuda"),
+                         vocab_size=call.vocab_size)
+        assert not ws_calls
+
+
+# ---- ties, NaN and +inf logits ------------------------------------------------------------------------------
+# Ids given identical weight rows, per 128-id tile: both halves of tile 0, one half of tile 2, the left and
+# the right half of tile 5 (the halves' merge), the right half of tile 7 with its last valid id and a padding id.
+TIES = [(10, 50, 100), (300, 301), (700, 764), (970, 971, 996, 998)]
+
+
+@hopper
+@pytest.mark.parametrize("kind", ["rows", "scalar", "greedy"])
+def test_ties_nan_and_inf_logits_as_the_triton_kernel(kind, ws_calls):
+    """Equal logits in a tile and NaN / +inf logits, bit for bit as the Triton kernel: a tie goes to the
+    lowest id (the column halves merged as tl.argmax would), a tile of -inf logits to its first id with
+    score -inf, and a (row, tile) with a NaN or +inf logit is poisoned: score NaN, id -1, exactly where the
+    logits computed here (IEEE products in fp64) have one, or where the row's temperature is bad."""
+    B, D, V = 200, 128, 1000
+    vocab_size, n_tiles = V - 3, triton.cdiv(V, 128)
+    h, w = _operands(B, D, V, torch.bfloat16, 41)
+    w[:, :4] = 0.0
+    h[:, 0] = 8.0
+    for ids in TIES:  # logit 16 + the same rest: the tile's maximum, tied
+        w[list(ids)] = w[ids[0]].clone()
+        w[list(ids), 0] = 2.0
+    w[200, 1] = float("inf")  # id 200 (tile 1): +inf, -inf or 0 * inf = NaN as h[:, 1] is 1, -1 or 0
+    h[:, 1] = torch.tensor([1.0, -1.0, 0.0], device="cuda").repeat(B)[:B].to(h.dtype)
+    w[384:512, 2] = float("-inf")  # tile 3: every logit -inf where h[:, 2] = 1 ...
+    h[:, 2] = 1.0
+    h[9, 2] = -1.0  # ... +inf for row 9
+    h[11, 2] = 0.0  # ... NaN for row 11
+    w[600, 3] = float("nan")  # id 600 (tile 4): NaN for every row
+    h[5, 7] = float("nan")  # row 5: NaN everywhere
+    params = _row_params(B, torch.Generator().manual_seed(41), kind)
+
+    exact = (h.double()[:, None, :] * w.double()[None]).sum(-1)
+    bad = torch.zeros(B, n_tiles * 128, dtype=torch.bool, device="cuda")
+    bad[:, :vocab_size] = (exact.isnan() | (exact == float("inf")))[:, :vocab_size]
+    t = params.temperature
+    t = t if isinstance(t, torch.Tensor) else torch.full((B,), t, device="cuda")
+    poisoned = bad.view(B, n_tiles, 128).any(-1).T | ((t < 0) | t.isnan())[None, :]  # [tile, row]
+    assert poisoned[1].any() and not poisoned[1].all() and poisoned[3, 9] and poisoned[3, 11] and poisoned[4].all()
+
+    got = _candidates(WS, h, w, params, vocab_size)
+    assert len(ws_calls) == 1
+    ref = _candidates(TRITON, h, w, params, vocab_size)
+    assert torch.equal(got[1], ref[1])
+    assert torch.equal(got[0], ref[0])
+    score, idx = got[0].view(n_tiles, B), got[1].view(n_tiles, B)
+    assert torch.equal(idx == -1, poisoned)
+    assert torch.equal(score == -12345.0, poisoned)  # NaN scores (the helper maps NaN to -12345)
+    greedy = t == 0
+    assert greedy.any() == (kind != "scalar")
+    for ids in TIES:
+        tile = ids[0] // 128
+        rows = greedy & ~poisoned[tile]
+        assert kind == "scalar" or rows.any()
+        assert (idx[tile][rows] == ids[0]).all(), ids
+    flat = ~poisoned[3]
+    assert flat.sum() > B // 2
+    assert (idx[3][flat] == 384).all() and (score[3][flat] == torch.finfo(torch.float32).min).all()
