@@ -10,8 +10,7 @@ inputs rotated:
   triton        fused_sample_kernel with 128x128x64 w8 s5 TMA tiles (what the dispatcher runs at these B)
   ws_s<S>r<R>   fused_sample_ws_kernel with S operand stages and R rows per warp in the epilogue layout
   ...e8         the same with 8 epilogue warps (two warpgroups) instead of 4
-  ...n256       the 256-id MMA tile (two MMA warpgroups issuing their own loads); ...h<N>: N hand-off buffers
-  greedy_<var>  the variant with T = 0 (no noise): the main loop with the lightest epilogue
+  *_greedy      the same with T = 0 (no noise): the main loop with the lightest epilogue
   epi_<variant> the variant with its main loop skipped (zero logits): the epilogue's own time
 
     python3 bench/ws_probe.py [--shapes 4096x151936,8192x128256] [--batches 128,256,512,1024]
@@ -67,23 +66,20 @@ def run_triton(h, W, params, layout, cand, V):
     launch_fused(h, W, params, TRITON_CFG, layout, cand, vocab_size=V, vocab_start=0)
 
 
-def run_ws(h, W, params, layout, cand, V, v, epilogue_only=False):
-    launch_fused_ws(h, W, params, layout, cand, vocab_size=V, vocab_start=0, stages=v["stages"],
-                    row_threads=v["rows"], epilogue_warps=v["warps"], mma_n=v["n"], handoff=v["handoff"],
-                    epilogue_only=epilogue_only)
+def run_ws(h, W, params, layout, cand, V, stages, rows, warps=4, epilogue_only=False):
+    launch_fused_ws(h, W, params, layout, cand, vocab_size=V, vocab_start=0, stages=stages, row_threads=rows,
+                    epilogue_warps=warps, epilogue_only=epilogue_only)
 
 
 def variants(text):
-    """'s4r8' -> ('s4r8', {4 stages, 8 rows per warp, 4 epilogue warps, 128-id MMA tile, default hand-off});
-    's5r8e8': 8 epilogue warps; 's3r16n256': the 256-id MMA tile; 's4r16n256h1': with one hand-off buffer."""
+    """'s4r8' -> ('s4r8', 4 stages, 8 rows per warp, 4 epilogue warps); 's5r8e8': 8 epilogue warps."""
     out = []
     for v in text.split(","):
         v = v.strip()
-        m = re.fullmatch(r"s(\d+)r(\d+)(?:e(\d+))?(?:n(\d+))?(?:h(\d+))?", v)
+        m = re.fullmatch(r"s(\d+)r(\d+)(?:e(\d+))?", v)
         if not m:
-            raise SystemExit(f"bad variant {v!r}: want s<stages>r<rows>[e<epilogue warps>][n<ids>][h<buffers>]")
-        out.append((v, dict(stages=int(m.group(1)), rows=int(m.group(2)), warps=int(m.group(3) or 4),
-                            n=int(m.group(4) or 128), handoff=int(m.group(5) or 0))))
+            raise SystemExit(f"bad variant {v!r}: want s<stages>r<rows>[e<epilogue warps>]")
+        out.append((v, int(m.group(1)), int(m.group(2)), int(m.group(3) or 4)))
     return out
 
 
@@ -102,12 +98,12 @@ def check_cell(D, V, B, dev, vs, failures, W=None):
         if not ws_supported(h, W, params, layout, ref):
             failures.append(f"D={D} V={V} B={B}: ws_supported said no")
             return W
-        for name, v in vs:
+        for name, s, r, e in vs:
             got = BufferPair.alloc(layout, dev)
             got.f.fill_(7.0)
             got.i.fill_(7)
             try:
-                run_ws(h, W, params, layout, got, V, v)
+                run_ws(h, W, params, layout, got, V, s, r, e)
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001  (report, keep going)
                 failures.append(f"D={D} V={V} B={B} {name}: {type(e).__name__}: {str(e)[:400]}")
@@ -170,16 +166,17 @@ def main(argv=None) -> int:
             cand = BufferPair.alloc(layout, dev)
             methods = {"cublas": lambda h: F.linear(h, W),
                        "triton": lambda h: run_triton(h, W, params, layout, cand, V)}
-            for name, v in vs:
-                methods["ws_" + name] = lambda h, v=v: run_ws(h, W, params, layout, cand, V, v)
+            for name, s, r, e in vs:
+                methods["ws_" + name] = lambda h, s=s, r=r, e=e: run_ws(h, W, params, layout, cand, V, s, r, e)
             # Greedy (no noise): the main loops alone, so the epilogue's share shows.
             greedy = RowParams(0.0, 0, 0)
             methods["triton_greedy"] = lambda h: run_triton(h, W, greedy, layout, cand, V)
-            for name, v in vs:
-                methods["greedy_" + name] = lambda h, v=v: run_ws(h, W, greedy, layout, cand, V, v)
+            _, s0, r0, e0 = vs[0]
+            methods["ws_greedy"] = lambda h: run_ws(h, W, greedy, layout, cand, V, s0, r0, e0)
             # The epilogue alone (zero logits, no main loop): what it costs when nothing hides it.
-            for name, v in vs:
-                methods["epi_" + name] = lambda h, v=v: run_ws(h, W, params, layout, cand, V, v, epilogue_only=True)
+            for name, s, r, e in vs:
+                methods["epi_" + name] = lambda h, s=s, r=r, e=e: run_ws(h, W, params, layout, cand, V, s, r, e,
+                                                                         epilogue_only=True)
             row = {"D": D, "V": V, "B": B,
                    "times": C.time_methods(methods, [(h,) for h in hs], warmup=args.warmup, reps=args.reps,
                                            flush=flush, device=dev, failures=failures, label=f"D={D} B={B}")}

@@ -41,30 +41,19 @@ try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this p
 except ImportError:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
 
-# The tile: 128 rows x WS_BLOCK_V (128) or 256 ids x 64 of the hidden size per stage. Candidates are
-# always per 128-id vocabulary tile (configs.default_block_v on a GPU): a 256-id MMA tile writes two.
+# The one tile this kernel runs: 128 rows x 128 ids x 64 of the hidden size per stage. The
+# vocabulary tile fixes the candidate layout (configs.default_block_v on a GPU).
 WS_BLOCK_B = 128
 WS_BLOCK_V = 128
 WS_BLOCK_K = 64
-WS_MMA_WIDTHS = (128, 256)
-WS_STAGES = 4  # x 32 KB of operands (48 KB with 256 ids), + 32 KB per accumulator hand-off buffer
-# Rows a warp spans in the epilogue's layout, per MMA width (16 for 256: fewer rows' state per
-# thread in the 4 epilogue warps' smaller register budget; 116 bytes of spills left, sm_90 ptxas).
-WS_ROW_THREADS = {128: 8, 256: 16}
-# The accumulator goes to the epilogue in 64-column pieces through WS_HANDOFF[mma_n] 32 KB buffers:
-# 128 ids = 2 pieces through one buffer (the epilogue holds one piece in registers while the
-# MMA warpgroup stores the other); 256 ids = 4 pieces through two.
-WS_HANDOFF = {128: 1, 256: 2}
-WS_SMEM_BYTES = 227 * 1024 - 1024  # sm_90's per-block limit, less room for the barriers
+WS_STAGES = 4  # x 32 KB of operands, + 32 KB for the accumulator hand-off (one column half at a time)
+WS_ROW_THREADS = 8  # rows a warp spans in the epilogue's layout
 # Registers: the launch gives every warp maxnreg; the partitions then trade them per warpgroup
 # (setmaxnreg): the load warp drops to LOAD_REGS, the epilogue rises to its budget, the MMA
-# warpgroup(s) keep the rest (>= 128 for a 128x128 accumulator per warpgroup).
-# (ids per MMA tile, epilogue warps) -> (maxnreg, epilogue registers):
-# 128: 4 + 1 + 4 warps run as 12 (3 x 128 threads x 168 <= 64K); 4 + 1 + 8 as 16 (4 x 128 x 128);
-# 256: two MMA warpgroups (a 64 x 256 accumulator each) that also issue the TMA loads (a separate
-# load warp would make 20 warps) + 8 epilogue warps = 16 warps at 128 registers, no trading.
+# warpgroup keeps the rest (>= 128 for its accumulator). warps -> (maxnreg, epilogue registers):
+# 4 + 1 + 4 warps run as 12 (3 x 128 threads x 168 <= 64K); 4 + 1 + 8 as 16 (4 x 128 x 128).
 WS_EPILOGUE_WARPS = 4
-WS_REGISTERS = {(128, 4): (168, 232), (128, 8): (128, 160), (256, 4): (168, 176)}
+WS_REGISTERS = {4: (168, 232), 8: (128, 160)}
 WS_LOAD_REGS = 24
 
 if HAVE_GLUON:
@@ -88,29 +77,17 @@ if HAVE_GLUON:
                 it += 1
 
     @gluon.jit
-    def _hand_over(acc_smem, acc_ready, acc_empty, piece, k, NBUF: gl.constexpr):
-        # Piece k of the stream goes through buffer k % NBUF once the epilogue has read out
-        # what that buffer held before.
-        b = k % NBUF
-        mbarrier.wait(acc_empty.index(b), ((k // NBUF) & 1) ^ 1)
-        acc_smem.index(b).store(piece)
-        mbarrier.arrive(acc_ready.index(b))
-        return k + 1
-
-    @gluon.jit
     def _mma_partition(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_tiles, k_steps,
-                       BLOCK_B: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NBUF: gl.constexpr,
-                       MMA_WARPS: gl.constexpr):
-        # The 128-id tile's main loop (one warpgroup; a load warp fills the stages):
-        # acc[BLOCK_B, BLOCK_N] = h_tile @ w_tile^T over k, one wgmma group in flight while the
-        # next stage's data is awaited; a stage is released as soon as the wgmma that read it
-        # has retired.
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[MMA_WARPS, 1],
-                                                             instr_shape=[16, 128, 16])
+                       BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr):
+        # One warpgroup: acc[BLOCK_B, BLOCK_V] = h_tile @ w_tile^T over k, one wgmma group in
+        # flight while the next stage's data is awaited; a stage is released as soon as the
+        # wgmma that read it has retired.
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, BLOCK_V, 16])
         it = 0
         hc = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            acc = gl.zeros([BLOCK_B, BLOCK_N], gl.float32, acc_layout)
+            acc = gl.zeros([BLOCK_B, BLOCK_V], gl.float32, acc_layout)
             for k in range(k_steps):
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
@@ -121,82 +98,34 @@ if HAVE_GLUON:
                 it += 1
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k_steps > 0)
-            # Hand the tile over in two 64-column halves. (Column 64 is a register bit of the wgmma
-            # layout: the split moves no data.)
-            left, right = gl.split(gl.permute(gl.reshape(acc, [BLOCK_B, 2, BLOCK_N // 2]), (0, 2, 1)))
-            hc = _hand_over(acc_smem, acc_ready, acc_empty, left, hc, NBUF)
-            hc = _hand_over(acc_smem, acc_ready, acc_empty, right, hc, NBUF)
+            # Hand the tile to the epilogue in two column halves through one 32 KB buffer, each
+            # once the epilogue has read the previous one out. (Column 64 is a register bit of
+            # the wgmma layout: the split moves no data.)
+            left, right = gl.split(gl.permute(gl.reshape(acc, [BLOCK_B, 2, BLOCK_V // 2]), (0, 2, 1)))
+            mbarrier.wait(acc_empty, (hc & 1) ^ 1)
+            acc_smem.store(left)
+            mbarrier.arrive(acc_ready)
+            mbarrier.wait(acc_empty, hc & 1)
+            acc_smem.store(right)
+            mbarrier.arrive(acc_ready)
+            hc += 2
 
     @gluon.jit
-    def _load_stage(h_desc, w_desc, h_bufs, w_bufs, ready, j, n_loads, lt, lk, k_steps, n_btiles,
-                    BLOCK_B: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
-        # Load j of this program's stream (tile lt, k-step lk) into stage j % STAGES, if there is
-        # such a load; returns the next load's (tile, k-step).
-        if j < n_loads:
-            s = j % STAGES
-            mbarrier.expect(ready.index(s), h_desc.block_type.nbytes + w_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(h_desc, [(lt % n_btiles) * BLOCK_B, lk * BLOCK_K], ready.index(s),
-                                            h_bufs.index(s))
-            tma.async_copy_global_to_shared(w_desc, [(lt // n_btiles) * BLOCK_N, lk * BLOCK_K], ready.index(s),
-                                            w_bufs.index(s))
-        lk += 1
-        wrap = lk == k_steps
-        lt = gl.where(wrap, lt + gl.num_programs(0), lt)
-        lk = gl.where(wrap, 0, lk)
-        return lt, lk
-
-    @gluon.jit
-    def _mma_load_partition(h_desc, w_desc, h_bufs, w_bufs, ready, acc_smem, acc_ready, acc_empty, n_btiles,
-                            n_tiles, k_steps, BLOCK_B: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                            STAGES: gl.constexpr, NBUF: gl.constexpr, MMA_WARPS: gl.constexpr):
-        # The 256-id tile's main loop: the two MMA warpgroups issue their own TMA loads, STAGES - 1
-        # ahead. Load j + STAGES - 1 goes into the stage that wgmma j - 1 read, which has retired
-        # once warpgroup_mma_wait(1) returns in step j, so no "empty" barriers are needed.
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[MMA_WARPS, 1],
-                                                             instr_shape=[16, 128, 16])
-        n_mine = gl.cdiv(n_tiles - gl.program_id(0), gl.num_programs(0))
-        n_loads = n_mine * k_steps
-        lt = gl.program_id(0)
-        lk = 0
-        for j in gl.static_range(STAGES - 1):
-            lt, lk = _load_stage(h_desc, w_desc, h_bufs, w_bufs, ready, j, n_loads, lt, lk, k_steps, n_btiles,
-                                 BLOCK_B, BLOCK_N, BLOCK_K, STAGES)
-        it = 0
-        hc = 0
-        for _i in range(n_mine):
-            acc = gl.zeros([BLOCK_B, BLOCK_N], gl.float32, acc_layout)
-            for _k in range(k_steps):
-                s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                acc = warpgroup_mma(h_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-                lt, lk = _load_stage(h_desc, w_desc, h_bufs, w_bufs, ready, it + STAGES - 1, n_loads, lt, lk,
-                                     k_steps, n_btiles, BLOCK_B, BLOCK_N, BLOCK_K, STAGES)
-                it += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            left, right = gl.split(gl.permute(gl.reshape(acc, [BLOCK_B, 2, BLOCK_N // 2]), (0, 2, 1)))
-            q0, q1 = gl.split(gl.permute(gl.reshape(left, [BLOCK_B, 2, BLOCK_N // 4]), (0, 2, 1)))
-            hc = _hand_over(acc_smem, acc_ready, acc_empty, q0, hc, NBUF)
-            hc = _hand_over(acc_smem, acc_ready, acc_empty, q1, hc, NBUF)
-            q2, q3 = gl.split(gl.permute(gl.reshape(right, [BLOCK_B, 2, BLOCK_N // 4]), (0, 2, 1)))
-            hc = _hand_over(acc_smem, acc_ready, acc_empty, q2, hc, NBUF)
-            hc = _hand_over(acc_smem, acc_ready, acc_empty, q3, hc, NBUF)
-
-    @gluon.jit
-    def _slice_bits(seed, offset, col0, vocab_start, tile_start, WIDTH: gl.constexpr, quad_layout: gl.constexpr):
-        """Philox bits of columns [col0, col0 + WIDTH) of the slot, [rows, WIDTH]."""
-        cols_q = gl.arange(0, WIDTH // 4, gl.SliceLayout(0, quad_layout))
-        quad = ((vocab_start + tile_start + col0) >> 2) + cols_q
+    def _epilogue_half(acc_smem, acc_ready, acc_empty, phase, half: gl.constexpr, seed, offset, noise_scale,
+                       tile_start, V_rows, vocab_size, vocab_start, HALF: gl.constexpr, NOISE: gl.constexpr,
+                       FAST_LOG: gl.constexpr, quad_layout: gl.constexpr):
+        """(best score, best column, any NaN / +inf logit) of one HALF-wide column slice of the tile."""
+        cols_q = gl.arange(0, HALF // 4, gl.SliceLayout(0, quad_layout))
+        quad = ((vocab_start + tile_start + half * HALF) >> 2) + cols_q
         r0, r1, r2, r3 = vocab_quad_bits(seed[:, None], offset[:, None], quad[None, :])
         # Column 4q + 2i + j is lane 2i + j of quad q (noise.vocab_bits_tile's arrangement).
-        return gl.reshape(gl.join(gl.join(r0, r2), gl.join(r1, r3)), [r0.shape[0], WIDTH])
-
-    @gluon.jit
-    def _slice_best(logit, bits, noise_scale, col0, tile_start, V_rows, vocab_size, vocab_start, WIDTH: gl.constexpr,
-                    NOISE: gl.constexpr, FAST_LOG: gl.constexpr):
-        """(best score, best column, any NaN / +inf logit) of WIDTH columns from col0 of the slot."""
+        bits = gl.reshape(gl.join(gl.join(r0, r2), gl.join(r1, r3)), [r0.shape[0], HALF])
         lay: gl.constexpr = bits.type.layout
-        col = col0 + gl.arange(0, WIDTH, gl.SliceLayout(0, lay))
+        # The half's logits, then the buffer goes straight back to the MMA warpgroup.
+        mbarrier.wait(acc_ready, phase)
+        logit = acc_smem.load(lay)
+        mbarrier.arrive(acc_empty)
+        col = half * HALF + gl.arange(0, HALF, gl.SliceLayout(0, lay))
         gid = vocab_start + tile_start + col
         valid = (gid < vocab_size) & (tile_start + col < V_rows)
         logit = gl.where(valid[None, :], logit, float("-inf"))
@@ -212,54 +141,14 @@ if HAVE_GLUON:
         return best, at, bad
 
     @gluon.jit
-    def _epilogue_half(acc_smem, acc_ready, acc_empty, k, NBUF: gl.constexpr, half: gl.constexpr, seed, offset,
-                       noise_scale, tile_start, V_rows, vocab_size, vocab_start, HALF: gl.constexpr,
-                       NOISE: gl.constexpr, FAST_LOG: gl.constexpr, quad_layout: gl.constexpr, SPLIT: gl.constexpr):
-        """(best score, best column, any NaN / +inf logit) of one HALF-wide column slice of the slot,
-        piece k of the hand-off stream. SPLIT: run its noise in two HALF / 2 column passes (fewer
-        live registers: for 4 epilogue warps beside two MMA warpgroups)."""
-        b = k % NBUF
-        c0 = half * HALF
-        if SPLIT:
-            W: gl.constexpr = HALF // 2
-            bits = _slice_bits(seed, offset, c0, vocab_start, tile_start, W, quad_layout)
-            lay: gl.constexpr = bits.type.layout
-            mbarrier.wait(acc_ready.index(b), (k // NBUF) & 1)
-            logit0 = acc_smem.index(b).slice(0, W, dim=1).load(lay)
-            logit1 = acc_smem.index(b).slice(W, W, dim=1).load(lay)
-            mbarrier.arrive(acc_empty.index(b))
-            best, at, bad = _slice_best(logit0, bits, noise_scale, c0, tile_start, V_rows, vocab_size, vocab_start,
-                                        W, NOISE, FAST_LOG)
-            bits = _slice_bits(seed, offset, c0 + W, vocab_start, tile_start, W, quad_layout)
-            best1, at1, bad1 = _slice_best(logit1, bits, noise_scale, c0 + W, tile_start, V_rows, vocab_size,
-                                           vocab_start, W, NOISE, FAST_LOG)
-            # the right part wins only when strictly larger (ties to the lower id)
-            take1 = best1 > best
-            best = gl.where(take1, best1, best)
-            at = gl.where(take1, at1, at)
-            bad = bad | bad1
-        else:
-            bits = _slice_bits(seed, offset, c0, vocab_start, tile_start, HALF, quad_layout)
-            lay2: gl.constexpr = bits.type.layout
-            # The half's logits, then the buffer goes straight back to the MMA warps.
-            mbarrier.wait(acc_ready.index(b), (k // NBUF) & 1)
-            logit = acc_smem.index(b).load(lay2)
-            mbarrier.arrive(acc_empty.index(b))
-            best, at, bad = _slice_best(logit, bits, noise_scale, c0, tile_start, V_rows, vocab_size, vocab_start,
-                                        HALF, NOISE, FAST_LOG)
-        return best, at, bad
-
-    @gluon.jit
     def _epilogue_partition(acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
                             temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
-                            stride_slot, n_slots, n_btiles, n_tiles,
-                            BLOCK_B: gl.constexpr, BLOCK_N: gl.constexpr, SLOT_V: gl.constexpr, NBUF: gl.constexpr,
-                            EPI_WARPS: gl.constexpr, SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr,
-                            TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr, FAST_LOG: gl.constexpr,
-                            ROW_THREADS: gl.constexpr):
-        HALF: gl.constexpr = SLOT_V // 2
-        SPLIT: gl.constexpr = BLOCK_N > SLOT_V  # 4 warps beside two MMA warpgroups: fewer live registers
-        # Philox quads of a half slot, [BLOCK_B, HALF / 4]: a warp spans ROW_THREADS rows, so each
+                            stride_slot, n_btiles, n_tiles,
+                            BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, EPI_WARPS: gl.constexpr,
+                            SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr,
+                            NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr):
+        HALF: gl.constexpr = BLOCK_V // 2
+        # Philox quads of a half tile, [BLOCK_B, HALF / 4]: a warp spans ROW_THREADS rows, so each
         # thread keeps few rows' keys and counters (the per-row state is what crowds the registers).
         quad_layout: gl.constexpr = gl.BlockedLayout([1, 1], [ROW_THREADS, 32 // ROW_THREADS], [EPI_WARPS, 1],
                                                      [1, 0])
@@ -283,87 +172,66 @@ if HAVE_GLUON:
             else:
                 offset = gl.full([BLOCK_B], 0, gl.int64, row_layout) + offset_val
             _inv_t, noise_scale, _greedy, bad_temp = row_temperature(temp)
+            tile_start = pid_v * BLOCK_V
 
-            # One candidate per SLOT_V ids: a 256-id tile covers two vocabulary slots.
-            for j in gl.static_range(BLOCK_N // SLOT_V):
-                slot = pid_v * (BLOCK_N // SLOT_V) + j
-                tile_start = slot * SLOT_V
-                best0, at0, bad0 = _epilogue_half(acc_smem, acc_ready, acc_empty, hc, NBUF, 0, seed, offset,
-                                                  noise_scale, tile_start, V_rows, vocab_size, vocab_start, HALF,
-                                                  NOISE, FAST_LOG, quad_layout, SPLIT)
-                best1, at1, bad1 = _epilogue_half(acc_smem, acc_ready, acc_empty, hc + 1, NBUF, 1, seed, offset,
-                                                  noise_scale, tile_start, V_rows, vocab_size, vocab_start, HALF,
-                                                  NOISE, FAST_LOG, quad_layout, SPLIT)
-                hc += 2
+            best0, at0, bad0 = _epilogue_half(acc_smem, acc_ready, acc_empty, hc & 1, 0, seed, offset, noise_scale,
+                                              tile_start, V_rows, vocab_size, vocab_start, HALF, NOISE, FAST_LOG,
+                                              quad_layout)
+            best1, at1, bad1 = _epilogue_half(acc_smem, acc_ready, acc_empty, (hc + 1) & 1, 1, seed, offset,
+                                              noise_scale, tile_start, V_rows, vocab_size, vocab_start, HALF, NOISE,
+                                              FAST_LOG, quad_layout)
+            hc += 2
 
-                # Merge the halves: the second wins only when strictly larger (ties to the lower id).
-                take1 = best1 > best0
-                best = gl.convert_layout(gl.where(take1, best1, best0), row_layout)
-                at = gl.convert_layout(gl.where(take1, at1, at0), row_layout)
-                bad = gl.convert_layout((bad0 | bad1) > 0, row_layout)
-                poisoned = bad | bad_temp
-                score = gl.where(poisoned, float("nan"), best)
-                idx = gl.where(poisoned, -1, vocab_start + tile_start + at).to(gl.int32)
-                # the second slot of the last 256-id tile may lie past the layout's slots
-                keep = mask_b & (slot < n_slots)
-                gl.store(cand_f + buf_offset + slot * stride_slot + offs_b, score, mask=keep)
-                gl.store(cand_i + buf_offset_i + slot * stride_slot + offs_b, idx, mask=keep)
+            # Merge the halves: the second wins only when strictly larger (ties to the lower id).
+            take1 = best1 > best0
+            best = gl.convert_layout(gl.where(take1, best1, best0), row_layout)
+            at = gl.convert_layout(gl.where(take1, at1, at0), row_layout)
+            bad = gl.convert_layout((bad0 | bad1) > 0, row_layout)
+            poisoned = bad | bad_temp
+            score = gl.where(poisoned, float("nan"), best)
+            idx = gl.where(poisoned, -1, vocab_start + tile_start + at).to(gl.int32)
+            gl.store(cand_f + buf_offset + pid_v * stride_slot + offs_b, score, mask=mask_b)
+            gl.store(cand_i + buf_offset_i + pid_v * stride_slot + offs_b, idx, mask=mask_b)
 
     @gluon.jit
     def fused_sample_ws_kernel(h_desc, w_desc, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
                                cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
-                               stride_slot, n_slots, n_btiles, n_tiles, k_steps,
-                               STAGES: gl.constexpr, NBUF: gl.constexpr, EPI_WARPS: gl.constexpr,
-                               EPI_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
+                               stride_slot, n_btiles, n_tiles, k_steps,
+                               STAGES: gl.constexpr, EPI_WARPS: gl.constexpr, EPI_REGS: gl.constexpr,
+                               LOAD_REGS: gl.constexpr,
                                SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr,
-                               NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr = 8,
-                               SLOT_V: gl.constexpr = 128):
+                               NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr = 8):
         BLOCK_B: gl.constexpr = h_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
-        BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]  # ids per MMA tile: 128 or 256
-        MMA_WARPS: gl.constexpr = gl.num_warps()
+        BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
         dtype: gl.constexpr = h_desc.dtype
         h_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_B, BLOCK_K], h_desc.layout)
-        w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+        w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_V, BLOCK_K], w_desc.layout)
         # The accumulator hand-off, swizzled so the wgmma layout's row-strided stores and the
         # epilogue's quad loads spread over the banks.
-        acc_smem = gl.allocate_shared_memory(gl.float32, [NBUF, BLOCK_B, SLOT_V // 2],
+        acc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_B, BLOCK_V // 2],
                                              gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        acc_ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
-        acc_empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+        acc_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        acc_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
-        for i in gl.static_range(NBUF):
-            mbarrier.init(acc_ready.index(i), count=1)
-            mbarrier.init(acc_empty.index(i), count=1)
+        mbarrier.init(acc_ready, count=1)
+        mbarrier.init(acc_empty, count=1)
 
-        # (The epilogue's arguments are written out twice: a tuple of them would lose the constexprs.)
-        if BLOCK_N == SLOT_V:
-            gl.warp_specialize([
-                (_mma_partition, (h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_tiles, k_steps,
-                                  BLOCK_B, BLOCK_N, STAGES, NBUF, MMA_WARPS)),
-                (_load_partition, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
-                                   BLOCK_B, BLOCK_N, BLOCK_K, STAGES)),
-                (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
-                                       temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
-                                       buf_offset, buf_offset_i, stride_slot, n_slots, n_btiles, n_tiles,
-                                       BLOCK_B, BLOCK_N, SLOT_V, NBUF, EPI_WARPS, SEED_PER_ROW, OFFSET_PER_ROW,
-                                       TEMP_PER_ROW, NOISE, FAST_LOG, ROW_THREADS)),
-            ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
-        else:
-            gl.warp_specialize([
-                (_mma_load_partition, (h_desc, w_desc, h_bufs, w_bufs, ready, acc_smem, acc_ready, acc_empty,
-                                       n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_N, BLOCK_K, STAGES, NBUF,
-                                       MMA_WARPS)),
-                (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
-                                       temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
-                                       buf_offset, buf_offset_i, stride_slot, n_slots, n_btiles, n_tiles,
-                                       BLOCK_B, BLOCK_N, SLOT_V, NBUF, EPI_WARPS, SEED_PER_ROW, OFFSET_PER_ROW,
-                                       TEMP_PER_ROW, NOISE, FAST_LOG, ROW_THREADS)),
-            ], [EPI_WARPS], [EPI_REGS])
+        gl.warp_specialize([
+            (_mma_partition, (h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_tiles, k_steps,
+                              BLOCK_B, BLOCK_V, STAGES)),
+            (_load_partition, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
+                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES)),
+            (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
+                                   temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
+                                   buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles,
+                                   BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW,
+                                   NOISE, FAST_LOG, ROW_THREADS)),
+        ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
 
 
 def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, layout: CandidateLayout,
@@ -389,41 +257,28 @@ def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
 
 def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, layout: CandidateLayout,
                     dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0,
-                    mma_n: int = WS_BLOCK_V, stages: int = WS_STAGES, row_threads: int = 0, handoff: int = 0,
+                    stages: int = WS_STAGES, row_threads: int = WS_ROW_THREADS,
                     epilogue_warps: int = WS_EPILOGUE_WARPS, grid_cap: int = 0, epilogue_only: bool = False) -> None:
-    """Write every (row, 128-id vocabulary tile)'s candidate of ``hidden @ weight.T`` into block
-    ``shard`` of ``dest``, as launch_fused does with the 128x128x64 TMA tile. The caller checks
-    :func:`ws_supported` first. mma_n: ids per MMA tile, 128 (one warpgroup) or 256 (two; each
-    tile writes two slots' candidates, the same ones). grid_cap: at most this many persistent
-    programs (0: one per SM). row_threads, handoff (32 KB hand-off buffers): 0 for the width's
-    default. epilogue_only (benchmarks):
-    skip the main loop (zero logits), to time the epilogue alone."""
-    if mma_n not in WS_MMA_WIDTHS:
-        raise ValueError(f"mma_n must be one of {WS_MMA_WIDTHS}, got {mma_n}")
-    if (mma_n, epilogue_warps) not in WS_REGISTERS:
-        raise ValueError(f"epilogue_warps={epilogue_warps} is not available with mma_n={mma_n}: "
-                         f"one of {sorted(w for n, w in WS_REGISTERS if n == mma_n)}")
+    """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
+    of ``dest``, as launch_fused does with the 128x128x64 TMA tile. The caller checks
+    :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
+    epilogue_only (benchmarks): skip the main loop (zero logits), to time the epilogue alone."""
     B, D = hidden.shape
     V_rows = weight.shape[0]
-    n_slots = layout.check_fit(B, V_rows, WS_BLOCK_V, shard, vocab_start)
+    n_vtiles = layout.check_fit(B, V_rows, WS_BLOCK_V, shard, vocab_start)
     n_btiles = triton.cdiv(B, WS_BLOCK_B)
-    n_tiles = n_btiles * triton.cdiv(n_slots * WS_BLOCK_V, mma_n)
+    n_tiles = n_btiles * n_vtiles
     gdt = gl.bfloat16 if hidden.dtype == torch.bfloat16 else gl.float16
-    h_desc = GluonDescriptor.from_tensor(hidden, [WS_BLOCK_B, WS_BLOCK_K],
-                                         gl.NVMMASharedLayout.get_default_for([WS_BLOCK_B, WS_BLOCK_K], gdt))
-    w_desc = GluonDescriptor.from_tensor(weight, [mma_n, WS_BLOCK_K],
-                                         gl.NVMMASharedLayout.get_default_for([mma_n, WS_BLOCK_K], gdt))
+    smem = gl.NVMMASharedLayout.get_default_for([WS_BLOCK_B, WS_BLOCK_K], gdt)
+    h_desc = GluonDescriptor.from_tensor(hidden, [WS_BLOCK_B, WS_BLOCK_K], smem)
+    w_desc = GluonDescriptor.from_tensor(weight, [WS_BLOCK_V, WS_BLOCK_K], smem)
     dummy = dest.i
     seed_p, seed_v, seed_row = row_param_args(params.seed, dummy)
     off_p, off_v, off_row = row_param_args(params.offset, dummy)
     temp_p, temp_v, temp_row = row_param_args(params.temperature, dummy)
-    maxnreg, epi_regs = WS_REGISTERS[(mma_n, epilogue_warps)]
-    row_threads = row_threads or WS_ROW_THREADS[mma_n]
-    handoff = handoff or WS_HANDOFF[mma_n]
-    smem = stages * (WS_BLOCK_B + mma_n) * WS_BLOCK_K * hidden.element_size() + handoff * WS_BLOCK_B * 64 * 4
-    if stages < 2 or smem > WS_SMEM_BYTES:
-        raise ValueError(f"stages={stages} with {handoff} hand-off buffer(s) needs {smem} bytes of shared memory "
-                         f"for mma_n={mma_n}; at least 2 stages and at most {WS_SMEM_BYTES} bytes")
+    if epilogue_warps not in WS_REGISTERS:
+        raise ValueError(f"epilogue_warps must be one of {sorted(WS_REGISTERS)}, got {epilogue_warps}")
+    maxnreg, epi_regs = WS_REGISTERS[epilogue_warps]
     programs = min(n_tiles, _sm_count(hidden.device))
     if grid_cap:
         programs = min(programs, grid_cap)
@@ -431,11 +286,11 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         h_desc, w_desc, seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
         dest.f, dest.i, B, V_rows, vocab_size, vocab_start,
         dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i, layout.stride_slot,
-        n_slots, n_btiles, n_tiles, 0 if epilogue_only else triton.cdiv(D, WS_BLOCK_K),
-        STAGES=stages, NBUF=handoff, EPI_WARPS=epilogue_warps, EPI_REGS=epi_regs, LOAD_REGS=WS_LOAD_REGS,
+        n_btiles, n_tiles, 0 if epilogue_only else triton.cdiv(D, WS_BLOCK_K),
+        STAGES=stages, EPI_WARPS=epilogue_warps, EPI_REGS=epi_regs, LOAD_REGS=WS_LOAD_REGS,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
         NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), ROW_THREADS=row_threads,
-        SLOT_V=WS_BLOCK_V, num_warps=4 * mma_n // 128, maxnreg=maxnreg,
+        num_warps=4, maxnreg=maxnreg,
     )
 
 
