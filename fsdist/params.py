@@ -21,6 +21,10 @@ if TYPE_CHECKING:  # processing.py imports this module
 # Temperatures below this are greedy, as in vLLM (its sampling epsilon). The kernels use
 # the same constant (fsdist.ops.epilogue.GREEDY_BELOW): 1 / T then stays far from overflow.
 GREEDY_TEMPERATURE = 1e-5
+# Temperatures above this (+inf included) are out of range, like negative or NaN ones: T times a
+# Gumbel sample (|g| < 25) would leave the fp32 range, and an infinite score cannot pick a token.
+# The kernels use the same constant (fsdist.ops.epilogue.HOTTEST).
+MAX_TEMPERATURE = 1e30
 
 # The ``logprobs_mode`` values, in the order the kernels number them.
 LOGPROBS_MODES = ("scaled", "raw", "processed")

@@ -46,7 +46,8 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
         tables (token_bitmask, logit_bias, penalties' ids) [..., K] or [N, K] (fsdist/rows.py).
     weight: [V, D] (nn.Linear layout, contiguous); same dtype as hidden, bf16/fp16/fp32.
     temperature: real number or [B] float tensor; below 1e-5 (vLLM's epsilon) the row is
-        greedy (argmax). A negative or NaN value in a tensor makes that row return -1.
+        greedy (argmax); at most 1e30 (finite). A negative, NaN or too large value in a
+        tensor makes that row return -1 (a scalar one raises ValueError).
     seed, offset: int or [B] int64 tensors. The noise for (row, vocabulary id v) is a pure
         function of (seed, offset, v), so the same pair gives the same token whatever the
         tile sizes or the row's batch position; use a new offset (e.g. the decode step) for

@@ -46,7 +46,7 @@ class SampleOutput(NamedTuple):
     """One sampled token per row.
 
     tokens:       int64 [B]; -1 for a row whose logits held a NaN or +inf, whose parameters
-                  were out of range (a negative or NaN temperature, a bad filter value in a
+                  were out of range (a negative, NaN or > 1e30 temperature, a bad filter value in a
                   tensor), or which had no id with a finite logit.
     logprobs:     fp32 [B] log-probability of the returned token in ``logprobs_mode``:
                   "scaled" log_softmax(logits / T) (T = 1 for greedy rows), "raw"

@@ -4,7 +4,8 @@ Every check raises TypeError or ValueError naming the offending argument. Checks
 shapes, dtypes and devices cost nothing; checks of the *values* held in device tensors
 would need a device-to-host synchronisation, so they are opt-in (``check_row_values``,
 ``fsdist.sample(..., check=True)``). Without them the kernels handle bad values on the
-device: a negative or NaN temperature makes its row return token -1, never a wrong token.
+device: a negative, NaN or infinite (> 1e30) temperature makes its row return token -1, never a
+wrong token.
 """
 import numbers
 from typing import Optional
@@ -12,7 +13,7 @@ from typing import Optional
 import torch
 
 from . import runtime
-from .params import LOGPROBS_MODES, MAX_TOP_LOGPROBS, RowParams
+from .params import LOGPROBS_MODES, MAX_TEMPERATURE, MAX_TOP_LOGPROBS, RowParams
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -98,8 +99,8 @@ def row_params(temperature, seed, offset, batch: int, device: torch.device, *, t
         temperature = _row_tensor(temperature, "temperature", batch, device, "float").to(torch.float32)
     elif isinstance(temperature, numbers.Real) and not isinstance(temperature, bool):
         temperature = float(temperature)
-        if temperature != temperature or temperature < 0:
-            raise ValueError(f"temperature must be >= 0 and not NaN, got {temperature}")
+        if not 0 <= temperature <= MAX_TEMPERATURE:  # NaN fails too
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}] (finite, not NaN), got {temperature}")
     else:
         raise TypeError(f"temperature must be a real number or a [B] tensor, got {type(temperature).__name__}")
 
@@ -148,7 +149,8 @@ def check_row_values(params: RowParams) -> None:
     Raises ValueError naming the argument and the first bad rows. Without it, such rows
     return token -1 (the kernels check them on the device).
     """
-    checks = [("temperature", params.temperature, lambda t: (t < 0) | torch.isnan(t), "be >= 0 and not NaN"),
+    checks = [("temperature", params.temperature, lambda t: ~((t >= 0) & (t <= MAX_TEMPERATURE)),
+               f"be in [0, {MAX_TEMPERATURE:g}] (finite, not NaN)"),
               ("top_k", params.top_k, lambda k: k < 0, "be >= 0"),
               ("top_p", params.top_p, lambda p: ~((p > 0) & (p <= 1)), "be in (0, 1]"),
               ("min_p", params.min_p, lambda p: ~((p >= 0) & (p <= 1)), "be in [0, 1]")]

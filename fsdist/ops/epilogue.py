@@ -27,16 +27,19 @@ import triton.language as tl
 
 # Temperatures below this are greedy (vLLM's epsilon; fsdist.params.GREEDY_TEMPERATURE).
 GREEDY_BELOW = tl.constexpr(1e-5)
+# Temperatures above this (+inf included) poison their row (fsdist.params.MAX_TEMPERATURE).
+HOTTEST = tl.constexpr(1e30)
 
 
 @triton.jit
 def row_temperature(temp):
     """(inv_t, noise_scale, greedy, bad) of each row's temperature.
 
-    A negative or NaN temperature is ``bad``: the row is poisoned (token -1) rather than
-    sampled wrongly. T < GREEDY_BELOW is greedy: noise scale 0, logprobs at T = 1.
+    A negative, NaN or too large (> HOTTEST, +inf included) temperature is ``bad``: the row is
+    poisoned (token -1) rather than sampled wrongly. T < GREEDY_BELOW is greedy: noise scale 0,
+    logprobs at T = 1.
     """
-    bad = (temp < 0.0) | (temp != temp)
+    bad = ~((temp >= 0.0) & (temp <= HOTTEST))  # NaN fails both comparisons
     greedy = (temp < GREEDY_BELOW) & ~bad
     off = greedy | bad
     return tl.where(off, 1.0, 1.0 / tl.where(off, 1.0, temp)), tl.where(off, 0.0, temp), greedy, bad

@@ -294,8 +294,15 @@ def _bad_inputs(device):
         ("weight-transposed", dict(hidden=h[:, :32], weight=torch.randn(32, 100, device=device).T),
          ValueError, "weight must be contiguous"),
         ("device-mismatch", dict(hidden=h, weight=torch.empty(100, 32, device=other)), ValueError, "is on meta"),
-        ("temperature-negative", dict(hidden=h, weight=w, temperature=-0.5), ValueError, "temperature must be >= 0"),
+        ("temperature-negative", dict(hidden=h, weight=w, temperature=-0.5), ValueError,
+         "temperature must be in [0, 1e+30]"),
         ("temperature-nan", dict(hidden=h, weight=w, temperature=float("nan")), ValueError, "temperature"),
+        ("temperature-inf", dict(hidden=h, weight=w, temperature=float("inf")), ValueError,
+         "temperature must be in [0, 1e+30] (finite, not NaN), got inf"),
+        ("temperature-huge", dict(hidden=h, weight=w, temperature=3e30), ValueError, "temperature must be in"),
+        ("temperature-row-inf-checked", dict(hidden=h, weight=w, check=True,
+                                             temperature=torch.tensor([1.0, 1.0, float("inf"), 1.0], device=device)),
+         ValueError, "bad rows: [2]"),
         ("temperature-row-nan-checked", dict(hidden=h, weight=w, check=True,
                                              temperature=torch.tensor([1.0, float("nan"), 1.0, 1.0], device=device)),
          ValueError, "bad rows: [1]"),
@@ -331,17 +338,32 @@ def test_validation_errors(device, name):
     assert match in str(info.value), f"{name}: {info.value}"
 
 
-def test_bad_row_temperature_is_handled_on_the_device(device):
-    """Without check=True a NaN or negative temperature in a [B] tensor costs no sync: that row
-    returns token -1 (NaN logprob), the others are untouched."""
-    h, w = make_problem(4, 32, 100, torch.float32, device)
-    t = torch.tensor([1.0, float("nan"), -2.0, 0.5], device=device)
-    out = fsdist.sample(h, w, temperature=t, seed=3, return_logprobs=True)
-    ref = fsdist.sample(h, w, temperature=torch.tensor([1.0, 1.0, 1.0, 0.5], device=device), seed=3,
-                        return_logprobs=True)
-    assert out.tokens.tolist()[1:3] == [-1, -1]
-    assert bool(torch.isnan(out.logprobs[1:3]).all())
+@pytest.mark.parametrize("path", ["fused", "chunked"])
+def test_bad_row_temperature_is_handled_on_the_device(device, path):
+    """Without check=True a NaN, negative or too large (> 1e30, +inf) temperature in a [B] tensor
+    costs no sync: that row returns token -1 (NaN logprob), the others are untouched. (+inf once
+    returned id V, past the vocabulary: T * Gumbel overflowed and -inf padding became NaN.)"""
+    h, w = make_problem(6, 32, 100, torch.float32, device)
+    t = torch.tensor([1.0, float("nan"), -2.0, 0.5, float("inf"), 2e30], device=device)
+    out = fsdist.sample(h, w, temperature=t, seed=3, return_logprobs=True, path=path)
+    ref = fsdist.sample(h, w, temperature=torch.tensor([1.0, 1.0, 1.0, 0.5, 1.0, 1.0], device=device), seed=3,
+                        return_logprobs=True, path=path)
+    assert out.tokens.tolist()[1:3] == [-1, -1] and out.tokens.tolist()[4:] == [-1, -1]
+    assert bool(torch.isnan(out.logprobs[[1, 2, 4, 5]]).all())
     assert out.tokens[[0, 3]].tolist() == ref.tokens[[0, 3]].tolist()
+
+
+@pytest.mark.parametrize("path", ["fused", "chunked"])
+def test_the_largest_temperature_samples_a_real_token(device, path):
+    """T = 1e30 (the largest accepted) is in range: every row gets an id of the vocabulary (the
+    noise dominates the logits, so the draw is uniform in the contract's rounding)."""
+    h, w = make_problem(8, 32, 100, torch.float32, device)
+    t = torch.full((8,), 1e30, device=device)
+    out = fsdist.sample(h, w, temperature=t, seed=torch.arange(8, device=device), path=path)
+    assert bool(((out.tokens >= 0) & (out.tokens < 100)).all())
+    assert out.tokens.unique().numel() > 1
+    scalar = fsdist.sample(h, w, temperature=1e30, seed=5, path=path)
+    assert bool(((scalar.tokens >= 0) & (scalar.tokens < 100)).all())
 
 
 def test_numpy_scalars_are_accepted(device):

@@ -349,7 +349,7 @@ def bad_seed_dtype(h, kw):
 
 
 INPUT_ERRORS = {
-    "negative-temperature": (bad_temperature, ("ValueError", r"temperature must be >= 0")),
+    "negative-temperature": (bad_temperature, ("ValueError", r"temperature must be in \[0, 1e\+30\]")),
     "hidden-size": (bad_hidden_size, ("ValueError", rf"D={D + 1} but the weight expects D={D}")),
     "seed-shape": (bad_seed_shape, ("ValueError", rf"seed tensor must have shape \[{B}\]")),
     "seed-dtype": (bad_seed_dtype, ("TypeError", r"seed tensor must be int64")),
