@@ -1,0 +1,69 @@
+"""Issue 14: a target for Nsight Compute (ncu) — the warp-specialised stage 1 and cuBLAS, one call each.
+
+Runs, after one warm-up round of the same calls (compiles, cuBLAS heuristics), one call per case in a
+fixed order, each call in an NVTX range named "<round>:<case>", so that ncu with
+``--nvtx --nvtx-include "regex:profiled:.*/"`` profiles exactly the second round:
+
+  cublas_B<B>   F.linear(h, W), bf16 (issue 14's yardstick)
+  greedy_B<B>   fused_sample_ws_kernel, T = 0 (the main loop with the lightest epilogue)
+  noise_B<B>    fused_sample_ws_kernel, [B] temperatures (the serving case)
+
+for each B of --batches at one shape. GPU (sm_90) only; prints the case order and the kernels launched.
+Used by scripts/gpu_profile_ws.sh; the question it answers (v19 in docs/performance.md) is what the noise
+epilogue competes with when it slows the wgmma main loop, and why B = 192 is slower than B = 256.
+"""
+import common as C  # first: the repo root on sys.path, fsdist.env.apply_safe_env() before torch
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+
+from fsdist.ops.fused_sample_ws import launch_fused_ws  # noqa: E402
+from fsdist.ops.layout import BufferPair, CandidateLayout  # noqa: E402
+from fsdist.params import RowParams  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="4096x151936")
+    p.add_argument("--batches", default="1024,256,192")
+    p.add_argument("--cases", default="cublas,greedy,noise")
+    args = p.parse_args(argv)
+    dev = C.bench_device()
+    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) != (9, 0):
+        print("ws_profile: skipped, needs a Hopper (sm_90) GPU.", flush=True)
+        return 0
+    (D, V), = C.parse_shapes(args.shape)
+    g = torch.Generator(device=dev).manual_seed(0)
+    W = (torch.randn(V, D, device=dev, generator=g) * D ** -0.5).to(torch.bfloat16)
+    calls = []
+    for B in C.parse_int_list(args.batches):
+        h = torch.randn(B, D, device=dev, generator=g).to(torch.bfloat16)
+        layout = CandidateLayout(1, triton.cdiv(V, 128), B)
+        cand = BufferPair.alloc(layout, dev)
+        serving = RowParams(torch.ones(B, device=dev), torch.randint(0, 2**62, (B,), device=dev, generator=g),
+                            torch.randint(0, 2**40, (B,), device=dev, generator=g))
+        greedy = RowParams(0.0, 0, 0)
+        for case in args.cases.split(","):
+            if case == "cublas":
+                calls.append((f"cublas_B{B}", lambda h=h: F.linear(h, W)))
+            else:
+                prm = greedy if case == "greedy" else serving
+                calls.append((f"{case}_B{B}", lambda h=h, layout=layout, cand=cand, prm=prm: launch_fused_ws(
+                    h, W, prm, layout, cand, vocab_size=V, stages=5, epilogue_warps=8)))
+    for _round in ("warm-up", "profiled"):
+        for name, fn in calls:
+            torch.cuda.nvtx.range_push(f"{_round}:{name}")  # ncu --nvtx-include "profiled:*]" picks round 2
+            fn()
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_pop()
+        C.log(f"{_round} round done")
+    print("cases, in launch order (each round):", ", ".join(n for n, _ in calls), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
