@@ -21,6 +21,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
+from fsdist.ops.configs import pick_config  # noqa: E402
 from fsdist.ops.fused_sample_ws import launch_fused_ws  # noqa: E402
 from fsdist.ops.layout import BufferPair, CandidateLayout  # noqa: E402
 from fsdist.params import RowParams  # noqa: E402
@@ -32,11 +33,20 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1024,256,192")
     p.add_argument("--cases", default="cublas,greedy,noise")
     args = p.parse_args(argv)
+    cases = args.cases.split(",")
+    unknown = sorted(set(cases) - {"cublas", "greedy", "noise"})
+    if unknown:
+        p.error(f"--cases: unknown {unknown}; choose from cublas, greedy, noise")
     dev = C.bench_device()
     if dev.type != "cuda" or torch.cuda.get_device_capability(dev) != (9, 0):
         print("ws_profile: skipped, needs a Hopper (sm_90) GPU.", flush=True)
         return 0
     (D, V), = C.parse_shapes(args.shape)
+    cfg = pick_config(1024, D, "cuda")  # the shipped large-batch tile: its stages and warps
+    if not cfg.ws:
+        print(f"ws_profile: the shipped config {cfg.name} is not the warp-specialised kernel.", flush=True)
+        return 1
+    epilogue_warps = 8 if cfg.num_warps >= 8 else 4
     g = torch.Generator(device=dev).manual_seed(0)
     W = (torch.randn(V, D, device=dev, generator=g) * D ** -0.5).to(torch.bfloat16)
     calls = []
@@ -47,16 +57,16 @@ def main(argv=None) -> int:
         serving = RowParams(torch.ones(B, device=dev), torch.randint(0, 2**62, (B,), device=dev, generator=g),
                             torch.randint(0, 2**40, (B,), device=dev, generator=g))
         greedy = RowParams(0.0, 0, 0)
-        for case in args.cases.split(","):
+        for case in cases:
             if case == "cublas":
                 calls.append((f"cublas_B{B}", lambda h=h: F.linear(h, W)))
             else:
                 prm = greedy if case == "greedy" else serving
                 calls.append((f"{case}_B{B}", lambda h=h, layout=layout, cand=cand, prm=prm: launch_fused_ws(
-                    h, W, prm, layout, cand, vocab_size=V, stages=5, epilogue_warps=8)))
+                    h, W, prm, layout, cand, vocab_size=V, stages=cfg.num_stages, epilogue_warps=epilogue_warps)))
     for _round in ("warm-up", "profiled"):
         for name, fn in calls:
-            torch.cuda.nvtx.range_push(f"{_round}:{name}")  # ncu --nvtx-include "profiled:*]" picks round 2
+            torch.cuda.nvtx.range_push(f"{_round}:{name}")  # ncu --nvtx-include "regex:profiled:.*/": round 2
             fn()
             torch.cuda.synchronize()
             torch.cuda.nvtx.range_pop()

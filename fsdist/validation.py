@@ -4,8 +4,8 @@ Every check raises TypeError or ValueError naming the offending argument. Checks
 shapes, dtypes and devices cost nothing; checks of the *values* held in device tensors
 would need a device-to-host synchronisation, so they are opt-in (``check_row_values``,
 ``fsdist.sample(..., check=True)``). Without them the kernels handle bad values on the
-device: a negative, NaN or infinite (> 1e30) temperature makes its row return token -1, never a
-wrong token.
+device: a negative, NaN or too large (> 1e30, +inf included) temperature makes its row return token
+-1, never a wrong token.
 """
 import numbers
 from typing import Optional

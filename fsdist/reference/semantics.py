@@ -51,6 +51,9 @@ __all__ = ["GREEDY_EPS", "LOGPROBS_MODES", "MAX_TOP_LOGPROBS", "Penalties", "Row
 GREEDY_EPS = 1e-5
 """A row with temperature < GREEDY_EPS is greedy (vLLM's sampler epsilon, ``_SAMPLING_EPS``).
 The comparison is made in the temperature's own dtype (float64 for a Python float)."""
+# The largest temperature accepted (the spec's bound; fsdist.params.MAX_TEMPERATURE says the same).
+MAX_TEMPERATURE = 1e30
+
 
 MAX_TOP_LOGPROBS = 20
 LOGPROBS_MODES = ("raw", "scaled", "processed")
@@ -137,8 +140,8 @@ def serving_semantics(logits: torch.Tensor, *, temperature: Row = 1.0, top_k: Ro
     min_p = row_param("min_p", min_p, batch, device)
     for name, value in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)):
         no_nan(name, value)
-    if bool((temperature < 0).any()) or not bool(torch.isfinite(temperature).all()):
-        raise ValueError("temperature must be finite and >= 0 (< 1e-5 means greedy)")
+    if not bool(((temperature >= 0) & (temperature <= MAX_TEMPERATURE)).all()):
+        raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}] (< 1e-5 means greedy)")
     if bool((top_k < 0).any()):
         raise ValueError("top_k must be >= 0 (0 = off)")
     if bool(((top_p <= 0) | (top_p > 1)).any()):

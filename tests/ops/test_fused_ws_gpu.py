@@ -19,7 +19,7 @@ from fsdist.ops.fused_sample_ws import ws_supported
 from fsdist.ops.layout import KEEP, BufferPair, CandidateLayout
 from fsdist.ops.parity import DeviceParity
 from fsdist.ops.step_check import call_flags
-from fsdist.params import RowParams
+from fsdist.params import MAX_TEMPERATURE, RowParams
 from fsdist.processing import prepare_processing
 from fsdist.reference import bitmask_from_allowed
 
@@ -44,6 +44,9 @@ def _row_params(B, g, kind):
     if B > 40:
         t[17] = -1.0  # poisoned rows: token -1
         t[33] = float("nan")
+        t[37] = float("inf")  # above MAX_TEMPERATURE: poisoned too
+        t[38] = 2e30
+        t[39] = 1e30  # the largest temperature accepted: sampled
     return RowParams(t.cuda(), torch.randint(0, 2**62, (B,), generator=g).cuda(),
                      torch.randint(0, 2**40, (B,), generator=g).cuda())
 
@@ -306,7 +309,7 @@ def test_ties_nan_and_inf_logits_as_the_triton_kernel(kind, ws_calls):
     bad[:, :vocab_size] = (exact.isnan() | (exact == float("inf")))[:, :vocab_size]
     t = params.temperature
     t = t if isinstance(t, torch.Tensor) else torch.full((B,), t, device="cuda")
-    poisoned = bad.view(B, n_tiles, 128).any(-1).T | ((t < 0) | t.isnan())[None, :]  # [tile, row]
+    poisoned = bad.view(B, n_tiles, 128).any(-1).T | (~((t >= 0) & (t <= MAX_TEMPERATURE)))[None, :]  # [tile, row]
     assert poisoned[1].any() and not poisoned[1].all() and poisoned[3, 9] and poisoned[3, 11] and poisoned[4].all()
 
     got = _candidates(WS, h, w, params, vocab_size)
