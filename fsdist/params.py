@@ -19,12 +19,12 @@ if TYPE_CHECKING:  # processing.py imports this module
     from .processing import LogitProcessing
 
 # Temperatures below this are greedy, as in vLLM (its sampling epsilon). The kernels use
-# the same constant (fsdist.ops.epilogue.GREEDY_BELOW): 1 / T then stays far from overflow.
+# this constant (fsdist.ops.epilogue.GREEDY_BELOW): 1 / T then stays far from overflow.
 GREEDY_TEMPERATURE = 1e-5
 # Temperatures above this (+inf included) are out of range, like negative or NaN ones. An infinite
 # T (or one past ~1e37) makes T times a Gumbel sample (|g| < 25) leave the fp32 range, and an
-# infinite score cannot pick a token; 1e30 keeps a wide margin below that. The kernels use the
-# same constant (fsdist.ops.epilogue.HOTTEST).
+# infinite score cannot pick a token; 1e30 keeps a wide margin below that. The kernels use this
+# constant (fsdist.ops.epilogue.HOTTEST).
 MAX_TEMPERATURE = 1e30
 
 # The ``logprobs_mode`` values, in the order the kernels number them.

@@ -25,10 +25,12 @@ boundary. int32: 0 the winner's global id; extended: 1 .. KEEP the kept logits' 
 import triton
 import triton.language as tl
 
-# Temperatures below this are greedy (vLLM's epsilon; fsdist.params.GREEDY_TEMPERATURE).
-GREEDY_BELOW = tl.constexpr(1e-5)
-# Temperatures above this (+inf included) poison their row (fsdist.params.MAX_TEMPERATURE).
-HOTTEST = tl.constexpr(1e30)
+from ..params import GREEDY_TEMPERATURE, MAX_TEMPERATURE
+
+# The host's bounds, as kernel constants: below GREEDY_BELOW a row is greedy (vLLM's epsilon);
+# above HOTTEST (+inf included) it is poisoned.
+GREEDY_BELOW = tl.constexpr(GREEDY_TEMPERATURE)
+HOTTEST = tl.constexpr(MAX_TEMPERATURE)
 
 
 @triton.jit

@@ -29,7 +29,7 @@ from ..params import RowParams
 from .epilogue import perturb, row_temperature
 from .layout import BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_quad_bits
-from .utils import fast_log_ok, row_param_args
+from .utils import fast_log_ok, load_row_param, row_param_args
 
 try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this path is off.
     from triton.experimental import gluon
@@ -159,18 +159,9 @@ if HAVE_GLUON:
             pid_v = t // n_btiles
             offs_b = pid_b * BLOCK_B + gl.arange(0, BLOCK_B, row_layout)
             mask_b = offs_b < B
-            if TEMP_PER_ROW:
-                temp = gl.load(temp_ptr + offs_b, mask=mask_b, other=0.0).to(gl.float32)
-            else:
-                temp = gl.full([BLOCK_B], 0.0, gl.float32, row_layout) + temp_val
-            if SEED_PER_ROW:
-                seed = gl.load(seed_ptr + offs_b, mask=mask_b, other=0).to(gl.int64)
-            else:
-                seed = gl.full([BLOCK_B], 0, gl.int64, row_layout) + seed_val
-            if OFFSET_PER_ROW:
-                offset = gl.load(offset_ptr + offs_b, mask=mask_b, other=0).to(gl.int64)
-            else:
-                offset = gl.full([BLOCK_B], 0, gl.int64, row_layout) + offset_val
+            temp = load_row_param(temp_ptr, temp_val, offs_b, mask_b, gl.float32, TEMP_PER_ROW)
+            seed = load_row_param(seed_ptr, seed_val, offs_b, mask_b, gl.int64, SEED_PER_ROW)
+            offset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, gl.int64, OFFSET_PER_ROW)
             _inv_t, noise_scale, _greedy, bad_temp = row_temperature(temp)
             tile_start = pid_v * BLOCK_V
 

@@ -6,11 +6,12 @@ import triton.language as tl
 
 @triton.jit
 def load_row_param(ptr, scalar, offs, mask, DTYPE: tl.constexpr, PER_ROW: tl.constexpr):
-    """One value per row: loaded from ptr[offs] (PER_ROW) or the scalar broadcast to offs' shape."""
+    """One value per row: loaded from ptr[offs] (PER_ROW) or the scalar broadcast to offs' shape
+    (and layout: ``offs * 0`` rather than tl.full, so Gluon kernels can call it too)."""
     if PER_ROW:
         return tl.load(ptr + offs, mask=mask, other=0).to(DTYPE)
     else:
-        return tl.full(offs.shape, 0, DTYPE) + scalar
+        return (offs * 0).to(DTYPE) + scalar
 
 
 def row_param_args(x, dummy: torch.Tensor):
