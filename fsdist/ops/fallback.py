@@ -26,9 +26,11 @@ import triton.language as tl
 
 from ..params import LOGPROBS_MODES, RowParams
 from .epilogue import perturb, row_temperature
+from .layout import F_BOUNDARY, KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits
+from .parity import parity_args, parity_offsets
 from .processors import apply_processors, processor_args
-from .select_filtered import order_key
+from .select_filtered import REFINE_CAP, finish_rows, order_key, row_slot_stats
 from .top_logprobs import place_pick, top_n_normaliser
 from .utils import fast_log_ok, load_row_param, row_param_args
 
@@ -74,19 +76,27 @@ def _store_pool(base, off, vals, mask, PEER_TABLE: tl.constexpr, NPEERS: tl.cons
 def materialize_kernel(h_ptr, w_ptr, pool_ptr, fb_count_ptr, fb_rows_ptr, round_start,
                        D, V_rows, vocab_size, vocab_start, stride_hb, shard_base, shard_cols,
                        bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride,
+                       cand_f, cand_base, parity_ptr, parity_stride_f, cand_stride_slot, need_key_ptr,
                        POOL: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
                        PEER_TABLE: tl.constexpr = False, NPEERS: tl.constexpr = 1,
-                       BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False):
-    """Logits of this round's listed rows for this weight's vocabulary tile program_id(0), into
-    the pool's block of this shard: pool[shard, slot, column] (through a peer table: every peer's
-    pool). Padding ids are not written (nothing reads them)."""
+                       BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False,
+                       DEVICE_PARITY: tl.constexpr = False):
+    """Logits of this round's listed rows for this weight's vocabulary tile program_id(0) (stage
+    1's tile: BLOCK_V ids), into the pool's block of this shard: pool[shard, slot, column]
+    (through a peer table: every peer's pool). Only where a row needs the tile: its need key
+    is 0 (the whole row), or the tile's boundary in the candidate buffer (at ``cand_base``:
+    this shard's boundary field) reaches the key. Padding ids are not written (nothing reads them)."""
     pid_v = tl.program_id(0)
     n = tl.load(fb_count_ptr)
     slots = round_start + tl.arange(0, POOL)
     active = slots < n
+    rows = tl.load(fb_rows_ptr + slots, mask=active, other=0)
+    key = tl.load(need_key_ptr + rows, mask=active, other=0)
+    cand_base, _unused = parity_offsets(cand_base, 0, parity_ptr, parity_stride_f, 0, DEVICE_PARITY)
+    bnd = tl.load(cand_f + cand_base + pid_v * cand_stride_slot + rows, mask=active, other=float("-inf"))
+    active = active & ((key == 0) | ((bnd > float("-inf")) & (order_key(bnd) >= key)))
     if tl.max(active.to(tl.int32), axis=0) > 0:
-        rows = tl.load(fb_rows_ptr + slots, mask=active, other=0)
         offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
         offs_k = tl.arange(0, BLOCK_K)
         mask_v = offs_v < V_rows
@@ -146,19 +156,126 @@ def _mass_where(pool_ptr, slots, shard_cols, V, m, inv_t, lo_key, gt_key, BLOCK:
 
 
 @triton.jit
+def _resolve_refined_row(ps, pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, round_start, V,
+                         cand_f, cand_i, base_f, base_i, n_slots, n_local, stride_shard, stride_shard_i, stride_field,
+                         stride_ifield, stride_slot, need_key_ptr, scratch_f, scratch_i, scratch_t,
+                         seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
+                         topk_ptr, topk_val, topp_ptr, topp_val, minp_ptr, minp_val,
+                         tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
+                         SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
+                         TOPK_PER_ROW: tl.constexpr, TOPP_PER_ROW: tl.constexpr, MINP_PER_ROW: tl.constexpr,
+                         TOP_N: tl.constexpr, TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr,
+                         FAST_LOG: tl.constexpr, POOL: tl.constexpr, KEEP: tl.constexpr, BLOCK_U: tl.constexpr,
+                         TILE_V: tl.constexpr, RCAP: tl.constexpr):
+    """Finish pool slot ``ps`` (a [1] tensor) if its row has a need key L > 0: gather every logit
+    at or above L (U's kept logits from tiles that do not reach L, the recomputed tiles that
+    do), then run select_filtered's thresholds over them with the boundary just below L.
+    Everything a threshold looks at is there, so the row is proven (module docstring)."""
+    live = (round_start + ps < tl.load(fb_count_ptr)) & (ps < POOL)
+    row = tl.load(fb_rows_ptr + round_start + ps, mask=live, other=0)
+    lkey = tl.load(need_key_ptr + row, mask=live, other=0)
+    go = live & (lkey > 0)
+    if tl.max(go.to(tl.int32), axis=0) > 0:
+        temp = load_row_param(temp_ptr, temp_val, row, go, tl.float32, TEMP_PER_ROW)
+        inv_t, noise_scale, greedy, _bad = row_temperature(temp)
+        top_k = load_row_param(topk_ptr, topk_val, row, go, tl.int32, TOPK_PER_ROW)
+        top_p = load_row_param(topp_ptr, topp_val, row, go, tl.float32, TOPP_PER_ROW)
+        min_p = load_row_param(minp_ptr, minp_val, row, go, tl.float32, MINP_PER_ROW)
+        use_k = (top_k > 0) & (top_k < V)
+        use_p = top_p < 1.0
+        use_minp = min_p > 0.0
+        filtered = ~greedy & (use_k | use_p | use_minp) & go
+        BLOCK_S: tl.constexpr = BLOCK_U // KEEP
+        bnd, _b, m, msafe, z_full, log_z_raw = row_slot_stats(
+            cand_f, base_f, row, go, n_slots, n_local, stride_shard, stride_field, stride_slot, inv_t,
+            BLOCK_S, KEEP, MODE)
+        reach = (bnd > float("-inf")) & (order_key(bnd) >= lkey[:, None])  # [1, BLOCK_S]: recomputed tiles
+        sbase = ps.to(tl.int64) * RCAP
+        # U's kept logits at or above L, from the tiles that were not recomputed
+        u = tl.arange(0, BLOCK_U)
+        slot = u // KEEP
+        j = u % KEEP
+        mu = go[:, None] & (slot < n_slots)[None, :]
+        off_f = (slot // n_local) * stride_shard + (slot % n_local) * stride_slot
+        off_i = (slot // n_local) * stride_shard_i + (slot % n_local) * stride_slot
+        vals = tl.load(cand_f + base_f + (off_f + (5 + j) * stride_field)[None, :] + row[:, None], mask=mu,
+                       other=float("-inf"))
+        b_u = tl.load(cand_f + base_f + (off_f + (5 + KEEP) * stride_field)[None, :] + row[:, None], mask=mu,
+                      other=float("-inf"))
+        redone = (b_u > float("-inf")) & (order_key(b_u) >= lkey[:, None])
+        take = mu & (vals > float("-inf")) & (order_key(vals) >= lkey[:, None]) & ~redone
+        pos = tl.cumsum(take.to(tl.int32), axis=1) - 1
+        tl.store(scratch_f + sbase[:, None] + pos, vals, mask=take)
+        ids = tl.load(cand_i + base_i + (off_i + (1 + j) * stride_ifield)[None, :] + row[:, None], mask=take, other=-1)
+        tl.store(scratch_i + sbase[:, None] + pos, ids, mask=take)
+        n1 = tl.sum(take.to(tl.int32), axis=1)
+        # the list of recomputed tiles (at most RCAP // TILE_V: select_filtered checked the fit)
+        NEED_CAP: tl.constexpr = RCAP // TILE_V
+        sl = tl.arange(0, BLOCK_S)
+        tpos = tl.cumsum(reach.to(tl.int32), axis=1) - 1
+        tbase = ps.to(tl.int64) * NEED_CAP
+        tl.store(scratch_t + tbase[:, None] + tpos, sl[None, :], mask=reach)
+        n_t = tl.sum(reach.to(tl.int32), axis=1)
+        tl.debug_barrier()  # the tile list is read back by other threads
+        e = tl.arange(0, NEED_CAP * TILE_V)
+        ti = e // TILE_V
+        has = ti[None, :] < n_t[:, None]
+        tslot = tl.load(scratch_t + tbase[:, None] + ti[None, :], mask=has, other=0)
+        local = (tslot % n_local) * TILE_V + (e % TILE_V)[None, :]  # id inside its shard
+        gid = (tslot // n_local) * shard_cols + local
+        ok = has & (local < shard_cols) & (gid < V)
+        v = tl.load(pool_ptr + (tslot // n_local).to(tl.int64) * (POOL * shard_cols) + ps[:, None] * shard_cols
+                    + local, mask=ok, other=float("-inf"))
+        take2 = ok & (v > float("-inf")) & (order_key(v) >= lkey[:, None])
+        pos2 = n1[:, None] + tl.cumsum(take2.to(tl.int32), axis=1) - 1
+        tl.store(scratch_f + sbase[:, None] + pos2, v, mask=take2)
+        tl.store(scratch_i + sbase[:, None] + pos2, gid, mask=take2)
+        n_all = n1 + tl.sum(take2.to(tl.int32), axis=1)
+        tl.debug_barrier()  # the packed logits are read back by other threads
+        c = tl.arange(0, RCAP)
+        cm = go[:, None] & (c[None, :] < n_all[:, None])
+        below = lkey - 1
+        no = lkey < 0  # [1] False: no row here is bad, none complete
+        finish_rows(tl.load(scratch_f + sbase[:, None] + c[None, :], mask=cm, other=float("-inf")),
+                    tl.load(scratch_i + sbase[:, None] + c[None, :], mask=cm, other=-1),
+                    row, go, go, filtered, no, below, no, m, msafe, z_full, log_z_raw,
+                    inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, below,
+                    seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
+                    SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG)
+
+
+@triton.jit
 def resolve_kernel(pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, round_start, V,
                    seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
                    topk_ptr, topk_val, topp_ptr, topp_val, minp_ptr, minp_val,
                    tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
+                   cand_f, cand_i, base_f, base_i, parity_ptr, parity_stride_f, parity_stride_i,
+                   n_slots, n_local, stride_shard, stride_shard_i, stride_field, stride_ifield, stride_slot,
+                   need_key_ptr, scratch_f, scratch_i, scratch_t,
                    SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
                    TOPK_PER_ROW: tl.constexpr, TOPP_PER_ROW: tl.constexpr, MINP_PER_ROW: tl.constexpr,
                    BLOCK: tl.constexpr, TOP_N: tl.constexpr, TOP_N_POW2: tl.constexpr, MODE: tl.constexpr,
-                   LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr, POOL: tl.constexpr, BLOCK_R: tl.constexpr):
-    """BLOCK_R pooled rows per program: the thresholds of select_filtered over every logit."""
+                   LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr, POOL: tl.constexpr, BLOCK_R: tl.constexpr,
+                   KEEP: tl.constexpr = 4, BLOCK_U: tl.constexpr = 16, TILE_V: tl.constexpr = 128,
+                   RCAP: tl.constexpr = 4096, DEVICE_PARITY: tl.constexpr = False):
+    """BLOCK_R pooled rows per program. A row with need key 0: the thresholds of select_filtered
+    over every logit of its recomputed row; any other: over its logits at or above the key
+    (_resolve_refined_row)."""
+    base_f, base_i = parity_offsets(base_f, base_i, parity_ptr, parity_stride_f, parity_stride_i, DEVICE_PARITY)
+    for i in range(BLOCK_R):
+        _resolve_refined_row(
+            tl.program_id(0) * BLOCK_R + i + tl.arange(0, 1), pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr,
+            round_start, V, cand_f, cand_i, base_f, base_i, n_slots, n_local, stride_shard, stride_shard_i,
+            stride_field, stride_ifield, stride_slot, need_key_ptr, scratch_f, scratch_i, scratch_t,
+            seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, topk_ptr, topk_val, topp_ptr, topp_val,
+            minp_ptr, minp_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
+            SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, TOPK_PER_ROW, TOPP_PER_ROW, MINP_PER_ROW,
+            TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, POOL, KEEP, BLOCK_U, TILE_V, RCAP)
     ps = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # pool slots
     live_r = (round_start + ps < tl.load(fb_count_ptr)) & (ps < POOL)
+    row = tl.load(fb_rows_ptr + round_start + ps, mask=live_r, other=0)
+    live_r = live_r & (tl.load(need_key_ptr + row, mask=live_r, other=1) == 0)  # the whole row recomputed
     if tl.max(live_r.to(tl.int32), axis=0) > 0:
-        row = tl.load(fb_rows_ptr + round_start + ps, mask=live_r, other=0)
         slots = ps.to(tl.int64)
         temp = load_row_param(temp_ptr, temp_val, row, live_r, tl.float32, TEMP_PER_ROW)
         inv_t, noise_scale, greedy, _bad = row_temperature(temp)
@@ -304,47 +421,89 @@ def _params_args(params: RowParams, dummy: torch.Tensor):
     return args, flags
 
 
+@dataclass(frozen=True)
+class KeptLogits:
+    """What stage 2 leaves the fallback: the extended candidate buffer ``src`` in ``layout`` (as
+    select_filtered read it), stage 1's vocabulary tile ``tile_v`` (one slot's width), and
+    select_filtered's need keys (int64 [B]: 0 = recompute the whole row, else a key at or
+    below everything the row needs: recompute only the tiles whose boundary reaches it)."""
+
+    layout: CandidateLayout
+    src: BufferPair
+    tile_v: int
+    need_key: torch.Tensor
+
+    def boundary_args(self, shard: int):
+        """materialize_kernel's view of shard ``shard``'s boundary field."""
+        lay, src = self.layout, self.src
+        par_p, par_f, _par_i, par_on = parity_args(src.parity, self.need_key)
+        base = src.base_f + shard * lay.stride_shard + F_BOUNDARY * lay.stride_field
+        return (src.f, base, par_p, par_f, lay.stride_slot, self.need_key), par_on
+
+    def buffer_args(self):
+        """resolve_kernel's view of the whole candidate buffer."""
+        lay, src = self.layout, self.src
+        par_p, par_f, par_i, par_on = parity_args(src.parity, self.need_key)
+        return (src.f, src.i, src.base_f, src.base_i, par_p, par_f, par_i, lay.n_slots, lay.n_local,
+                lay.stride_shard, lay.stride_shard_i, lay.stride_field, lay.stride_ifield, lay.stride_slot,
+                self.need_key), par_on
+
+
 def launch_materialize(hidden: torch.Tensor, weight: torch.Tensor, pool: PoolLayout, dest: torch.Tensor, *,
                        fb_count: torch.Tensor, fb_rows: torch.Tensor, start: int, vocab_size: int,
-                       vocab_start: int = 0, shard: int = 0, npeers=None, block_k: int = 64,
+                       kept: KeptLogits, vocab_start: int = 0, shard: int = 0, npeers=None, block_k: int = 64,
                        processing=None) -> None:
     """Recompute the (processed) logits of listed rows [start, start + pool.rows) of this weight
     (global ids from vocab_start) into shard ``shard`` of the pool ``dest`` (an int64 peer table
-    when npeers is set). processing: the call's LogitProcessing, or None."""
+    when npeers is set): the tiles each row needs (``kept``). processing: the call's
+    LogitProcessing, or None."""
     D = hidden.shape[1]
     on_gpu = hidden.device.type == "cuda"
-    block_v = 128
-    n_tiles = triton.cdiv(weight.shape[0], block_v)
+    n_tiles = triton.cdiv(weight.shape[0], kept.tile_v)
+    if n_tiles != kept.layout.n_local:
+        raise ValueError(f"{weight.shape[0]} weight rows in tiles of {kept.tile_v} are not the candidate "
+                         f"layout's {kept.layout.n_local} tiles")
     proc_args, proc_flags = processor_args(processing, fb_rows)
+    bnd_args, par_on = kept.boundary_args(shard)
     materialize_kernel[(n_tiles,)](
         hidden, weight, dest, fb_count, fb_rows, start, D, weight.shape[0], vocab_size, vocab_start, hidden.stride(0),
-        shard * pool.stride_shard, pool.shard_cols, *proc_args,
-        POOL=pool.rows, BLOCK_V=block_v, BLOCK_K=max(16, min(block_k, triton.next_power_of_2(D))),
+        shard * pool.stride_shard, pool.shard_cols, *proc_args, *bnd_args,
+        POOL=pool.rows, BLOCK_V=kept.tile_v, BLOCK_K=max(16, min(block_k, triton.next_power_of_2(D))),
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and not on_gpu, PEER_TABLE=npeers is not None,
-        NPEERS=npeers or 1, **proc_flags, num_warps=4, num_stages=2 if on_gpu else 1)
+        NPEERS=npeers or 1, **proc_flags, DEVICE_PARITY=par_on, num_warps=4 if kept.tile_v <= 128 else 8,
+        num_stages=2 if on_gpu else 1)
 
 
 def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, fb_count: torch.Tensor,
-                   fb_rows: torch.Tensor, start: int, vocab_size: int, tokens: torch.Tensor, logprobs=None,
-                   top_n: int = 0, mode: str = "scaled", top_ids=None, top_lp=None) -> None:
-    """Resolve the pooled rows of listed rows [start, start + pool.rows) from the complete pool ``src``."""
+                   fb_rows: torch.Tensor, start: int, vocab_size: int, tokens: torch.Tensor, kept: KeptLogits,
+                   logprobs=None, top_n: int = 0, mode: str = "scaled", top_ids=None, top_lp=None) -> None:
+    """Resolve the pooled rows of listed rows [start, start + pool.rows) from the pool ``src``
+    (every tile a row needs recomputed) and the kept logits."""
     device = src.device
     on_gpu = device.type == "cuda"
     args, flags = _params_args(params, fb_rows)
     block_r = 1 if on_gpu else pool.rows  # GPU: a pooled row per program; interpreter: all of them
+    buf_args, par_on = kept.buffer_args()
+    # per pooled row: the gathered logits (fp32 values, int32 ids) and the list of recomputed tiles
+    scratch_f = torch.empty(pool.rows * REFINE_CAP, dtype=torch.float32, device=device)
+    scratch_i = torch.empty(pool.rows * REFINE_CAP, dtype=torch.int32, device=device)
+    scratch_t = torch.empty(pool.rows * max(1, REFINE_CAP // kept.tile_v), dtype=torch.int32, device=device)
     resolve_kernel[(triton.cdiv(pool.rows, block_r),)](
         src, pool.shard_cols, fb_count, fb_rows, start, vocab_size, *args,
         tokens, logprobs if logprobs is not None else fb_rows,
         top_ids if top_ids is not None else fb_rows, top_lp if top_lp is not None else fb_rows,
+        *buf_args, scratch_f, scratch_i, scratch_t,
         **flags, BLOCK=4096 if on_gpu else 1024, TOP_N=top_n, TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)),
         MODE=LOGPROBS_MODES.index(mode), LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device),
-        POOL=pool.rows, BLOCK_R=block_r, num_warps=8 if on_gpu else 4)
+        POOL=pool.rows, BLOCK_R=block_r, KEEP=KEEP, BLOCK_U=triton.next_power_of_2(kept.layout.n_slots * KEEP),
+        TILE_V=kept.tile_v, RCAP=REFINE_CAP, DEVICE_PARITY=par_on, num_warps=16 if on_gpu else 4)
 
 
 def run_fallback(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, *, vocab_size: int,
-                 fb_count: torch.Tensor, fb_rows: torch.Tensor, tokens: torch.Tensor, logprobs=None,
-                 top_n: int = 0, mode: str = "scaled", top_ids=None, top_lp=None, block_k: int = 64) -> None:
+                 fb_count: torch.Tensor, fb_rows: torch.Tensor, tokens: torch.Tensor, kept: KeptLogits,
+                 logprobs=None, top_n: int = 0, mode: str = "scaled", top_ids=None, top_lp=None,
+                 block_k: int = 64) -> None:
     """Resolve the listed rows exactly on one device (see the module docstring). Launches
     ceil(B / POOL_ROWS) rounds of (materialize, resolve), each a no-op once its slots are past
     the device count."""
@@ -359,6 +518,7 @@ def run_fallback(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     rows_to_cover = B if hidden.device.type == "cuda" else int(fb_count[0])
     for start in range(0, rows_to_cover, rows):
         launch_materialize(hidden, weight, pool, buf, fb_count=fb_count, fb_rows=fb_rows, start=start,
-                           vocab_size=vocab_size, block_k=block_k, processing=params.processing)
+                           vocab_size=vocab_size, kept=kept, block_k=block_k, processing=params.processing)
         launch_resolve(pool, buf, params, fb_count=fb_count, fb_rows=fb_rows, start=start, vocab_size=vocab_size,
-                       tokens=tokens, logprobs=logprobs, top_n=top_n, mode=mode, top_ids=top_ids, top_lp=top_lp)
+                       tokens=tokens, kept=kept, logprobs=logprobs, top_n=top_n, mode=mode, top_ids=top_ids,
+                       top_lp=top_lp)

@@ -58,6 +58,10 @@ MODE_SCALED, MODE_RAW, MODE_PROCESSED = 0, 1, 2
 # Most kept logits above the boundary a row may have for the packed search (else all of U
 # is searched: same results, slower). A power of two; 2,048 covers the 700-1,300 of flat rows.
 SEARCH_CAP = 2048
+# Most logits the fallback may gather for one row to finish it from a few recomputed tiles
+# (fallback.py): U's part at or above the row's lower bound plus the tiles it must recompute.
+# A power of two; a row over it has its whole logits row recomputed instead.
+REFINE_CAP = 4096
 
 
 @triton.jit
@@ -84,10 +88,12 @@ def kth_largest_key(skeys, live, k):
 
 
 @triton.jit
-def nucleus_key(skeys, mass, live, target):
-    """Per row, the smallest key x such that the mass of live elements with key > x is < target
-    (skeys as in kth_largest_key; the result is an order_key)."""
-    lo = tl.full(target.shape, -1, tl.int64)  # predicate false (or below every key)
+def nucleus_key(skeys, mass, live, target, floor):
+    """Per row, the smallest key x > floor such that the mass of live elements with key > x is
+    < target (skeys as in kth_largest_key; the result is an order_key). floor: int64 [rows], a
+    key known to fail the predicate: -1 when nothing is known; the fallback passes one below
+    its proven lower bound, which also holds the answer there under fp32 rounding."""
+    lo = floor  # predicate false (or below every key)
     hi = tl.full(target.shape, 4294967295, tl.int64)  # true: nothing lies above the largest key
     for _ in range(32):
         mid = (lo + hi) // 2  # in [0, 2**32 - 1)
@@ -99,14 +105,19 @@ def nucleus_key(skeys, mass, live, target):
 
 
 @triton.jit
-def _finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
-                 inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp,
-                 seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
-                 fallback_ptr, SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TOP_N: tl.constexpr,
-                 TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr):
+def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
+                inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, floor_key,
+                seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
+                SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TOP_N: tl.constexpr,
+                TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr):
     """Thresholds, proof, token, logprobs and top-N of each row from its kept logits ``vals`` /
     ``ids`` [rows, n] (-inf = empty): all of U, or only its elements above the boundary (the
-    same outcome: see the module docstring)."""
+    same outcome: see the module docstring). The fallback calls it too, on a row's logits at or
+    above a proven lower bound (``fallback.py``: bkey and floor_key one below that bound).
+
+    Writes the proven rows' tokens, logprobs and top-N; returns (need, lower): the rows the
+    kept logits could not finish, and for each a key at or below every threshold it needs
+    (its min-p / top-k / top-p thresholds and its N-th largest logit; 0 = no bound known)."""
     BLOCK_R: tl.constexpr = vals.shape[0]
     live = vals > float("-inf")
     keys = order_key(vals)
@@ -122,12 +133,20 @@ def _finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, compl
     key_minp = tl.where(use_minp, order_key(m + temp * tl.log(tl.where(use_minp, min_p, 1.0))), 0)
     k_known = ~use_k | (top_k <= n_above) | complete
     skeys = (keys - 2147483648).to(tl.int32)
-    key_k = kth_largest_key(skeys, live, tl.maximum(tl.minimum(top_k, n_live), 1))
+    # Each search only where a row of the program asks for it (one row per program on a GPU:
+    # a min-p row runs neither).
+    if tl.max((use_k & active).to(tl.int32), axis=0) > 0:
+        key_k = kth_largest_key(skeys, live, tl.maximum(tl.minimum(top_k, n_live), 1))
+    else:
+        key_k = tl.zeros([BLOCK_R], tl.int64)
     key_s = tl.where(use_k & k_known, tl.maximum(key_minp, key_k), key_minp)
     s_known = k_known | (key_minp > bkey)
     in_s = live & (keys >= key_s[:, None])
     z_s = tl.where(key_s > 0, tl.sum(tl.where(in_s, mass, 0.0), axis=1), z_full)
-    key_p = nucleus_key(skeys, mass, in_s, top_p * z_s)
+    if tl.max((use_p & active).to(tl.int32), axis=0) > 0:
+        key_p = nucleus_key(skeys, mass, in_s, top_p * z_s, floor_key)
+    else:
+        key_p = tl.zeros([BLOCK_R], tl.int64)
     key_t = tl.where(use_p, tl.maximum(key_s, key_p), key_s)
     # Top-p renormalises over S: its sum comes from U only if S lies above B.
     proven = complete | (s_known & (key_t > bkey) & (~use_p | (key_s == 0) | (key_s > bkey)))
@@ -158,6 +177,7 @@ def _finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, compl
 
     # ---- top-N logprobs (every row) ----
     topn_ok = mask_r
+    topn_key = tl.zeros([BLOCK_R], tl.int64)  # the N-th largest logit's key (0: unknown)
     if TOP_N > 0:
         n = tl.arange(0, TOP_N_POW2)
         out_ids = tl.full([BLOCK_R, TOP_N_POW2], -1, tl.int64)
@@ -180,13 +200,53 @@ def _finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, compl
             alive = alive & ~chosen
         # The N-th largest of U is the true one if U holds N logits and the N-th lies above B.
         topn_ok = (found_all & (last_key > bkey)) | complete | row_bad
+        topn_key = tl.where(found_all, last_key, 0)
         out_ids = tl.where(row_bad[:, None], -1, out_ids)
         out_lp = tl.where(row_bad[:, None], float("nan"), out_lp)
         wr = (topn_ok & mask_r)[:, None] & (n < TOP_N)[None, :]
         tl.store(top_ids_ptr + rows[:, None] * TOP_N + n[None, :], out_ids, mask=wr)
         tl.store(top_lp_ptr + rows[:, None] * TOP_N + n[None, :], out_lp, mask=wr)
+    # ---- a lower bound on what the fallback must see, for the rows it finishes ----
+    # Adding the logits U lacks can only raise a k-th largest, the min-p threshold (fixed by
+    # the row max) and an N-th largest, so U's values bound the true ones from below, if U
+    # holds k (N) logits at all. A top-p threshold is bounded by U's only when its
+    # renormaliser is exact, i.e. when nothing restricts S (z_s = z_full): U's mass above a
+    # key then under-counts the true one, so U's nucleus key is at or below the true one.
+    # With min-p or top-k before top-p, the bound is S's own.
+    k_ok = (top_k <= n_live) | complete
+    lower_s = tl.where(use_k & k_ok, tl.maximum(key_minp, key_k), key_minp)
+    lower = tl.where(use_p & ~(use_k | use_minp), key_t, lower_s)
     need = pending | (active & ~topn_ok)
-    tl.store(fallback_ptr + rows, need.to(tl.int8), mask=mask_r)
+    lower = tl.where(pending, lower, 4294967296)
+    if TOP_N > 0:
+        # The fallback rewrites the top-N of every row it finishes (in "processed" mode they
+        # depend on the threshold it finds), so it needs the N-th largest too.
+        lower = tl.where(need, tl.minimum(lower, topn_key), lower)
+    return need, lower
+
+
+@triton.jit
+def row_slot_stats(cand_f, base_f, rows, active, n_slots, n_local, stride_shard, stride_field, stride_slot, inv_t,
+                   BLOCK_S: tl.constexpr, KEEP: tl.constexpr, MODE: tl.constexpr):
+    """Per row, from the per-slot fields of the extended layout: (bnd [rows, BLOCK_S] each slot's
+    boundary (-inf past n_slots), its max B, the row max m, msafe (0 for an empty row),
+    z_full = sum exp((l - m) / T), and log sum exp(l - m) (MODE 1, "raw", only; else 0))."""
+    sl = tl.arange(0, BLOCK_S)
+    ms = active[:, None] & (sl < n_slots)[None, :]
+    slot_off = (sl // n_local) * stride_shard + (sl % n_local) * stride_slot
+    slot_f = cand_f + base_f + slot_off[None, :] + rows[:, None]
+    bnd = tl.load(slot_f + (5 + KEEP) * stride_field, mask=ms, other=float("-inf"))
+    tmax = tl.load(slot_f + 2 * stride_field, mask=ms, other=float("-inf"))
+    tsum = tl.load(slot_f + 3 * stride_field, mask=ms, other=0.0)
+    m = tl.max(tmax, axis=1)
+    msafe = tl.where(m == float("-inf"), 0.0, m)
+    z_full = tl.sum(tl.where(tmax > float("-inf"), tsum * tl.exp((tmax - msafe[:, None]) * inv_t[:, None]), 0.0),
+                    axis=1)
+    log_z_raw = tl.zeros(m.shape, tl.float32)  # only MODE 1 ("raw") reads it
+    if MODE == 1:
+        rsum = tl.load(slot_f + 4 * stride_field, mask=ms, other=0.0)
+        log_z_raw = tl.log(tl.sum(tl.where(tmax > float("-inf"), rsum * tl.exp(tmax - msafe[:, None]), 0.0), axis=1))
+    return bnd, tl.max(bnd, axis=1), m, msafe, z_full, log_z_raw
 
 
 @triton.jit
@@ -196,13 +256,13 @@ def select_filtered_kernel(
     seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
     topk_ptr, topk_val, topp_ptr, topp_val, minp_ptr, minp_val,
     vocab_size,
-    tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr, fallback_ptr, scratch_f, scratch_i, searched_ptr,
+    tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr, fallback_ptr, need_key_ptr, scratch_f, scratch_i, searched_ptr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
     TOPK_PER_ROW: tl.constexpr, TOPP_PER_ROW: tl.constexpr, MINP_PER_ROW: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_U: tl.constexpr, KEEP: tl.constexpr, TOP_N: tl.constexpr,
     TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr,
     DEVICE_PARITY: tl.constexpr, PACK: tl.constexpr = False, CAP: tl.constexpr = 1,
-    SEARCHED: tl.constexpr = False,
+    SEARCHED: tl.constexpr = False, TILE_V: tl.constexpr = 128, REFINE_CAP: tl.constexpr = 4096,
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rows < B
@@ -246,22 +306,9 @@ def select_filtered_kernel(
         ids_at = cand_i + base_i + (shard_off_i + (1 + j) * stride_ifield)[None, :] + rows[:, None]
         # Per-slot fields (boundary, tile max and sums) on their own slot axis, a quarter of U's width.
         BLOCK_S: tl.constexpr = BLOCK_U // KEEP
-        sl = tl.arange(0, BLOCK_S)
-        ms = active[:, None] & (sl < n_slots)[None, :]
-        slot_off = (sl // n_local) * stride_shard + (sl % n_local) * stride_slot
-        slot_f = cand_f + base_f + slot_off[None, :] + rows[:, None]
-        bound = tl.max(tl.load(slot_f + (5 + KEEP) * stride_field, mask=ms, other=float("-inf")), axis=1)
-        tmax = tl.load(slot_f + 2 * stride_field, mask=ms, other=float("-inf"))
-        tsum = tl.load(slot_f + 3 * stride_field, mask=ms, other=0.0)
-        m = tl.max(tmax, axis=1)
-        msafe = tl.where(m == float("-inf"), 0.0, m)
-        z_full = tl.sum(tl.where(tmax > float("-inf"), tsum * tl.exp((tmax - msafe[:, None]) * inv_t[:, None]), 0.0),
-                        axis=1)
-        log_z_raw = tl.zeros([BLOCK_R], tl.float32)  # only MODE 1 ("raw") reads it
-        if MODE == 1:
-            rsum = tl.load(slot_f + 4 * stride_field, mask=ms, other=0.0)
-            log_z_raw = tl.log(tl.sum(tl.where(tmax > float("-inf"), rsum * tl.exp(tmax - msafe[:, None]), 0.0),
-                                      axis=1))
+        bnd, bound, m, msafe, z_full, log_z_raw = row_slot_stats(
+            cand_f, base_f, rows, active, n_slots, n_local, stride_shard, stride_field, stride_slot, inv_t,
+            BLOCK_S, KEEP, MODE)
         bkey = order_key(bound)
         complete = bound == float("-inf")  # every logit of the row is in U
         # Only the kept logits above the boundary B can decide a proven row (module docstring):
@@ -274,6 +321,7 @@ def select_filtered_kernel(
             small = tl.max(n_up, axis=0) <= CAP
         if SEARCHED:  # instrumentation: how many kept logits each row's search ran over (-1: all of U)
             tl.store(searched_ptr + rows, tl.where(small, n_up, -1), mask=mask_r)
+        no_floor = tl.full([BLOCK_R], -1, tl.int64)
         if small:
             pos = tl.cumsum(above.to(tl.int32), axis=1) - 1
             at = rows[:, None].to(tl.int64) * CAP + pos
@@ -283,28 +331,47 @@ def select_filtered_kernel(
             c = tl.arange(0, CAP)
             cm = c[None, :] < n_up[:, None]
             at = rows[:, None].to(tl.int64) * CAP + c[None, :]
-            _finish_rows(tl.load(scratch_f + at, mask=cm, other=float("-inf")),
-                         tl.load(scratch_i + at, mask=cm, other=-1),
-                         rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
-                         inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, seed_ptr, seed_val,
-                         offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr, fallback_ptr,
-                         SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG)
+            need, lower = finish_rows(
+                tl.load(scratch_f + at, mask=cm, other=float("-inf")), tl.load(scratch_i + at, mask=cm, other=-1),
+                rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
+                inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, no_floor, seed_ptr, seed_val,
+                offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
+                SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG)
         else:
-            _finish_rows(vals, tl.load(ids_at, mask=m2, other=-1),
-                         rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
-                         inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, seed_ptr, seed_val,
-                         offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr, fallback_ptr,
-                         SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG)
+            need, lower = finish_rows(
+                vals, tl.load(ids_at, mask=m2, other=-1),
+                rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
+                inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, no_floor, seed_ptr, seed_val,
+                offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
+                SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG)
+        need = need & mask_r
+        tl.store(fallback_ptr + rows, need.to(tl.int8), mask=mask_r)
+        if tl.max(need.to(tl.int32), axis=0) > 0:
+            # ---- how the fallback finishes each such row (fallback.py) ----
+            # Every logit at or above `lower` lies in U or in a tile whose boundary is at or above
+            # it. If those tiles, recomputed whole, plus U's part at or above `lower` fit in
+            # REFINE_CAP elements, the fallback recomputes only them (key `lower`); otherwise
+            # it recomputes the whole row (key 0).
+            tile_need = (bnd > float("-inf")) & (order_key(bnd) >= lower[:, None])
+            n_tiles = tl.sum(tile_need.to(tl.int32), axis=1)
+            n_u = tl.sum(((vals > float("-inf")) & (order_key(vals) >= lower[:, None])).to(tl.int32), axis=1)
+            fits = (lower > 0) & (n_u + TILE_V * n_tiles <= REFINE_CAP)
+            tl.store(need_key_ptr + rows, tl.where(fits, lower, 0), mask=need)
 
 
 def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int, params: RowParams, *,
                            vocab_size: int, tokens: torch.Tensor, logprobs=None, top_n: int = 0,
-                           mode: str = "scaled", top_ids=None, top_lp=None, cap: int = None, searched=None):
+                           mode: str = "scaled", top_ids=None, top_lp=None, cap: int = None, searched=None,
+                           tile_v: int = 128, need_key=None, refine_cap: int = None):
     """Finish filtered rows and top-N logprobs from an extended candidate buffer ``src``, after
     launch_merge wrote ``tokens`` (and ``logprobs``) for every row.
 
     Overwrites the tokens / logprobs of filtered rows it proves, fills ``top_ids`` /
     ``top_lp`` [B, top_n], and returns the rows the fallback must finish: int8 [B] flags.
+    need_key: int64 [B], receives for each flagged row what the fallback recomputes
+    (fallback.py): the key of a lower bound on everything the row needs (only the tiles whose
+    boundary reaches it), or 0 (the whole row). tile_v: the vocabulary tile of stage 1 (the
+    layout's slot width); refine_cap: REFINE_CAP unless set (0: always the whole row; tests).
     cap: how many kept logits above the boundary a row may have for the packed search
     (default SEARCH_CAP, at most half of U's padded size; 0 searches all of U, which gives the
     same results: tests, probes); ``searched``, an int32 [B] tensor, receives how many kept
@@ -335,6 +402,11 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     cap = min(cap, block_u // 2)  # a search over more than half of U saves too little to pack
     if searched is not None and (searched.dtype != torch.int32 or searched.numel() < batch):
         raise ValueError(f"searched must be an int32 tensor of at least {batch} elements")
+    if need_key is None:
+        need_key = torch.empty(batch, dtype=torch.int64, device=device)
+    elif need_key.dtype != torch.int64 or need_key.numel() < batch:
+        raise ValueError(f"need_key must be an int64 tensor of at least {batch} elements")
+    refine_cap = REFINE_CAP if refine_cap is None else refine_cap
     # [B, cap] scratch for the packed kept logits (fp32 values, int32 ids): O(B), never O(B x V).
     scratch_f = torch.empty(max(batch * cap, 1), dtype=torch.float32, device=device)
     scratch_i = torch.empty(max(batch * cap, 1), dtype=torch.int32, device=device)
@@ -345,11 +417,12 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         *args, vocab_size,
         tokens, logprobs if logprobs is not None else dummy,
         top_ids if top_ids is not None else dummy, top_lp if top_lp is not None else dummy,
-        fallback, scratch_f, scratch_i, searched if searched is not None else dummy,
+        fallback, need_key, scratch_f, scratch_i, searched if searched is not None else dummy,
         **flags,
         BLOCK_R=block_r, BLOCK_U=block_u, KEEP=KEEP, TOP_N=top_n,
         TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)), MODE=LOGPROBS_MODES.index(mode),
         LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device), DEVICE_PARITY=par_on,
-        PACK=cap > 0, CAP=max(cap, 1), SEARCHED=searched is not None, num_warps=16 if on_gpu else 4,
+        PACK=cap > 0, CAP=max(cap, 1), SEARCHED=searched is not None, TILE_V=tile_v, REFINE_CAP=refine_cap,
+        num_warps=16 if on_gpu else 4,
     )
     return fallback

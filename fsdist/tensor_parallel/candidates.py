@@ -40,7 +40,7 @@ host-known address and cannot race).
 
 import torch
 
-from ..ops.fallback import PoolLayout, compact_rows, launch_materialize, launch_resolve
+from ..ops.fallback import KeptLogits, PoolLayout, compact_rows, launch_materialize, launch_resolve
 from ..ops.layout import CandidateLayout
 from ..ops.merge_candidates import launch_merge
 from ..ops.plan import launch_stage1
@@ -111,14 +111,17 @@ class CandidatesReduction(Reduction):
             if opts.top_n:
                 top_ids = torch.empty(B, opts.top_n, dtype=torch.int64, device=self.device)
                 top_lp = torch.empty(B, opts.top_n, dtype=torch.float32, device=self.device)
+            kept = KeptLogits(plan.layout, bufs.src, plan.config.block_v,
+                              torch.empty(B, dtype=torch.int64, device=self.device))
             fallback = launch_select_filtered(plan.layout, bufs.src, B, params, vocab_size=part.vocab_size,
                                               tokens=tokens, logprobs=lp, top_n=opts.top_n, mode=opts.mode,
-                                              top_ids=top_ids, top_lp=top_lp)
-            self._fallback(hidden, weight, params, opts, fallback, tokens, lp, top_ids, top_lp)
+                                              top_ids=top_ids, top_lp=top_lp, tile_v=kept.tile_v,
+                                              need_key=kept.need_key)
+            self._fallback(hidden, weight, params, opts, fallback, kept, tokens, lp, top_ids, top_lp)
             fallback = fallback.bool()
         return tokens, lp, lse, top_ids, top_lp, fallback
 
-    def _fallback(self, hidden, weight, params, opts, flags, tokens, lp, top_ids, top_lp) -> None:
+    def _fallback(self, hidden, weight, params, opts, flags, kept, tokens, lp, top_ids, top_lp) -> None:
         fb_count, fb_rows = compact_rows(flags)
         pool, target, npeers = self.pool_layout, *self.transport.write_target(self.pool)
         if self.transport.peer_stores:
@@ -135,9 +138,9 @@ class CandidatesReduction(Reduction):
         for start in range(0, n, pool.rows):
             launch_materialize(hidden, weight, pool, target, fb_count=fb_count, fb_rows=fb_rows, start=start,
                                vocab_size=self.partition.vocab_size, vocab_start=self.partition.start,
-                               shard=self.rank, npeers=npeers, processing=params.processing)
+                               kept=kept, shard=self.rank, npeers=npeers, processing=params.processing)
             self.transport.exchange([(self.pool, 0, pool.stride_shard)])
             launch_resolve(pool, self.pool.local, params, fb_count=fb_count, fb_rows=fb_rows, start=start,
-                           vocab_size=self.partition.vocab_size, tokens=tokens, logprobs=lp, top_n=opts.top_n,
-                           mode=opts.mode, top_ids=top_ids, top_lp=top_lp)
+                           vocab_size=self.partition.vocab_size, tokens=tokens, kept=kept, logprobs=lp,
+                           top_n=opts.top_n, mode=opts.mode, top_ids=top_ids, top_lp=top_lp)
             self.transport.settle()  # every rank has read the pool before anyone refills it

@@ -149,7 +149,7 @@ def _search_kernel(vals_ptr, k_ptr, target_ptr, kth_ptr, nuc_ptr, N: tl.constexp
     skeys = (sf.order_key(vals) - 2147483648).to(tl.int32)
     mass = tl.where(live, tl.exp(vals - tl.max(vals, axis=1)[:, None]), 0.0)
     tl.store(kth_ptr + r, sf.kth_largest_key(skeys, live, tl.load(k_ptr + r)))
-    tl.store(nuc_ptr + r, sf.nucleus_key(skeys, mass, live, tl.load(target_ptr + r)))
+    tl.store(nuc_ptr + r, sf.nucleus_key(skeys, mass, live, tl.load(target_ptr + r), tl.full([R], -1, tl.int64)))
 
 
 def _order_key(v):

@@ -1,0 +1,153 @@
+"""The exact fallback (``fsdist.ops.fallback``): its two ways of finishing a row agree, and the
+cheap one recomputes only what a row needs.
+
+select_filtered gives each row it cannot prove a need key: a lower bound on every threshold
+the row needs, or 0. A row with a key has only the vocabulary tiles whose boundary reaches
+the key recomputed, and is finished from those plus its kept logits; a row with 0 has its
+whole logits row recomputed. Both must give the same tokens, logprobs and top-N (checked on
+mixed filtered batches, every way the filters combine, with REFINE_CAP = 0 forcing the
+whole-row way), the cheap way must write only the tiles it needs, and a lower bound set too
+high must be caught by the same comparison (its power). Runs under Triton's interpreter on
+CPU and unchanged on CUDA.
+"""
+import math
+
+import pytest
+import torch
+
+import fsdist.ops.select_filtered as sf
+from fsdist.ops.fallback import POOL_ROWS, POOL_ROWS_INTERPRETER, KeptLogits, PoolLayout, compact_rows, \
+    launch_materialize, run_fallback
+from fsdist.ops.layout import F_BOUNDARY, BufferPair
+from fsdist.ops.merge_candidates import launch_merge
+from fsdist.ops.plan import launch_stage1, plan_sample
+from fsdist.params import RowParams
+from fsdist.ops.configs import TileConfig
+
+B, D, V, TILE = 24, 32, 2048, 256  # 8 tiles of 256 ids, 4 kept each: many rows need the fallback
+
+
+def _problem(device, scale=2.5, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(B, D, generator=g)
+    w = torch.randn(V, D, generator=g) * (scale / math.sqrt(D))
+    temp = torch.rand(B, generator=g) * 0.6 + 0.6
+    temp[5] = 0.0  # greedy: never listed
+    top_k = torch.tensor([0, 30, 0, 12, 60, 0], dtype=torch.int32).repeat(B // 6)
+    top_p = torch.tensor([0.9, 1.0, 1.0, 0.8, 0.95, 1.0]).repeat(B // 6)
+    min_p = torch.tensor([0.0, 0.0, 0.02, 0.05, 0.0, 0.0]).repeat(B // 6)
+    params = RowParams(temp.to(device), (torch.arange(B) * 31 + 7).to(device), torch.full((B,), 4).to(device),
+                       top_k=top_k.to(device), top_p=top_p.to(device), min_p=min_p.to(device))
+    return h.to(device), w.to(device), params
+
+
+def _config(device):
+    if device.type == "cuda":
+        return TileConfig(16, TILE, 32, num_warps=4, num_stages=2)
+    return TileConfig(32, TILE, 32, num_stages=1)
+
+
+def _stage2(device, h, w, params, top_n, mode):
+    """Stage 1, merge and select_filtered as fsdist.sample runs them: (plan, buffers, outputs, flags, kept)."""
+    plan = plan_sample(batch=B, hidden_size=D, weight_rows=V, device=device, logprobs=True, config=_config(device),
+                       path="fused", extended=True, dtype=h.dtype)
+    buffers = BufferPair.alloc(plan.layout, device)
+    launch_stage1(plan, h, w, params, buffers, vocab_size=V)
+    tokens, lp, _ = launch_merge(plan.layout, buffers, B, params, logprobs=True)
+    top_ids = torch.full((B, top_n), -5, dtype=torch.int64, device=device)
+    top_lp = torch.full((B, top_n), -5.0, device=device)
+    kept = KeptLogits(plan.layout, buffers, TILE, torch.full((B,), -9, dtype=torch.int64, device=device))
+    flags = sf.launch_select_filtered(plan.layout, buffers, B, params, vocab_size=V, tokens=tokens, logprobs=lp,
+                                      top_n=top_n, mode=mode, top_ids=top_ids, top_lp=top_lp, tile_v=TILE,
+                                      need_key=kept.need_key)
+    return plan, buffers, (tokens, lp, top_ids, top_lp), flags, kept
+
+
+def _finish(h, w, params, out, flags, kept, top_n, mode):
+    tokens, lp, top_ids, top_lp = out
+    fb_count, fb_rows = compact_rows(flags)
+    run_fallback(h, w, params, vocab_size=V, fb_count=fb_count, fb_rows=fb_rows, tokens=tokens, kept=kept,
+                 logprobs=lp, top_n=top_n, mode=mode, top_ids=top_ids, top_lp=top_lp)
+    return [x.cpu() for x in out]
+
+
+def _run(device, top_n, mode, refine_cap=None, doctor=None):
+    h, w, params = _problem(device)
+    old = sf.REFINE_CAP
+    try:
+        if refine_cap is not None:
+            sf.REFINE_CAP = refine_cap
+        _plan, _buffers, out, flags, kept = _stage2(device, h, w, params, top_n, mode)
+    finally:
+        sf.REFINE_CAP = old
+    listed = flags.bool()
+    if doctor is not None:
+        doctor(kept.need_key, listed, h, w)
+    keys = kept.need_key.cpu()[listed.cpu()]
+    return _finish(h, w, params, out, flags, kept, top_n, mode), listed.cpu(), keys
+
+
+def _assert_same(a, b):
+    assert torch.equal(a[0], b[0])  # tokens
+    assert torch.equal(a[2], b[2])  # top-N ids
+    # logprobs: the normalisers sum the same masses in another order (fp32 rounding only)
+    torch.testing.assert_close(a[1], b[1], rtol=1e-5, atol=1e-5, equal_nan=True)
+    torch.testing.assert_close(a[3], b[3], rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("mode", ["scaled", "processed"])
+def test_recomputing_the_needed_tiles_equals_recomputing_the_row(device, mode):
+    tiles, listed, keys = _run(device, 3, mode)
+    whole, listed0, keys0 = _run(device, 3, mode, refine_cap=0)
+    assert torch.equal(listed, listed0)
+    assert int(listed.sum()) >= B // 3, "meant to exercise the fallback"
+    # Both ways in one round: most rows from their needed tiles; rows whose kept logits bound
+    # nothing (a nucleus holding more mass than U, top-k beyond U's size) from the whole row.
+    assert int((keys > 0).sum()) >= len(keys) // 2 and bool((keys == 0).any())
+    assert bool((keys0 == 0).all()), "REFINE_CAP = 0 must recompute whole rows"
+    _assert_same(tiles, whole)
+    assert bool((tiles[0][listed] >= 0).all())
+
+
+def _order_key(v):
+    b = (v.float() + 0.0).view(torch.int32).to(torch.int64)
+    return torch.where(b >= 0, b + 2 ** 31, 2 ** 31 - 1 - (b & (2 ** 31 - 1)))
+
+
+def test_a_lower_bound_set_too_high_is_caught(device):
+    """Power: a need key above a row's thresholds (here its largest logit) hides logits the row
+    needs; the comparison with the whole-row fallback must then fail."""
+    def too_high(need_key, listed, h, w):
+        top = (h.double() @ w.double().T).max(dim=1).values
+        need_key.copy_(torch.where(listed, _order_key(top).to(need_key.device), need_key))
+
+    whole, _, _ = _run(device, 3, "scaled", refine_cap=0)
+    wrong, _, _ = _run(device, 3, "scaled", doctor=too_high)
+    with pytest.raises(AssertionError):
+        _assert_same(wrong, whole)
+
+
+def test_only_the_needed_tiles_are_recomputed(device):
+    """The pool receives exactly the (row, tile) pairs whose boundary reaches the row's need key,
+    and fewer than all of them."""
+    h, w, params = _problem(device)
+    plan, buffers, _out, flags, kept = _stage2(device, h, w, params, 0, "scaled")
+    fb_count, fb_rows = compact_rows(flags)
+    rows = POOL_ROWS if device.type == "cuda" else POOL_ROWS_INTERPRETER
+    pool = PoolLayout(rows, V)
+    dest = torch.full((pool.numel,), float("nan"), device=device)
+    launch_materialize(h, w, pool, dest, fb_count=fb_count, fb_rows=fb_rows, start=0, vocab_size=V, kept=kept)
+    n = int(fb_count[0])
+    listed = fb_rows[:n].long().cpu()
+    lay = plan.layout
+    bnd = buffers.f[F_BOUNDARY * lay.stride_field:(F_BOUNDARY + 1) * lay.stride_field].view(lay.n_local, -1)
+    bnd = bnd[:, :B].t().cpu()[listed]  # [listed rows, tiles]
+    key = kept.need_key.cpu()[listed]
+    want = (key[:, None] == 0) | ((bnd > float("-inf")) & (_order_key(bnd) >= key[:, None]))
+    written = ~torch.isnan(dest.view(rows, V)[:n].cpu().view(n, lay.n_local, TILE)).all(dim=2)
+    assert torch.equal(written, want)
+    assert 0 < int(want.sum()) < want.numel(), "some tiles needed, not all"
+    # and the recomputed tiles hold the logits
+    ref = (h.double() @ w.double().T).cpu()[listed].view(n, lay.n_local, TILE)
+    got = dest.view(rows, V)[:n].cpu().view(n, lay.n_local, TILE)
+    torch.testing.assert_close(got[written].double(), ref[written], atol=1e-4, rtol=1e-4)
