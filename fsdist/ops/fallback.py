@@ -1,22 +1,31 @@
-"""The exact fallback for filtered rows the kept logits cannot prove (two kernels).
+"""The exact fallback for filtered rows the kept logits cannot prove (two kernels per round).
 
-``select_filtered`` flags such rows on the device; ``compact_kernel`` turns the flags into a
-count and an ordered list of row ids (a prefix sum: every tensor-parallel rank derives the
-same list from the same flags). Their logits are recomputed and resolved here, without
-the host ever learning how many there are (no synchronisation):
+``select_filtered`` flags such rows on the device and gives each a *need key*: a lower
+bound on every threshold the row needs (its min-p threshold, its k-th and N-th largest and,
+when nothing restricts top-p's renormaliser, its nucleus key, all taken over the kept logits
+U: the logits U lacks can only raise them), or 0 when U bounds nothing. ``compact_kernel``
+turns the flags into a count and an ordered list of row ids (a prefix sum: every
+tensor-parallel rank derives the same list from the same flags). The rows are then finished
+here, without the host ever learning how many there are (no synchronisation):
 
-* ``materialize_kernel`` recomputes the full logits row of up to POOL_ROWS listed rows
-  per *round* into a fixed workspace [POOL_ROWS, V] (the only [rows, V] tensor fsdist ever
-  holds, and only rows that need it);
-* ``resolve_kernel`` runs, per pooled row, the same thresholds as ``select_filtered``
-  (bisection on order-preserving keys; see there), but over every logit of the row, so
-  nothing needs proving; then the token (argmax of logit + T * Gumbel over the kept
-  ids, with the contract's noise), its logprob and the top-N logprobs.
+* ``materialize_kernel`` recomputes, for up to POOL_ROWS listed rows per *round*, the
+  vocabulary tiles each row needs into a fixed workspace [POOL_ROWS, V] (the only [rows, V]
+  tensor fsdist ever holds, only in filtered calls): with a need key L, the tiles whose
+  boundary (largest logit stage 1 did not keep) reaches L, since every logit at or above L
+  is in U or in such a tile; with key 0, every tile;
+* ``resolve_kernel`` finishes each pooled row: with a need key L, select_filtered's own
+  thresholds (``finish_rows``) over U's logits at or above L from the other tiles plus the
+  recomputed tiles' (at most REFINE_CAP logits: select_filtered gives key 0 to a row that
+  would gather more), with the boundary just below L, so the row is proven; with key 0, the
+  same thresholds by bisection over the whole recomputed row. Then the token (argmax of
+  logit + T * Gumbel over the kept ids, with the contract's noise), its logprob and the
+  top-N logprobs.
 
 The host launches ceil(B / POOL_ROWS) rounds; a round whose slots are past the count
-exits at once (a few microseconds when nothing falls back). The fallback is slow when it
-runs (a second pass over the weight for the listed rows, then a few dozen passes over
-each pooled row) and is meant to be rare: ``bench/`` reports how often it runs.
+exits at once (a few microseconds when nothing falls back). A row finished from its tiles
+costs tens of microseconds; a whole row costs a second pass over the weight and a few dozen
+passes over the row (milliseconds), and is meant to be rare: ``bench/fallback_rate.py``
+reports how often rows fall back, ``bench/fallback_probe.py`` which way and at what cost.
 """
 from dataclasses import dataclass
 
@@ -489,14 +498,19 @@ def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, fb
     scratch_f = torch.empty(pool.rows * REFINE_CAP, dtype=torch.float32, device=device)
     scratch_i = torch.empty(pool.rows * REFINE_CAP, dtype=torch.int32, device=device)
     scratch_t = torch.empty(pool.rows * max(1, REFINE_CAP // kept.tile_v), dtype=torch.int32, device=device)
+    # At least 512 lanes: Triton 3.6 fails to compile this kernel for sm_90 with 16 warps over
+    # [1, 64] kept-logit tensors (TritonGPURemoveLayoutConversions); the extra lanes are masked.
+    block_u = max(512, triton.next_power_of_2(kept.layout.n_slots * KEEP))
+    # A whole-row pass over the pool is latency-bound (one program per row): 8,192 logits per
+    # step halves the steps of 4,096 (no spills at 16 warps, sm_90).
     resolve_kernel[(triton.cdiv(pool.rows, block_r),)](
         src, pool.shard_cols, fb_count, fb_rows, start, vocab_size, *args,
         tokens, logprobs if logprobs is not None else fb_rows,
         top_ids if top_ids is not None else fb_rows, top_lp if top_lp is not None else fb_rows,
         *buf_args, scratch_f, scratch_i, scratch_t,
-        **flags, BLOCK=4096 if on_gpu else 1024, TOP_N=top_n, TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)),
+        **flags, BLOCK=8192 if on_gpu else 1024, TOP_N=top_n, TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)),
         MODE=LOGPROBS_MODES.index(mode), LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device),
-        POOL=pool.rows, BLOCK_R=block_r, KEEP=KEEP, BLOCK_U=triton.next_power_of_2(kept.layout.n_slots * KEEP),
+        POOL=pool.rows, BLOCK_R=block_r, KEEP=KEEP, BLOCK_U=block_u,
         TILE_V=kept.tile_v, RCAP=REFINE_CAP, DEVICE_PARITY=par_on, num_warps=16 if on_gpu else 4)
 
 
