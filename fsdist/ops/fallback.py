@@ -165,6 +165,24 @@ def _mass_where(pool_ptr, slots, shard_cols, V, m, inv_t, lo_key, gt_key, BLOCK:
 
 
 @triton.jit
+def _row_filters(row, mask, temp_ptr, temp_val, topk_ptr, topk_val, topp_ptr, topp_val, minp_ptr, minp_val, V,
+                 TEMP_PER_ROW: tl.constexpr, TOPK_PER_ROW: tl.constexpr, TOPP_PER_ROW: tl.constexpr,
+                 MINP_PER_ROW: tl.constexpr):
+    """A pooled row's temperature and filters, as select_filtered read them (listed rows are
+    never bad): (temp, inv_t, noise_scale, top_k, top_p, min_p, use_k, use_p, use_minp, filtered)."""
+    temp = load_row_param(temp_ptr, temp_val, row, mask, tl.float32, TEMP_PER_ROW)
+    inv_t, noise_scale, greedy, _bad = row_temperature(temp)
+    top_k = load_row_param(topk_ptr, topk_val, row, mask, tl.int32, TOPK_PER_ROW)
+    top_p = load_row_param(topp_ptr, topp_val, row, mask, tl.float32, TOPP_PER_ROW)
+    min_p = load_row_param(minp_ptr, minp_val, row, mask, tl.float32, MINP_PER_ROW)
+    use_k = (top_k > 0) & (top_k < V)
+    use_p = top_p < 1.0
+    use_minp = min_p > 0.0
+    filtered = ~greedy & (use_k | use_p | use_minp) & mask
+    return temp, inv_t, noise_scale, top_k, top_p, min_p, use_k, use_p, use_minp, filtered
+
+
+@triton.jit
 def _resolve_refined_row(ps, pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, round_start, V,
                          cand_f, cand_i, base_f, base_i, n_slots, n_local, stride_shard, stride_shard_i, stride_field,
                          stride_ifield, stride_slot, need_key_ptr, scratch_f, scratch_i, scratch_t,
@@ -185,15 +203,9 @@ def _resolve_refined_row(ps, pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, ro
     lkey = tl.load(need_key_ptr + row, mask=live, other=0)
     go = live & (lkey > 0)
     if tl.max(go.to(tl.int32), axis=0) > 0:
-        temp = load_row_param(temp_ptr, temp_val, row, go, tl.float32, TEMP_PER_ROW)
-        inv_t, noise_scale, greedy, _bad = row_temperature(temp)
-        top_k = load_row_param(topk_ptr, topk_val, row, go, tl.int32, TOPK_PER_ROW)
-        top_p = load_row_param(topp_ptr, topp_val, row, go, tl.float32, TOPP_PER_ROW)
-        min_p = load_row_param(minp_ptr, minp_val, row, go, tl.float32, MINP_PER_ROW)
-        use_k = (top_k > 0) & (top_k < V)
-        use_p = top_p < 1.0
-        use_minp = min_p > 0.0
-        filtered = ~greedy & (use_k | use_p | use_minp) & go
+        temp, inv_t, noise_scale, top_k, top_p, min_p, use_k, use_p, use_minp, filtered = _row_filters(
+            row, go, temp_ptr, temp_val, topk_ptr, topk_val, topp_ptr, topp_val, minp_ptr, minp_val, V,
+            TEMP_PER_ROW, TOPK_PER_ROW, TOPP_PER_ROW, MINP_PER_ROW)
         BLOCK_S: tl.constexpr = BLOCK_U // KEEP
         bnd, _b, m, msafe, z_full, log_z_raw = row_slot_stats(
             cand_f, base_f, row, go, n_slots, n_local, stride_shard, stride_field, stride_slot, inv_t,
@@ -286,15 +298,9 @@ def resolve_kernel(pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, round_start,
     live_r = live_r & (tl.load(need_key_ptr + row, mask=live_r, other=1) == 0)  # the whole row recomputed
     if tl.max(live_r.to(tl.int32), axis=0) > 0:
         slots = ps.to(tl.int64)
-        temp = load_row_param(temp_ptr, temp_val, row, live_r, tl.float32, TEMP_PER_ROW)
-        inv_t, noise_scale, greedy, _bad = row_temperature(temp)
-        top_k = load_row_param(topk_ptr, topk_val, row, live_r, tl.int32, TOPK_PER_ROW)
-        top_p = load_row_param(topp_ptr, topp_val, row, live_r, tl.float32, TOPP_PER_ROW)
-        min_p = load_row_param(minp_ptr, minp_val, row, live_r, tl.float32, MINP_PER_ROW)
-        use_k = (top_k > 0) & (top_k < V)
-        use_p = top_p < 1.0
-        use_minp = min_p > 0.0
-        filtered = ~greedy & (use_k | use_p | use_minp) & live_r
+        temp, inv_t, noise_scale, top_k, top_p, min_p, use_k, use_p, use_minp, filtered = _row_filters(
+            row, live_r, temp_ptr, temp_val, topk_ptr, topk_val, topp_ptr, topp_val, minp_ptr, minp_val, V,
+            TEMP_PER_ROW, TOPK_PER_ROW, TOPP_PER_ROW, MINP_PER_ROW)
 
         # the rows' max and normalisers
         m2 = tl.full([BLOCK_R, BLOCK], float("-inf"), tl.float32)

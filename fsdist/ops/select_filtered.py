@@ -36,6 +36,15 @@ per kept id from the RNG contract (``noise.vocab_bits``), so the token is the on
 unfiltered argmax over the kept set would give: the same for any tile size, batch
 position, path or tensor-parallel degree.
 
+A row U cannot prove is flagged for ``fallback.py`` with a *need key*: a key at or below
+every threshold the row needs (U's min-p threshold, its k-th and N-th largest when U holds
+that many, its nucleus key when nothing restricts top-p's renormaliser; the missing logits
+can only raise each). The fallback recomputes only the tiles whose boundary reaches the key
+and runs ``finish_rows`` again over them and U's part at or above it; a row with no bound, or
+with more than REFINE_CAP such logits, gets key 0 (its whole row is recomputed). In the
+packed search a top-k row with fewer than k kept logits above B gets no k-th largest of U
+(it was not searched), hence key 0 unless min-p bounds it.
+
 Top-N logprobs: the N largest logits (lower id first among equal ones) are read off U
 when the N-th one lies above B; logprobs in the requested mode: "scaled"
 log_softmax(logits / T), "raw" log_softmax(logits), "processed" the log-probability in
