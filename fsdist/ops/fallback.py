@@ -39,7 +39,7 @@ from .layout import F_BOUNDARY, KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits
 from .parity import parity_args, parity_offsets
 from .processors import apply_processors, processor_args
-from .select_filtered import REFINE_CAP, finish_rows, order_key, row_slot_stats
+from .select_filtered import REFINE_CAP, finish_rows, kept_logits, order_key, row_slot_stats, tile_reaches
 from .top_logprobs import place_pick, top_n_normaliser
 from .utils import fast_log_ok, load_row_param, row_param_args
 
@@ -100,11 +100,25 @@ def materialize_kernel(h_ptr, w_ptr, pool_ptr, fb_count_ptr, fb_rows_ptr, round_
     n = tl.load(fb_count_ptr)
     slots = round_start + tl.arange(0, POOL)
     active = slots < n
-    rows = tl.load(fb_rows_ptr + slots, mask=active, other=0)
-    key = tl.load(need_key_ptr + rows, mask=active, other=0)
-    cand_base, _unused = parity_offsets(cand_base, 0, parity_ptr, parity_stride_f, 0, DEVICE_PARITY)
-    bnd = tl.load(cand_f + cand_base + pid_v * cand_stride_slot + rows, mask=active, other=float("-inf"))
-    active = active & ((key == 0) | ((bnd > float("-inf")) & (order_key(bnd) >= key)))
+    if tl.max(active.to(tl.int32), axis=0) > 0:  # a round past the count (most calls) stops here
+        rows = tl.load(fb_rows_ptr + slots, mask=active, other=0)
+        key = tl.load(need_key_ptr + rows, mask=active, other=0)
+        cand_base, _unused = parity_offsets(cand_base, 0, parity_ptr, parity_stride_f, 0, DEVICE_PARITY)
+        bnd = tl.load(cand_f + cand_base + pid_v * cand_stride_slot + rows, mask=active, other=float("-inf"))
+        _materialize_tile(h_ptr, w_ptr, pool_ptr, rows, active & ((key == 0) | tile_reaches(bnd, key)), pid_v,
+                          D, V_rows, vocab_size, vocab_start, stride_hb, shard_base, shard_cols,
+                          bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr,
+                          pen_stride, POOL, BLOCK_V, BLOCK_K, DOT_PRECISION, DOT_UPCAST, PEER_TABLE, NPEERS,
+                          BITMASK, SPARSE)
+
+
+@triton.jit
+def _materialize_tile(h_ptr, w_ptr, pool_ptr, rows, active, pid_v, D, V_rows, vocab_size, vocab_start, stride_hb,
+                      shard_base, shard_cols, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width,
+                      search_steps, pen_ptr, pen_stride, POOL: tl.constexpr, BLOCK_V: tl.constexpr,
+                      BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+                      PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr, BITMASK: tl.constexpr, SPARSE: tl.constexpr):
+    """Tile pid_v's logits of the pooled rows ``active`` picks, into the pool (materialize_kernel)."""
     if tl.max(active.to(tl.int32), axis=0) > 0:
         offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
         offs_k = tl.arange(0, BLOCK_K)
@@ -210,25 +224,17 @@ def _resolve_refined_row(ps, pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, ro
         bnd, _b, m, msafe, z_full, log_z_raw = row_slot_stats(
             cand_f, base_f, row, go, n_slots, n_local, stride_shard, stride_field, stride_slot, inv_t,
             BLOCK_S, KEEP, MODE)
-        reach = (bnd > float("-inf")) & (order_key(bnd) >= lkey[:, None])  # [1, BLOCK_S]: recomputed tiles
+        reach = tile_reaches(bnd, lkey[:, None])  # [1, BLOCK_S]: the recomputed tiles
         sbase = ps.to(tl.int64) * RCAP
         # U's kept logits at or above L, from the tiles that were not recomputed
-        u = tl.arange(0, BLOCK_U)
-        slot = u // KEEP
-        j = u % KEEP
-        mu = go[:, None] & (slot < n_slots)[None, :]
-        off_f = (slot // n_local) * stride_shard + (slot % n_local) * stride_slot
-        off_i = (slot // n_local) * stride_shard_i + (slot % n_local) * stride_slot
-        vals = tl.load(cand_f + base_f + (off_f + (5 + j) * stride_field)[None, :] + row[:, None], mask=mu,
-                       other=float("-inf"))
-        b_u = tl.load(cand_f + base_f + (off_f + (5 + KEEP) * stride_field)[None, :] + row[:, None], mask=mu,
-                      other=float("-inf"))
-        redone = (b_u > float("-inf")) & (order_key(b_u) >= lkey[:, None])
-        take = mu & (vals > float("-inf")) & (order_key(vals) >= lkey[:, None]) & ~redone
+        vals, ids_at, bnd_at, lanes = kept_logits(cand_f, cand_i, base_f, base_i, row, go, n_slots, n_local,
+                                                  stride_shard, stride_shard_i, stride_field, stride_ifield,
+                                                  stride_slot, BLOCK_U, KEEP)
+        redone = tile_reaches(tl.load(bnd_at, mask=lanes, other=float("-inf")), lkey[:, None])
+        take = lanes & (vals > float("-inf")) & (order_key(vals) >= lkey[:, None]) & ~redone
         pos = tl.cumsum(take.to(tl.int32), axis=1) - 1
         tl.store(scratch_f + sbase[:, None] + pos, vals, mask=take)
-        ids = tl.load(cand_i + base_i + (off_i + (1 + j) * stride_ifield)[None, :] + row[:, None], mask=take, other=-1)
-        tl.store(scratch_i + sbase[:, None] + pos, ids, mask=take)
+        tl.store(scratch_i + sbase[:, None] + pos, tl.load(ids_at, mask=take, other=-1), mask=take)
         n1 = tl.sum(take.to(tl.int32), axis=1)
         # the list of recomputed tiles (at most RCAP // TILE_V: select_filtered checked the fit)
         NEED_CAP: tl.constexpr = RCAP // TILE_V

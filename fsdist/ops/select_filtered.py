@@ -81,6 +81,32 @@ def order_key(v):
 
 
 @triton.jit
+def tile_reaches(bnd, key):
+    """Whether the fallback must recompute a tile for a row with need key ``key``: the tile's
+    boundary ``bnd`` (the largest logit it did not keep) is a real logit at or above the key.
+    One predicate for select_filtered's size estimate, materialize and resolve (fallback.py)."""
+    return (bnd > float("-inf")) & (order_key(bnd) >= key)
+
+
+@triton.jit
+def kept_logits(cand_f, cand_i, base_f, base_i, rows, active, n_slots, n_local, stride_shard, stride_shard_i,
+                stride_field, stride_ifield, stride_slot, BLOCK_U: tl.constexpr, KEEP: tl.constexpr):
+    """Each row's kept logits U, flattened slot-major to [rows, BLOCK_U] (-inf past n_slots and for
+    inactive rows), with the pointers to their ids and to each lane's slot boundary, and the
+    lanes' mask."""
+    u = tl.arange(0, BLOCK_U)
+    slot = u // KEEP
+    j = u % KEEP
+    lanes = active[:, None] & (slot < n_slots)[None, :]
+    off_f = (slot // n_local) * stride_shard + (slot % n_local) * stride_slot
+    off_i = (slot // n_local) * stride_shard_i + (slot % n_local) * stride_slot
+    slot_at = cand_f + base_f + off_f[None, :] + rows[:, None]
+    vals = tl.load(slot_at + ((5 + j) * stride_field)[None, :], mask=lanes, other=float("-inf"))
+    ids_at = cand_i + base_i + (off_i + (1 + j) * stride_ifield)[None, :] + rows[:, None]
+    return vals, ids_at, slot_at + (5 + KEEP) * stride_field, lanes
+
+
+@triton.jit
 def kth_largest_key(skeys, live, k):
     """Per row, the key (order_key) of the k-th largest live element (k >= 1, at most the live
     count). skeys: order_key - 2**31 as int32 [rows, n] (the same order in 32-bit compares,
@@ -303,16 +329,9 @@ def select_filtered_kernel(
         active = filtered & mask_r
     if tl.max(active.to(tl.int32), axis=0) > 0:
         # ---- each row's kept logits U, flattened [rows, slots * KEEP], ids, boundary, stats ----
-        u = tl.arange(0, BLOCK_U)
-        slot = u // KEEP
-        j = u % KEEP
-        mu = slot < n_slots
-        m2 = active[:, None] & mu[None, :]
-        shard_off_f = (slot // n_local) * stride_shard + (slot % n_local) * stride_slot
-        shard_off_i = (slot // n_local) * stride_shard_i + (slot % n_local) * stride_slot
-        vals = tl.load(cand_f + base_f + (shard_off_f + (5 + j) * stride_field)[None, :] + rows[:, None], mask=m2,
-                       other=float("-inf"))
-        ids_at = cand_i + base_i + (shard_off_i + (1 + j) * stride_ifield)[None, :] + rows[:, None]
+        vals, ids_at, _bnd_at, m2 = kept_logits(cand_f, cand_i, base_f, base_i, rows, active, n_slots, n_local,
+                                                stride_shard, stride_shard_i, stride_field, stride_ifield,
+                                                stride_slot, BLOCK_U, KEEP)
         # Per-slot fields (boundary, tile max and sums) on their own slot axis, a quarter of U's width.
         BLOCK_S: tl.constexpr = BLOCK_U // KEEP
         bnd, bound, m, msafe, z_full, log_z_raw = row_slot_stats(
@@ -361,8 +380,7 @@ def select_filtered_kernel(
             # it. If those tiles, recomputed whole, plus U's part at or above `lower` fit in
             # REFINE_CAP elements, the fallback recomputes only them (key `lower`); otherwise
             # it recomputes the whole row (key 0).
-            tile_need = (bnd > float("-inf")) & (order_key(bnd) >= lower[:, None])
-            n_tiles = tl.sum(tile_need.to(tl.int32), axis=1)
+            n_tiles = tl.sum(tile_reaches(bnd, lower[:, None]).to(tl.int32), axis=1)
             n_u = tl.sum(((vals > float("-inf")) & (order_key(vals) >= lower[:, None])).to(tl.int32), axis=1)
             fits = (lower > 0) & (n_u + TILE_V * n_tiles <= REFINE_CAP)
             tl.store(need_key_ptr + rows, tl.where(fits, lower, 0), mask=need)
