@@ -67,6 +67,10 @@ MODE_SCALED, MODE_RAW, MODE_PROCESSED = 0, 1, 2
 # Most kept logits above the boundary a row may have for the packed search (else all of U
 # is searched: same results, slower). A power of two; 2,048 covers the 700-1,300 of flat rows.
 SEARCH_CAP = 2048
+# Most survivors of min-p and top-k (S) a row may have for top-p and the draw to run over S packed
+# into this many lanes (no top-p search: pairwise masses); else over the searched elements as they
+# are (same results up to the order of fp32 sums). A power of two >= 32; 0 turns it off (tests).
+SMALL_CAP = 128
 # Most logits the fallback may gather for one row to finish it from a few recomputed tiles
 # (fallback.py): U's part at or above the row's lower bound plus the tiles it must recompute.
 # A power of two; a row over it has its whole logits row recomputed instead.
@@ -107,13 +111,26 @@ def kept_logits(cand_f, cand_i, base_f, base_i, rows, active, n_slots, n_local, 
 
 
 @triton.jit
+def live_key_range(skeys, live):
+    """Per row, the order keys (int64) of the smallest and the largest live element (skeys as in
+    kth_largest_key), and how many elements are live."""
+    kmin = tl.min(tl.where(live, skeys, 2147483647), axis=1).to(tl.int64) + 2147483648
+    kmax = tl.max(tl.where(live, skeys, -2147483648), axis=1).to(tl.int64) + 2147483648
+    return kmin, kmax, tl.sum(live.to(tl.int32), axis=1)
+
+
+@triton.jit
 def kth_largest_key(skeys, live, k):
     """Per row, the key (order_key) of the k-th largest live element (k >= 1, at most the live
-    count). skeys: order_key - 2**31 as int32 [rows, n] (the same order in 32-bit compares,
-    half the work of int64 ones in every step); live: [rows, n]; k: [rows]."""
-    lo = tl.zeros(k.shape, tl.int64)  # count(keys >= lo) >= k
-    hi = tl.full(k.shape, 4294967296, tl.int64)  # count(keys >= hi) < k
-    for _ in range(32):
+    count; 0 for a row with nothing live). skeys: order_key - 2**31 as int32 [rows, n] (the same
+    order in 32-bit compares, half the work of int64 ones in every step); live: [rows, n]; k: [rows].
+
+    Bisection between the row's smallest and largest live keys, not over all 2**32 keys: the
+    logits of one row span a few exponents, so ~20-24 steps instead of 32 (same answer)."""
+    kmin, kmax, n_live = live_key_range(skeys, live)
+    lo = tl.where(n_live > 0, kmin, 0)  # count(keys >= lo) >= k
+    hi = tl.where(n_live > 0, kmax + 1, 1)  # count(keys >= hi) < k
+    while tl.max(hi - lo, axis=0) > 1:
         mid = (lo + hi) // 2  # in [0, 2**32): its signed twin fits int32
         n = tl.sum((live & (skeys >= (mid - 2147483648).to(tl.int32)[:, None])).to(tl.int32), axis=1)
         big = n >= k
@@ -125,34 +142,99 @@ def kth_largest_key(skeys, live, k):
 @triton.jit
 def nucleus_key(skeys, mass, live, target, floor):
     """Per row, the smallest key x > floor such that the mass of live elements with key > x is
-    < target (skeys as in kth_largest_key; the result is an order_key). floor: int64 [rows], a
-    key known to fail the predicate: -1 when nothing is known; the fallback passes one below
-    its proven lower bound, which also holds the answer there under fp32 rounding."""
-    lo = floor  # predicate false (or below every key)
-    hi = tl.full(target.shape, 4294967295, tl.int64)  # true: nothing lies above the largest key
-    for _ in range(32):
+    < target (skeys as in kth_largest_key; the result is an order_key; 2**32 - 1 when no x
+    qualifies). floor: int64 [rows], a key known to fail the predicate: -1 when nothing is
+    known; the fallback passes one below its proven lower bound, which also holds the answer
+    there under fp32 rounding.
+
+    The mass above x only changes at live keys, so the answer is floor + 1 or a live key: the
+    bisection runs between max(floor, smallest live key - 1) and the largest live key (~20-24
+    steps instead of 32); when even the whole live mass is < target the answer is floor + 1."""
+    kmin, kmax, n_live = live_key_range(skeys, live)
+    total = tl.sum(tl.where(live, mass, 0.0), axis=1)  # the mass above any key below kmin
+    lo = tl.where(n_live > 0, tl.maximum(floor, kmin - 1), floor)  # predicate false (or below every key)
+    hi = tl.where((n_live > 0) & (target > 0.0), kmax, 4294967295)  # true: nothing lies above kmax
+    hi = tl.maximum(hi, lo + 1)  # every live key at or below floor: the answer is floor + 1
+    early = (lo > floor) & (total < target)  # already true below the smallest live key
+    while tl.max(hi - lo, axis=0) > 1:
         mid = (lo + hi) // 2  # in [0, 2**32 - 1)
         above = tl.sum(tl.where(live & (skeys > (mid - 2147483648).to(tl.int32)[:, None]), mass, 0.0), axis=1)
         ok = above < target
-        hi = tl.where(ok, mid, hi)
-        lo = tl.where(ok, lo, mid)
-    return hi
+        go = hi - lo > 1  # rows already settled stay (a floor that passes the predicate would sink hi to it)
+        hi = tl.where(ok & go, mid, hi)
+        lo = tl.where(ok | ~go, lo, mid)
+    return tl.where(early, floor + 1, hi)
+
+
+@triton.jit
+def nucleus_key_small(sv_at, n_s, keys, mass, live, msafe, inv_t, target, floor, SMALL: tl.constexpr,
+                      CHUNK: tl.constexpr):
+    """nucleus_key without a search, for rows whose live elements (at most SMALL) are stored at
+    sv_at [rows] + [0, n_s): each element's strictly-larger mass, summed pairwise chunk by chunk,
+    and the smallest qualifying key (floor + 1 or a live key, as in nucleus_key). keys / mass /
+    live: the same elements as [rows, SMALL] (lane i = element i)."""
+    skeys = (keys - 2147483648).to(tl.int32)  # 32-bit compares, as in the searches
+    above = tl.zeros(mass.shape, tl.float32)
+    for c in tl.static_range(SMALL // CHUNK):
+        j = c * CHUNK + tl.arange(0, CHUNK)
+        vj = tl.load(sv_at[:, None] + j[None, :], mask=j[None, :] < n_s[:, None], other=float("-inf"))
+        lj = vj > float("-inf")
+        kj = (order_key(vj) - 2147483648).to(tl.int32)
+        mj = tl.where(lj, tl.exp((vj - msafe[:, None]) * inv_t[:, None]), 0.0)
+        gt = lj[:, None, :] & (kj[:, None, :] > skeys[:, :, None])
+        above += tl.sum(tl.where(gt, mj[:, None, :], 0.0), axis=2)
+    low = tl.sum(tl.where(live & (keys > (floor + 1)[:, None]), mass, 0.0), axis=1)  # mass above floor + 1
+    ok = live & (keys > floor[:, None]) & (above < target[:, None])
+    best = tl.min(tl.where(ok, keys, 4294967295), axis=1)
+    return tl.where(low < target, floor + 1, best)
+
+
+@triton.jit
+def draw_token(vals, ids, keys, mass, live, key_t, noise_scale, seed, offset, FAST_LOG: tl.constexpr):
+    """(token, mass of the kept set, the token's logit) of each row: the argmax of logit + T * Gumbel
+    (the contract's noise for each id) over the live elements with key >= key_t."""
+    kept = live & (keys >= key_t[:, None])
+    g = gumbel_from_bits(vocab_bits(seed[:, None], offset[:, None], ids), FAST_LOG)
+    score = tl.where(kept, perturb(vals, noise_scale[:, None], g, FAST_LOG), float("-inf"))
+    best = tl.max(score, axis=1)
+    tok = tl.min(tl.where(kept & (score == best[:, None]), ids, 2147483647), axis=1)
+    z_kept = tl.sum(tl.where(kept, mass, 0.0), axis=1)
+    l_tok = tl.max(tl.where(kept & (ids == tok[:, None]), vals, float("-inf")), axis=1)
+    return tok, z_kept, l_tok
+
+
+@triton.jit
+def _top_p_and_draw(vals, ids, keys, skeys, mass, live, in_s, key_s, use_p, any_p, target, floor_key, noise_scale,
+                    seed, offset, FAST_LOG: tl.constexpr):
+    """finish_rows' top-p (a search over S's elements in place) and draw: (key_t, token, kept mass, its logit)."""
+    if any_p:
+        key_p = nucleus_key(skeys, mass, in_s, target, floor_key)
+    else:
+        key_p = tl.zeros(key_s.shape, tl.int64)
+    key_t = tl.where(use_p, tl.maximum(key_s, key_p), key_s)
+    # the token: argmax over the kept ids of logit + T * Gumbel, with the contract's noise
+    tok, z_kept, l_tok = draw_token(vals, ids, keys, mass, live, key_t, noise_scale, seed, offset, FAST_LOG)
+    return key_t, tok, z_kept, l_tok
 
 
 @triton.jit
 def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
                 inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, floor_key,
                 seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
+                small_f, small_i, small_base,
                 SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TOP_N: tl.constexpr,
-                TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr):
+                TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr,
+                SMALL: tl.constexpr = 0, SMALL_CHUNK: tl.constexpr = 32):
     """Thresholds, proof, token, logprobs and top-N of each row from its kept logits ``vals`` /
     ``ids`` [rows, n] (-inf = empty): all of U, or only its elements above the boundary (the
     same outcome: see the module docstring). The fallback calls it too, on a row's logits at or
     above a proven lower bound (``fallback.py``: bkey and floor_key one below that bound).
 
-    Writes the proven rows' tokens, logprobs and top-N; returns (need, lower): the rows the
-    kept logits could not finish, and for each a key at or below every threshold it needs
-    (its min-p / top-k / top-p thresholds and its N-th largest logit; 0 = no bound known)."""
+    Writes the proven rows' tokens, logprobs and top-N; returns (need, lower, small): the rows the
+    kept logits could not finish, for each a key at or below every threshold it needs (its
+    min-p / top-k / top-p thresholds and its N-th largest logit; 0 = no bound known), and whether
+    top-p and the draw ran over S packed into SMALL lanes (small_f / small_i at small_base
+    [rows], int64 element offsets; SMALL = 0: never)."""
     BLOCK_R: tl.constexpr = vals.shape[0]
     live = vals > float("-inf")
     keys = order_key(vals)
@@ -178,29 +260,50 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
     s_known = k_known | (key_minp > bkey)
     in_s = live & (keys >= key_s[:, None])
     z_s = tl.where(key_s > 0, tl.sum(tl.where(in_s, mass, 0.0), axis=1), z_full)
-    if tl.max((use_p & active).to(tl.int32), axis=0) > 0:
-        key_p = nucleus_key(skeys, mass, in_s, top_p * z_s, floor_key)
-    else:
-        key_p = tl.zeros([BLOCK_R], tl.int64)
-    key_t = tl.where(use_p, tl.maximum(key_s, key_p), key_s)
-    # Top-p renormalises over S: its sum comes from U only if S lies above B.
-    proven = complete | (s_known & (key_t > bkey) & (~use_p | (key_s == 0) | (key_s > bkey)))
-
-    # ---- the token: argmax over the kept ids of logit + T * Gumbel, with the contract's noise ----
-    kept = live & (keys >= key_t[:, None])
+    any_p = tl.max((use_p & active).to(tl.int32), axis=0) > 0
     seed = load_row_param(seed_ptr, seed_val, rows, mask_r, tl.int64, SEED_PER_ROW)
     offset = load_row_param(offset_ptr, offset_val, rows, mask_r, tl.int64, OFFSET_PER_ROW)
-    g = gumbel_from_bits(vocab_bits(seed[:, None], offset[:, None], ids), FAST_LOG)
-    score = tl.where(kept, perturb(vals, noise_scale[:, None], g, FAST_LOG), float("-inf"))
-    best = tl.max(score, axis=1)
-    tok = tl.min(tl.where(kept & (score == best[:, None]), ids, 2147483647), axis=1)
+    # S (the survivors of min-p and top-k) is what top-p and the draw look at. When it is small in
+    # every row of the program (top-k rows: about k), it is packed into SMALL lanes first: top-p
+    # then needs no search (pairwise masses) and the noise runs over SMALL ids, not all of vals.
+    n_s = tl.sum(in_s.to(tl.int32), axis=1)
+    used = n_s < 0  # [rows] all False: whether the packed survivors served
+    if SMALL > 0:  # (a constexpr test first: the packed branch does not compile with SMALL = 0)
+        small = tl.max(n_s, axis=0) <= SMALL
+        if small:
+            pos = tl.cumsum(in_s.to(tl.int32), axis=1) - 1
+            tl.store(small_f + small_base[:, None] + pos, vals, mask=in_s)
+            tl.store(small_i + small_base[:, None] + pos, ids, mask=in_s)
+            tl.debug_barrier()  # read back by other threads of this program
+            c = tl.arange(0, SMALL)
+            cm = c[None, :] < n_s[:, None]
+            sv = tl.load(small_f + small_base[:, None] + c[None, :], mask=cm, other=float("-inf"))
+            si = tl.load(small_i + small_base[:, None] + c[None, :], mask=cm, other=-1)
+            s_live = sv > float("-inf")
+            s_keys = order_key(sv)
+            s_mass = tl.where(s_live, tl.exp((sv - msafe[:, None]) * inv_t[:, None]), 0.0)
+            if any_p:
+                key_p = nucleus_key_small(small_f + small_base, n_s, s_keys, s_mass, s_live, msafe, inv_t,
+                                          top_p * z_s, floor_key, SMALL, SMALL_CHUNK)
+            else:
+                key_p = tl.zeros([BLOCK_R], tl.int64)
+            key_t = tl.where(use_p, tl.maximum(key_s, key_p), key_s)
+            tok, z_kept, l_tok = draw_token(sv, si, s_keys, s_mass, s_live, key_t, noise_scale, seed, offset,
+                                            FAST_LOG)
+            used = used | small
+        else:
+            key_t, tok, z_kept, l_tok = _top_p_and_draw(vals, ids, keys, skeys, mass, live, in_s, key_s, use_p, any_p,
+                                                        top_p * z_s, floor_key, noise_scale, seed, offset, FAST_LOG)
+    else:
+        key_t, tok, z_kept, l_tok = _top_p_and_draw(vals, ids, keys, skeys, mass, live, in_s, key_s, use_p, any_p,
+                                                    top_p * z_s, floor_key, noise_scale, seed, offset, FAST_LOG)
+    # Top-p renormalises over S: its sum comes from U only if S lies above B.
+    proven = complete | (s_known & (key_t > bkey) & (~use_p | (key_s == 0) | (key_s > bkey)))
     done = filtered & proven & mask_r
     tl.store(tokens_ptr + rows, tok.to(tl.int64), mask=done)
     pending = filtered & ~proven & mask_r
     tl.store(tokens_ptr + rows, -1, mask=pending)  # the fallback writes it
-    z_kept = tl.sum(tl.where(kept, mass, 0.0), axis=1)
     if LOGPROBS:
-        l_tok = tl.max(tl.where(kept & (ids == tok[:, None]), vals, float("-inf")), axis=1)
         if MODE == 1:
             lp = (l_tok - msafe) - log_z_raw
         elif MODE == 2:
@@ -257,7 +360,7 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
         # The fallback rewrites the top-N of every row it finishes (in "processed" mode they
         # depend on the threshold it finds), so it needs the N-th largest too.
         lower = tl.where(need, tl.minimum(lower, topn_key), lower)
-    return need, lower
+    return need, lower, used
 
 
 @triton.jit
@@ -292,12 +395,14 @@ def select_filtered_kernel(
     topk_ptr, topk_val, topp_ptr, topp_val, minp_ptr, minp_val,
     vocab_size,
     tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr, fallback_ptr, need_key_ptr, scratch_f, scratch_i, searched_ptr,
+    small_f, small_i, drew_ptr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
     TOPK_PER_ROW: tl.constexpr, TOPP_PER_ROW: tl.constexpr, MINP_PER_ROW: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_U: tl.constexpr, KEEP: tl.constexpr, TOP_N: tl.constexpr,
     TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr,
     DEVICE_PARITY: tl.constexpr, PACK: tl.constexpr = False, CAP: tl.constexpr = 1,
     SEARCHED: tl.constexpr = False, TILE_V: tl.constexpr = 128, REFINE_CAP: tl.constexpr = 4096,
+    SMALL_CAP: tl.constexpr = 0, DREW: tl.constexpr = False, SMALL_CHUNK: tl.constexpr = 32,
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rows < B
@@ -359,21 +464,27 @@ def select_filtered_kernel(
             c = tl.arange(0, CAP)
             cm = c[None, :] < n_up[:, None]
             at = rows[:, None].to(tl.int64) * CAP + c[None, :]
-            need, lower = finish_rows(
+            need, lower, drew_small = finish_rows(
                 tl.load(scratch_f + at, mask=cm, other=float("-inf")), tl.load(scratch_i + at, mask=cm, other=-1),
                 rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
                 inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, no_floor, seed_ptr, seed_val,
                 offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
-                SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG)
+                small_f, small_i, rows.to(tl.int64) * SMALL_CAP,
+                SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, SMALL_CAP,
+                SMALL_CHUNK)
         else:
-            need, lower = finish_rows(
+            need, lower, drew_small = finish_rows(
                 vals, tl.load(ids_at, mask=m2, other=-1),
                 rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
                 inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, no_floor, seed_ptr, seed_val,
                 offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
-                SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG)
+                small_f, small_i, rows.to(tl.int64) * SMALL_CAP,
+                SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, SMALL_CAP,
+                SMALL_CHUNK)
+        if DREW:  # instrumentation: 1 where top-p and the draw ran over the packed survivors
+            tl.store(drew_ptr + rows, tl.where(drew_small, 1, 0), mask=mask_r)
         need = need & mask_r
-        tl.store(fallback_ptr + rows, need.to(tl.int8), mask=mask_r)
+        tl.store(fallback_ptr + rows, need, mask=mask_r)
         if tl.max(need.to(tl.int32), axis=0) > 0:
             # ---- how the fallback finishes each such row (fallback.py) ----
             # Every logit at or above `lower` lies in U or in a tile whose boundary is at or above
@@ -384,17 +495,22 @@ def select_filtered_kernel(
             n_u = tl.sum(((vals > float("-inf")) & (order_key(vals) >= lower[:, None])).to(tl.int32), axis=1)
             fits = (lower > 0) & (n_u + TILE_V * n_tiles <= REFINE_CAP)
             tl.store(need_key_ptr + rows, tl.where(fits, lower, 0), mask=need)
+    else:
+        # Every row's flag is written here (the caller allocates them uninitialised: no fill launch).
+        tl.store(fallback_ptr + rows, tl.zeros([BLOCK_R], tl.int1), mask=mask_r)
 
 
 def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int, params: RowParams, *,
                            vocab_size: int, tokens: torch.Tensor, logprobs=None, top_n: int = 0,
                            mode: str = "scaled", top_ids=None, top_lp=None, cap: int = None, searched=None,
-                           tile_v: int = 128, need_key=None, refine_cap: int = None):
+                           tile_v: int = 128, need_key=None, refine_cap: int = None, small_cap: int = None,
+                           drew_small=None):
     """Finish filtered rows and top-N logprobs from an extended candidate buffer ``src``, after
     launch_merge wrote ``tokens`` (and ``logprobs``) for every row.
 
     Overwrites the tokens / logprobs of filtered rows it proves, fills ``top_ids`` /
-    ``top_lp`` [B, top_n], and returns the rows the fallback must finish: int8 [B] flags.
+    ``top_lp`` [B, top_n], and returns the rows the fallback must finish: bool [B] flags
+    (``SampleOutput.fallback`` as it is; every row's flag written by the kernel).
     need_key: int64 [B], receives for each flagged row what the fallback recomputes
     (fallback.py): the key of a lower bound on everything the row needs (only the tiles whose
     boundary reaches it), or 0 (the whole row). tile_v: the vocabulary tile of stage 1 (the
@@ -402,12 +518,14 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     cap: how many kept logits above the boundary a row may have for the packed search
     (default SEARCH_CAP, at most half of U's padded size; 0 searches all of U, which gives the
     same results: tests, probes); ``searched``, an int32 [B] tensor, receives how many kept
-    logits each row's search ran over (-1: all of U).
+    logits each row's search ran over (-1: all of U). small_cap: SMALL_CAP unless set (0: top-p
+    and the draw always over the searched elements; tests); ``drew_small``, an int32 [B] tensor,
+    receives 1 where they ran over the packed survivors (else 0).
     """
     if not layout.extended:
         raise ValueError("filters and top-N logprobs need an extended candidate layout (layout.fields(extended=True))")
     device = src.f.device
-    fallback = torch.zeros(batch, dtype=torch.int8, device=device)
+    fallback = torch.empty(batch, dtype=torch.bool, device=device)
     if batch == 0:
         return fallback
     dummy = src.i
@@ -427,16 +545,26 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     if cap < 0 or cap & (cap - 1):
         raise ValueError(f"cap must be 0 or a power of two, got {cap}")
     cap = min(cap, block_u // 2)  # a search over more than half of U saves too little to pack
+    if cap == 1 and on_gpu:
+        cap = 2  # Triton 3.6 fails to compile a one-lane pack for sm_90 (same results with 2)
     if searched is not None and (searched.dtype != torch.int32 or searched.numel() < batch):
         raise ValueError(f"searched must be an int32 tensor of at least {batch} elements")
+    if drew_small is not None and (drew_small.dtype != torch.int32 or drew_small.numel() < batch):
+        raise ValueError(f"drew_small must be an int32 tensor of at least {batch} elements")
     if need_key is None:
         need_key = torch.empty(batch, dtype=torch.int64, device=device)
     elif need_key.dtype != torch.int64 or need_key.numel() < batch:
         raise ValueError(f"need_key must be an int64 tensor of at least {batch} elements")
     refine_cap = REFINE_CAP if refine_cap is None else refine_cap
-    # [B, cap] scratch for the packed kept logits (fp32 values, int32 ids): O(B), never O(B x V).
+    # [B, cap] scratch for the packed kept logits and [B, small] for the packed survivors (fp32
+    # values, int32 ids): O(B), never O(B x V).
     scratch_f = torch.empty(max(batch * cap, 1), dtype=torch.float32, device=device)
     scratch_i = torch.empty(max(batch * cap, 1), dtype=torch.int32, device=device)
+    small = SMALL_CAP if small_cap is None else small_cap
+    if small and (small < 32 or small & (small - 1)):
+        raise ValueError(f"small_cap must be 0 or a power of two >= 32, got {small}")
+    small_f = torch.empty(max(batch * small, 1), dtype=torch.float32, device=device)
+    small_i = torch.empty(max(batch * small, 1), dtype=torch.int32, device=device)
     select_filtered_kernel[(triton.cdiv(batch, block_r),)](
         src.f, src.i, src.base_f, src.base_i, par_p, par_f, par_i,
         batch, layout.n_slots, layout.n_local, layout.stride_shard, layout.stride_shard_i, layout.stride_field,
@@ -444,12 +572,17 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         *args, vocab_size,
         tokens, logprobs if logprobs is not None else dummy,
         top_ids if top_ids is not None else dummy, top_lp if top_lp is not None else dummy,
-        fallback, need_key, scratch_f, scratch_i, searched if searched is not None else dummy,
+        fallback, need_key, scratch_f, scratch_i, searched if searched is not None else dummy, small_f, small_i,
+        drew_small if drew_small is not None else dummy,
         **flags,
         BLOCK_R=block_r, BLOCK_U=block_u, KEEP=KEEP, TOP_N=top_n,
         TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)), MODE=LOGPROBS_MODES.index(mode),
         LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device), DEVICE_PARITY=par_on,
         PACK=cap > 0, CAP=max(cap, 1), SEARCHED=searched is not None, TILE_V=tile_v, REFINE_CAP=refine_cap,
+        SMALL_CAP=small, DREW=drew_small is not None,
+        # pairwise top-p in [rows, small, chunk] steps: the interpreter's many-row programs stay under
+        # Triton's 2**20-element tensors
+        SMALL_CHUNK=32 if on_gpu else max(1, min(32, 2 ** 20 // max(1, block_r * small))),
         num_warps=16 if on_gpu else 4,
     )
     return fallback
