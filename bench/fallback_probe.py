@@ -42,8 +42,7 @@ class NeedKeys:
     def __enter__(self):
         def wrapped(*a, **k):
             self.orig(*a, **k)
-            n = int(k["fb_count"][0])
-            self.keys = k["kept"].need_key[k["fb_rows"][:n].long()].cpu()
+            self.keys = k["kept"].need_key[k["flags"]].cpu()
         sampling.run_fallback = wrapped
         return self
 

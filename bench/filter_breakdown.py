@@ -12,7 +12,7 @@ import torch
 import fsdist
 import fsdist.sampling as sampling
 
-STEPS = ("launch_stage1", "launch_merge", "launch_select_filtered", "compact_rows", "run_fallback")
+STEPS = ("launch_stage1", "launch_merge", "launch_select_filtered", "run_fallback")
 
 
 def main():

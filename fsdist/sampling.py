@@ -13,7 +13,7 @@ import torch
 from . import processing as proc
 from . import rows, validation
 from .ops.configs import TileConfig
-from .ops.fallback import KeptLogits, compact_rows, run_fallback
+from .ops.fallback import KeptLogits, run_fallback
 from .ops.layout import BufferPair
 from .ops.merge_candidates import launch_merge
 from .ops.plan import launch_stage1, plan_sample
@@ -129,9 +129,7 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
             plan.layout, buffers, B, params, vocab_size=vocab_size, tokens=tokens, logprobs=lp,
             top_n=top_logprobs, mode=logprobs_mode, top_ids=top_ids, top_lp=top_lp, tile_v=kept.tile_v,
             need_key=kept.need_key)
-        fb_count, fb_rows = compact_rows(fallback)
-        run_fallback(hidden, weight, params, vocab_size=vocab_size, fb_count=fb_count, fb_rows=fb_rows,
+        run_fallback(hidden, weight, params, vocab_size=vocab_size, flags=fallback,
                      tokens=tokens, kept=kept, logprobs=lp, top_n=top_logprobs, mode=logprobs_mode,
                      top_ids=top_ids, top_lp=top_lp, block_k=plan.config.block_k)
-        fallback = fallback.bool()
     return rows.unflatten_output(SampleOutput(tokens, lp, lse, top_ids, top_lp, fallback), lead)

@@ -3,10 +3,11 @@
 ``select_filtered`` flags such rows on the device and gives each a *need key*: a lower
 bound on every threshold the row needs (its min-p threshold, its k-th and N-th largest and,
 when nothing restricts top-p's renormaliser, its nucleus key, all taken over the kept logits
-U: the logits U lacks can only raise them), or 0 when U bounds nothing. ``compact_kernel``
-turns the flags into a count and an ordered list of row ids (a prefix sum: every
-tensor-parallel rank derives the same list from the same flags). The rows are then finished
-here, without the host ever learning how many there are (no synchronisation):
+U: the logits U lacks can only raise them), or 0 when U bounds nothing. Every kernel of a
+round lists its rows from the flags itself (``round_rows``: the r-th flagged row in row order,
+so every tensor-parallel rank derives the same list from the same flags; no listing launch).
+The rows are then finished here, without the host ever learning how many there are (no
+synchronisation):
 
 * ``materialize_kernel`` recomputes, for up to POOL_ROWS listed rows per *round*, the
   vocabulary tiles each row needs into a fixed workspace [POOL_ROWS, V] (the only [rows, V]
@@ -49,26 +50,35 @@ POOL_ROWS = 64
 POOL_ROWS_INTERPRETER = 256  # under the interpreter: fewer, bigger rounds
 
 
+# Flags scanned per step by the kernels that list a round's rows (a [slots, SCAN] match per step).
+SCAN = 128
+
+
 @triton.jit
-def compact_kernel(flags_ptr, B, count_ptr, rows_ptr, BLOCK: tl.constexpr):
-    """rows_ptr[:count] = the ids of the flagged rows, in increasing order (one program)."""
+def flagged_count(flags_ptr, B, SCAN: tl.constexpr):
+    """How many of the B flags (bool or int8) are set."""
+    n = tl.zeros([], tl.int32)
+    for start in range(0, B, SCAN):
+        offs = start + tl.arange(0, SCAN)
+        n += tl.sum(tl.load(flags_ptr + offs, mask=offs < B, other=0).to(tl.int32), axis=0)
+    return n
+
+
+@triton.jit
+def round_rows(flags_ptr, B, ranks, SCAN: tl.constexpr):
+    """The batch rows of the flagged rows with these ranks (int32 [n]; rank r = the r-th flagged row
+    in increasing row order, so every tensor-parallel rank lists the same rows from the same flags),
+    0 where no such row exists. Each kernel of a round derives its rows itself: no listing launch."""
+    rows = tl.zeros(ranks.shape, tl.int32)
     total = tl.zeros([], tl.int32)
-    for start in range(0, B, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
+    for start in range(0, B, SCAN):
+        offs = start + tl.arange(0, SCAN)
         f = tl.load(flags_ptr + offs, mask=offs < B, other=0).to(tl.int32)
-        pos = total + tl.cumsum(f, axis=0) - f
-        tl.store(rows_ptr + pos, offs, mask=(offs < B) & (f != 0))
+        rank = total + tl.cumsum(f, axis=0) - f
+        hit = (f != 0)[None, :] & (rank[None, :] == ranks[:, None])
+        rows += tl.sum(tl.where(hit, offs[None, :], 0), axis=1)
         total += tl.sum(f, axis=0)
-    tl.store(count_ptr, total)
-
-
-def compact_rows(flags: torch.Tensor):
-    """(count int32 [1], rows int32 [B]) of the non-zero entries of int8 flags [B] (no sync)."""
-    B = flags.shape[0]
-    count = torch.empty(1, dtype=torch.int32, device=flags.device)
-    rows = torch.empty(max(B, 1), dtype=torch.int32, device=flags.device)
-    compact_kernel[(1,)](flags, B, count, rows, BLOCK=1024, num_warps=4)
-    return count, rows
+    return rows
 
 
 @triton.jit
@@ -81,8 +91,10 @@ def _store_pool(base, off, vals, mask, PEER_TABLE: tl.constexpr, NPEERS: tl.cons
         tl.store(base + off, vals, mask=mask)
 
 
-@triton.jit
-def materialize_kernel(h_ptr, w_ptr, pool_ptr, fb_count_ptr, fb_rows_ptr, round_start,
+# B (the flag count) is never specialised: Triton compiles B = 1 as a constant, and the flag scan
+# then took resolve_kernel's compile for sm_90 from ~4 s to ~45 s (one kernel per batch size 1).
+@triton.jit(do_not_specialize=["B", "round_start"])
+def materialize_kernel(h_ptr, w_ptr, pool_ptr, flags_ptr, B, round_start,
                        D, V_rows, vocab_size, vocab_start, stride_hb, shard_base, shard_cols,
                        bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride,
                        cand_f, cand_base, parity_ptr, parity_stride_f, cand_stride_slot, need_key_ptr,
@@ -90,18 +102,18 @@ def materialize_kernel(h_ptr, w_ptr, pool_ptr, fb_count_ptr, fb_rows_ptr, round_
                        DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
                        PEER_TABLE: tl.constexpr = False, NPEERS: tl.constexpr = 1,
                        BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False,
-                       DEVICE_PARITY: tl.constexpr = False):
+                       DEVICE_PARITY: tl.constexpr = False, SCAN: tl.constexpr = 128):
     """Logits of this round's listed rows for this weight's vocabulary tile program_id(0) (stage
     1's tile: BLOCK_V ids), into the pool's block of this shard: pool[shard, slot, column]
     (through a peer table: every peer's pool). Only where a row needs the tile: its need key
     is 0 (the whole row), or the tile's boundary in the candidate buffer (at ``cand_base``:
     this shard's boundary field) reaches the key. Padding ids are not written (nothing reads them)."""
     pid_v = tl.program_id(0)
-    n = tl.load(fb_count_ptr)
-    slots = round_start + tl.arange(0, POOL)
-    active = slots < n
-    if tl.max(active.to(tl.int32), axis=0) > 0:  # a round past the count (most calls) stops here
-        rows = tl.load(fb_rows_ptr + slots, mask=active, other=0)
+    n = flagged_count(flags_ptr, B, SCAN)
+    if round_start < n:  # a round past the count (most calls) stops here
+        slots = round_start + tl.arange(0, POOL)
+        active = slots < n
+        rows = round_rows(flags_ptr, B, slots, SCAN)
         key = tl.load(need_key_ptr + rows, mask=active, other=0)
         cand_base, _unused = parity_offsets(cand_base, 0, parity_ptr, parity_stride_f, 0, DEVICE_PARITY)
         bnd = tl.load(cand_f + cand_base + pid_v * cand_stride_slot + rows, mask=active, other=float("-inf"))
@@ -197,7 +209,7 @@ def _row_filters(row, mask, temp_ptr, temp_val, topk_ptr, topk_val, topp_ptr, to
 
 
 @triton.jit
-def _resolve_refined_row(ps, pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, round_start, V,
+def _resolve_refined_row(ps, pool_ptr, shard_cols, flags_ptr, B, n_flagged, round_start, V,
                          cand_f, cand_i, base_f, base_i, n_slots, n_local, stride_shard, stride_shard_i, stride_field,
                          stride_ifield, stride_slot, need_key_ptr, scratch_f, scratch_i, scratch_t,
                          seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
@@ -207,13 +219,13 @@ def _resolve_refined_row(ps, pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, ro
                          TOPK_PER_ROW: tl.constexpr, TOPP_PER_ROW: tl.constexpr, MINP_PER_ROW: tl.constexpr,
                          TOP_N: tl.constexpr, TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr,
                          FAST_LOG: tl.constexpr, POOL: tl.constexpr, KEEP: tl.constexpr, BLOCK_U: tl.constexpr,
-                         TILE_V: tl.constexpr, RCAP: tl.constexpr):
+                         TILE_V: tl.constexpr, RCAP: tl.constexpr, SCAN: tl.constexpr):
     """Finish pool slot ``ps`` (a [1] tensor) if its row has a need key L > 0: gather every logit
     at or above L (U's kept logits from tiles that do not reach L, the recomputed tiles that
     do), then run select_filtered's thresholds over them with the boundary just below L.
     Everything a threshold looks at is there, so the row is proven (module docstring)."""
-    live = (round_start + ps < tl.load(fb_count_ptr)) & (ps < POOL)
-    row = tl.load(fb_rows_ptr + round_start + ps, mask=live, other=0)
+    live = (round_start + ps < n_flagged) & (ps < POOL)
+    row = round_rows(flags_ptr, B, round_start + ps, SCAN)
     lkey = tl.load(need_key_ptr + row, mask=live, other=0)
     go = live & (lkey > 0)
     if tl.max(go.to(tl.int32), axis=0) > 0:
@@ -263,16 +275,18 @@ def _resolve_refined_row(ps, pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, ro
         cm = go[:, None] & (c[None, :] < n_all[:, None])
         below = lkey - 1
         no = lkey < 0  # [1] False: no row here is bad, none complete
-        finish_rows(tl.load(scratch_f + sbase[:, None] + c[None, :], mask=cm, other=float("-inf")),
+        vals2 = tl.load(scratch_f + sbase[:, None] + c[None, :], mask=cm, other=float("-inf"))
+        _need, _lower, _small = finish_rows(vals2,
                     tl.load(scratch_i + sbase[:, None] + c[None, :], mask=cm, other=-1),
                     row, go, go, filtered, no, below, no, m, msafe, z_full, log_z_raw,
                     inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, below,
                     seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
-                    SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG)
+                    scratch_f, scratch_i, sbase, SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS,
+                    FAST_LOG, 0)
 
 
-@triton.jit
-def resolve_kernel(pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, round_start, V,
+@triton.jit(do_not_specialize=["B", "round_start"])
+def resolve_kernel(pool_ptr, shard_cols, flags_ptr, B, round_start, V,
                    seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
                    topk_ptr, topk_val, topp_ptr, topp_val, minp_ptr, minp_val,
                    tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
@@ -284,134 +298,137 @@ def resolve_kernel(pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr, round_start,
                    BLOCK: tl.constexpr, TOP_N: tl.constexpr, TOP_N_POW2: tl.constexpr, MODE: tl.constexpr,
                    LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr, POOL: tl.constexpr, BLOCK_R: tl.constexpr,
                    KEEP: tl.constexpr = 4, BLOCK_U: tl.constexpr = 16, TILE_V: tl.constexpr = 128,
-                   RCAP: tl.constexpr = 4096, DEVICE_PARITY: tl.constexpr = False):
+                   RCAP: tl.constexpr = 4096, DEVICE_PARITY: tl.constexpr = False, SCAN: tl.constexpr = 128):
     """BLOCK_R pooled rows per program. A row with need key 0: the thresholds of select_filtered
     over every logit of its recomputed row; any other: over its logits at or above the key
     (_resolve_refined_row)."""
     base_f, base_i = parity_offsets(base_f, base_i, parity_ptr, parity_stride_f, parity_stride_i, DEVICE_PARITY)
-    for i in range(BLOCK_R):
-        _resolve_refined_row(
-            tl.program_id(0) * BLOCK_R + i + tl.arange(0, 1), pool_ptr, shard_cols, fb_count_ptr, fb_rows_ptr,
-            round_start, V, cand_f, cand_i, base_f, base_i, n_slots, n_local, stride_shard, stride_shard_i,
-            stride_field, stride_ifield, stride_slot, need_key_ptr, scratch_f, scratch_i, scratch_t,
-            seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, topk_ptr, topk_val, topp_ptr, topp_val,
-            minp_ptr, minp_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
-            SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, TOPK_PER_ROW, TOPP_PER_ROW, MINP_PER_ROW,
-            TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, POOL, KEEP, BLOCK_U, TILE_V, RCAP)
-    ps = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # pool slots
-    live_r = (round_start + ps < tl.load(fb_count_ptr)) & (ps < POOL)
-    row = tl.load(fb_rows_ptr + round_start + ps, mask=live_r, other=0)
-    live_r = live_r & (tl.load(need_key_ptr + row, mask=live_r, other=1) == 0)  # the whole row recomputed
-    if tl.max(live_r.to(tl.int32), axis=0) > 0:
-        slots = ps.to(tl.int64)
-        temp, inv_t, noise_scale, top_k, top_p, min_p, use_k, use_p, use_minp, filtered = _row_filters(
-            row, live_r, temp_ptr, temp_val, topk_ptr, topk_val, topp_ptr, topp_val, minp_ptr, minp_val, V,
-            TEMP_PER_ROW, TOPK_PER_ROW, TOPP_PER_ROW, MINP_PER_ROW)
+    n_flagged = flagged_count(flags_ptr, B, SCAN)
+    if round_start < n_flagged:  # a round past the count (most calls) stops here
+        for i in range(BLOCK_R):
+            _resolve_refined_row(
+                tl.program_id(0) * BLOCK_R + i + tl.arange(0, 1), pool_ptr, shard_cols, flags_ptr, B, n_flagged,
+                round_start, V, cand_f, cand_i, base_f, base_i, n_slots, n_local, stride_shard, stride_shard_i,
+                stride_field, stride_ifield, stride_slot, need_key_ptr, scratch_f, scratch_i, scratch_t,
+                seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, topk_ptr, topk_val, topp_ptr, topp_val,
+                minp_ptr, minp_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
+                SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, TOPK_PER_ROW, TOPP_PER_ROW, MINP_PER_ROW,
+                TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, POOL, KEEP, BLOCK_U, TILE_V, RCAP, SCAN)
+        ps = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # pool slots
+        live_r = (round_start + ps < n_flagged) & (ps < POOL)
+        row = round_rows(flags_ptr, B, round_start + ps, SCAN)
+        live_r = live_r & (tl.load(need_key_ptr + row, mask=live_r, other=1) == 0)  # the whole row recomputed
+        if tl.max(live_r.to(tl.int32), axis=0) > 0:
+            slots = ps.to(tl.int64)
+            temp, inv_t, noise_scale, top_k, top_p, min_p, use_k, use_p, use_minp, filtered = _row_filters(
+                row, live_r, temp_ptr, temp_val, topk_ptr, topk_val, topp_ptr, topp_val, minp_ptr, minp_val, V,
+                TEMP_PER_ROW, TOPK_PER_ROW, TOPP_PER_ROW, MINP_PER_ROW)
 
-        # the rows' max and normalisers
-        m2 = tl.full([BLOCK_R, BLOCK], float("-inf"), tl.float32)
-        for c in range(0, V, BLOCK):
-            offs = c + tl.arange(0, BLOCK)
-            m2 = tl.maximum(m2, _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL))
-        m = tl.max(m2, axis=1)
-        m = tl.where(m == float("-inf"), 0.0, m)
-        zero = tl.zeros([BLOCK_R], tl.int64)
-        z_full = _mass_where(pool_ptr, slots, shard_cols, V, m, inv_t, zero, zero - 1, BLOCK, POOL)
-        n_live = _count_ge(pool_ptr, slots, shard_cols, V, zero, BLOCK, POOL)
+            # the rows' max and normalisers
+            m2 = tl.full([BLOCK_R, BLOCK], float("-inf"), tl.float32)
+            for c in range(0, V, BLOCK):
+                offs = c + tl.arange(0, BLOCK)
+                m2 = tl.maximum(m2, _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL))
+            m = tl.max(m2, axis=1)
+            m = tl.where(m == float("-inf"), 0.0, m)
+            zero = tl.zeros([BLOCK_R], tl.int64)
+            z_full = _mass_where(pool_ptr, slots, shard_cols, V, m, inv_t, zero, zero - 1, BLOCK, POOL)
+            n_live = _count_ge(pool_ptr, slots, shard_cols, V, zero, BLOCK, POOL)
 
-        # thresholds: exactly select_filtered's, over every logit of the rows
-        key_minp = tl.where(use_minp, order_key(m + temp * tl.log(tl.where(use_minp, min_p, 1.0))), 0)
-        kk = tl.maximum(tl.minimum(top_k, n_live), 1)
-        lo = tl.zeros([BLOCK_R], tl.int64)
-        hi = tl.full([BLOCK_R], 4294967296, tl.int64)
-        for _ in range(32):
-            mid = (lo + hi) // 2
-            big = _count_ge(pool_ptr, slots, shard_cols, V, mid, BLOCK, POOL) >= kk
-            lo = tl.where(big, mid, lo)
-            hi = tl.where(big, hi, mid)
-        key_s = tl.where(use_k, tl.maximum(key_minp, lo), key_minp)
-        z_s = tl.where(key_s > 0, _mass_where(pool_ptr, slots, shard_cols, V, m, inv_t, key_s, zero - 1, BLOCK, POOL),
-                       z_full)
-        lo2 = tl.full([BLOCK_R], -1, tl.int64)
-        hi2 = tl.full([BLOCK_R], 4294967295, tl.int64)
-        for _ in range(32):
-            mid = (lo2 + hi2) // 2
-            ok = _mass_where(pool_ptr, slots, shard_cols, V, m, inv_t, key_s, mid, BLOCK, POOL) < top_p * z_s
-            hi2 = tl.where(ok, mid, hi2)
-            lo2 = tl.where(ok, lo2, mid)
-        key_t = tl.where(use_p, tl.maximum(key_s, hi2), key_s)
+            # thresholds: exactly select_filtered's, over every logit of the rows
+            key_minp = tl.where(use_minp, order_key(m + temp * tl.log(tl.where(use_minp, min_p, 1.0))), 0)
+            kk = tl.maximum(tl.minimum(top_k, n_live), 1)
+            lo = tl.zeros([BLOCK_R], tl.int64)
+            hi = tl.full([BLOCK_R], 4294967296, tl.int64)
+            for _ in range(32):
+                mid = (lo + hi) // 2
+                big = _count_ge(pool_ptr, slots, shard_cols, V, mid, BLOCK, POOL) >= kk
+                lo = tl.where(big, mid, lo)
+                hi = tl.where(big, hi, mid)
+            key_s = tl.where(use_k, tl.maximum(key_minp, lo), key_minp)
+            z_s = tl.where(key_s > 0,
+                           _mass_where(pool_ptr, slots, shard_cols, V, m, inv_t, key_s, zero - 1, BLOCK, POOL),
+                           z_full)
+            lo2 = tl.full([BLOCK_R], -1, tl.int64)
+            hi2 = tl.full([BLOCK_R], 4294967295, tl.int64)
+            for _ in range(32):
+                mid = (lo2 + hi2) // 2
+                ok = _mass_where(pool_ptr, slots, shard_cols, V, m, inv_t, key_s, mid, BLOCK, POOL) < top_p * z_s
+                hi2 = tl.where(ok, mid, hi2)
+                lo2 = tl.where(ok, lo2, mid)
+            key_t = tl.where(use_p, tl.maximum(key_s, hi2), key_s)
 
-        # the token (filtered rows): argmax over the kept ids of logit + T * Gumbel
-        seed = load_row_param(seed_ptr, seed_val, row, live_r, tl.int64, SEED_PER_ROW)
-        offset = load_row_param(offset_ptr, offset_val, row, live_r, tl.int64, OFFSET_PER_ROW)
-        # per column position: the best perturbed score so far, its id and logit (an earlier,
-        # lower-id chunk keeps ties), then one reduction over positions (lowest id on ties)
-        best2 = tl.full([BLOCK_R, BLOCK], float("-inf"), tl.float32)
-        id2 = tl.full([BLOCK_R, BLOCK], 2147483647, tl.int32)
-        lv2 = tl.full([BLOCK_R, BLOCK], float("-inf"), tl.float32)
-        zk2 = tl.zeros([BLOCK_R, BLOCK], tl.float32)
-        zr2 = tl.zeros([BLOCK_R, BLOCK], tl.float32)
-        for c in range(0, V, BLOCK):
-            offs = c + tl.arange(0, BLOCK)
-            v = _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL)
-            kept = (v > float("-inf")) & (order_key(v) >= key_t[:, None])
-            g = gumbel_from_bits(vocab_bits(seed[:, None], offset[:, None], offs[None, :]), FAST_LOG)
-            score = tl.where(kept, perturb(v, noise_scale[:, None], g, FAST_LOG), float("-inf"))
-            take = score > best2
-            best2 = tl.where(take, score, best2)
-            id2 = tl.where(take, offs[None, :], id2)
-            lv2 = tl.where(take, v, lv2)
-            zk2 += tl.where(kept, tl.exp((v - m[:, None]) * inv_t[:, None]), 0.0)
-            zr2 += tl.where(v > float("-inf"), tl.exp(v - m[:, None]), 0.0)
-        best = tl.max(best2, axis=1)
-        tok = tl.min(tl.where(best2 == best[:, None], id2, 2147483647), axis=1)
-        l_tok = tl.max(tl.where(id2 == tok[:, None], lv2, float("-inf")), axis=1)
-        z_kept = tl.sum(zk2, axis=1)
-        z_raw = tl.sum(zr2, axis=1)
-        tl.store(tokens_ptr + row, tok.to(tl.int64), mask=filtered)
-        if LOGPROBS:
-            if MODE == 1:
-                lp = (l_tok - m) - tl.log(z_raw)
-            elif MODE == 2:
-                lp = (l_tok - m) * inv_t - tl.log(z_kept)
-            else:
-                lp = (l_tok - m) * inv_t - tl.log(z_full)
-            tl.store(logprob_ptr + row, lp, mask=filtered)
+            # the token (filtered rows): argmax over the kept ids of logit + T * Gumbel
+            seed = load_row_param(seed_ptr, seed_val, row, live_r, tl.int64, SEED_PER_ROW)
+            offset = load_row_param(offset_ptr, offset_val, row, live_r, tl.int64, OFFSET_PER_ROW)
+            # per column position: the best perturbed score so far, its id and logit (an earlier,
+            # lower-id chunk keeps ties), then one reduction over positions (lowest id on ties)
+            best2 = tl.full([BLOCK_R, BLOCK], float("-inf"), tl.float32)
+            id2 = tl.full([BLOCK_R, BLOCK], 2147483647, tl.int32)
+            lv2 = tl.full([BLOCK_R, BLOCK], float("-inf"), tl.float32)
+            zk2 = tl.zeros([BLOCK_R, BLOCK], tl.float32)
+            zr2 = tl.zeros([BLOCK_R, BLOCK], tl.float32)
+            for c in range(0, V, BLOCK):
+                offs = c + tl.arange(0, BLOCK)
+                v = _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL)
+                kept = (v > float("-inf")) & (order_key(v) >= key_t[:, None])
+                g = gumbel_from_bits(vocab_bits(seed[:, None], offset[:, None], offs[None, :]), FAST_LOG)
+                score = tl.where(kept, perturb(v, noise_scale[:, None], g, FAST_LOG), float("-inf"))
+                take = score > best2
+                best2 = tl.where(take, score, best2)
+                id2 = tl.where(take, offs[None, :], id2)
+                lv2 = tl.where(take, v, lv2)
+                zk2 += tl.where(kept, tl.exp((v - m[:, None]) * inv_t[:, None]), 0.0)
+                zr2 += tl.where(v > float("-inf"), tl.exp(v - m[:, None]), 0.0)
+            best = tl.max(best2, axis=1)
+            tok = tl.min(tl.where(best2 == best[:, None], id2, 2147483647), axis=1)
+            l_tok = tl.max(tl.where(id2 == tok[:, None], lv2, float("-inf")), axis=1)
+            z_kept = tl.sum(zk2, axis=1)
+            z_raw = tl.sum(zr2, axis=1)
+            tl.store(tokens_ptr + row, tok.to(tl.int64), mask=filtered)
+            if LOGPROBS:
+                if MODE == 1:
+                    lp = (l_tok - m) - tl.log(z_raw)
+                elif MODE == 2:
+                    lp = (l_tok - m) * inv_t - tl.log(z_kept)
+                else:
+                    lp = (l_tok - m) * inv_t - tl.log(z_full)
+                tl.store(logprob_ptr + row, lp, mask=filtered)
 
-        if TOP_N > 0:
-            log_z, scale = top_n_normaliser(tl.log(z_raw), tl.log(z_full), tl.log(z_kept), filtered, inv_t, MODE)
-            n = tl.arange(0, TOP_N_POW2)
-            out_ids = tl.full([BLOCK_R, TOP_N_POW2], -1, tl.int64)
-            out_lp = tl.full([BLOCK_R, TOP_N_POW2], float("-inf"), tl.float32)
-            # the previous pick as (key, id): the next is the largest after it in (key desc, id asc)
-            prev_key = tl.full([BLOCK_R], 4294967296, tl.int64)
-            prev_id = tl.full([BLOCK_R], -1, tl.int32)
-            for t in tl.static_range(TOP_N):
-                # per column position: the largest (key, -id) after the previous pick
-                k2 = tl.full([BLOCK_R, BLOCK], -1, tl.int64)
-                i2 = tl.full([BLOCK_R, BLOCK], 2147483647, tl.int32)
-                v2 = tl.full([BLOCK_R, BLOCK], float("-inf"), tl.float32)
-                for c in range(0, V, BLOCK):
-                    offs = c + tl.arange(0, BLOCK)
-                    v = _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL)
-                    k = order_key(v)
-                    after = (v > float("-inf")) & ((k < prev_key[:, None])
-                                                   | ((k == prev_key[:, None]) & (offs[None, :] > prev_id[:, None])))
-                    better = after & (k > k2)  # same position: a later chunk has a larger id, so only > wins
-                    k2 = tl.where(better, k, k2)
-                    i2 = tl.where(better, offs[None, :], i2)
-                    v2 = tl.where(better, v, v2)
-                kmax = tl.max(k2, axis=1)
-                idsel = tl.min(tl.where(k2 == kmax[:, None], i2, 2147483647), axis=1)
-                vsel = tl.max(tl.where(i2 == idsel[:, None], v2, float("-inf")), axis=1)
-                have = kmax >= 0
-                out_ids, out_lp = place_pick(out_ids, out_lp, n, t, have, idsel, vsel, m, scale, log_z, filtered,
-                                             kmax, key_t, MODE)
-                prev_key = tl.where(have, kmax, prev_key)
-                prev_id = tl.where(have, idsel, prev_id)
-            wr = live_r[:, None] & (n < TOP_N)[None, :]
-            tl.store(top_ids_ptr + row[:, None] * TOP_N + n[None, :], out_ids, mask=wr)
-            tl.store(top_lp_ptr + row[:, None] * TOP_N + n[None, :], out_lp, mask=wr)
+            if TOP_N > 0:
+                log_z, scale = top_n_normaliser(tl.log(z_raw), tl.log(z_full), tl.log(z_kept), filtered, inv_t, MODE)
+                n = tl.arange(0, TOP_N_POW2)
+                out_ids = tl.full([BLOCK_R, TOP_N_POW2], -1, tl.int64)
+                out_lp = tl.full([BLOCK_R, TOP_N_POW2], float("-inf"), tl.float32)
+                # the previous pick as (key, id): the next is the largest after it in (key desc, id asc)
+                prev_key = tl.full([BLOCK_R], 4294967296, tl.int64)
+                prev_id = tl.full([BLOCK_R], -1, tl.int32)
+                for t in tl.static_range(TOP_N):
+                    # per column position: the largest (key, -id) after the previous pick
+                    k2 = tl.full([BLOCK_R, BLOCK], -1, tl.int64)
+                    i2 = tl.full([BLOCK_R, BLOCK], 2147483647, tl.int32)
+                    v2 = tl.full([BLOCK_R, BLOCK], float("-inf"), tl.float32)
+                    for c in range(0, V, BLOCK):
+                        offs = c + tl.arange(0, BLOCK)
+                        v = _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL)
+                        k = order_key(v)
+                        later = (k == prev_key[:, None]) & (offs[None, :] > prev_id[:, None])
+                        after = (v > float("-inf")) & ((k < prev_key[:, None]) | later)
+                        better = after & (k > k2)  # same position: a later chunk has a larger id, so only > wins
+                        k2 = tl.where(better, k, k2)
+                        i2 = tl.where(better, offs[None, :], i2)
+                        v2 = tl.where(better, v, v2)
+                    kmax = tl.max(k2, axis=1)
+                    idsel = tl.min(tl.where(k2 == kmax[:, None], i2, 2147483647), axis=1)
+                    vsel = tl.max(tl.where(i2 == idsel[:, None], v2, float("-inf")), axis=1)
+                    have = kmax >= 0
+                    out_ids, out_lp = place_pick(out_ids, out_lp, n, t, have, idsel, vsel, m, scale, log_z, filtered,
+                                                 kmax, key_t, MODE)
+                    prev_key = tl.where(have, kmax, prev_key)
+                    prev_id = tl.where(have, idsel, prev_id)
+                wr = live_r[:, None] & (n < TOP_N)[None, :]
+                tl.store(top_ids_ptr + row[:, None] * TOP_N + n[None, :], out_ids, mask=wr)
+                tl.store(top_lp_ptr + row[:, None] * TOP_N + n[None, :], out_lp, mask=wr)
 
 
 @dataclass(frozen=True)
@@ -471,10 +488,11 @@ class KeptLogits:
 
 
 def launch_materialize(hidden: torch.Tensor, weight: torch.Tensor, pool: PoolLayout, dest: torch.Tensor, *,
-                       fb_count: torch.Tensor, fb_rows: torch.Tensor, start: int, vocab_size: int,
-                       kept: KeptLogits, vocab_start: int = 0, shard: int = 0, npeers=None, block_k: int = 64,
+                       flags: torch.Tensor, start: int, vocab_size: int, kept: KeptLogits, vocab_start: int = 0,
+                       shard: int = 0, npeers=None, block_k: int = 64,
                        processing=None) -> None:
-    """Recompute the (processed) logits of listed rows [start, start + pool.rows) of this weight
+    """Recompute the (processed) logits of the flagged rows ranked [start, start + pool.rows) (flags:
+    select_filtered's bool [B]) of this weight
     (global ids from vocab_start) into shard ``shard`` of the pool ``dest`` (an int64 peer table
     when npeers is set): the tiles each row needs (``kept``). processing: the call's
     LogitProcessing, or None."""
@@ -484,26 +502,27 @@ def launch_materialize(hidden: torch.Tensor, weight: torch.Tensor, pool: PoolLay
     if n_tiles != kept.layout.n_local:
         raise ValueError(f"{weight.shape[0]} weight rows in tiles of {kept.tile_v} are not the candidate "
                          f"layout's {kept.layout.n_local} tiles")
-    proc_args, proc_flags = processor_args(processing, fb_rows)
+    proc_args, proc_flags = processor_args(processing, kept.need_key)
     bnd_args, par_on = kept.boundary_args(shard)
     materialize_kernel[(n_tiles,)](
-        hidden, weight, dest, fb_count, fb_rows, start, D, weight.shape[0], vocab_size, vocab_start, hidden.stride(0),
+        hidden, weight, dest, flags, flags.shape[0], start, D, weight.shape[0], vocab_size, vocab_start,
+        hidden.stride(0),
         shard * pool.stride_shard, pool.shard_cols, *proc_args, *bnd_args,
         POOL=pool.rows, BLOCK_V=kept.tile_v, BLOCK_K=max(16, min(block_k, triton.next_power_of_2(D))),
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and not on_gpu, PEER_TABLE=npeers is not None,
-        NPEERS=npeers or 1, **proc_flags, DEVICE_PARITY=par_on, num_warps=4 if kept.tile_v <= 128 else 8,
+        NPEERS=npeers or 1, **proc_flags, DEVICE_PARITY=par_on, SCAN=SCAN, num_warps=4 if kept.tile_v <= 128 else 8,
         num_stages=2 if on_gpu else 1)
 
 
-def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, fb_count: torch.Tensor,
-                   fb_rows: torch.Tensor, start: int, vocab_size: int, tokens: torch.Tensor, kept: KeptLogits,
+def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, flags: torch.Tensor, start: int,
+                   vocab_size: int, tokens: torch.Tensor, kept: KeptLogits,
                    logprobs=None, top_n: int = 0, mode: str = "scaled", top_ids=None, top_lp=None) -> None:
-    """Resolve the pooled rows of listed rows [start, start + pool.rows) from the pool ``src``
+    """Resolve the pooled rows of the flagged rows ranked [start, start + pool.rows) from the pool ``src``
     (every tile a row needs recomputed) and the kept logits."""
     device = src.device
     on_gpu = device.type == "cuda"
-    args, flags = _params_args(params, fb_rows)
+    args, pflags = _params_args(params, kept.need_key)
     block_r = 1 if on_gpu else pool.rows  # GPU: a pooled row per program; interpreter: all of them
     buf_args, par_on = kept.buffer_args()
     # per pooled row: the gathered logits (fp32 values, int32 ids) and the list of recomputed tiles
@@ -516,21 +535,21 @@ def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, fb
     # A whole-row pass over the pool is latency-bound (one program per row): 8,192 logits per
     # step halves the steps of 4,096 (no spills at 16 warps, sm_90).
     resolve_kernel[(triton.cdiv(pool.rows, block_r),)](
-        src, pool.shard_cols, fb_count, fb_rows, start, vocab_size, *args,
-        tokens, logprobs if logprobs is not None else fb_rows,
-        top_ids if top_ids is not None else fb_rows, top_lp if top_lp is not None else fb_rows,
+        src, pool.shard_cols, flags, flags.shape[0], start, vocab_size, *args,
+        tokens, logprobs if logprobs is not None else tokens,
+        top_ids if top_ids is not None else tokens, top_lp if top_lp is not None else tokens,
         *buf_args, scratch_f, scratch_i, scratch_t,
-        **flags, BLOCK=8192 if on_gpu else 1024, TOP_N=top_n, TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)),
+        **pflags, BLOCK=8192 if on_gpu else 1024, TOP_N=top_n, TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)),
         MODE=LOGPROBS_MODES.index(mode), LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device),
         POOL=pool.rows, BLOCK_R=block_r, KEEP=KEEP, BLOCK_U=block_u,
-        TILE_V=kept.tile_v, RCAP=REFINE_CAP, DEVICE_PARITY=par_on, num_warps=16 if on_gpu else 4)
+        TILE_V=kept.tile_v, RCAP=REFINE_CAP, DEVICE_PARITY=par_on, SCAN=SCAN, num_warps=16 if on_gpu else 4)
 
 
 def run_fallback(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, *, vocab_size: int,
-                 fb_count: torch.Tensor, fb_rows: torch.Tensor, tokens: torch.Tensor, kept: KeptLogits,
+                 flags: torch.Tensor, tokens: torch.Tensor, kept: KeptLogits,
                  logprobs=None, top_n: int = 0, mode: str = "scaled", top_ids=None, top_lp=None,
                  block_k: int = 64) -> None:
-    """Resolve the listed rows exactly on one device (see the module docstring). Launches
+    """Resolve the flagged rows (select_filtered's bool [B]) exactly on one device (see the module docstring). Launches
     ceil(B / POOL_ROWS) rounds of (materialize, resolve), each a no-op once its slots are past
     the device count."""
     B = hidden.shape[0]
@@ -541,10 +560,10 @@ def run_fallback(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     buf = torch.empty(pool.numel, dtype=torch.float32, device=hidden.device)
     # A GPU runs every round (the empty ones exit at once: the host never reads the count). On a
     # CPU device the count is host memory already, so only the rounds with rows are launched.
-    rows_to_cover = B if hidden.device.type == "cuda" else int(fb_count[0])
+    rows_to_cover = B if hidden.device.type == "cuda" else int(flags.sum())
     for start in range(0, rows_to_cover, rows):
-        launch_materialize(hidden, weight, pool, buf, fb_count=fb_count, fb_rows=fb_rows, start=start,
+        launch_materialize(hidden, weight, pool, buf, flags=flags, start=start,
                            vocab_size=vocab_size, kept=kept, block_k=block_k, processing=params.processing)
-        launch_resolve(pool, buf, params, fb_count=fb_count, fb_rows=fb_rows, start=start, vocab_size=vocab_size,
+        launch_resolve(pool, buf, params, flags=flags, start=start, vocab_size=vocab_size,
                        tokens=tokens, kept=kept, logprobs=logprobs, top_n=top_n, mode=mode, top_ids=top_ids,
                        top_lp=top_lp)

@@ -40,7 +40,7 @@ host-known address and cannot race).
 
 import torch
 
-from ..ops.fallback import KeptLogits, PoolLayout, compact_rows, launch_materialize, launch_resolve
+from ..ops.fallback import KeptLogits, PoolLayout, launch_materialize, launch_resolve
 from ..ops.layout import CandidateLayout
 from ..ops.merge_candidates import launch_merge
 from ..ops.plan import launch_stage1
@@ -118,11 +118,9 @@ class CandidatesReduction(Reduction):
                                               top_ids=top_ids, top_lp=top_lp, tile_v=kept.tile_v,
                                               need_key=kept.need_key)
             self._fallback(hidden, weight, params, opts, fallback, kept, tokens, lp, top_ids, top_lp)
-            fallback = fallback.bool()
         return tokens, lp, lse, top_ids, top_lp, fallback
 
     def _fallback(self, hidden, weight, params, opts, flags, kept, tokens, lp, top_ids, top_lp) -> None:
-        fb_count, fb_rows = compact_rows(flags)
         pool, target, npeers = self.pool_layout, *self.transport.write_target(self.pool)
         if self.transport.peer_stores:
             # No host read: ceil(B / pool rows) rounds whatever the count (one for B <= 64); a
@@ -134,13 +132,13 @@ class CandidatesReduction(Reduction):
             # too much to pay on every filtered step, so read the count (one host sync per
             # filtered call on this transport; every rank derives the same count from the same
             # merged buffer, so every rank runs the same number of exchanges).
-            n = int(fb_count.item())
+            n = int(flags.sum().item())
         for start in range(0, n, pool.rows):
-            launch_materialize(hidden, weight, pool, target, fb_count=fb_count, fb_rows=fb_rows, start=start,
+            launch_materialize(hidden, weight, pool, target, flags=flags, start=start,
                                vocab_size=self.partition.vocab_size, vocab_start=self.partition.start,
                                kept=kept, shard=self.rank, npeers=npeers, processing=params.processing)
             self.transport.exchange([(self.pool, 0, pool.stride_shard)])
-            launch_resolve(pool, self.pool.local, params, fb_count=fb_count, fb_rows=fb_rows, start=start,
+            launch_resolve(pool, self.pool.local, params, flags=flags, start=start,
                            vocab_size=self.partition.vocab_size, tokens=tokens, kept=kept, logprobs=lp,
                            top_n=opts.top_n, mode=opts.mode, top_ids=top_ids, top_lp=top_lp)
             self.transport.settle()  # every rank has read the pool before anyone refills it

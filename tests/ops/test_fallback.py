@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import fsdist.ops.select_filtered as sf
-from fsdist.ops.fallback import POOL_ROWS, POOL_ROWS_INTERPRETER, KeptLogits, PoolLayout, compact_rows, \
+from fsdist.ops.fallback import POOL_ROWS, POOL_ROWS_INTERPRETER, KeptLogits, PoolLayout, \
     launch_materialize, run_fallback
 from fsdist.ops.layout import F_BOUNDARY, BufferPair
 from fsdist.ops.merge_candidates import launch_merge
@@ -68,8 +68,7 @@ def _stage2(device, h, w, params, top_n, mode):
 
 def _finish(h, w, params, out, flags, kept, top_n, mode):
     tokens, lp, top_ids, top_lp = out
-    fb_count, fb_rows = compact_rows(flags)
-    run_fallback(h, w, params, vocab_size=V, fb_count=fb_count, fb_rows=fb_rows, tokens=tokens, kept=kept,
+    run_fallback(h, w, params, vocab_size=V, flags=flags, tokens=tokens, kept=kept,
                  logprobs=lp, top_n=top_n, mode=mode, top_ids=top_ids, top_lp=top_lp)
     return [x.cpu() for x in out]
 
@@ -137,13 +136,13 @@ def test_only_the_needed_tiles_are_recomputed(device):
     and fewer than all of them."""
     h, w, params = _problem(device)
     plan, buffers, _out, flags, kept = _stage2(device, h, w, params, 0, "scaled")
-    fb_count, fb_rows = compact_rows(flags)
     rows = POOL_ROWS if device.type == "cuda" else POOL_ROWS_INTERPRETER
     pool = PoolLayout(rows, V)
     dest = torch.full((pool.numel,), float("nan"), device=device)
-    launch_materialize(h, w, pool, dest, fb_count=fb_count, fb_rows=fb_rows, start=0, vocab_size=V, kept=kept)
-    n = int(fb_count[0])
-    listed = fb_rows[:n].long().cpu()
+    launch_materialize(h, w, pool, dest, flags=flags, start=0, vocab_size=V, kept=kept)
+    listed = torch.nonzero(flags.cpu()).flatten()  # the pool's slots hold the flagged rows in row order
+    n = listed.numel()
+    assert 0 < n <= rows
     lay = plan.layout
     bnd = buffers.f[F_BOUNDARY * lay.stride_field:(F_BOUNDARY + 1) * lay.stride_field].view(lay.n_local, -1)
     bnd = bnd[:, :B].t().cpu()[listed]  # [listed rows, tiles]
