@@ -31,14 +31,17 @@ def _stage1(device, logits, params):
 
 
 def _select(layout, buffers, B, params, cap, **kw):
+    """(tokens, logprobs, top ids, top logprobs, flags, searched, drew_small) of select_filtered with
+    search cap ``cap`` (None: the default) and the instrumentation of both branches."""
     tokens, lp, _ = launch_merge(layout, buffers, B, params, logprobs=True)
     top_n = kw.get("top_n", 0)
     top_ids = torch.full((B, top_n), -5, dtype=torch.int64, device=tokens.device)
     top_lp = torch.full((B, top_n), -5.0, device=tokens.device)
     searched = torch.full((B,), -7, dtype=torch.int32, device=tokens.device)
+    drew = torch.full((B,), -7, dtype=torch.int32, device=tokens.device)
     fb = sf.launch_select_filtered(layout, buffers, B, params, tokens=tokens, logprobs=lp, top_ids=top_ids,
-                                   top_lp=top_lp, cap=cap, searched=searched, **kw)
-    return tokens.cpu(), lp.cpu(), top_ids.cpu(), top_lp.cpu(), fb.cpu(), searched.cpu()
+                                   top_lp=top_lp, cap=cap, searched=searched, drew_small=drew, **kw)
+    return tokens.cpu(), lp.cpu(), top_ids.cpu(), top_lp.cpu(), fb.cpu(), searched.cpu(), drew.cpu()
 
 
 def _assert_same_outcome(full, packed):
@@ -224,14 +227,9 @@ def _small_rows(device, B, V_rows, seed):
 
 
 def _select_small(layout, buffers, B, params, small_cap, **kw):
-    tokens, lp, _ = launch_merge(layout, buffers, B, params, logprobs=True)
-    top_n = kw.get("top_n", 0)
-    top_ids = torch.full((B, top_n), -5, dtype=torch.int64, device=tokens.device)
-    top_lp = torch.full((B, top_n), -5.0, device=tokens.device)
-    drew = torch.full((B,), -7, dtype=torch.int32, device=tokens.device)
-    fb = sf.launch_select_filtered(layout, buffers, B, params, tokens=tokens, logprobs=lp, top_ids=top_ids,
-                                   top_lp=top_lp, small_cap=small_cap, drew_small=drew, **kw)
-    return tokens.cpu(), lp.cpu(), top_ids.cpu(), top_lp.cpu(), fb.cpu(), drew.cpu()
+    """_select with the default search cap and survivor cap ``small_cap``; [5] is drew_small."""
+    out = _select(layout, buffers, B, params, None, small_cap=small_cap, **kw)
+    return out[:5] + out[6:]
 
 
 @pytest.mark.parametrize("mode", ["scaled", "processed"])
