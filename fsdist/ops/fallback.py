@@ -209,7 +209,7 @@ def _row_filters(row, mask, temp_ptr, temp_val, topk_ptr, topk_val, topp_ptr, to
 
 
 @triton.jit
-def _resolve_refined_row(ps, pool_ptr, shard_cols, flags_ptr, B, n_flagged, round_start, V,
+def _resolve_refined_row(ps, row, pool_ptr, shard_cols, n_flagged, round_start, V,
                          cand_f, cand_i, base_f, base_i, n_slots, n_local, stride_shard, stride_shard_i, stride_field,
                          stride_ifield, stride_slot, need_key_ptr, scratch_f, scratch_i, scratch_t,
                          seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
@@ -219,13 +219,12 @@ def _resolve_refined_row(ps, pool_ptr, shard_cols, flags_ptr, B, n_flagged, roun
                          TOPK_PER_ROW: tl.constexpr, TOPP_PER_ROW: tl.constexpr, MINP_PER_ROW: tl.constexpr,
                          TOP_N: tl.constexpr, TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr,
                          FAST_LOG: tl.constexpr, POOL: tl.constexpr, KEEP: tl.constexpr, BLOCK_U: tl.constexpr,
-                         TILE_V: tl.constexpr, RCAP: tl.constexpr, SCAN: tl.constexpr):
-    """Finish pool slot ``ps`` (a [1] tensor) if its row has a need key L > 0: gather every logit
+                         TILE_V: tl.constexpr, RCAP: tl.constexpr):
+    """Finish pool slot ``ps`` (a [1] tensor; ``row``: its batch row, [1]) if its row has a need key L > 0: gather every logit
     at or above L (U's kept logits from tiles that do not reach L, the recomputed tiles that
     do), then run select_filtered's thresholds over them with the boundary just below L.
     Everything a threshold looks at is there, so the row is proven (module docstring)."""
     live = (round_start + ps < n_flagged) & (ps < POOL)
-    row = round_rows(flags_ptr, B, round_start + ps, SCAN)
     lkey = tl.load(need_key_ptr + row, mask=live, other=0)
     go = live & (lkey > 0)
     if tl.max(go.to(tl.int32), axis=0) > 0:
@@ -305,18 +304,22 @@ def resolve_kernel(pool_ptr, shard_cols, flags_ptr, B, round_start, V,
     base_f, base_i = parity_offsets(base_f, base_i, parity_ptr, parity_stride_f, parity_stride_i, DEVICE_PARITY)
     n_flagged = flagged_count(flags_ptr, B, SCAN)
     if round_start < n_flagged:  # a round past the count (most calls) stops here
+        ps = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # pool slots
+        live_r = (round_start + ps < n_flagged) & (ps < POOL)
+        # The program's rows, listed once: one scan of the flags, not one per pooled row (under the
+        # interpreter a program holds every pooled row, and per-row scans cost O(POOL * B) steps).
+        row = round_rows(flags_ptr, B, round_start + ps, SCAN)
         for i in range(BLOCK_R):
+            pick = tl.arange(0, BLOCK_R) == i
             _resolve_refined_row(
-                tl.program_id(0) * BLOCK_R + i + tl.arange(0, 1), pool_ptr, shard_cols, flags_ptr, B, n_flagged,
+                tl.program_id(0) * BLOCK_R + i + tl.arange(0, 1), tl.sum(tl.where(pick, row, 0), axis=0) + tl.zeros([1], tl.int32),
+                pool_ptr, shard_cols, n_flagged,
                 round_start, V, cand_f, cand_i, base_f, base_i, n_slots, n_local, stride_shard, stride_shard_i,
                 stride_field, stride_ifield, stride_slot, need_key_ptr, scratch_f, scratch_i, scratch_t,
                 seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, topk_ptr, topk_val, topp_ptr, topp_val,
                 minp_ptr, minp_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
                 SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, TOPK_PER_ROW, TOPP_PER_ROW, MINP_PER_ROW,
-                TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, POOL, KEEP, BLOCK_U, TILE_V, RCAP, SCAN)
-        ps = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # pool slots
-        live_r = (round_start + ps < n_flagged) & (ps < POOL)
-        row = round_rows(flags_ptr, B, round_start + ps, SCAN)
+                TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, POOL, KEEP, BLOCK_U, TILE_V, RCAP)
         live_r = live_r & (tl.load(need_key_ptr + row, mask=live_r, other=1) == 0)  # the whole row recomputed
         if tl.max(live_r.to(tl.int32), axis=0) > 0:
             slots = ps.to(tl.int64)
