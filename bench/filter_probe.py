@@ -160,29 +160,34 @@ def call_kernels(D, V, B, args, device):
     return out
 
 
-def graph_times(D, V, B, args, device):
-    """Whole calls as CUDA-graph replays (L2 flushed), the filtered ones with the default search
-    and with the full search (SEARCH_CAP = 0 while capturing), side by side."""
+def graph_times(D, V, B, configs, args, device):
+    """Whole calls as CUDA-graph replays (L2 flushed): plain, and the filtered ones with the default
+    stage-1 config and search, with U's part above the boundary packed first (cap = SEARCH_CAP while
+    capturing), and with each extra stage-1 config in ``configs`` (config= of the call), side by side."""
     import fsdist.ops.select_filtered as sf
 
     w, h, rows, temp, filt = _inputs(D, V, B, device)
     flush = L2Flusher(device)
     out = {}
-    default_cap = sf.SEARCH_CAP
+    default_cap = sf.DEFAULT_SEARCH_CAP
     minp = dict(min_p=torch.full((B,), 0.05, device=device))
-    for name, kw, cap in (("plain", {}, default_cap), ("k50+p0.9", filt, default_cap), ("min_p0.05", minp, default_cap),
-                          ("k50+p0.9 full-search", filt, 0), ("min_p0.05 full-search", minp, 0)):
+    cases = [("plain", {}, default_cap, None), ("k50+p0.9", filt, default_cap, None),
+             ("min_p0.05", minp, default_cap, None),
+             ("k50+p0.9 packed-U", filt, sf.SEARCH_CAP, None), ("min_p0.05 packed-U", minp, sf.SEARCH_CAP, None)]
+    for cfg in configs:
+        cases += [(f"k50+p0.9 {cfg.name}", filt, default_cap, cfg), (f"min_p0.05 {cfg.name}", minp, default_cap, cfg)]
+    for name, kw, cap, cfg in cases:
         def call(hh):
-            return fsdist.sample(hh, w, temperature=temp, seed=rows + 1, offset=rows * 0, **kw)
-        sf.SEARCH_CAP = cap
+            return fsdist.sample(hh, w, temperature=temp, seed=rows + 1, offset=rows * 0, config=cfg, **kw)
+        sf.DEFAULT_SEARCH_CAP = cap
         try:
             graph = CapturedGraph(call, [(h,)], calls=5)
         finally:
-            sf.SEARCH_CAP = default_cap
+            sf.DEFAULT_SEARCH_CAP = default_cap
         t = statistics.median(time_graph(graph, warmup=3, reps=max(5, args.reps // 5), flush=flush))
         out[name] = t
         fb = graph.outputs[0].fallback
-        common.log(f"  B={B} graph {name:22s} {t:9.1f} us per call"
+        common.log(f"  B={B} graph {name:34s} {t:9.1f} us per call"
                    + (f", fallback rows {int(fb.sum())}/{B}" if fb is not None else ""))
     return out
 
@@ -215,8 +220,10 @@ def main():
         fs.tile_topk = _packed_tile_topk  # before the first compile of the stage-1 kernel
     results = {"env": common.env_info(), "shape": [D, V], "variant": args.variant or "current", "batches": {}}
     for B in batches:
-        configs = [pick_config(B, D, device.type)] + [TileConfig.parse(c) for c in args.configs.split(",") if c
-                                                      and TileConfig.parse(c).block_b >= min(B, 16)]
+        # extra configs whose batch tile suits B: at least min(B, 16) rows, at most max(16, B) rounded up
+        configs = [pick_config(B, D, device.type)] + [
+            TileConfig.parse(c) for c in args.configs.split(",")
+            if c and min(B, 16) <= TileConfig.parse(c).block_b <= max(16, triton.next_power_of_2(B))]
         r = {}
         if "stage1" in only:
             r["stage1_us"] = stage1_times(D, V, B, configs if gpu else configs[:1], args, device)
@@ -225,7 +232,7 @@ def main():
         if "kernels" in only and not args.variant:
             r["kernels_us"] = call_kernels(D, V, B, args, device)
         if "graph" in only and not args.variant and gpu:
-            r["graph_us"] = graph_times(D, V, B, args, device)
+            r["graph_us"] = graph_times(D, V, B, configs[1:], args, device)
         results["batches"][B] = r
     if args.variant:
         print("JSON " + json.dumps(results["batches"]))

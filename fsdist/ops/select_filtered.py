@@ -20,12 +20,13 @@ each threshold, so a proof never needs more than U.
 Only the kept logits above B can decide a proven row: a proof needs every threshold above
 B, the k-th largest is known only if U holds k logits above B, and the top-p search gives
 a key above B over U exactly when it does over U's part above B (the mass above any key
->= B is the same in both). So each row's kept logits above B are packed into a per-row
-scratch and the searches run over those alone; when some row of a program has more than
-``SEARCH_CAP`` of them, the program searches all of U, with the same outcome. Why it pays:
-each of the 64 bisection steps touches every element it searches, and U has
-4 x 1,187 = 4,748 elements per row at V = 151936 against 700-1,300 above B on the flat
-rows of random-weight logits measured on an H100 (2026-11-24), fewer on peaked rows.
+>= B is the same in both). So the searches may run over each row's kept logits above B,
+packed into a per-row scratch (``cap``, up to ``SEARCH_CAP`` of them; a program with a row
+over the cap searches all of U, with the same outcome). Calls do not pack by default
+(``DEFAULT_SEARCH_CAP``): U has 4 x 1,187 = 4,748 elements per row at V = 151936 against
+700-1,300 above B on flat rows, but the bisections are bracketed by each row's live keys and
+top-p runs over the packed survivors, and the pack itself then costs more than it saves
+(H100, 2026-11-24).
 
 Thresholds are found by bisection on an order-preserving 32-bit key of the fp32 logits
 (32 steps each): the k-th largest key, and the smallest key whose strictly-larger mass is
@@ -41,9 +42,9 @@ every threshold the row needs (U's min-p threshold, its k-th and N-th largest wh
 that many, its nucleus key when nothing restricts top-p's renormaliser; the missing logits
 can only raise each). The fallback recomputes only the tiles whose boundary reaches the key
 and runs ``finish_rows`` again over them and U's part at or above it; a row with no bound, or
-with more than REFINE_CAP such logits, gets key 0 (its whole row is recomputed). In the
-packed search a top-k row with fewer than k kept logits above B gets no k-th largest of U
-(it was not searched), hence key 0 unless min-p bounds it.
+with more than REFINE_CAP such logits, gets key 0 (its whole row is recomputed). With the
+optional packed search a top-k row with fewer than k kept logits above B gets no k-th largest
+of U (it was not searched), hence key 0 unless min-p bounds it.
 
 Top-N logprobs: the N largest logits (lower id first among equal ones) are read off U
 when the N-th one lies above B; logprobs in the requested mode: "scaled"
@@ -65,8 +66,13 @@ from .utils import fast_log_ok, load_row_param, row_param_args
 
 MODE_SCALED, MODE_RAW, MODE_PROCESSED = 0, 1, 2
 # Most kept logits above the boundary a row may have for the packed search (else all of U
-# is searched: same results, slower). A power of two; 2,048 covers the 700-1,300 of flat rows.
+# is searched: same results). A power of two; 2,048 covers the 700-1,300 of flat rows.
 SEARCH_CAP = 2048
+# The cap a call uses unless told: 0, no packing. Since the searches are bracketed by each row's
+# live keys and top-p runs over the packed survivors (SMALL_CAP), packing U's part above the
+# boundary first costs more than it saves: 3.4-5 us per top-k + top-p call slower on an H100,
+# min-p within 1.5 us (docs/performance.md, v21). Kept as an option (cap=SEARCH_CAP; tests, probes).
+DEFAULT_SEARCH_CAP = 0
 # Most survivors of min-p and top-k (S) a row may have for top-p and the draw to run over S packed
 # into this many lanes (no top-p search: pairwise masses); else over the searched elements as they
 # are (same results up to the order of fp32 sums). A power of two >= 32; 0 turns it off (tests).
@@ -516,8 +522,8 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     boundary reaches it), or 0 (the whole row). tile_v: the vocabulary tile of stage 1 (the
     layout's slot width); refine_cap: REFINE_CAP unless set (0: always the whole row; tests).
     cap: how many kept logits above the boundary a row may have for the packed search
-    (default SEARCH_CAP, at most half of U's padded size; 0 searches all of U, which gives the
-    same results: tests, probes); ``searched``, an int32 [B] tensor, receives how many kept
+    (default DEFAULT_SEARCH_CAP = 0: all of U is searched; SEARCH_CAP packs, with the same
+    results; at most half of U's padded size is used); ``searched``, an int32 [B] tensor, receives how many kept
     logits each row's search ran over (-1: all of U). small_cap: SMALL_CAP unless set (0: top-p
     and the draw always over the searched elements; tests); ``drew_small``, an int32 [B] tensor,
     receives 1 where they ran over the packed survivors (else 0).
@@ -541,7 +547,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     # GPU: one row per program, a decode batch spreads over the SMs. Interpreter: big blocks.
     block_u = triton.next_power_of_2(layout.n_slots * KEEP)
     block_r = 1 if on_gpu else max(1, min(1024, triton.next_power_of_2(batch), 2 ** 16 // block_u))
-    cap = SEARCH_CAP if cap is None else cap
+    cap = DEFAULT_SEARCH_CAP if cap is None else cap
     if cap < 0 or cap & (cap - 1):
         raise ValueError(f"cap must be 0 or a power of two, got {cap}")
     cap = min(cap, block_u // 2)  # a search over more than half of U saves too little to pack
