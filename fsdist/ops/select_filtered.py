@@ -133,16 +133,54 @@ def kth_largest_key(skeys, live, k):
 
     Bisection between the row's smallest and largest live keys, not over all 2**32 keys: the
     logits of one row span a few exponents, so ~20-24 steps instead of 32 (same answer)."""
+    lo, hi, n_live = kth_bracket(skeys, live)
+    lo, hi, _n = kth_bisect(skeys, live, k, lo, hi, n_live, n_live > 0, 0)
+    return lo
+
+
+@triton.jit
+def kth_bracket(skeys, live):
+    """The bisection's start for kth_largest_key: (lo, hi, live count) with count(keys >= lo) >= k
+    for every k <= the live count, and count(keys >= hi) = 0."""
     kmin, kmax, n_live = live_key_range(skeys, live)
-    lo = tl.where(n_live > 0, kmin, 0)  # count(keys >= lo) >= k
-    hi = tl.where(n_live > 0, kmax + 1, 1)  # count(keys >= hi) < k
-    while tl.max(hi - lo, axis=0) > 1:
+    return tl.where(n_live > 0, kmin, 0), tl.where(n_live > 0, kmax + 1, 1), n_live
+
+
+@triton.jit
+def kth_bisect(skeys, live, k, lo, hi, n_lo, go, STOP: tl.constexpr):
+    """Bisection for the k-th largest key from a bracket lo < hi with count(keys >= lo) = n_lo >= k
+    and count(keys >= hi) < k, for the rows ``go``: (lo, hi, n_lo) once hi = lo + 1 (lo is then the
+    k-th largest key) or, with STOP > 0, as soon as n_lo <= STOP (the k-th largest is one of the
+    n_lo elements at or above lo: few enough to rank pairwise, ``kth_key_small``). On a row's flat
+    tail the count falls fast: with k = 50 of ~4,700 kept logits, under 128 lie above lo after 2-5
+    steps where the exact answer takes ~24."""
+    go = go & (hi - lo > 1) & (n_lo > STOP)
+    while tl.max(go.to(tl.int32), axis=0) > 0:
         mid = (lo + hi) // 2  # in [0, 2**32): its signed twin fits int32
         n = tl.sum((live & (skeys >= (mid - 2147483648).to(tl.int32)[:, None])).to(tl.int32), axis=1)
         big = n >= k
-        lo = tl.where(big, mid, lo)
-        hi = tl.where(big, hi, mid)
-    return lo
+        lo = tl.where(go & big, mid, lo)
+        n_lo = tl.where(go & big, n, n_lo)
+        hi = tl.where(go & ~big, mid, hi)
+        go = go & (hi - lo > 1) & (n_lo > STOP)
+    return lo, hi, n_lo
+
+
+@triton.jit
+def kth_key_small(sv_at, n_s, keys, live, k, SMALL: tl.constexpr, CHUNK: tl.constexpr):
+    """kth_largest_key without a search, for rows whose elements at or above some key (at most
+    SMALL of them, stored at sv_at [rows] + [0, n_s)) include the k largest: the largest key whose
+    count of elements at or above it (pairwise, chunk by chunk) reaches k; 0 for a row with fewer
+    than k. keys / live: the same elements as [rows, SMALL] (lane i = element i)."""
+    skeys = (keys - 2147483648).to(tl.int32)
+    at_or_above = tl.zeros(keys.shape, tl.int32)
+    for c in tl.static_range(SMALL // CHUNK):
+        j = c * CHUNK + tl.arange(0, CHUNK)
+        vj = tl.load(sv_at[:, None] + j[None, :], mask=j[None, :] < n_s[:, None], other=float("-inf"))
+        kj = (order_key(vj) - 2147483648).to(tl.int32)
+        ge = (vj > float("-inf"))[:, None, :] & (kj[:, None, :] >= skeys[:, :, None])
+        at_or_above += tl.sum(ge.to(tl.int32), axis=2)
+    return tl.max(tl.where(live & (at_or_above >= k[:, None]), keys, 0), axis=1)
 
 
 @triton.jit
@@ -173,19 +211,21 @@ def nucleus_key(skeys, mass, live, target, floor):
 
 
 @triton.jit
-def nucleus_key_small(sv_at, n_s, keys, mass, live, msafe, inv_t, target, floor, SMALL: tl.constexpr,
+def nucleus_key_small(sv_at, n_s, keys, mass, live, msafe, inv_t, target, floor, key_s, SMALL: tl.constexpr,
                       CHUNK: tl.constexpr):
-    """nucleus_key without a search, for rows whose live elements (at most SMALL) are stored at
-    sv_at [rows] + [0, n_s): each element's strictly-larger mass, summed pairwise chunk by chunk,
-    and the smallest qualifying key (floor + 1 or a live key, as in nucleus_key). keys / mass /
-    live: the same elements as [rows, SMALL] (lane i = element i)."""
+    """nucleus_key without a search, for rows whose elements at or above key_s (at most SMALL,
+    among the elements stored at sv_at [rows] + [0, n_s)) are S: each element's strictly-larger
+    mass in S, summed pairwise chunk by chunk, and the smallest qualifying key (floor + 1 or a live
+    key, as in nucleus_key). keys / mass / live: the stored elements as [rows, SMALL] (lane i =
+    element i; live: those in S)."""
     skeys = (keys - 2147483648).to(tl.int32)  # 32-bit compares, as in the searches
+    s_lo = (key_s - 2147483648).to(tl.int32)
     above = tl.zeros(mass.shape, tl.float32)
     for c in tl.static_range(SMALL // CHUNK):
         j = c * CHUNK + tl.arange(0, CHUNK)
         vj = tl.load(sv_at[:, None] + j[None, :], mask=j[None, :] < n_s[:, None], other=float("-inf"))
-        lj = vj > float("-inf")
         kj = (order_key(vj) - 2147483648).to(tl.int32)
+        lj = (vj > float("-inf")) & (kj >= s_lo[:, None])
         mj = tl.where(lj, tl.exp((vj - msafe[:, None]) * inv_t[:, None]), 0.0)
         gt = lj[:, None, :] & (kj[:, None, :] > skeys[:, :, None])
         above += tl.sum(tl.where(gt, mj[:, None, :], 0.0), axis=2)
@@ -224,6 +264,23 @@ def _top_p_and_draw(vals, ids, keys, skeys, mass, live, in_s, key_s, use_p, any_
 
 
 @triton.jit
+def _search_rows(vals, ids, keys, skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp, z_full,
+                 use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG: tl.constexpr):
+    """finish_rows over the elements in place: the top-k bisection to the end (from where it
+    stopped), S, top-p and the draw: (max(min-p threshold, k-th largest), key_s, key_t, token,
+    kept mass, its logit)."""
+    if any_k:
+        lo, hi, n_lo = kth_bisect(skeys, live, kk, lo, hi, n_lo, ask_k, 0)
+    key_km = tl.maximum(key_minp, tl.where(use_k, lo, 0))
+    key_s = tl.where(use_k & k_known, key_km, key_minp)
+    in_s = live & (keys >= key_s[:, None])
+    z_s = tl.where(key_s > 0, tl.sum(tl.where(in_s, mass, 0.0), axis=1), z_full)
+    key_t, tok, z_kept, l_tok = _top_p_and_draw(vals, ids, keys, skeys, mass, live, in_s, key_s, use_p, any_p,
+                                                top_p * z_s, floor_key, noise_scale, seed, offset, FAST_LOG)
+    return key_km, key_s, key_t, tok, z_kept, l_tok
+
+
+@triton.jit
 def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
                 inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, floor_key,
                 seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
@@ -256,41 +313,52 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
     key_minp = tl.where(use_minp, order_key(m + temp * tl.log(tl.where(use_minp, min_p, 1.0))), 0)
     k_known = ~use_k | (top_k <= n_above) | complete
     skeys = (keys - 2147483648).to(tl.int32)
-    # Each search only where a row of the program asks for it (one row per program on a GPU:
-    # a min-p row runs neither).
-    if tl.max((use_k & active).to(tl.int32), axis=0) > 0:
-        key_k = kth_largest_key(skeys, live, tl.maximum(tl.minimum(top_k, n_live), 1))
-    else:
-        key_k = tl.zeros([BLOCK_R], tl.int64)
-    key_s = tl.where(use_k & k_known, tl.maximum(key_minp, key_k), key_minp)
-    s_known = k_known | (key_minp > bkey)
-    in_s = live & (keys >= key_s[:, None])
-    z_s = tl.where(key_s > 0, tl.sum(tl.where(in_s, mass, 0.0), axis=1), z_full)
+    kk = tl.maximum(tl.minimum(top_k, n_live), 1)  # the rank searched (all of a row when it has fewer)
+    ask_k = use_k & active
+    # The top-k search only where a row of the program asks for it (one row per program on a GPU:
+    # a min-p row runs none). With SMALL it stops once at most SMALL elements lie at or above its
+    # lower end lo (a few steps on a row's tail): the k-th largest is then ranked among those.
+    any_k = tl.max(ask_k.to(tl.int32), axis=0) > 0
+    lo, hi, n_lo = kth_bracket(skeys, live)
+    if any_k:
+        lo, hi, n_lo = kth_bisect(skeys, live, kk, lo, hi, n_lo, ask_k, SMALL)
     any_p = tl.max((use_p & active).to(tl.int32), axis=0) > 0
+    s_known = k_known | (key_minp > bkey)
     seed = load_row_param(seed_ptr, seed_val, rows, mask_r, tl.int64, SEED_PER_ROW)
     offset = load_row_param(offset_ptr, offset_val, rows, mask_r, tl.int64, OFFSET_PER_ROW)
-    # S (the survivors of min-p and top-k) is what top-p and the draw look at. When it is small in
-    # every row of the program (top-k rows: about k), it is packed into SMALL lanes first: top-p
-    # then needs no search (pairwise masses) and the noise runs over SMALL ids, not all of vals.
-    n_s = tl.sum(in_s.to(tl.int32), axis=1)
-    used = n_s < 0  # [rows] all False: whether the packed survivors served
+    # P: the elements at or above max(lo, the min-p threshold) (top-k rows) or the min-p threshold
+    # (others). P holds S (the survivors of min-p and top-k) whenever S matters (module docstring:
+    # kth_key_small). When P is small in every row of the program, it is packed into SMALL lanes:
+    # the k-th largest and top-p are then pairwise (no search) and the draw's noise runs over SMALL
+    # ids, not all of vals.
+    pk = tl.maximum(tl.where(use_k, lo, 0), key_minp)
+    n_p = tl.sum((live & (keys >= pk[:, None])).to(tl.int32), axis=1)
+    used = n_p < 0  # [rows] all False: whether the packed elements served
     if SMALL > 0:  # (a constexpr test first: the packed branch does not compile with SMALL = 0)
-        small = tl.max(n_s, axis=0) <= SMALL
+        small = tl.max(n_p, axis=0) <= SMALL
         if small:
-            pos = tl.cumsum(in_s.to(tl.int32), axis=1) - 1
-            tl.store(small_f + small_base[:, None] + pos, vals, mask=in_s)
-            tl.store(small_i + small_base[:, None] + pos, ids, mask=in_s)
+            in_p = live & (keys >= pk[:, None])
+            pos = tl.cumsum(in_p.to(tl.int32), axis=1) - 1
+            tl.store(small_f + small_base[:, None] + pos, vals, mask=in_p)
+            tl.store(small_i + small_base[:, None] + pos, ids, mask=in_p)
             tl.debug_barrier()  # read back by other threads of this program
             c = tl.arange(0, SMALL)
-            cm = c[None, :] < n_s[:, None]
+            cm = c[None, :] < n_p[:, None]
             sv = tl.load(small_f + small_base[:, None] + c[None, :], mask=cm, other=float("-inf"))
             si = tl.load(small_i + small_base[:, None] + c[None, :], mask=cm, other=-1)
             s_live = sv > float("-inf")
             s_keys = order_key(sv)
             s_mass = tl.where(s_live, tl.exp((sv - msafe[:, None]) * inv_t[:, None]), 0.0)
+            key_km = key_minp  # max(min-p threshold, k-th largest): P has the k largest or the max is the former
+            if any_k:
+                key_km = tl.maximum(key_minp, kth_key_small(small_f + small_base, n_p, s_keys, s_live, kk, SMALL,
+                                                            SMALL_CHUNK))
+            key_s = tl.where(use_k & k_known, key_km, key_minp)
+            s_in = s_live & (s_keys >= key_s[:, None])
+            z_s = tl.where(key_s > 0, tl.sum(tl.where(s_in, s_mass, 0.0), axis=1), z_full)
             if any_p:
-                key_p = nucleus_key_small(small_f + small_base, n_s, s_keys, s_mass, s_live, msafe, inv_t,
-                                          top_p * z_s, floor_key, SMALL, SMALL_CHUNK)
+                key_p = nucleus_key_small(small_f + small_base, n_p, s_keys, s_mass, s_in, msafe, inv_t,
+                                          top_p * z_s, floor_key, key_s, SMALL, SMALL_CHUNK)
             else:
                 key_p = tl.zeros([BLOCK_R], tl.int64)
             key_t = tl.where(use_p, tl.maximum(key_s, key_p), key_s)
@@ -298,11 +366,13 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
                                             FAST_LOG)
             used = used | small
         else:
-            key_t, tok, z_kept, l_tok = _top_p_and_draw(vals, ids, keys, skeys, mass, live, in_s, key_s, use_p, any_p,
-                                                        top_p * z_s, floor_key, noise_scale, seed, offset, FAST_LOG)
+            key_km, key_s, key_t, tok, z_kept, l_tok = _search_rows(
+                vals, ids, keys, skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp, z_full,
+                use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG)
     else:
-        key_t, tok, z_kept, l_tok = _top_p_and_draw(vals, ids, keys, skeys, mass, live, in_s, key_s, use_p, any_p,
-                                                    top_p * z_s, floor_key, noise_scale, seed, offset, FAST_LOG)
+        key_km, key_s, key_t, tok, z_kept, l_tok = _search_rows(
+            vals, ids, keys, skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp, z_full,
+            use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG)
     # Top-p renormalises over S: its sum comes from U only if S lies above B.
     proven = complete | (s_known & (key_t > bkey) & (~use_p | (key_s == 0) | (key_s > bkey)))
     done = filtered & proven & mask_r
@@ -358,7 +428,7 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
     # key then under-counts the true one, so U's nucleus key is at or below the true one.
     # With min-p or top-k before top-p, the bound is S's own.
     k_ok = (top_k <= n_live) | complete
-    lower_s = tl.where(use_k & k_ok, tl.maximum(key_minp, key_k), key_minp)
+    lower_s = tl.where(use_k & k_ok, key_km, key_minp)
     lower = tl.where(use_p & ~(use_k | use_minp), key_t, lower_s)
     need = pending | (active & ~topn_ok)
     lower = tl.where(pending, lower, 4294967296)

@@ -144,8 +144,8 @@ def test_bad_cap_and_searched_are_refused(device):
 
 
 @triton.jit
-def _search_kernel(vals_ptr, k_ptr, target_ptr, floor_ptr, kth_ptr, nuc_ptr, nuc_small_ptr, N: tl.constexpr,
-                   R: tl.constexpr):
+def _search_kernel(vals_ptr, k_ptr, target_ptr, floor_ptr, s_ptr, kth_ptr, nuc_ptr, nuc_small_ptr, kth_small_ptr,
+                   stop_ptr, nuc_s_ptr, nuc_s_small_ptr, N: tl.constexpr, R: tl.constexpr, STOP: tl.constexpr):
     r = tl.arange(0, R)
     c = tl.arange(0, N)
     vals = tl.load(vals_ptr + r[:, None] * N + c[None, :])
@@ -157,11 +157,26 @@ def _search_kernel(vals_ptr, k_ptr, target_ptr, floor_ptr, kth_ptr, nuc_ptr, nuc
     mass = tl.where(live, tl.exp((vals - msafe[:, None]) * inv_t[:, None]), 0.0)
     target = tl.load(target_ptr + r)
     floor = tl.load(floor_ptr + r)
-    tl.store(kth_ptr + r, sf.kth_largest_key(skeys, live, tl.load(k_ptr + r)))
+    k = tl.load(k_ptr + r)
+    tl.store(kth_ptr + r, sf.kth_largest_key(skeys, live, k))
     tl.store(nuc_ptr + r, sf.nucleus_key(skeys, mass, live, target, floor))
     n = tl.full([R], N, tl.int32)
-    tl.store(nuc_small_ptr + r, sf.nucleus_key_small(vals_ptr + r.to(tl.int64) * N, n, keys, mass, live, msafe, inv_t,
-                                                      target, floor, N, 16))
+    at = vals_ptr + r.to(tl.int64) * N
+    zero = tl.zeros([R], tl.int64)
+    tl.store(nuc_small_ptr + r, sf.nucleus_key_small(at, n, keys, mass, live, msafe, inv_t, target, floor, zero, N, 16))
+    tl.store(kth_small_ptr + r, sf.kth_key_small(at, n, keys, live, k, N, 16))
+    # the bisection that stops once at most STOP elements lie at or above its lower end
+    lo, hi, n_lo = sf.kth_bracket(skeys, live)
+    lo, hi, n_lo = sf.kth_bisect(skeys, live, k, lo, hi, n_lo, n > 0, STOP)
+    tl.store(stop_ptr + r * 3, lo)
+    tl.store(stop_ptr + r * 3 + 1, hi)
+    tl.store(stop_ptr + r * 3 + 2, n_lo.to(tl.int64))
+    # top-p over a subset S = {keys >= key_s} of the stored elements: the search and the pairwise form
+    key_s = tl.load(s_ptr + r)
+    in_s = live & (keys >= key_s[:, None])
+    tl.store(nuc_s_ptr + r, sf.nucleus_key(skeys, mass, in_s, target, floor))
+    tl.store(nuc_s_small_ptr + r, sf.nucleus_key_small(at, n, keys, mass, in_s, msafe, inv_t, target, floor, key_s,
+                                                       N, 16))
 
 
 def _order_key(v):
@@ -170,11 +185,12 @@ def _order_key(v):
 
 
 def test_threshold_searches_match_a_sort(device):
-    """kth_largest_key / nucleus_key (bisections between each row's smallest and largest key) and
-    nucleus_key_small (pairwise masses, no search) against a sort: the k-th largest key, and the
-    smallest key above the floor whose strictly-larger mass is below the target (ties, -inf,
-    negative keys, a target below the largest mass, one above everything, floors inside and
-    above the keys)."""
+    """kth_largest_key / nucleus_key (bisections between each row's smallest and largest key),
+    kth_key_small / nucleus_key_small (pairwise, no search) and the bisection that stops early
+    (kth_bisect with STOP) against a sort: the k-th largest key, and the smallest key above the
+    floor whose strictly-larger mass (in all of the row, and in a subset S) is below the target
+    (ties, -inf, negative keys, a target below the largest mass, one above everything, floors
+    inside and above the keys)."""
     R, N = 8, 64
     g = torch.Generator().manual_seed(11)
     vals = torch.randn(R, N, generator=g) * 2
@@ -191,14 +207,37 @@ def test_threshold_searches_match_a_sort(device):
     # one where the whole mass above the floor is already below the target
     floor = torch.full((R,), -1, dtype=torch.int64)
     floor[4], floor[5], floor[6] = srt[4, 39], srt[5, 0], srt[6, 20] - 1
-    kth = torch.empty(R, dtype=torch.int64, device=device)
-    nuc = torch.empty(R, dtype=torch.int64, device=device)
-    nuc_small = torch.empty(R, dtype=torch.int64, device=device)
-    _search_kernel[(1,)](vals.to(device), k.to(device), target.to(device), floor.to(device), kth, nuc, nuc_small,
-                         N=N, R=R)
+    key_s = srt[:, 30].clone()  # S: the 31 largest (ties: more), for top-p over a subset
+    key_s[0] = 0  # all
+    out = {name: torch.empty(R, dtype=torch.int64, device=device)
+           for name in ("kth", "nuc", "nuc_small", "kth_small", "nuc_s", "nuc_s_small")}
+    stop = torch.empty(R, 3, dtype=torch.int64, device=device)
+    STOP = 16
+    _search_kernel[(1,)](vals.to(device), k.to(device), target.to(device), floor.to(device), key_s.to(device),
+                         out["kth"], out["nuc"], out["nuc_small"], out["kth_small"], stop, out["nuc_s"],
+                         out["nuc_s_small"], N=N, R=R, STOP=STOP)
+    out = {name: t.cpu() for name, t in out.items()}
+    kth, nuc = out["kth"], out["nuc"]
     ref_kth = srt[torch.arange(R), k.long() - 1]
-    assert torch.equal(kth.cpu(), ref_kth)
-    assert torch.equal(nuc_small.cpu(), nuc.cpu())
+    assert torch.equal(kth, ref_kth)
+    assert torch.equal(out["kth_small"], ref_kth)  # pairwise over all elements: no search
+    assert torch.equal(out["nuc_small"], nuc)
+    assert torch.equal(out["nuc_s_small"], out["nuc_s"])
+    # The stopped bisection: lo at or below the k-th largest with exactly n_lo elements at or above
+    # it, and either at most STOP of them or lo the k-th largest itself (hi = lo + 1).
+    lo, hi, n_lo = stop.cpu().unbind(1)
+    live_all = vals > float("-inf")
+    assert torch.equal(n_lo, (live_all & (keys >= lo[:, None])).sum(dim=1))
+    assert bool((lo <= ref_kth).all()) and bool((n_lo >= k).all())
+    assert bool(((n_lo <= STOP) | ((hi == lo + 1) & (lo == ref_kth))).all())
+    assert bool((n_lo <= STOP).any()) and bool((n_lo > STOP).any())  # both ways of stopping occur here
+    # the nucleus of S, checked like the nucleus of the whole row below
+    for r in range(R):
+        in_s = live_all[r] & (keys[r] >= key_s[r])
+        above = lambda x: float(mass[r][in_s & (keys[r] > x)].double().sum())  # noqa: E731
+        got = int(out["nuc_s"][r])
+        assert got > int(floor[r]) and above(got) < float(target[r]), (r, got)
+        assert got == int(floor[r]) + 1 or above(got - 1) >= float(target[r]), (r, got)
     # The defining property, in float64: the mass strictly above the answer is below the target,
     # and one key lower (if above the floor) it is not (the mass above x only changes at keys).
     for r in range(R):
@@ -208,6 +247,9 @@ def test_threshold_searches_match_a_sort(device):
         assert got > int(floor[r]), (r, got)
         assert above(got) < float(target[r]) and (got == int(floor[r]) + 1 or above(got - 1) >= float(target[r])), \
             (r, got)
+
+
+_KTH_KEY_SMALL = sf.kth_key_small
 
 
 def _small_rows(device, B, V_rows, seed):
@@ -254,36 +296,49 @@ def test_packed_survivors_equal_the_search(device, mode):
     assert (search[4] == 0).sum() >= B - 2  # proven rows: the comparison is not vacuous
 
 
-def test_a_wrong_survivor_pack_would_be_caught(device, monkeypatch):
+@pytest.mark.parametrize("flaw", ["top-p >=", "k-th off by one"])
+def test_a_wrong_survivor_pack_would_be_caught(device, monkeypatch, flaw):
     """Power: a pairwise top-p that compares >= instead of > (one tie group's mass counted above
-    itself) changes tokens on these rows, so the comparison above can fail. Interpreter only: a
-    compiled kernel keeps the helper it was first compiled with (Triton's cache key), so swapping
-    the helper would not reach a GPU kernel; the comparison being tested is the same there."""
+    itself), or a pairwise k-th largest off by one rank, changes tokens on these rows, so the
+    comparison above can fail. Interpreter only: a compiled kernel keeps the helper it was first
+    compiled with (Triton's cache key), so swapping the helper would not reach a GPU kernel; the
+    comparison being tested is the same there."""
     if device.type != "cpu":
         pytest.skip("swapping a @triton.jit helper does not recompile a cached GPU kernel")
     B, V_rows = 14, 8192
     logits, params = _small_rows(device, B, V_rows, seed=21)
     layout, buffers = _stage1(device, logits, params)
-    kw = dict(vocab_size=V_rows, top_n=4)
+    # "processed" logprobs: the log of the drawn token's probability in the kept set, which any
+    # change of that set moves (a token alone could miss it)
+    kw = dict(vocab_size=V_rows, top_n=4, mode="processed")
     ref = _select_small(layout, buffers, B, params, 0, **kw)
 
     @triton.jit
-    def wrong_small(sv_at, n_s, keys, mass, live, msafe, inv_t, target, floor, SMALL: tl.constexpr,
-                    CHUNK: tl.constexpr):
+    def wrong_nucleus(sv_at, n_s, keys, mass, live, msafe, inv_t, target, floor, key_s, SMALL: tl.constexpr,
+                      CHUNK: tl.constexpr):
         skeys = (keys - 2147483648).to(tl.int32)
+        s_lo = (key_s - 2147483648).to(tl.int32)
         above = tl.zeros(mass.shape, tl.float32)
         for c in tl.static_range(SMALL // CHUNK):
             j = c * CHUNK + tl.arange(0, CHUNK)
             vj = tl.load(sv_at[:, None] + j[None, :], mask=j[None, :] < n_s[:, None], other=float("-inf"))
-            lj = vj > float("-inf")
             kj = (sf.order_key(vj) - 2147483648).to(tl.int32)
+            lj = (vj > float("-inf")) & (kj >= s_lo[:, None])
             mj = tl.where(lj, tl.exp((vj - msafe[:, None]) * inv_t[:, None]), 0.0)
             above += tl.sum(tl.where(lj[:, None, :] & (kj[:, None, :] >= skeys[:, :, None]), mj[:, None, :], 0.0),
                             axis=2)
         ok = live & (keys > floor[:, None]) & (above < target[:, None])
         return tl.min(tl.where(ok, keys, 4294967295), axis=1)
 
-    monkeypatch.setattr(sf, "nucleus_key_small", wrong_small)
+    @triton.jit
+    def wrong_kth(sv_at, n_s, keys, live, k, SMALL: tl.constexpr, CHUNK: tl.constexpr):
+        # the shipped helper under its own name (sf.kth_key_small is this function while patched)
+        return _KTH_KEY_SMALL(sv_at, n_s, keys, live, k + 1, SMALL, CHUNK)
+
+    if flaw == "top-p >=":
+        monkeypatch.setattr(sf, "nucleus_key_small", wrong_nucleus)
+    else:
+        monkeypatch.setattr(sf, "kth_key_small", wrong_kth)
     wrong = _select_small(layout, buffers, B, params, sf.SMALL_CAP, **kw)
     assert (wrong[5] == 1).all()
     with pytest.raises(AssertionError):
