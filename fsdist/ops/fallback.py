@@ -42,7 +42,7 @@ from .parity import parity_args, parity_offsets
 from .processors import apply_processors, processor_args
 from .select_filtered import REFINE_CAP, finish_rows, kept_logits, order_key, row_slot_stats, tile_reaches
 from .top_logprobs import place_pick, top_n_normaliser
-from .utils import fast_log_ok, load_row_param, row_param_args
+from .utils import fast_log_ok, load_row_param, row_param_args, sm_count
 
 # Rows resolved per round on a GPU: one round covers B <= 64, so a decode batch pays two empty
 # launches when nothing falls back (a fp32 pool of 64 x 151936 = 37.1 MiB at V = 151936, only in filtered calls).
@@ -103,12 +103,11 @@ def materialize_kernel(h_ptr, w_ptr, pool_ptr, flags_ptr, B, round_start,
                        PEER_TABLE: tl.constexpr = False, NPEERS: tl.constexpr = 1,
                        BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False,
                        DEVICE_PARITY: tl.constexpr = False, SCAN: tl.constexpr = 128):
-    """Logits of this round's listed rows for this weight's vocabulary tile program_id(0) (stage
-    1's tile: BLOCK_V ids), into the pool's block of this shard: pool[shard, slot, column]
+    """Logits of this round's listed rows for the weight's vocabulary tiles (stage 1's tile: BLOCK_V
+    ids; program p takes tiles p, p + programs, ...), into the pool's block of this shard: pool[shard, slot, column]
     (through a peer table: every peer's pool). Only where a row needs the tile: its need key
     is 0 (the whole row), or the tile's boundary in the candidate buffer (at ``cand_base``:
     this shard's boundary field) reaches the key. Padding ids are not written (nothing reads them)."""
-    pid_v = tl.program_id(0)
     n = flagged_count(flags_ptr, B, SCAN)
     if round_start < n:  # a round past the count (most calls) stops here
         slots = round_start + tl.arange(0, POOL)
@@ -116,12 +115,15 @@ def materialize_kernel(h_ptr, w_ptr, pool_ptr, flags_ptr, B, round_start,
         rows = round_rows(flags_ptr, B, slots, SCAN)
         key = tl.load(need_key_ptr + rows, mask=active, other=0)
         cand_base, _unused = parity_offsets(cand_base, 0, parity_ptr, parity_stride_f, 0, DEVICE_PARITY)
-        bnd = tl.load(cand_f + cand_base + pid_v * cand_stride_slot + rows, mask=active, other=float("-inf"))
-        _materialize_tile(h_ptr, w_ptr, pool_ptr, rows, active & ((key == 0) | tile_reaches(bnd, key)), pid_v,
-                          D, V_rows, vocab_size, vocab_start, stride_hb, shard_base, shard_cols,
-                          bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr,
-                          pen_stride, POOL, BLOCK_V, BLOCK_K, DOT_PRECISION, DOT_UPCAST, PEER_TABLE, NPEERS,
-                          BITMASK, SPARSE)
+        # A persistent grid (launch_materialize): an empty round is one short wave, not one
+        # program per tile (1,187 at V = 151936).
+        for pid_v in range(tl.program_id(0), tl.cdiv(V_rows, BLOCK_V), tl.num_programs(0)):
+            bnd = tl.load(cand_f + cand_base + pid_v * cand_stride_slot + rows, mask=active, other=float("-inf"))
+            _materialize_tile(h_ptr, w_ptr, pool_ptr, rows, active & ((key == 0) | tile_reaches(bnd, key)), pid_v,
+                              D, V_rows, vocab_size, vocab_start, stride_hb, shard_base, shard_cols,
+                              bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr,
+                              pen_stride, POOL, BLOCK_V, BLOCK_K, DOT_PRECISION, DOT_UPCAST, PEER_TABLE, NPEERS,
+                              BITMASK, SPARSE)
 
 
 @triton.jit
@@ -493,12 +495,13 @@ class KeptLogits:
 def launch_materialize(hidden: torch.Tensor, weight: torch.Tensor, pool: PoolLayout, dest: torch.Tensor, *,
                        flags: torch.Tensor, start: int, vocab_size: int, kept: KeptLogits, vocab_start: int = 0,
                        shard: int = 0, npeers=None, block_k: int = 64,
-                       processing=None) -> None:
+                       processing=None, programs: int = None) -> None:
     """Recompute the (processed) logits of the flagged rows ranked [start, start + pool.rows) (flags:
     select_filtered's bool [B]) of this weight
     (global ids from vocab_start) into shard ``shard`` of the pool ``dest`` (an int64 peer table
     when npeers is set): the tiles each row needs (``kept``). processing: the call's
-    LogitProcessing, or None."""
+    LogitProcessing, or None. programs: how many programs walk the tiles (default: two per SM on a
+    GPU, one per tile under the interpreter; tests set a few to exercise the walk)."""
     D = hidden.shape[1]
     on_gpu = hidden.device.type == "cuda"
     n_tiles = triton.cdiv(weight.shape[0], kept.tile_v)
@@ -507,7 +510,13 @@ def launch_materialize(hidden: torch.Tensor, weight: torch.Tensor, pool: PoolLay
                          f"layout's {kept.layout.n_local} tiles")
     proc_args, proc_flags = processor_args(processing, kept.need_key)
     bnd_args, par_on = kept.boundary_args(shard)
-    materialize_kernel[(n_tiles,)](
+    # GPU: two programs per SM walk the tiles (materialize is 251 registers on 4 warps: two fit);
+    # interpreter: a program per tile, as many as before.
+    if programs is None:
+        programs = min(n_tiles, 2 * sm_count(hidden.device)) if on_gpu else n_tiles
+    elif programs < 1:
+        raise ValueError(f"programs must be >= 1, got {programs}")
+    materialize_kernel[(programs,)](
         hidden, weight, dest, flags, flags.shape[0], start, D, weight.shape[0], vocab_size, vocab_start,
         hidden.stride(0),
         shard * pool.stride_shard, pool.shard_cols, *proc_args, *bnd_args,

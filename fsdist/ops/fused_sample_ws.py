@@ -20,7 +20,6 @@ noise is keyed by the global vocabulary id. It covers the plain call (temperatur
 offset as scalars or ``[B]`` tensors; no logprobs, filters, processors or tensor-parallel
 fan-out); ``ws_supported`` says when it applies, and every other call keeps the Triton kernel.
 """
-import functools
 
 import torch
 import triton
@@ -29,7 +28,7 @@ from ..params import RowParams
 from .epilogue import perturb, row_temperature
 from .layout import BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_quad_bits
-from .utils import fast_log_ok, load_row_param, row_param_args
+from .utils import fast_log_ok, load_row_param, row_param_args, sm_count
 
 try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this path is off.
     from triton.experimental import gluon
@@ -270,7 +269,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     if epilogue_warps not in WS_REGISTERS:
         raise ValueError(f"epilogue_warps must be one of {sorted(WS_REGISTERS)}, got {epilogue_warps}")
     maxnreg, epi_regs = WS_REGISTERS[epilogue_warps]
-    programs = min(n_tiles, _sm_count(hidden.device))
+    programs = min(n_tiles, sm_count(hidden.device))
     if grid_cap:
         programs = min(programs, grid_cap)
     fused_sample_ws_kernel[(programs, )](
@@ -285,10 +284,3 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     )
 
 
-def _sm_count(device: torch.device) -> int:
-    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count_of(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count

@@ -1,4 +1,6 @@
 """Small pieces every kernel launcher and kernel shares: per-row parameters, device flags."""
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -27,3 +29,13 @@ def row_param_args(x, dummy: torch.Tensor):
 def fast_log_ok(device: torch.device) -> bool:
     """The GPU's lg2.approx is available (NVIDIA CUDA); the interpreter and ROCm use tl.log."""
     return device.type == "cuda" and torch.version.hip is None
+
+
+def sm_count(device: torch.device) -> int:
+    """The device's streaming multiprocessors (persistent grids size themselves by it)."""
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count

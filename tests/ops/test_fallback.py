@@ -131,15 +131,17 @@ def test_a_lower_bound_set_too_high_is_caught(device):
         _assert_same(wrong, whole)
 
 
-def test_only_the_needed_tiles_are_recomputed(device):
+@pytest.mark.parametrize("programs", [None, 3], ids=["default-grid", "3-programs"])
+def test_only_the_needed_tiles_are_recomputed(device, programs):
     """The pool receives exactly the (row, tile) pairs whose boundary reaches the row's need key,
-    and fewer than all of them."""
+    and fewer than all of them; also when a few programs walk all the tiles (the GPU's persistent
+    grid; under the interpreter the default is a program per tile)."""
     h, w, params = _problem(device)
     plan, buffers, _out, flags, kept = _stage2(device, h, w, params, 0, "scaled")
     rows = POOL_ROWS if device.type == "cuda" else POOL_ROWS_INTERPRETER
     pool = PoolLayout(rows, V)
     dest = torch.full((pool.numel,), float("nan"), device=device)
-    launch_materialize(h, w, pool, dest, flags=flags, start=0, vocab_size=V, kept=kept)
+    launch_materialize(h, w, pool, dest, flags=flags, start=0, vocab_size=V, kept=kept, programs=programs)
     listed = torch.nonzero(flags.cpu()).flatten()  # the pool's slots hold the flagged rows in row order
     n = listed.numel()
     assert 0 < n <= rows
