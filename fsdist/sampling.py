@@ -114,7 +114,8 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     raw = return_logprobs and logprobs_mode == "raw"
     extended = filtered or top_logprobs > 0 or raw
     plan = plan_sample(batch=B, hidden_size=D, weight_rows=weight.shape[0], device=hidden.device,
-                       logprobs=return_logprobs, config=config, path=path, extended=extended, dtype=hidden.dtype)
+                       logprobs=return_logprobs, config=config, path=path, extended=extended, dtype=hidden.dtype,
+                       raw_sums=logprobs_mode == "raw" and bool(return_logprobs or top_logprobs))
     buffers = BufferPair.alloc(plan.layout, hidden.device)
     launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size)
     tokens, lp, lse = launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs, raw=raw)

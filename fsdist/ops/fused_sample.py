@@ -52,7 +52,7 @@ def fused_sample_kernel(
     FAST_LOG: tl.constexpr, DEVICE_PARITY: tl.constexpr, TMA: tl.constexpr = False, HEADER: tl.constexpr = False,
     EXTENDED: tl.constexpr = False, KEEP: tl.constexpr = 4, XFP_PER_ROW: tl.constexpr = False,
     BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False, ENTRY_HEAD: tl.constexpr = 4,
-    BM_WORDS: tl.constexpr = False,
+    BM_WORDS: tl.constexpr = False, WINNER_LOGIT: tl.constexpr = True, RAW_SUM: tl.constexpr = True,
 ):
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
@@ -136,8 +136,11 @@ def fused_sample_kernel(
 
     if LOGPROBS:
         tmax, tsum = tile_stats(logit, valid[None, :], inv_t)
-        is_best = tl.arange(0, BLOCK_V)[None, :] == best[:, None]
-        best_logit = tl.max(tl.where(is_best, logit, float("-inf")), axis=1)
+        if WINNER_LOGIT:
+            is_best = tl.arange(0, BLOCK_V)[None, :] == best[:, None]
+            best_logit = tl.max(tl.where(is_best, logit, float("-inf")), axis=1)
+        else:  # field 1 only feeds the winner's logprob, which this call does not return
+            best_logit = best_score
     else:
         tmax = best_score
         tsum = best_score
@@ -153,7 +156,11 @@ def fused_sample_kernel(
         # Filters / top-N logprobs: the tile's KEEP largest logits, their ids, the boundary
         # (largest logit not kept) and the raw log-sum-exp state (epilogue.py).
         kept, kept_cols, boundary = tile_topk(logit, tl.arange(0, BLOCK_V), KEEP)
-        write_kept(cand_f, cand_i, dst, dst_i, stride_field, stride_ifield, raw_sum(logit, valid[None, :], tmax),
+        if RAW_SUM:
+            rsum = raw_sum(logit, valid[None, :], tmax)
+        else:  # only "raw" logprobs read it: NaN, so that a wrong reader shows
+            rsum = tl.full([BLOCK_B], float("nan"), tl.float32)
+        write_kept(cand_f, cand_i, dst, dst_i, stride_field, stride_ifield, rsum,
                    kept, vocab_start + pid_v * BLOCK_V + kept_cols, boundary, mask_b, KEEP, PEER_TABLE, NPEERS)
     if HEADER:
         # The call's header (step_check.py), written by the first vocabulary tile of each batch tile.
@@ -193,10 +200,12 @@ def _tma_capable(device: torch.device) -> bool:
 def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
                  layout: CandidateLayout, dest: BufferPair, *, vocab_size: int, vocab_start: int = 0,
                  shard: int = 0, logprobs: bool = False, extended: Optional[bool] = None,
-                 flags: Optional[int] = None) -> None:
+                 flags: Optional[int] = None, raw_sums: bool = True) -> None:
     """Write the candidates of every (row, vocabulary tile) of ``hidden @ weight.T`` into block
     ``shard`` of ``dest``. weight holds global vocabulary ids [vocab_start, vocab_start + rows);
-    ids >= vocab_size are padding and never win."""
+    ids >= vocab_size are padding and never win. raw_sums=False leaves an extended layout's raw
+    (T = 1) sums out (NaN): only "raw" logprobs read them; the winner's logit (field 1) is written
+    only with ``logprobs``."""
     n_vtiles = layout.check_fit(hidden.shape[0], weight.shape[0], cfg.block_v, shard, vocab_start)
     extended = layout.extended if extended is None else extended
     if extended and not layout.extended:
@@ -244,7 +253,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
         FAST_LOG=fast_log_ok(hidden.device),
         DEVICE_PARITY=par_on, TMA=tma, HEADER=_header(layout, dest), EXTENDED=extended, KEEP=KEEP,
-        XFP_PER_ROW=xfp_row, **proc_flags, ENTRY_HEAD=ENTRY_HEAD,
+        XFP_PER_ROW=xfp_row, **proc_flags, ENTRY_HEAD=ENTRY_HEAD, WINNER_LOGIT=logprobs, RAW_SUM=raw_sums,
         # the bitmask's words loaded before the main loop where every tile starts on a word
         BM_WORDS=vocab_start % 32 == 0 and cfg.block_v % 32 == 0,
         num_warps=cfg.num_warps, num_stages=fit_num_stages(cfg, hidden.element_size(), hidden.device),

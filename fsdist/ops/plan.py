@@ -28,6 +28,7 @@ class SamplePlan:
     layout: CandidateLayout
     logprobs: bool
     extended: bool = False  # this call keeps the tiles' largest logits (the layout has room for them)
+    raw_sums: bool = True  # ... and their raw (T = 1) sums, which only "raw" logprobs read
 
     @property
     def flags(self) -> int:
@@ -38,7 +39,8 @@ class SamplePlan:
 def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch.device, logprobs: bool = False,
                 config: Optional[TileConfig] = None, path: Optional[str] = None, block_v: Optional[int] = None,
                 n_shards: int = 1, batch_cap: Optional[int] = None, n_fields: Optional[int] = None,
-                checked: bool = False, extended: bool = False, dtype: Optional[torch.dtype] = None) -> SamplePlan:
+                checked: bool = False, extended: bool = False, dtype: Optional[torch.dtype] = None,
+                raw_sums: bool = True) -> SamplePlan:
     """Plan one sampling call.
 
     weight_rows: rows of the weight (one shard's, with tensor parallelism); n_shards: how
@@ -46,7 +48,9 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     (default: the batch); n_fields: fp32 fields per slot (default: what ``logprobs``
     needs; a head sizes its buffers for the largest); checked: the int32 buffer carries the
     call's header (``step_check.py``; tensor parallelism); extended: keep the tiles' largest
-    logits too (filters, top-N and raw logprobs; ``select_filtered.py``); dtype: the operands' dtype
+    logits too (filters, top-N and raw logprobs; ``select_filtered.py``); raw_sums: with extended,
+    also their raw (T = 1) sums (False when no "raw" logprobs are asked: one exp pass less per
+    tile; the field is then NaN); dtype: the operands' dtype
     (fp32 takes the chunked path past B = 64). config / path / block_v override
     the choices (tests and benchmarks; block_v fixes a head's layout).
     """
@@ -62,7 +66,7 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
         n_fields = CandidateLayout.fields(logprobs, extended=True)
     layout = CandidateLayout(n_fields or CandidateLayout.fields(logprobs), triton.cdiv(weight_rows, cfg.block_v),
                              max(batch_cap or batch, 1), n_shards, checked, 1 + KEEP if roomy else 1)
-    return SamplePlan(path, cfg, layout, bool(logprobs), bool(extended))
+    return SamplePlan(path, cfg, layout, bool(logprobs), bool(extended), bool(raw_sums))
 
 
 def launch_stage1(plan: SamplePlan, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams,
@@ -76,4 +80,4 @@ def launch_stage1(plan: SamplePlan, hidden: torch.Tensor, weight: torch.Tensor, 
         raise ValueError(f"batch {hidden.shape[0]} exceeds the planned capacity {plan.layout.batch_cap}")
     launch = launch_chunked if plan.path == "chunked" else launch_fused
     launch(hidden, weight, params, plan.config, plan.layout, dest, vocab_size=vocab_size, vocab_start=vocab_start,
-           shard=shard, logprobs=plan.logprobs, extended=plan.extended, flags=flags)
+           shard=shard, logprobs=plan.logprobs, extended=plan.extended, flags=flags, raw_sums=plan.raw_sums)

@@ -77,6 +77,7 @@ def sample_logits_kernel(
     DEVICE_PARITY: tl.constexpr, HEADER: tl.constexpr = False, EXTENDED: tl.constexpr = False,
     KEEP: tl.constexpr = 4, XFP_PER_ROW: tl.constexpr = False,
     BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False,
+    WINNER_LOGIT: tl.constexpr = True, RAW_SUM: tl.constexpr = True,
 ):
     """Candidates of vocabulary tiles [tile_base, tile_end) from a logits chunk whose column 0
     is weight row tile_base * BLOCK_V. A program covers BLOCK_B rows and TILES tiles."""
@@ -158,11 +159,13 @@ def sample_logits_kernel(
                 tsum = (_lane_sum(s0, v0[None, :], safe, inv_t) + _lane_sum(s1, v1[None, :], safe, inv_t)
                         + _lane_sum(s2, v2[None, :], safe, inv_t) + _lane_sum(s3, v3[None, :], safe, inv_t))
                 b2 = best[:, None]
-                best_logit = tl.maximum(
-                    tl.maximum(tl.max(tl.where(lane0 == b2, s0, float("-inf")), axis=1),
-                               tl.max(tl.where(lane0 + 1 == b2, s1, float("-inf")), axis=1)),
-                    tl.maximum(tl.max(tl.where(lane0 + 2 == b2, s2, float("-inf")), axis=1),
-                               tl.max(tl.where(lane0 + 3 == b2, s3, float("-inf")), axis=1)))
+                best_logit = best_score  # field 1 only feeds the winner's logprob (WINNER_LOGIT)
+                if WINNER_LOGIT:
+                    best_logit = tl.maximum(
+                        tl.maximum(tl.max(tl.where(lane0 == b2, s0, float("-inf")), axis=1),
+                                   tl.max(tl.where(lane0 + 1 == b2, s1, float("-inf")), axis=1)),
+                        tl.maximum(tl.max(tl.where(lane0 + 2 == b2, s2, float("-inf")), axis=1),
+                                   tl.max(tl.where(lane0 + 3 == b2, s3, float("-inf")), axis=1)))
             else:
                 tmax = best_score
                 tsum = best_score
@@ -178,7 +181,10 @@ def sample_logits_kernel(
                 ok = ((pid_v * BLOCK_V + col) < V_rows) & ((vocab_start + pid_v * BLOCK_V + col) < vocab_size)
                 full = tl.where(ok[None, :], tile, float("-inf"))
                 kept, kept_cols, boundary = tile_topk(full, col, KEEP)
-                write_kept(cand_f, cand_i, dst, dst_i, stride_field, stride_ifield, raw_sum(full, ok[None, :], tmax),
+                rsum = tl.full([BLOCK_B], float("nan"), tl.float32)  # only "raw" logprobs read it (RAW_SUM)
+                if RAW_SUM:
+                    rsum = raw_sum(full, ok[None, :], tmax)
+                write_kept(cand_f, cand_i, dst, dst_i, stride_field, stride_ifield, rsum,
                            kept, vocab_start + pid_v * BLOCK_V + kept_cols, boundary, mask_b, KEEP, PEER_TABLE, NPEERS)
 
     if HEADER:
@@ -196,7 +202,7 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
                          shard: int = 0, logprobs: bool = False, block_b: Optional[int] = None,
                          tiles_per_program: int = 2, num_warps: Optional[int] = None,
                          extended: Optional[bool] = None, flags: Optional[int] = None,
-                         sparse_in_tile: bool = True) -> None:
+                         sparse_in_tile: bool = True, raw_sums: bool = True) -> None:
     """The sampling pass over fp32 ``logits`` [B, n] (column 0 = weight row tiles[0] * block_v):
     candidates of vocabulary tiles [tiles[0], tiles[1]) into block ``shard`` of ``dest``.
     sparse_in_tile=False: the logits already hold the call's bias and penalties
@@ -241,7 +247,7 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
         PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1,
         FAST_LOG=fast_log_ok(logits.device),
         DEVICE_PARITY=par_on, HEADER=layout.checked, EXTENDED=extended, KEEP=KEEP, XFP_PER_ROW=xfp_row,
-        **proc_flags, num_warps=num_warps,
+        WINNER_LOGIT=logprobs, RAW_SUM=raw_sums, **proc_flags, num_warps=num_warps,
     )
 
 
@@ -257,7 +263,7 @@ def chunk_logits(hidden: torch.Tensor, weight_rows: torch.Tensor, out: torch.Ten
 def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
                    layout: CandidateLayout, dest: BufferPair, *, vocab_size: int, vocab_start: int = 0,
                    shard: int = 0, logprobs: bool = False, chunk_rows: Optional[int] = None,
-                   extended: Optional[bool] = None, flags: Optional[int] = None) -> None:
+                   extended: Optional[bool] = None, flags: Optional[int] = None, raw_sums: bool = True) -> None:
     """Stage 1 for large batches: cuBLAS writes fp32 logits per vocabulary chunk, then
     sample_logits_kernel turns them into candidates.
 
@@ -281,4 +287,4 @@ def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams
         launch_sample_logits(logits, params, layout, dest, block_v=cfg.block_v,
                              tiles=(r0 // cfg.block_v, triton.cdiv(r1, cfg.block_v)), V_rows=V_rows,
                              vocab_size=vocab_size, vocab_start=vocab_start, shard=shard, logprobs=logprobs,
-                             extended=extended, flags=flags, sparse_in_tile=False)
+                             extended=extended, flags=flags, sparse_in_tile=False, raw_sums=raw_sums)

@@ -50,7 +50,8 @@ STAGE1 = dict(h_ptr="*bf16", w_ptr="*bf16", cand_f="*i64",
 STAGE1_CONST = dict(**PROC_CONST, BLOCK_B=16, BLOCK_V=128, BLOCK_K=128, EVEN_K=True, EVEN_V=True, SEED_PER_ROW=True,
                     OFFSET_PER_ROW=True, TEMP_PER_ROW=True, NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4,
                     DOT_PRECISION="tf32", DOT_UPCAST=False, FAST_LOG=True, DEVICE_PARITY=True, TMA=False, HEADER=True,
-                    EXTENDED=True, KEEP=4, XFP_PER_ROW=True, ENTRY_HEAD=4, BM_WORDS=True)
+                    EXTENDED=True, KEEP=4, XFP_PER_ROW=True, ENTRY_HEAD=4, BM_WORDS=True, WINNER_LOGIT=True,
+                    RAW_SUM=True)
 
 CASES = {
     "group_select": dict(
@@ -79,7 +80,9 @@ CASES = {
     "stage1_fused_tma": dict(  # the operands as tensor descriptors (TileConfig.tma)
         module="fsdist.ops.fused_sample", kernel="fused_sample_kernel",
         types=dict(STAGE1, h_ptr="tensordesc<bf16[64, 64]>", w_ptr="tensordesc<bf16[128, 64]>"),
-        constexprs=dict(STAGE1_CONST, BLOCK_B=64, BLOCK_K=64, EVEN_K=False, EVEN_V=False, TMA=True)),
+        # (and the extended epilogue without the raw sums and the winner's logit: filters, no logprobs)
+        constexprs=dict(STAGE1_CONST, BLOCK_B=64, BLOCK_K=64, EVEN_K=False, EVEN_V=False, TMA=True,
+                        WINNER_LOGIT=False, RAW_SUM=False)),
     "stage1_pass_peers_parity": dict(
         module="fsdist.ops.sample_logits", kernel="sample_logits_kernel",
         types=dict(logits_ptr="*fp32", stride_lb="i32", tile_base="i32", tile_end="i32", cand_f="*i64", cand_i="*i64",
@@ -88,7 +91,8 @@ CASES = {
                    xfp_ptr="*i64", xfp_val="i64", **ROW_PARAMS, **PARITY, **PROC),
         constexprs=dict(**PROC_CONST, BLOCK_B=32, BLOCK_V=128, TILES=2, SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True,
                         NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4, FAST_LOG=True,
-                        DEVICE_PARITY=True, HEADER=True, EXTENDED=True, KEEP=4, XFP_PER_ROW=False)),
+                        DEVICE_PARITY=True, HEADER=True, EXTENDED=True, KEEP=4, XFP_PER_ROW=False,
+                        WINNER_LOGIT=False, RAW_SUM=False)),
     "stage2_parity": dict(
         module="fsdist.ops.merge_candidates", kernel="merge_candidates_kernel",
         types=dict(cand_f="*fp32", cand_i="*i32", tokens_ptr="*i64", logprob_ptr="*fp32", lse_ptr="*fp32",
