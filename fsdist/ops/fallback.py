@@ -222,10 +222,11 @@ def _resolve_refined_row(ps, row, pool_ptr, shard_cols, n_flagged, round_start, 
                          TOP_N: tl.constexpr, TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr,
                          FAST_LOG: tl.constexpr, POOL: tl.constexpr, KEEP: tl.constexpr, BLOCK_U: tl.constexpr,
                          TILE_V: tl.constexpr, RCAP: tl.constexpr):
-    """Finish pool slot ``ps`` (a [1] tensor; ``row``: its batch row, [1]) if its row has a need key L > 0: gather every logit
-    at or above L (U's kept logits from tiles that do not reach L, the recomputed tiles that
-    do), then run select_filtered's thresholds over them with the boundary just below L.
-    Everything a threshold looks at is there, so the row is proven (module docstring)."""
+    """Finish pool slot ``ps`` (a [1] tensor; ``row``: its batch row, [1]) if its row has a need
+    key L > 0: gather every logit at or above L (U's kept logits from tiles that do not reach L,
+    the recomputed tiles that do), then run select_filtered's thresholds over them with the
+    boundary just below L. Everything a threshold looks at is there, so the row is proven
+    (module docstring)."""
     live = (round_start + ps < n_flagged) & (ps < POOL)
     lkey = tl.load(need_key_ptr + row, mask=live, other=0)
     go = live & (lkey > 0)
@@ -312,9 +313,9 @@ def resolve_kernel(pool_ptr, shard_cols, flags_ptr, B, round_start, V,
         # interpreter a program holds every pooled row, and per-row scans cost O(POOL * B) steps).
         row = round_rows(flags_ptr, B, round_start + ps, SCAN)
         for i in range(BLOCK_R):
-            pick = tl.arange(0, BLOCK_R) == i
+            row_i = tl.sum(tl.where(tl.arange(0, BLOCK_R) == i, row, 0), axis=0) + tl.zeros([1], tl.int32)
             _resolve_refined_row(
-                tl.program_id(0) * BLOCK_R + i + tl.arange(0, 1), tl.sum(tl.where(pick, row, 0), axis=0) + tl.zeros([1], tl.int32),
+                tl.program_id(0) * BLOCK_R + i + tl.arange(0, 1), row_i,
                 pool_ptr, shard_cols, n_flagged,
                 round_start, V, cand_f, cand_i, base_f, base_i, n_slots, n_local, stride_shard, stride_shard_i,
                 stride_field, stride_ifield, stride_slot, need_key_ptr, scratch_f, scratch_i, scratch_t,

@@ -28,6 +28,17 @@ over the cap searches all of U, with the same outcome). Calls do not pack by def
 top-p runs over the packed survivors, and the pack itself then costs more than it saves
 (H100, 2026-11-24).
 
+The top-k search stops early on most rows: bisection keeps a key lo with at least k kept
+logits at or above it, and once at most SMALL_CAP lie there (2-5 steps on a row's tail) the
+program packs P = U's logits at or above pk = max(lo, the min-p threshold) into SMALL_CAP
+lanes and ranks the k-th largest pairwise (``kth_key_small``). P holds S whenever S decides
+anything: with the k-th largest known, S starts at max(min-p threshold, k-th) >= pk; without it
+S starts at the min-p threshold, and the row is proven only if that lies above B, where fewer
+than k logits reach it, so lo <= k-th < min-p threshold and P = S. Any other row is flagged and
+needs only max(min-p threshold, k-th largest of U) for its fallback bound, which P gives
+exactly (if P holds k logits its k-th largest is U's; if not, U's lies below pk, which is then
+the min-p threshold). A program with a row over SMALL_CAP bisects on to the exact key.
+
 Thresholds are found by bisection on an order-preserving 32-bit key of the fp32 logits
 (32 steps each): the k-th largest key, and the smallest key whose strictly-larger mass is
 < top_p * Z_S. Both land on a logit that exists, so ties are handled exactly: every logit
@@ -296,8 +307,8 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
     Writes the proven rows' tokens, logprobs and top-N; returns (need, lower, small): the rows the
     kept logits could not finish, for each a key at or below every threshold it needs (its
     min-p / top-k / top-p thresholds and its N-th largest logit; 0 = no bound known), and whether
-    top-p and the draw ran over S packed into SMALL lanes (small_f / small_i at small_base
-    [rows], int64 element offsets; SMALL = 0: never)."""
+    the k-th largest, top-p and the draw ran over P packed into SMALL lanes (module docstring;
+    small_f / small_i at small_base [rows], int64 element offsets; SMALL = 0: never)."""
     BLOCK_R: tl.constexpr = vals.shape[0]
     live = vals > float("-inf")
     keys = order_key(vals)
@@ -327,10 +338,9 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
     seed = load_row_param(seed_ptr, seed_val, rows, mask_r, tl.int64, SEED_PER_ROW)
     offset = load_row_param(offset_ptr, offset_val, rows, mask_r, tl.int64, OFFSET_PER_ROW)
     # P: the elements at or above max(lo, the min-p threshold) (top-k rows) or the min-p threshold
-    # (others). P holds S (the survivors of min-p and top-k) whenever S matters (module docstring:
-    # kth_key_small). When P is small in every row of the program, it is packed into SMALL lanes:
-    # the k-th largest and top-p are then pairwise (no search) and the draw's noise runs over SMALL
-    # ids, not all of vals.
+    # (others). P holds S (the survivors of min-p and top-k) whenever S matters (module docstring).
+    # When P is small in every row of the program, it is packed into SMALL lanes: the k-th largest
+    # and top-p are then pairwise (no search) and the draw's noise runs over SMALL ids, not all of vals.
     pk = tl.maximum(tl.where(use_k, lo, 0), key_minp)
     n_p = tl.sum((live & (keys >= pk[:, None])).to(tl.int32), axis=1)
     used = n_p < 0  # [rows] all False: whether the packed elements served
