@@ -16,7 +16,7 @@ from .ops.configs import TileConfig
 from .ops.fallback import KeptLogits, run_fallback
 from .ops.layout import BufferPair
 from .ops.merge_candidates import launch_merge
-from .ops.plan import launch_stage1, plan_sample
+from .ops.plan import launch_stage1, plan_sample, raw_sums_needed
 from .ops.select_filtered import launch_select_filtered
 from .types import Penalties, SampleOutput, SparseLogits
 
@@ -115,7 +115,7 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     extended = filtered or top_logprobs > 0 or raw
     plan = plan_sample(batch=B, hidden_size=D, weight_rows=weight.shape[0], device=hidden.device,
                        logprobs=return_logprobs, config=config, path=path, extended=extended, dtype=hidden.dtype,
-                       raw_sums=logprobs_mode == "raw" and bool(return_logprobs or top_logprobs))
+                       raw_sums=raw_sums_needed(logprobs_mode, return_logprobs, top_logprobs))
     buffers = BufferPair.alloc(plan.layout, hidden.device)
     launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size)
     tokens, lp, lse = launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs, raw=raw)

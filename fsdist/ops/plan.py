@@ -36,6 +36,12 @@ class SamplePlan:
         return call_flags(self.logprobs, self.path == "chunked")
 
 
+def raw_sums_needed(mode: str, logprobs: bool, top_n: int) -> bool:
+    """Whether an extended stage 1 must write the tiles' raw (T = 1) sums: only "raw" logprobs,
+    of the token or of the top N, read them (plan_sample's raw_sums)."""
+    return mode == "raw" and (bool(logprobs) or top_n > 0)
+
+
 def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch.device, logprobs: bool = False,
                 config: Optional[TileConfig] = None, path: Optional[str] = None, block_v: Optional[int] = None,
                 n_shards: int = 1, batch_cap: Optional[int] = None, n_fields: Optional[int] = None,

@@ -97,7 +97,7 @@ class CandidatesReduction(Reduction):
     def _sample(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, opts: CallOptions, step: int):
         B = hidden.shape[0]
         plan = self.plan(B, hidden.shape[1], opts.logprobs, opts.path, n_shards=self.tp, n_fields=N_FIELDS,
-                         checked=True, extended=opts.extended, dtype=hidden.dtype)
+                         checked=True, extended=opts.extended, dtype=hidden.dtype, raw_sums=opts.raw_sums)
         bufs, part = self.buffers, self.partition
         self.seam.call("before_stage1", step)
         launch_stage1(plan, hidden, weight, params, bufs.dest, vocab_size=part.vocab_size,

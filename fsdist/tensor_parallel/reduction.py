@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..ops.plan import SamplePlan, plan_sample
+from ..ops.plan import SamplePlan, plan_sample, raw_sums_needed
 from ..ops.step_check import HeaderCheck, call_flags, launch_end_step, launch_step_record, launch_verify_step
 from ..params import LOGPROBS_MODES, RowParams
 from .health import StepMonitor
@@ -49,6 +49,10 @@ class CallOptions:
     @property
     def extended(self) -> bool:
         return self.filtered or self.top_n > 0 or self.raw
+
+    @property
+    def raw_sums(self) -> bool:
+        return raw_sums_needed(self.mode, self.logprobs, self.top_n)
 
     def flags(self, plan: Optional[SamplePlan] = None) -> int:
         """The header's flags word (step_check.py) for this call."""
@@ -107,12 +111,12 @@ class Reduction:
     # ---- shared ----------------------------------------------------------------------
     def plan(self, batch: int, hidden_size: int, logprobs: bool, path: Optional[str], n_shards: int,
              n_fields: Optional[int] = None, checked: bool = False, extended: bool = False,
-             dtype: Optional[torch.dtype] = None) -> SamplePlan:
+             dtype: Optional[torch.dtype] = None, raw_sums: bool = True) -> SamplePlan:
         """Stage 1 of this rank's shard, into a buffer of the current capacity with n_shards blocks."""
         return plan_sample(batch=batch, hidden_size=hidden_size, weight_rows=self.partition.rows, device=self.device,
                            logprobs=logprobs, path=path, block_v=self.block_v, n_shards=n_shards,
                            batch_cap=self.capacity, n_fields=n_fields, checked=checked, extended=extended,
-                           dtype=dtype)
+                           dtype=dtype, raw_sums=raw_sums)
 
     def header_check(self) -> HeaderCheck:
         return HeaderCheck(self.rank, self.monitor.status)
