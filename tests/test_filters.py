@@ -208,6 +208,24 @@ def test_logprobs_and_top_n_match_the_reference(device, mode, block_v):
     torch.testing.assert_close(got[fin], vals[fin], atol=2e-5, rtol=0)
 
 
+@pytest.mark.parametrize("block_v", [64, 512], ids=["proven", "fallback"])
+def test_raw_top_n_without_token_logprobs(device, block_v):
+    """"raw" top-N logprobs with return_logprobs=False still get the tiles' raw sums (stage 1
+    writes them for raw top-N too, plan.raw_sums_needed): the values match the reference."""
+    B, D, V = 12, 32, 1000
+    h, w = problem(B, D, V, seed=17, device=device)
+    p = mixed_params(B, device, seed=8)
+    out = fsdist.sample(h, w, seed=torch.arange(B, device=device), offset=1, vocab_size=V, config=cfg(block_v),
+                        top_logprobs=4, logprobs_mode="raw", **p)
+    assert out.logprobs is None
+    ids, vals = reference_top_logprobs(h.cpu().double() @ w.cpu().double().T, 4, mode="raw",
+                                       **reference_kwargs(p, V))
+    assert torch.equal(out.top_ids.cpu(), ids)
+    got = out.top_logprobs.cpu().double()
+    assert bool(torch.isfinite(got).all())
+    torch.testing.assert_close(got, vals, atol=2e-5, rtol=0)
+
+
 def test_top_n_without_filters_and_beyond_the_vocabulary(device):
     h, w = problem(3, 16, 40, seed=16, device=device)
     out = fsdist.sample(h, w, seed=1, top_logprobs=20, vocab_size=12, config=cfg(64))

@@ -222,8 +222,8 @@ def _resolve_refined_row(ps, row, pool_ptr, shard_cols, n_flagged, round_start, 
                          TOP_N: tl.constexpr, TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr,
                          FAST_LOG: tl.constexpr, POOL: tl.constexpr, KEEP: tl.constexpr, BLOCK_U: tl.constexpr,
                          TILE_V: tl.constexpr, RCAP: tl.constexpr):
-    """Finish pool slot ``ps`` (a [1] tensor; ``row``: its batch row, [1]) if its row has a need
-    key L > 0: gather every logit at or above L (U's kept logits from tiles that do not reach L,
+    """Finish pool slots ``ps`` ([n]; ``row``: their batch rows, [n]) whose row has a need key
+    L > 0: gather every logit at or above L (U's kept logits from tiles that do not reach L,
     the recomputed tiles that do), then run select_filtered's thresholds over them with the
     boundary just below L. Everything a threshold looks at is there, so the row is proven
     (module docstring)."""
@@ -276,7 +276,7 @@ def _resolve_refined_row(ps, row, pool_ptr, shard_cols, n_flagged, round_start, 
         c = tl.arange(0, RCAP)
         cm = go[:, None] & (c[None, :] < n_all[:, None])
         below = lkey - 1
-        no = lkey < 0  # [1] False: no row here is bad, none complete
+        no = lkey < 0  # all False: no row here is bad, none complete
         vals2 = tl.load(scratch_f + sbase[:, None] + c[None, :], mask=cm, other=float("-inf"))
         _need, _lower, _small = finish_rows(vals2,
                     tl.load(scratch_i + sbase[:, None] + c[None, :], mask=cm, other=-1),
@@ -309,20 +309,18 @@ def resolve_kernel(pool_ptr, shard_cols, flags_ptr, B, round_start, V,
     if round_start < n_flagged:  # a round past the count (most calls) stops here
         ps = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # pool slots
         live_r = (round_start + ps < n_flagged) & (ps < POOL)
-        # The program's rows, listed once: one scan of the flags, not one per pooled row (under the
-        # interpreter a program holds every pooled row, and per-row scans cost O(POOL * B) steps).
+        # The program's rows, listed once (one scan of the flags), and finished together: a GPU program
+        # holds one pooled row; under the interpreter one program holds them all, and a Python-level
+        # loop over rows cost ~0.1 s per row in interpreter overhead.
         row = round_rows(flags_ptr, B, round_start + ps, SCAN)
-        for i in range(BLOCK_R):
-            row_i = tl.sum(tl.where(tl.arange(0, BLOCK_R) == i, row, 0), axis=0) + tl.zeros([1], tl.int32)
-            _resolve_refined_row(
-                tl.program_id(0) * BLOCK_R + i + tl.arange(0, 1), row_i,
-                pool_ptr, shard_cols, n_flagged,
-                round_start, V, cand_f, cand_i, base_f, base_i, n_slots, n_local, stride_shard, stride_shard_i,
-                stride_field, stride_ifield, stride_slot, need_key_ptr, scratch_f, scratch_i, scratch_t,
-                seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, topk_ptr, topk_val, topp_ptr, topp_val,
-                minp_ptr, minp_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
-                SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, TOPK_PER_ROW, TOPP_PER_ROW, MINP_PER_ROW,
-                TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, POOL, KEEP, BLOCK_U, TILE_V, RCAP)
+        _resolve_refined_row(
+            ps, row, pool_ptr, shard_cols, n_flagged,
+            round_start, V, cand_f, cand_i, base_f, base_i, n_slots, n_local, stride_shard, stride_shard_i,
+            stride_field, stride_ifield, stride_slot, need_key_ptr, scratch_f, scratch_i, scratch_t,
+            seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, topk_ptr, topk_val, topp_ptr, topp_val,
+            minp_ptr, minp_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
+            SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, TOPK_PER_ROW, TOPP_PER_ROW, MINP_PER_ROW,
+            TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, POOL, KEEP, BLOCK_U, TILE_V, RCAP)
         live_r = live_r & (tl.load(need_key_ptr + row, mask=live_r, other=1) == 0)  # the whole row recomputed
         if tl.max(live_r.to(tl.int32), axis=0) > 0:
             slots = ps.to(tl.int64)
@@ -539,9 +537,13 @@ def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, fl
     block_r = 1 if on_gpu else pool.rows  # GPU: a pooled row per program; interpreter: all of them
     buf_args, par_on = kept.buffer_args()
     # per pooled row: the gathered logits (fp32 values, int32 ids) and the list of recomputed tiles
-    scratch_f = torch.empty(pool.rows * REFINE_CAP, dtype=torch.float32, device=device)
-    scratch_i = torch.empty(pool.rows * REFINE_CAP, dtype=torch.int32, device=device)
-    scratch_t = torch.empty(pool.rows * max(1, REFINE_CAP // kept.tile_v), dtype=torch.int32, device=device)
+    # Lanes per gathered row: REFINE_CAP, or fewer where every tile and all of U fit in fewer (a
+    # small vocabulary: the same rows fit, in less work per row; select_filtered's REFINE_CAP test
+    # can then never reject one).
+    rcap = min(REFINE_CAP, triton.next_power_of_2(kept.layout.n_slots * (kept.tile_v + KEEP)))
+    scratch_f = torch.empty(pool.rows * rcap, dtype=torch.float32, device=device)
+    scratch_i = torch.empty(pool.rows * rcap, dtype=torch.int32, device=device)
+    scratch_t = torch.empty(pool.rows * max(1, rcap // kept.tile_v), dtype=torch.int32, device=device)
     # At least 512 lanes: Triton 3.6 fails to compile this kernel for sm_90 with 16 warps over
     # [1, 64] kept-logit tensors (TritonGPURemoveLayoutConversions); the extra lanes are masked.
     block_u = max(512, triton.next_power_of_2(kept.layout.n_slots * KEEP))
@@ -555,7 +557,7 @@ def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, fl
         **pflags, BLOCK=8192 if on_gpu else 1024, TOP_N=top_n, TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)),
         MODE=LOGPROBS_MODES.index(mode), LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device),
         POOL=pool.rows, BLOCK_R=block_r, KEEP=KEEP, BLOCK_U=block_u,
-        TILE_V=kept.tile_v, RCAP=REFINE_CAP, DEVICE_PARITY=par_on, SCAN=SCAN, num_warps=16 if on_gpu else 4)
+        TILE_V=kept.tile_v, RCAP=rcap, DEVICE_PARITY=par_on, SCAN=SCAN, num_warps=16 if on_gpu else 4)
 
 
 def run_fallback(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, *, vocab_size: int,

@@ -34,14 +34,16 @@ program packs P = U's logits at or above pk = max(lo, the min-p threshold) into 
 lanes and ranks the k-th largest pairwise (``kth_key_small``). P holds S whenever S decides
 anything: with the k-th largest known, S starts at max(min-p threshold, k-th) >= pk; without it
 S starts at the min-p threshold, and the row is proven only if that lies above B, where fewer
-than k logits reach it, so lo <= k-th < min-p threshold and P = S. Any other row is flagged and
+than k logits reach it: then lo <= k-th < min-p threshold, or (k above the live count) every
+live logit reaches it; either way P = S. Any other row is flagged and
 needs only max(min-p threshold, k-th largest of U) for its fallback bound, which P gives
 exactly (if P holds k logits its k-th largest is U's; if not, U's lies below pk, which is then
-the min-p threshold). A program with a row over SMALL_CAP bisects on to the exact key.
+the min-p threshold). A program with a row whose P is over SMALL_CAP bisects on to the exact
+key and runs top-p by search over all of U.
 
-Thresholds are found by bisection on an order-preserving 32-bit key of the fp32 logits
-(32 steps each): the k-th largest key, and the smallest key whose strictly-larger mass is
-< top_p * Z_S. Both land on a logit that exists, so ties are handled exactly: every logit
+Thresholds are found by bisection on an order-preserving 32-bit key of the fp32 logits,
+between each row's smallest and largest live keys (or pairwise, above): the k-th largest key,
+and the smallest key whose strictly-larger mass is < top_p * Z_S. Both land on a logit that exists, so ties are handled exactly: every logit
 equal to the threshold is kept (vLLM keeps all ties at the k-th value; for top-p this
 keeps a whole tie group, which vLLM's sort may split). The sampling noise is recomputed
 per kept id from the RNG contract (``noise.vocab_bits``), so the token is the one the
@@ -84,9 +86,11 @@ SEARCH_CAP = 2048
 # boundary first costs more than it saves: 3.4-5 us per top-k + top-p call slower on an H100,
 # min-p within 1.5 us (docs/performance.md, v21). Kept as an option (cap=SEARCH_CAP; tests, probes).
 DEFAULT_SEARCH_CAP = 0
-# Most survivors of min-p and top-k (S) a row may have for top-p and the draw to run over S packed
-# into this many lanes (no top-p search: pairwise masses); else over the searched elements as they
-# are (same results up to the order of fp32 sums). A power of two >= 32; 0 turns it off (tests).
+# Most logits a row's P (its logits at or above the stopped top-k bisection's lower end and the
+# min-p threshold; see the module docstring) may hold for the k-th largest, top-p and the draw to
+# run over P packed into this many lanes (pairwise, no search); else over all of U (same results
+# up to the order of fp32 sums). Also the top-k bisection's stop. A power of two >= 32; 0 turns it
+# off (tests).
 SMALL_CAP = 128
 # Most logits the fallback may gather for one row to finish it from a few recomputed tiles
 # (fallback.py): U's part at or above the row's lower bound plus the tiles it must recompute.
@@ -222,21 +226,20 @@ def nucleus_key(skeys, mass, live, target, floor):
 
 
 @triton.jit
-def nucleus_key_small(sv_at, n_s, keys, mass, live, msafe, inv_t, target, floor, key_s, SMALL: tl.constexpr,
+def nucleus_key_small(sv_at, n_s, keys, mass, live, msafe, inv_t, target, floor, SMALL: tl.constexpr,
                       CHUNK: tl.constexpr):
-    """nucleus_key without a search, for rows whose elements at or above key_s (at most SMALL,
-    among the elements stored at sv_at [rows] + [0, n_s)) are S: each element's strictly-larger
-    mass in S, summed pairwise chunk by chunk, and the smallest qualifying key (floor + 1 or a live
-    key, as in nucleus_key). keys / mass / live: the stored elements as [rows, SMALL] (lane i =
-    element i; live: those in S)."""
+    """nucleus_key without a search, for rows whose elements are stored at sv_at [rows] + [0, n_s)
+    (at most SMALL) and include S (``live``, a top part of them: every element above one of S is
+    in S): each element's strictly-larger mass, summed pairwise chunk by chunk, and the smallest
+    qualifying key (floor + 1 or a live key, as in nucleus_key). keys / mass / live: the stored
+    elements as [rows, SMALL] (lane i = element i)."""
     skeys = (keys - 2147483648).to(tl.int32)  # 32-bit compares, as in the searches
-    s_lo = (key_s - 2147483648).to(tl.int32)
     above = tl.zeros(mass.shape, tl.float32)
     for c in tl.static_range(SMALL // CHUNK):
         j = c * CHUNK + tl.arange(0, CHUNK)
         vj = tl.load(sv_at[:, None] + j[None, :], mask=j[None, :] < n_s[:, None], other=float("-inf"))
+        lj = vj > float("-inf")
         kj = (order_key(vj) - 2147483648).to(tl.int32)
-        lj = (vj > float("-inf")) & (kj >= s_lo[:, None])
         mj = tl.where(lj, tl.exp((vj - msafe[:, None]) * inv_t[:, None]), 0.0)
         gt = lj[:, None, :] & (kj[:, None, :] > skeys[:, :, None])
         above += tl.sum(tl.where(gt, mj[:, None, :], 0.0), axis=2)
@@ -330,8 +333,11 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
     # a min-p row runs none). With SMALL it stops once at most SMALL elements lie at or above its
     # lower end lo (a few steps on a row's tail): the k-th largest is then ranked among those.
     any_k = tl.max(ask_k.to(tl.int32), axis=0) > 0
-    lo, hi, n_lo = kth_bracket(skeys, live)
+    lo = tl.zeros([BLOCK_R], tl.int64)
+    hi = lo + 1
+    n_lo = n_live
     if any_k:
+        lo, hi, n_lo = kth_bracket(skeys, live)
         lo, hi, n_lo = kth_bisect(skeys, live, kk, lo, hi, n_lo, ask_k, SMALL)
     any_p = tl.max((use_p & active).to(tl.int32), axis=0) > 0
     s_known = k_known | (key_minp > bkey)
@@ -368,7 +374,7 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
             z_s = tl.where(key_s > 0, tl.sum(tl.where(s_in, s_mass, 0.0), axis=1), z_full)
             if any_p:
                 key_p = nucleus_key_small(small_f + small_base, n_p, s_keys, s_mass, s_in, msafe, inv_t,
-                                          top_p * z_s, floor_key, key_s, SMALL, SMALL_CHUNK)
+                                          top_p * z_s, floor_key, SMALL, SMALL_CHUNK)
             else:
                 key_p = tl.zeros([BLOCK_R], tl.int64)
             key_t = tl.where(use_p, tl.maximum(key_s, key_p), key_s)
@@ -604,9 +610,9 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     cap: how many kept logits above the boundary a row may have for the packed search
     (default DEFAULT_SEARCH_CAP = 0: all of U is searched; SEARCH_CAP packs, with the same
     results; at most half of U's padded size is used); ``searched``, an int32 [B] tensor, receives how many kept
-    logits each row's search ran over (-1: all of U). small_cap: SMALL_CAP unless set (0: top-p
-    and the draw always over the searched elements; tests); ``drew_small``, an int32 [B] tensor,
-    receives 1 where they ran over the packed survivors (else 0).
+    logits each row's search ran over (-1: all of U). small_cap: SMALL_CAP unless set (0: the
+    exact top-k bisection, top-p and the draw always over the searched elements; tests);
+    ``drew_small``, an int32 [B] tensor, receives 1 where they ran over the packed P (else 0).
     """
     if not layout.extended:
         raise ValueError("filters and top-N logprobs need an extended candidate layout (layout.fields(extended=True))")

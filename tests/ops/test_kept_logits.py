@@ -106,8 +106,8 @@ def test_the_kept_logits_check_can_fail(device):
 
 @pytest.mark.parametrize("stage1", ["fused", "pass"])
 def test_raw_sums_and_the_winner_logit_are_left_out_only_where_asked(device, stage1):
-    """raw_sums=False (no "raw" logprobs asked) writes NaN into the raw-sum field and, without
-    logprobs, the winner's score into the winner-logit field; every other field is as with them."""
+    """raw_sums=False writes NaN into the raw-sum field and logprobs=False the winner's score into
+    the winner-logit field, each independently of the other; every other field is as with both."""
     from fsdist.ops.layout import F_RAW_SUM
 
     B, V_rows = 5, 1000
@@ -116,26 +116,28 @@ def test_raw_sums_and_the_winner_logit_are_left_out_only_where_asked(device, sta
         B, dtype=torch.int64, device=device))
     layout = CandidateLayout(CandidateLayout.fields(True, extended=True), -(-V_rows // BLOCK_V), B, n_ifields=1 + KEEP)
     out = {}
-    for raw_sums in (True, False):
-        f, i = layout.alloc(device)
-        if stage1 == "fused":
-            hidden = torch.zeros(B, D)
-            hidden[torch.arange(B), torch.arange(B)] = 1.0
-            weight = torch.zeros(V_rows, D)
-            weight[:, :B] = logits.T
-            cfg = TileConfig(block_b=16, block_v=BLOCK_V, block_k=64, num_warps=4, num_stages=1)
-            launch_fused(hidden.to(device), weight.to(device), params, cfg, layout, BufferPair(f, i),
-                         vocab_size=V_rows, extended=True, logprobs=raw_sums, raw_sums=raw_sums)
-        else:
-            launch_sample_logits(logits.to(device), params, layout, BufferPair(f, i), block_v=BLOCK_V,
-                                 tiles=(0, layout.n_local), V_rows=V_rows, vocab_size=V_rows,
-                                 logprobs=raw_sums, extended=True, raw_sums=raw_sums)
-        out[raw_sums] = (f.view(layout.n_fields, layout.n_local, layout.batch_cap)[:, :, :B].cpu(),
-                         i.view(layout.n_ifields, layout.n_local, layout.batch_cap)[:, :, :B].cpu())
-    (f1, i1), (f0, i0) = out[True], out[False]
-    assert torch.equal(i1, i0)
+    for logprobs in (True, False):
+        for raw_sums in (True, False):
+            f, i = layout.alloc(device)
+            if stage1 == "fused":
+                hidden = torch.zeros(B, D)
+                hidden[torch.arange(B), torch.arange(B)] = 1.0
+                weight = torch.zeros(V_rows, D)
+                weight[:, :B] = logits.T
+                cfg = TileConfig(block_b=16, block_v=BLOCK_V, block_k=64, num_warps=4, num_stages=1)
+                launch_fused(hidden.to(device), weight.to(device), params, cfg, layout, BufferPair(f, i),
+                             vocab_size=V_rows, extended=True, logprobs=logprobs, raw_sums=raw_sums)
+            else:
+                launch_sample_logits(logits.to(device), params, layout, BufferPair(f, i), block_v=BLOCK_V,
+                                     tiles=(0, layout.n_local), V_rows=V_rows, vocab_size=V_rows,
+                                     logprobs=logprobs, extended=True, raw_sums=raw_sums)
+            out[logprobs, raw_sums] = (f.view(layout.n_fields, layout.n_local, layout.batch_cap)[:, :, :B].cpu(),
+                                       i.view(layout.n_ifields, layout.n_local, layout.batch_cap)[:, :, :B].cpu())
+    ref_f, ref_i = out[True, True]
     others = [k for k in range(layout.n_fields) if k not in (1, F_RAW_SUM)]
-    assert torch.equal(f1[others], f0[others])
-    assert bool(torch.isnan(f0[F_RAW_SUM]).all()) and bool(torch.isfinite(f1[F_RAW_SUM]).all())
-    assert torch.equal(f0[1], f0[0])  # the winner's perturbed score stands in for its logit
-    assert not torch.equal(f1[1], f1[0])  # with logprobs it is the raw logit
+    for (logprobs, raw_sums), (f, i) in out.items():
+        assert torch.equal(i, ref_i) and torch.equal(f[others], ref_f[others])
+        assert bool(torch.isfinite(f[F_RAW_SUM]).all()) if raw_sums else bool(torch.isnan(f[F_RAW_SUM]).all())
+        # field 1: the winner's raw logit with logprobs, else its perturbed score stands in
+        assert torch.equal(f[1], ref_f[1] if logprobs else f[0])
+    assert not torch.equal(ref_f[1], ref_f[0])  # the two differ, so the check above can fail

@@ -31,7 +31,7 @@ def _stage1(device, logits, params):
 
 
 def _select(layout, buffers, B, params, cap, **kw):
-    """(tokens, logprobs, top ids, top logprobs, flags, searched, drew_small) of select_filtered with
+    """(tokens, logprobs, top ids, top logprobs, flags, searched, drew_small, need keys) of select_filtered with
     search cap ``cap`` (None: the default) and the instrumentation of both branches."""
     tokens, lp, _ = launch_merge(layout, buffers, B, params, logprobs=True)
     top_n = kw.get("top_n", 0)
@@ -39,9 +39,11 @@ def _select(layout, buffers, B, params, cap, **kw):
     top_lp = torch.full((B, top_n), -5.0, device=tokens.device)
     searched = torch.full((B,), -7, dtype=torch.int32, device=tokens.device)
     drew = torch.full((B,), -7, dtype=torch.int32, device=tokens.device)
+    need_key = torch.full((B,), -9, dtype=torch.int64, device=tokens.device)
     fb = sf.launch_select_filtered(layout, buffers, B, params, tokens=tokens, logprobs=lp, top_ids=top_ids,
-                                   top_lp=top_lp, cap=cap, searched=searched, drew_small=drew, **kw)
-    return tokens.cpu(), lp.cpu(), top_ids.cpu(), top_lp.cpu(), fb.cpu(), searched.cpu(), drew.cpu()
+                                   top_lp=top_lp, cap=cap, searched=searched, drew_small=drew, need_key=need_key, **kw)
+    return (tokens.cpu(), lp.cpu(), top_ids.cpu(), top_lp.cpu(), fb.cpu(), searched.cpu(), drew.cpu(),
+            need_key.cpu())
 
 
 def _assert_same_outcome(full, packed):
@@ -162,8 +164,7 @@ def _search_kernel(vals_ptr, k_ptr, target_ptr, floor_ptr, s_ptr, kth_ptr, nuc_p
     tl.store(nuc_ptr + r, sf.nucleus_key(skeys, mass, live, target, floor))
     n = tl.full([R], N, tl.int32)
     at = vals_ptr + r.to(tl.int64) * N
-    zero = tl.zeros([R], tl.int64)
-    tl.store(nuc_small_ptr + r, sf.nucleus_key_small(at, n, keys, mass, live, msafe, inv_t, target, floor, zero, N, 16))
+    tl.store(nuc_small_ptr + r, sf.nucleus_key_small(at, n, keys, mass, live, msafe, inv_t, target, floor, N, 16))
     tl.store(kth_small_ptr + r, sf.kth_key_small(at, n, keys, live, k, N, 16))
     # the bisection that stops once at most STOP elements lie at or above its lower end
     lo, hi, n_lo = sf.kth_bracket(skeys, live)
@@ -175,8 +176,8 @@ def _search_kernel(vals_ptr, k_ptr, target_ptr, floor_ptr, s_ptr, kth_ptr, nuc_p
     key_s = tl.load(s_ptr + r)
     in_s = live & (keys >= key_s[:, None])
     tl.store(nuc_s_ptr + r, sf.nucleus_key(skeys, mass, in_s, target, floor))
-    tl.store(nuc_s_small_ptr + r, sf.nucleus_key_small(at, n, keys, mass, in_s, msafe, inv_t, target, floor, key_s,
-                                                       N, 16))
+    # (all N elements stored, S = their top part marked live: the pairwise form's contract)
+    tl.store(nuc_s_small_ptr + r, sf.nucleus_key_small(at, n, keys, mass, in_s, msafe, inv_t, target, floor, N, 16))
 
 
 def _order_key(v):
@@ -229,6 +230,7 @@ def test_threshold_searches_match_a_sort(device):
     live_all = vals > float("-inf")
     assert torch.equal(n_lo, (live_all & (keys >= lo[:, None])).sum(dim=1))
     assert bool((lo <= ref_kth).all()) and bool((n_lo >= k).all())
+    assert bool(((live_all & (keys >= hi[:, None])).sum(dim=1) < k).all())  # and fewer than k at or above hi
     assert bool(((n_lo <= STOP) | ((hi == lo + 1) & (lo == ref_kth))).all())
     assert bool((n_lo <= STOP).any()) and bool((n_lo > STOP).any())  # both ways of stopping occur here
     # the nucleus of S, checked like the nucleus of the whole row below
@@ -269,7 +271,7 @@ def _small_rows(device, B, V_rows, seed):
 
 
 def _select_small(layout, buffers, B, params, small_cap, **kw):
-    """_select with the default search cap and survivor cap ``small_cap``; [5] is drew_small."""
+    """_select with the default search cap and survivor cap ``small_cap``; [5] is drew_small, [6] the need keys."""
     out = _select(layout, buffers, B, params, None, small_cap=small_cap, **kw)
     return out[:5] + out[6:]
 
@@ -293,6 +295,8 @@ def test_packed_survivors_equal_the_search(device, mode):
     assert (packed[5] == 1).all()
     for got in (packed, over):
         _assert_same_outcome(search, got)
+        flagged = search[4]
+        assert torch.equal(got[6][flagged], search[6][flagged])  # the same fallback bounds
     assert (search[4] == 0).sum() >= B - 2  # proven rows: the comparison is not vacuous
 
 
@@ -314,16 +318,15 @@ def test_a_wrong_survivor_pack_would_be_caught(device, monkeypatch, flaw):
     ref = _select_small(layout, buffers, B, params, 0, **kw)
 
     @triton.jit
-    def wrong_nucleus(sv_at, n_s, keys, mass, live, msafe, inv_t, target, floor, key_s, SMALL: tl.constexpr,
+    def wrong_nucleus(sv_at, n_s, keys, mass, live, msafe, inv_t, target, floor, SMALL: tl.constexpr,
                       CHUNK: tl.constexpr):
         skeys = (keys - 2147483648).to(tl.int32)
-        s_lo = (key_s - 2147483648).to(tl.int32)
         above = tl.zeros(mass.shape, tl.float32)
         for c in tl.static_range(SMALL // CHUNK):
             j = c * CHUNK + tl.arange(0, CHUNK)
             vj = tl.load(sv_at[:, None] + j[None, :], mask=j[None, :] < n_s[:, None], other=float("-inf"))
+            lj = vj > float("-inf")
             kj = (sf.order_key(vj) - 2147483648).to(tl.int32)
-            lj = (vj > float("-inf")) & (kj >= s_lo[:, None])
             mj = tl.where(lj, tl.exp((vj - msafe[:, None]) * inv_t[:, None]), 0.0)
             above += tl.sum(tl.where(lj[:, None, :] & (kj[:, None, :] >= skeys[:, :, None]), mj[:, None, :], 0.0),
                             axis=2)
