@@ -77,7 +77,9 @@ def stage1_times(D, V, B, configs, args, device):
     params = RowParams(temp, rows + 1, rows * 0)
     fparams = RowParams(temp, rows + 1, rows * 0, **filt)
     out = {}
-    for label, extended, cfg in [("plain", False, None)] + [("extended", True, c) for c in configs]:
+    cases = [("plain", False, None)] + [("extended", True, c) for c in configs]
+    cases += [("plain", False, c) for c in configs[1:]]  # the extra configs on the plain call too
+    for label, extended, cfg in cases:
         cfg = cfg or pick_config(B, D, device.type)
         plan = plan_sample(batch=B, hidden_size=D, weight_rows=V, device=device, config=cfg, path="fused",
                            extended=extended)
@@ -160,6 +162,16 @@ def call_kernels(D, V, B, args, device):
     return out
 
 
+def _bias_penalties(D, V, B, device):
+    """fsdist.sample's logit bias + penalties as the kernel bench builds them (1,000 ids per row)."""
+    from kernel_bench import ShapeCtx
+
+    ctx = ShapeCtx(D=D, V=V, dtype=torch.bfloat16, device=device, T=0.8,
+                   proc_cfg={"density": 0.5, "n_bias": 500, "n_output": 250, "n_prompt": 250})
+    ctx.set_processors(B, torch.Generator(device=device).manual_seed(1))
+    return ctx.processor_kwargs("bias_pen")
+
+
 def graph_times(D, V, B, configs, args, device):
     """Whole calls as CUDA-graph replays (L2 flushed): plain, and the filtered ones with the default
     stage-1 config and search, with U's part above the boundary packed first (cap = SEARCH_CAP while
@@ -174,8 +186,13 @@ def graph_times(D, V, B, configs, args, device):
     cases = [("plain", {}, default_cap, None), ("k50+p0.9", filt, default_cap, None),
              ("min_p0.05", minp, default_cap, None),
              ("k50+p0.9 packed-U", filt, sf.SEARCH_CAP, None), ("min_p0.05 packed-U", minp, sf.SEARCH_CAP, None)]
+    # bias + penalties on 1,000 ids per row (the kernel bench's processors, issue 12's target)
+    proc = _bias_penalties(D, V, B, device)
+    cases.append(("bias_pen", proc, default_cap, None))
     for cfg in configs:
-        cases += [(f"k50+p0.9 {cfg.name}", filt, default_cap, cfg), (f"min_p0.05 {cfg.name}", minp, default_cap, cfg)]
+        cases += [(f"plain {cfg.name}", {}, default_cap, cfg), (f"k50+p0.9 {cfg.name}", filt, default_cap, cfg),
+                  (f"min_p0.05 {cfg.name}", minp, default_cap, cfg), (f"bias_pen {cfg.name}", proc, default_cap, cfg)]
+    tokens = {}
     for name, kw, cap, cfg in cases:
         def call(hh):
             return fsdist.sample(hh, w, temperature=temp, seed=rows + 1, offset=rows * 0, config=cfg, **kw)
@@ -186,6 +203,13 @@ def graph_times(D, V, B, configs, args, device):
             sf.DEFAULT_SEARCH_CAP = default_cap
         t = statistics.median(time_graph(graph, warmup=3, reps=max(5, args.reps // 5), flush=flush))
         out[name] = t
+        tokens[name] = graph.outputs[0].tokens.clone()
+        base = name.split(" ")[0]
+        if cfg is not None and base in tokens:  # another stage-1 config: the same candidates, the same tokens
+            same = torch.equal(tokens[name], tokens[base])
+            out[f"{name} same tokens"] = same
+            if not same:
+                common.log(f"  B={B} graph {name}: TOKENS DIFFER from the default config's")
         fb = graph.outputs[0].fallback
         common.log(f"  B={B} graph {name:34s} {t:9.1f} us per call"
                    + (f", fallback rows {int(fb.sum())}/{B}" if fb is not None else ""))
