@@ -34,10 +34,6 @@ class TileConfig:
     # MMA warpgroup and 8 epilogue warps (4 when num_warps < 8), persistent) where it applies: sm_90,
     # a 128x128x64 TMA tile, a plain call. Elsewhere the Triton kernel runs the same tile. Same candidates.
     ws: bool = False
-    # One program per SM walking the tiles, the tile loop and the GEMM's K loop flattened into one
-    # software pipeline, so that the next tile's first loads are in flight during this tile's
-    # epilogue (fused_sample.py, PERSISTENT). Same candidates.
-    persistent: bool = False
 
     def __post_init__(self):
         for name in ("block_b", "block_v", "block_k"):
@@ -46,20 +42,17 @@ class TileConfig:
                 raise ValueError(f"TileConfig.{name} must be a power of two >= 16, got {v}")
         if not isinstance(self.tma, bool):
             raise ValueError(f"TileConfig.tma must be a bool, got {self.tma!r}")
-        for name in ("ws", "persistent"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"TileConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.ws, bool):
+            raise ValueError(f"TileConfig.ws must be a bool, got {self.ws!r}")
         if self.max_regs is not None and not (isinstance(self.max_regs, int) and 24 <= self.max_regs <= 255):
             raise ValueError(f"TileConfig.max_regs must be None or an int in [24, 255], got {self.max_regs!r}")
 
     @property
     def name(self) -> str:
-        """'BBxBVxBKwWsS', plus 't' with TMA, 'p' when persistent, 'rN' with a register cap and '-ws' on the
-        warp-specialised kernel: e.g. '64x128x64w8s4', '64x128x128w8s4tp', '128x128x64w8s3tr128',
-        '128x128x64w8s5t-ws' (parse() reads it back)."""
+        """'BBxBVxBKwWsS', plus 't' with TMA, 'rN' with a register cap and '-ws' on the warp-specialised
+        kernel: e.g. '64x128x64w8s4', '128x128x64w8s3tr128', '128x128x64w8s5t-ws' (parse() reads it back)."""
         return (f"{self.block_b}x{self.block_v}x{self.block_k}w{self.num_warps}s{self.num_stages}"
-                + ("t" if self.tma else "") + ("p" if self.persistent else "")
-                + (f"r{self.max_regs}" if self.max_regs else "")
+                + ("t" if self.tma else "") + (f"r{self.max_regs}" if self.max_regs else "")
                 + ("-ws" if self.ws else ""))
 
     @classmethod
@@ -67,17 +60,17 @@ class TileConfig:
         """Read a config written as ``name`` ('64x128x64w8s4[t][rN][-ws]') or as
         'block_b:block_v:block_k[:warps[:stages]]'."""
         text = text.strip()
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(t?)(p?)(?:r(\d+))?(-ws)?", text)
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(t?)(?:r(\d+))?(-ws)?", text)
         if m:
             bb, bv, bk = (int(g) for g in m.groups()[:3])
             kw = {k: int(v) for k, v in (("num_warps", m.group(4)), ("num_stages", m.group(5)),
-                                         ("max_regs", m.group(8))) if v}
-            return cls(bb, bv, bk, tma=bool(m.group(6)), persistent=bool(m.group(7)), ws=bool(m.group(9)), **kw)
+                                         ("max_regs", m.group(7))) if v}
+            return cls(bb, bv, bk, tma=bool(m.group(6)), ws=bool(m.group(8)), **kw)
         parts = text.split(":")
         if 3 <= len(parts) <= 5 and all(p.isdigit() for p in parts):
             return cls(*(int(p) for p in parts))
         raise ValueError(f"cannot read tile config {text!r}: want e.g. '64x128x64w8s4' (add 't' for TMA, "
-                         "'p' for a persistent grid, 'r128' for a register cap, '-ws' for the warp-specialised kernel) "
+                         "'r128' for a register cap, '-ws' for the warp-specialised kernel) "
                          "or 'block_b:block_v:block_k[:num_warps[:num_stages]]'")
 
 

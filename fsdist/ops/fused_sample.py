@@ -28,12 +28,11 @@ from .entry_offsets import HEAD as ENTRY_HEAD, launch_entry_offsets
 from .fused_sample_ws import WS_BLOCK_B, WS_BLOCK_K, WS_BLOCK_V, launch_fused_ws, ws_supported
 from .processors import process_tile, processor_args, row_penalties, table_slice, tile_bitmask_words
 from .step_check import call_flags, write_row_fingerprints, write_step_record
-from .utils import fast_log_ok, load_row_param, row_param_args, sm_count
+from .utils import fast_log_ok, load_row_param, row_param_args
 
 
 @triton.jit
-def _sample_tile(
-    pid_b, pid_v,
+def fused_sample_kernel(
     h_ptr, w_ptr,
     seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
     cand_f, cand_i,
@@ -50,12 +49,16 @@ def _sample_tile(
     NOISE: tl.constexpr, LOGPROBS: tl.constexpr,
     PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    FAST_LOG: tl.constexpr, DEVICE_PARITY: tl.constexpr, TMA: tl.constexpr, HEADER: tl.constexpr,
-    EXTENDED: tl.constexpr, KEEP: tl.constexpr, XFP_PER_ROW: tl.constexpr,
-    BITMASK: tl.constexpr, SPARSE: tl.constexpr, ENTRY_HEAD: tl.constexpr,
-    BM_WORDS: tl.constexpr, WINNER_LOGIT: tl.constexpr, RAW_SUM: tl.constexpr,
+    FAST_LOG: tl.constexpr, DEVICE_PARITY: tl.constexpr, TMA: tl.constexpr = False, HEADER: tl.constexpr = False,
+    EXTENDED: tl.constexpr = False, KEEP: tl.constexpr = 4, XFP_PER_ROW: tl.constexpr = False,
+    BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False, ENTRY_HEAD: tl.constexpr = 4,
+    BM_WORDS: tl.constexpr = False, WINNER_LOGIT: tl.constexpr = True, RAW_SUM: tl.constexpr = True,
 ):
-    """One (batch tile, vocabulary tile) of the fused kernel: its GEMM, then the epilogue."""
+    # Batch tiles vary fastest so programs sharing a weight tile run together and
+    # the tile is read from HBM once, then from L2.
+    pid_b = tl.program_id(0)
+    pid_v = tl.program_id(1)
+
     offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     offs_k = tl.arange(0, BLOCK_K)
@@ -162,97 +165,14 @@ def _sample_tile(
     if HEADER:
         # The call's header (step_check.py), written by the first vocabulary tile of each batch tile.
         if pid_v == 0:
-            _batch_tile_header(pid_b, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, xfp_ptr, xfp_val,
-                               cand_i, B, buf_offset_i, stride_slot, parity_ptr, parity_stride_i, hdr_off_i, flags,
-                               BLOCK_B, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, XFP_PER_ROW, PEER_TABLE, NPEERS,
-                               False)  # buf_offset_i is already the parity's copy
-
-
-@triton.jit
-def _batch_tile_header(pid_b, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, xfp_ptr, xfp_val,
-                       cand_i, B, buf_offset_i, stride_slot, parity_ptr, parity_stride_i, hdr_off_i, flags,
-                       BLOCK_B: tl.constexpr, SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr,
-                       TEMP_PER_ROW: tl.constexpr, XFP_PER_ROW: tl.constexpr, PEER_TABLE: tl.constexpr,
-                       NPEERS: tl.constexpr, DEVICE_PARITY: tl.constexpr):
-    """A batch tile's rows' fingerprints in the call's header, and with the first batch tile the
-    step record (step_check.py): what the tensor-parallel peers compare before trusting the call."""
-    offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
-    mask_b = offs_b < B
-    _, buf_offset_i = parity_offsets(0, buf_offset_i, parity_ptr, 0, parity_stride_i, DEVICE_PARITY)
-    hseed = load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
-    hoffset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
-    temp = load_row_param(temp_ptr, temp_val, offs_b, mask_b, tl.float32, TEMP_PER_ROW)
-    xfp = load_row_param(xfp_ptr, xfp_val, offs_b, mask_b, tl.int64, XFP_PER_ROW)
-    write_row_fingerprints(cand_i, buf_offset_i + hdr_off_i, offs_b, mask_b, hseed, hoffset ^ xfp, temp,
-                           PEER_TABLE, NPEERS)
-    if pid_b == 0:
-        write_step_record(cand_i, buf_offset_i + hdr_off_i + stride_slot, parity_ptr, B, flags, 0,
-                          PEER_TABLE, NPEERS)
-
-@triton.jit
-def fused_sample_kernel(
-    h_ptr, w_ptr,
-    seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
-    cand_f, cand_i,
-    B, D, V_rows, vocab_size, vocab_start,
-    stride_hb,
-    buf_offset, buf_offset_i, stride_field, stride_slot,
-    parity_ptr, parity_stride_f, parity_stride_i,
-    hdr_off_i, flags, stride_ifield, xfp_ptr, xfp_val,
-    bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride,
-    eoff_ptr, eoff_stride, head_ptr, head_val_ptr, head_stride,
-    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr, EVEN_V: tl.constexpr,
-    SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
-    NOISE: tl.constexpr, LOGPROBS: tl.constexpr,
-    PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    FAST_LOG: tl.constexpr, DEVICE_PARITY: tl.constexpr, TMA: tl.constexpr = False, HEADER: tl.constexpr = False,
-    EXTENDED: tl.constexpr = False, KEEP: tl.constexpr = 4, XFP_PER_ROW: tl.constexpr = False,
-    BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False, ENTRY_HEAD: tl.constexpr = 4,
-    BM_WORDS: tl.constexpr = False, WINNER_LOGIT: tl.constexpr = True, RAW_SUM: tl.constexpr = True,
-    PERSISTENT: tl.constexpr = False,
-):
-    if PERSISTENT:
-        # One program per SM walks the tiles (batch tiles fastest, as the grid below orders them).
-        # The loop over tiles and the GEMM's loop over D are flattened into one software pipeline
-        # (flatten=True), so the loads of the next tile's first K-steps are in flight while this
-        # tile's epilogue runs: an SM keeps streaming weight during its epilogue instead of
-        # draining its pipeline at every tile (one program per SM leaves nothing else to overlap).
-        n_btiles = tl.cdiv(B, BLOCK_B)
-        n_tiles = n_btiles * tl.cdiv(V_rows, BLOCK_V)
-        for t in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), flatten=True):
-            _sample_tile(
-                t % n_btiles, t // n_btiles, h_ptr, w_ptr, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
-                temp_val, cand_f, cand_i, B, D, V_rows, vocab_size, vocab_start, stride_hb, buf_offset, buf_offset_i,
-                stride_field, stride_slot, parity_ptr, parity_stride_f, parity_stride_i, hdr_off_i, flags,
-                stride_ifield, xfp_ptr, xfp_val, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width,
-                search_steps, pen_ptr, pen_stride, eoff_ptr, eoff_stride, head_ptr, head_val_ptr, head_stride,
-                BLOCK_B, BLOCK_V, BLOCK_K, EVEN_K, EVEN_V, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE,
-                LOGPROBS, PEER_TABLE, NPEERS, DOT_PRECISION, DOT_UPCAST, FAST_LOG, DEVICE_PARITY, TMA, False,
-                EXTENDED, KEEP, XFP_PER_ROW, BITMASK, SPARSE, ENTRY_HEAD, BM_WORDS, WINNER_LOGIT, RAW_SUM,
-            )
-        if HEADER:
-            # Outside the flattened loop (Triton 3.6's loop fusion rejects the header's stores
-            # inside it): the batch tiles' headers, spread over the programs like the tiles.
-            for pb in range(tl.program_id(0), n_btiles, tl.num_programs(0)):
-                _batch_tile_header(pb, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, xfp_ptr,
-                                   xfp_val, cand_i, B, buf_offset_i, stride_slot, parity_ptr, parity_stride_i,
-                                   hdr_off_i, flags, BLOCK_B, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW,
-                                   XFP_PER_ROW, PEER_TABLE, NPEERS, DEVICE_PARITY)
-    else:
-        # Batch tiles vary fastest so programs sharing a weight tile run together and
-        # the tile is read from HBM once, then from L2.
-        _sample_tile(
-            tl.program_id(0), tl.program_id(1), h_ptr, w_ptr, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
-            temp_val, cand_f, cand_i, B, D, V_rows, vocab_size, vocab_start, stride_hb, buf_offset, buf_offset_i,
-            stride_field, stride_slot, parity_ptr, parity_stride_f, parity_stride_i, hdr_off_i, flags, stride_ifield,
-            xfp_ptr, xfp_val, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr,
-            pen_stride, eoff_ptr, eoff_stride, head_ptr, head_val_ptr, head_stride, BLOCK_B, BLOCK_V, BLOCK_K,
-            EVEN_K, EVEN_V, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, LOGPROBS, PEER_TABLE, NPEERS,
-            DOT_PRECISION, DOT_UPCAST, FAST_LOG, DEVICE_PARITY, TMA, HEADER, EXTENDED, KEEP, XFP_PER_ROW, BITMASK,
-            SPARSE, ENTRY_HEAD, BM_WORDS, WINNER_LOGIT, RAW_SUM,
-        )
+            hseed = load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
+            hoffset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
+            xfp = load_row_param(xfp_ptr, xfp_val, offs_b, mask_b, tl.int64, XFP_PER_ROW)
+            write_row_fingerprints(cand_i, buf_offset_i + hdr_off_i, offs_b, mask_b, hseed, hoffset ^ xfp, temp,
+                                   PEER_TABLE, NPEERS)
+            if pid_b == 0:
+                write_step_record(cand_i, buf_offset_i + hdr_off_i + stride_slot, parity_ptr, B, flags, 0,
+                                  PEER_TABLE, NPEERS)
 
 
 def tma_operands(hidden: torch.Tensor, weight: torch.Tensor, cfg: TileConfig):
@@ -312,14 +232,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         eoff_args = (eoff.offsets, eoff.offsets.stride(0), eoff.head, eoff.head_values, eoff.head.stride(0))
     else:
         eoff_args = (dummy, 0, dummy, dummy, 0)
-    n_btiles = triton.cdiv(B, cfg.block_b)
-    # persistent: one program per SM (at most one per tile); else one program per tile
-    # (under the interpreter 3 programs, so that tests walk several tiles per program)
-    if cfg.persistent:
-        grid = (min(n_btiles * n_vtiles, sm_count(hidden.device) if hidden.device.type == "cuda" else 3),)
-    else:
-        grid = (n_btiles, n_vtiles)
-    fused_sample_kernel[grid](
+    fused_sample_kernel[(triton.cdiv(B, cfg.block_b), n_vtiles)](
         h_arg, w_arg,
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
         dest.f, dest.i,
@@ -341,7 +254,6 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         FAST_LOG=fast_log_ok(hidden.device),
         DEVICE_PARITY=par_on, TMA=tma, HEADER=_header(layout, dest), EXTENDED=extended, KEEP=KEEP,
         XFP_PER_ROW=xfp_row, **proc_flags, ENTRY_HEAD=ENTRY_HEAD, WINNER_LOGIT=logprobs, RAW_SUM=raw_sums,
-        PERSISTENT=cfg.persistent,
         # the bitmask's words loaded before the main loop where every tile starts on a word
         BM_WORDS=vocab_start % 32 == 0 and cfg.block_v % 32 == 0,
         num_warps=cfg.num_warps, num_stages=fit_num_stages(cfg, hidden.element_size(), hidden.device),

@@ -460,52 +460,6 @@ def test_tma_operands_write_the_pointer_path_candidates(device, dtype, B, D, V):
     assert torch.equal(got[0][0].nan_to_num(-9.0), got[1][0].nan_to_num(-9.0))
 
 
-@pytest.mark.parametrize("tma", [False, True])
-def test_persistent_grid_writes_the_grid_candidates(device, tma):
-    """TileConfig.persistent (one program per SM walking the tiles, the tile and K loops one
-    pipeline) writes every field of every (row, tile) bit for bit as one program per tile does:
-    several batch tiles (B = 33 over 16-row tiles), a ragged last vocabulary tile, padding ids,
-    more tiles than programs (3 on the interpreter, one per SM on a GPU), logprobs, the extended layout (kept logits,
-    boundary, raw sums), the token bitmask, logit bias and penalties, NaN, greedy and bad rows."""
-    from fsdist.ops.plan import launch_stage1, plan_sample
-    from fsdist.processing import prepare_processing
-
-    # on a GPU enough tiles that every persistent program (one per SM) walks several
-    B, D, V = 33, 64, (777 if device.type == "cpu" else 40_000)
-    h, w = make_problem(B, D, V, torch.bfloat16, device, seed=21)
-    h[2, 5] = float("nan")
-    temp = torch.linspace(0, 1.5, B, device=device)  # row 0 greedy
-    temp[7] = -1.0  # poisoned
-    g = torch.Generator().manual_seed(5)
-    bitmask = torch.randint(-2**31, 2**31 - 1, (B, -(-V // 32)), generator=g, dtype=torch.int64).to(torch.int32)
-    bias = fsdist.SparseLogits(torch.randint(-1, V - 3, (B, 6), generator=g).to(device),
-                               torch.randn(B, 6, generator=g).to(device))
-    pen = fsdist.Penalties(torch.full((B,), 1.3), torch.full((B,), 0.2), torch.full((B,), 0.1),
-                           torch.randint(-1, V - 3, (B, 5), generator=g), torch.randint(-1, V - 3, (B, 4), generator=g))
-    pen = fsdist.Penalties(*(t.to(device) for t in pen))
-    base = TileConfig(16, 128, 32, num_stages=2, tma=tma)
-    cases = [dict(logprobs=True), dict(extended=True, raw_sums=True),
-             dict(extended=True, raw_sums=False, processing=dict(token_bitmask=bitmask.to(device), logit_bias=bias,
-                                                                  penalties=pen))]
-    for case in cases:
-        proc = case.pop("processing", None)
-        processing = prepare_processing(**proc, batch=B, vocab_size=V - 3, device=device) if proc else None
-        params = RowParams(temp, torch.arange(B, device=device) + 11, 7, top_k=5 if case.get("extended") else 0,
-                           processing=processing)
-        got = []
-        for cfg in (base, dataclasses.replace(base, persistent=True)):
-            plan = plan_sample(batch=B, hidden_size=D, weight_rows=V, device=device, config=cfg, path="fused",
-                               **case)
-            dest = BufferPair.alloc(plan.layout, device)
-            dest.f.fill_(-7.0)
-            dest.i.fill_(-7)
-            launch_stage1(plan, h, w, params, dest, vocab_size=V - 3)
-            got.append((dest.f.clone(), dest.i.clone()))
-        assert torch.equal(got[0][1], got[1][1]), case
-        assert torch.equal(got[0][0].nan_to_num(-9.0), got[1][0].nan_to_num(-9.0)), case
-        assert (got[1][1] != -7).any() and (got[1][0][0] != -7.0).all(), "the persistent programs wrote nothing"
-
-
 def test_tma_falls_back_to_pointers_when_rows_are_misaligned(device):
     """TMA needs 16-byte aligned row strides: a bf16 hidden with D = 36 (72-byte rows) must
     take the pointer path, and still sample."""

@@ -51,7 +51,7 @@ STAGE1_CONST = dict(**PROC_CONST, BLOCK_B=16, BLOCK_V=128, BLOCK_K=128, EVEN_K=T
                     OFFSET_PER_ROW=True, TEMP_PER_ROW=True, NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4,
                     DOT_PRECISION="tf32", DOT_UPCAST=False, FAST_LOG=True, DEVICE_PARITY=True, TMA=False, HEADER=True,
                     EXTENDED=True, KEEP=4, XFP_PER_ROW=True, ENTRY_HEAD=4, BM_WORDS=True, WINNER_LOGIT=True,
-                    RAW_SUM=True, PERSISTENT=False)
+                    RAW_SUM=True)
 
 CASES = {
     "group_select": dict(
@@ -83,10 +83,6 @@ CASES = {
         # (and the extended epilogue without the raw sums and the winner's logit: filters, no logprobs)
         constexprs=dict(STAGE1_CONST, BLOCK_B=64, BLOCK_K=64, EVEN_K=False, EVEN_V=False, TMA=True,
                         WINNER_LOGIT=False, RAW_SUM=False)),
-    "stage1_fused_persistent": dict(  # one program per SM, the tile and K loops flattened (TileConfig.persistent)
-        module="fsdist.ops.fused_sample", kernel="fused_sample_kernel",
-        types=dict(STAGE1, h_ptr="tensordesc<bf16[64, 64]>", w_ptr="tensordesc<bf16[128, 64]>"),
-        constexprs=dict(STAGE1_CONST, BLOCK_B=64, BLOCK_K=64, TMA=True, PERSISTENT=True, PEER_TABLE=False, NPEERS=1)),
     "stage1_pass_peers_parity": dict(
         module="fsdist.ops.sample_logits", kernel="sample_logits_kernel",
         types=dict(logits_ptr="*fp32", stride_lb="i32", tile_base="i32", tile_end="i32", cand_f="*i64", cand_i="*i64",

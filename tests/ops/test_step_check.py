@@ -11,7 +11,6 @@ import torch
 import triton
 import triton.language as tl
 
-from fsdist.ops.configs import TileConfig
 from fsdist.ops.group_select import ExchangeLayout, launch_group_publish, launch_group_select
 from fsdist.ops.layout import BufferPair, CandidateLayout
 from fsdist.ops.merge_candidates import launch_merge
@@ -110,18 +109,15 @@ def int_view(layout: CandidateLayout, i: torch.Tensor):
     return i.view(layout.n_shards, layout.n_local + 2, layout.batch_cap)
 
 
-@pytest.mark.parametrize("path", ["fused", "fused-persistent", "chunked"])
+@pytest.mark.parametrize("path", ["fused", "chunked"])
 @pytest.mark.parametrize("logprobs", [False, True])
 @pytest.mark.parametrize("per_row", [False, True])
 def test_stage1_writes_the_header(path, logprobs, per_row):
     """Stage 1 into a checked layout writes the rows' fingerprints and (step, B, flags, 0) into its
     shard's header slots, in the copy the device counter picks; the other shards and copy stay untouched."""
     D, rows, block_v, B, cap, shards, shard = 16, 256, 128, 5, 16, 3, 1
-    # fused-persistent: the header is written after the persistent programs' flattened tile loop
-    config = TileConfig(16, block_v, 16, num_stages=1, persistent=True) if path == "fused-persistent" else None
-    path = path.split("-")[0]
     plan = plan_sample(batch=B, hidden_size=D, weight_rows=rows, device=DEV, logprobs=logprobs, path=path,
-                       block_v=block_v, n_shards=shards, batch_cap=cap, n_fields=4, checked=True, config=config)
+                       block_v=block_v, n_shards=shards, batch_cap=cap, n_fields=4, checked=True)
     layout = plan.layout
     assert layout.checked and layout.n_local == 2
     g = torch.Generator().manual_seed(4)
