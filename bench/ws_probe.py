@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-from fsdist.ops.configs import TileConfig  # noqa: E402
+from fsdist.ops.configs import TileConfig, pick_config  # noqa: E402
 from fsdist.ops.fused_sample import launch_fused  # noqa: E402
 from fsdist.ops.fused_sample_ws import launch_fused_ws, ws_supported  # noqa: E402
 from fsdist.ops.layout import BufferPair, CandidateLayout  # noqa: E402
@@ -66,20 +66,21 @@ def run_triton(h, W, params, layout, cand, V):
     launch_fused(h, W, params, TRITON_CFG, layout, cand, vocab_size=V, vocab_start=0)
 
 
-def run_ws(h, W, params, layout, cand, V, stages, rows, warps=4, epilogue_only=False):
+def run_ws(h, W, params, layout, cand, V, stages, rows, warps=4, epilogue_only=False, block_b=128):
     launch_fused_ws(h, W, params, layout, cand, vocab_size=V, vocab_start=0, stages=stages, row_threads=rows,
-                    epilogue_warps=warps, epilogue_only=epilogue_only)
+                    epilogue_warps=warps, epilogue_only=epilogue_only, block_b=block_b)
 
 
 def variants(text):
-    """'s4r8' -> ('s4r8', 4 stages, 8 rows per warp, 4 epilogue warps); 's5r8e8': 8 epilogue warps."""
+    """'s4r8' -> ('s4r8', 4 stages, 8 rows per warp, 4 epilogue warps, 128-row tile); 's5r8e8': 8 epilogue
+    warps; 's5r8e8b64': a 64-row batch tile."""
     out = []
     for v in text.split(","):
         v = v.strip()
-        m = re.fullmatch(r"s(\d+)r(\d+)(?:e(\d+))?", v)
+        m = re.fullmatch(r"s(\d+)r(\d+)(?:e(\d+))?(?:b(\d+))?", v)
         if not m:
-            raise SystemExit(f"bad variant {v!r}: want s<stages>r<rows>[e<epilogue warps>]")
-        out.append((v, int(m.group(1)), int(m.group(2)), int(m.group(3) or 4)))
+            raise SystemExit(f"bad variant {v!r}: want s<stages>r<rows>[e<epilogue warps>][b<batch tile>]")
+        out.append((v, int(m.group(1)), int(m.group(2)), int(m.group(3) or 4), int(m.group(4) or 128)))
     return out
 
 
@@ -98,12 +99,12 @@ def check_cell(D, V, B, dev, vs, failures, W=None):
         if not ws_supported(h, W, params, layout, ref):
             failures.append(f"D={D} V={V} B={B}: ws_supported said no")
             return W
-        for name, s, r, e in vs:
+        for name, s, r, e, bb in vs:
             got = BufferPair.alloc(layout, dev)
             got.f.fill_(7.0)
             got.i.fill_(7)
             try:
-                run_ws(h, W, params, layout, got, V, s, r, e)
+                run_ws(h, W, params, layout, got, V, s, r, e, block_b=bb)
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001  (report, keep going)
                 failures.append(f"D={D} V={V} B={B} {name}: {type(e).__name__}: {str(e)[:400]}")
@@ -164,19 +165,23 @@ def main(argv=None) -> int:
                                torch.randint(0, 2**40, (B,), device=dev, generator=g))
             layout = CandidateLayout(1, triton.cdiv(V, 128), B)
             cand = BufferPair.alloc(layout, dev)
+            shipped = pick_config(B, D, "cuda")
             methods = {"cublas": lambda h: F.linear(h, W),
                        "triton": lambda h: run_triton(h, W, params, layout, cand, V)}
-            for name, s, r, e in vs:
-                methods["ws_" + name] = lambda h, s=s, r=r, e=e: run_ws(h, W, params, layout, cand, V, s, r, e)
+            if shipped != TRITON_CFG:  # what fsdist.sample runs at this B (B <= 64: a Triton kernel)
+                methods["shipped"] = lambda h: launch_fused(h, W, params, shipped, layout, cand, vocab_size=V)
+            for name, s, r, e, bb in vs:
+                methods["ws_" + name] = lambda h, s=s, r=r, e=e, bb=bb: run_ws(h, W, params, layout, cand, V, s, r, e,
+                                                                                block_b=bb)
             # Greedy (no noise): the main loops alone, so the epilogue's share shows.
             greedy = RowParams(0.0, 0, 0)
             methods["triton_greedy"] = lambda h: run_triton(h, W, greedy, layout, cand, V)
-            _, s0, r0, e0 = vs[0]
-            methods["ws_greedy"] = lambda h: run_ws(h, W, greedy, layout, cand, V, s0, r0, e0)
+            _, s0, r0, e0, b0 = vs[0]
+            methods["ws_greedy"] = lambda h: run_ws(h, W, greedy, layout, cand, V, s0, r0, e0, block_b=b0)
             # The epilogue alone (zero logits, no main loop): what it costs when nothing hides it.
-            for name, s, r, e in vs:
-                methods["epi_" + name] = lambda h, s=s, r=r, e=e: run_ws(h, W, params, layout, cand, V, s, r, e,
-                                                                         epilogue_only=True)
+            for name, s, r, e, bb in vs:
+                methods["epi_" + name] = lambda h, s=s, r=r, e=e, bb=bb: run_ws(h, W, params, layout, cand, V, s, r,
+                                                                                e, epilogue_only=True, block_b=bb)
             row = {"D": D, "V": V, "B": B,
                    "times": C.time_methods(methods, [(h,) for h in hs], warmup=args.warmup, reps=args.reps,
                                            flush=flush, device=dev, failures=failures, label=f"D={D} B={B}")}

@@ -248,19 +248,24 @@ def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
 def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, layout: CandidateLayout,
                     dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0,
                     stages: int = WS_STAGES, row_threads: int = WS_ROW_THREADS,
-                    epilogue_warps: int = WS_EPILOGUE_WARPS, grid_cap: int = 0, epilogue_only: bool = False) -> None:
+                    epilogue_warps: int = WS_EPILOGUE_WARPS, grid_cap: int = 0, epilogue_only: bool = False,
+                    block_b: int = WS_BLOCK_B) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the 128x128x64 TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
-    epilogue_only (benchmarks): skip the main loop (zero logits), to time the epilogue alone."""
+    epilogue_only (benchmarks): skip the main loop (zero logits), to time the epilogue alone.
+    block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same
+    candidates: each row's products and their order do not depend on it)."""
+    if block_b not in (64, 128):
+        raise ValueError(f"block_b must be 64 or 128, got {block_b}")
     B, D = hidden.shape
     V_rows = weight.shape[0]
     n_vtiles = layout.check_fit(B, V_rows, WS_BLOCK_V, shard, vocab_start)
-    n_btiles = triton.cdiv(B, WS_BLOCK_B)
+    n_btiles = triton.cdiv(B, block_b)
     n_tiles = n_btiles * n_vtiles
     gdt = gl.bfloat16 if hidden.dtype == torch.bfloat16 else gl.float16
-    smem = gl.NVMMASharedLayout.get_default_for([WS_BLOCK_B, WS_BLOCK_K], gdt)
-    h_desc = GluonDescriptor.from_tensor(hidden, [WS_BLOCK_B, WS_BLOCK_K], smem)
+    smem = gl.NVMMASharedLayout.get_default_for([block_b, WS_BLOCK_K], gdt)
+    h_desc = GluonDescriptor.from_tensor(hidden, [block_b, WS_BLOCK_K], smem)
     w_desc = GluonDescriptor.from_tensor(weight, [WS_BLOCK_V, WS_BLOCK_K], smem)
     dummy = dest.i
     seed_p, seed_v, seed_row = row_param_args(params.seed, dummy)

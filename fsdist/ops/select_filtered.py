@@ -99,6 +99,22 @@ REFINE_CAP = 4096
 
 
 @triton.jit
+def pack_lanes(dst_f, dst_i, base, vals, ids, take, n, LANES: tl.constexpr):
+    """Each row's taken (vals, ids) [rows, n_in], in order, stored at dst + base [rows] + [0, n) and
+    read back as [rows, LANES] (-inf / -1 past n). n: the rows' take counts, at most LANES. The
+    lanes go through global scratch because other threads of the program read what one wrote
+    (a barrier between): Triton has no other way to compact a tensor."""
+    pos = tl.cumsum(take.to(tl.int32), axis=1) - 1
+    tl.store(dst_f + base[:, None] + pos, vals, mask=take)
+    tl.store(dst_i + base[:, None] + pos, ids, mask=take)
+    tl.debug_barrier()
+    c = tl.arange(0, LANES)
+    cm = c[None, :] < n[:, None]
+    return (tl.load(dst_f + base[:, None] + c[None, :], mask=cm, other=float("-inf")),
+            tl.load(dst_i + base[:, None] + c[None, :], mask=cm, other=-1))
+
+
+@triton.jit
 def order_key(v):
     """int64 key in [0, 2**32) ordered like the fp32 values (-0 folded into +0; NaN-free input)."""
     b = (v + 0.0).to(tl.int32, bitcast=True).to(tl.int64)
@@ -353,15 +369,7 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
     if SMALL > 0:  # (a constexpr test first: the packed branch does not compile with SMALL = 0)
         small = tl.max(n_p, axis=0) <= SMALL
         if small:
-            in_p = live & (keys >= pk[:, None])
-            pos = tl.cumsum(in_p.to(tl.int32), axis=1) - 1
-            tl.store(small_f + small_base[:, None] + pos, vals, mask=in_p)
-            tl.store(small_i + small_base[:, None] + pos, ids, mask=in_p)
-            tl.debug_barrier()  # read back by other threads of this program
-            c = tl.arange(0, SMALL)
-            cm = c[None, :] < n_p[:, None]
-            sv = tl.load(small_f + small_base[:, None] + c[None, :], mask=cm, other=float("-inf"))
-            si = tl.load(small_i + small_base[:, None] + c[None, :], mask=cm, other=-1)
+            sv, si = pack_lanes(small_f, small_i, small_base, vals, ids, live & (keys >= pk[:, None]), n_p, SMALL)
             s_live = sv > float("-inf")
             s_keys = order_key(sv)
             s_mass = tl.where(s_live, tl.exp((sv - msafe[:, None]) * inv_t[:, None]), 0.0)
@@ -548,16 +556,11 @@ def select_filtered_kernel(
             tl.store(searched_ptr + rows, tl.where(small, n_up, -1), mask=mask_r)
         no_floor = tl.full([BLOCK_R], -1, tl.int64)
         if small:
-            pos = tl.cumsum(above.to(tl.int32), axis=1) - 1
-            at = rows[:, None].to(tl.int64) * CAP + pos
-            tl.store(scratch_f + at, vals, mask=above)
-            tl.store(scratch_i + at, tl.load(ids_at, mask=above, other=-1), mask=above)  # only the ids packed
-            tl.debug_barrier()  # the packed values are read back by other threads of this program
-            c = tl.arange(0, CAP)
-            cm = c[None, :] < n_up[:, None]
-            at = rows[:, None].to(tl.int64) * CAP + c[None, :]
+            # (only the packed ids are loaded)
+            up_vals, up_ids = pack_lanes(scratch_f, scratch_i, rows.to(tl.int64) * CAP, vals,
+                                         tl.load(ids_at, mask=above, other=-1), above, n_up, CAP)
             need, lower, drew_small = finish_rows(
-                tl.load(scratch_f + at, mask=cm, other=float("-inf")), tl.load(scratch_i + at, mask=cm, other=-1),
+                up_vals, up_ids,
                 rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
                 inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, no_floor, seed_ptr, seed_val,
                 offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,

@@ -275,8 +275,10 @@ def test_calls_it_cannot_take_run_the_triton_kernel(case, ws_calls):
 
 # ---- ties, NaN and +inf logits ------------------------------------------------------------------------------
 # Ids given identical weight rows, per 128-id tile: both halves of tile 0, one half of tile 2, the left and
-# the right half of tile 5 (the halves' merge), the right half of tile 7 with its last valid id and a padding id.
-TIES = [(10, 50, 100), (300, 301), (700, 764), (970, 971, 996, 998)]
+# the right half of tile 5 (the halves' merge), the right half of tile 7 with its last valid id.
+TIES = [(10, 50, 100), (300, 301), (700, 764), (970, 971, 996)]
+# A padding id (>= vocab_size) in tile 7 whose logit is above the tie's: it must never win.
+PADDING_ID = 998
 
 
 @hopper
@@ -294,6 +296,8 @@ def test_ties_nan_and_inf_logits_as_the_triton_kernel(kind, ws_calls):
     for ids in TIES:  # logit 16 + the same rest: the tile's maximum, tied
         w[list(ids)] = w[ids[0]].clone()
         w[list(ids), 0] = 2.0
+    w[PADDING_ID] = w[TIES[-1][0]].clone()
+    w[PADDING_ID, 0] = 3.0  # logit 24: the largest of its tile, were padding not masked
     w[200, 1] = float("inf")  # id 200 (tile 1): +inf, -inf or 0 * inf = NaN as h[:, 1] is 1, -1 or 0
     h[:, 1] = torch.tensor([1.0, -1.0, 0.0], device="cuda").repeat(B)[:B].to(h.dtype)
     w[384:512, 2] = float("-inf")  # tile 3: every logit -inf where h[:, 2] = 1 ...
@@ -327,6 +331,7 @@ def test_ties_nan_and_inf_logits_as_the_triton_kernel(kind, ws_calls):
         rows = greedy & ~poisoned[tile]
         assert kind == "scalar" or rows.any()
         assert (idx[tile][rows] == ids[0]).all(), ids
+    assert vocab_size <= PADDING_ID < V and not (idx == PADDING_ID).any()
     flat = ~poisoned[3]
     assert flat.sum() > B // 2
     assert (idx[3][flat] == 384).all() and (score[3][flat] == torch.finfo(torch.float32).min).all()
