@@ -211,10 +211,13 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     if extended and not layout.extended:
         raise ValueError("kept logits need an extended candidate layout")
     if cfg.ws and _ws_tile(cfg) and ws_supported(hidden, weight, params, layout, dest, logprobs=logprobs,
-                                                  extended=extended, block_v=cfg.block_v) and flags is None:
-        # The same tile on the warp-specialised Hopper kernel (fused_sample_ws.py): same candidates.
+                                                  extended=extended, block_v=cfg.block_v,
+                                                  block_b=cfg.block_b) and flags is None:
+        # The same tile on the warp-specialised Hopper kernel (fused_sample_ws.py): same candidates
+        # (the tile sums up to their summation order).
         launch_fused_ws(hidden, weight, params, layout, dest, vocab_size=vocab_size, vocab_start=vocab_start,
-                        shard=shard, stages=cfg.num_stages, epilogue_warps=8 if cfg.num_warps >= 8 else 4)
+                        shard=shard, stages=cfg.num_stages, epilogue_warps=8 if cfg.num_warps >= 8 else 4,
+                        block_b=cfg.block_b, logprobs=logprobs, extended=extended, raw_sums=raw_sums)
         return
     B, D = hidden.shape
     V_rows = weight.shape[0]
@@ -262,8 +265,8 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
 
 
 def _ws_tile(cfg: TileConfig) -> bool:
-    """The one tile the warp-specialised kernel runs (128 x 128 x 64, TMA)."""
-    return (cfg.tma and (cfg.block_b, cfg.block_v, cfg.block_k) == (WS_BLOCK_B, WS_BLOCK_V, WS_BLOCK_K)
+    """The tiles the warp-specialised kernel runs (128 or 64 x 128 x 64, TMA)."""
+    return (cfg.tma and cfg.block_b in (WS_BLOCK_B, 64) and (cfg.block_v, cfg.block_k) == (WS_BLOCK_V, WS_BLOCK_K)
             and cfg.max_regs is None and 3 <= cfg.num_stages <= 5)  # 6 x 32 KB + 32 KB: at the limit
 
 

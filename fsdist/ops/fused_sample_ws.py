@@ -26,7 +26,7 @@ import triton
 
 from ..params import RowParams
 from .epilogue import perturb, row_temperature
-from .layout import BufferPair, CandidateLayout
+from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_quad_bits
 from .utils import fast_log_ok, load_row_param, row_param_args, sm_count
 
@@ -137,15 +137,48 @@ if HAVE_GLUON:
         best = gl.max(score, axis=1)
         # lowest column among equal maxima, as tl.argmax
         at = gl.min(gl.where(score == best[:, None], col[None, :], 1 << 30), axis=1)
-        return best, at, bad
+        return best, at, bad, logit, col
+
+    @gluon.jit
+    def _take_largest(x, col):
+        """The largest value of each row of x (lowest column among equal ones), its column, and x without it."""
+        m = gl.max(x, axis=1)
+        c = gl.min(gl.where(x == m[:, None], col[None, :], 1 << 30), axis=1)
+        return m, c, gl.where(col[None, :] == c[:, None], float("-inf"), x)
+
+    @gluon.jit
+    def _pick4(i, x0, x1, x2, x3):
+        return gl.where(i == 0, x0, gl.where(i == 1, x1, gl.where(i == 2, x2, x3)))
+
+    @gluon.jit
+    def _half_top4(x, col):
+        """epilogue.tile_topk of one column half, KEEP = 4: values and columns largest first, boundary."""
+        v0, c0, x = _take_largest(x, col)
+        v1, c1, x = _take_largest(x, col)
+        v2, c2, x = _take_largest(x, col)
+        v3, c3, x = _take_largest(x, col)
+        return v0, v1, v2, v3, c0, c1, c2, c3, gl.max(x, axis=1)
+
+    @gluon.jit
+    def _merged_slot(ia, ib, a0, a1, a2, a3, ac0, ac1, ac2, ac3, b0, b1, b2, b3, bc0, bc1, bc2, bc3):
+        """The next slot of two merged kept lists (A: the left half's, B: the right half's; heads at ia, ib):
+        the larger head, A's on equal values (its columns are the lower ones), and the advanced heads."""
+        av = _pick4(ia, a0, a1, a2, a3)
+        bv = _pick4(ib, b0, b1, b2, b3)
+        take_a = av >= bv
+        v = gl.where(take_a, av, bv)
+        c = gl.where(take_a, _pick4(ia, ac0, ac1, ac2, ac3), _pick4(ib, bc0, bc1, bc2, bc3))
+        return v, c, ia + take_a.to(gl.int32), ib + (~take_a).to(gl.int32)
 
     @gluon.jit
     def _epilogue_partition(acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
                             temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
-                            stride_slot, n_btiles, n_tiles,
+                            stride_slot, n_btiles, n_tiles, stride_field, stride_ifield,
                             BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, EPI_WARPS: gl.constexpr,
                             SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr,
-                            NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr):
+                            NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr,
+                            LOGPROBS: gl.constexpr, EXTENDED: gl.constexpr, WINNER_LOGIT: gl.constexpr,
+                            RAW_SUM: gl.constexpr):
         HALF: gl.constexpr = BLOCK_V // 2
         # Philox quads of a half tile, [BLOCK_B, HALF / 4]: a warp spans ROW_THREADS rows, so each
         # thread keeps few rows' keys and counters (the per-row state is what crowds the registers).
@@ -161,17 +194,18 @@ if HAVE_GLUON:
             temp = load_row_param(temp_ptr, temp_val, offs_b, mask_b, gl.float32, TEMP_PER_ROW)
             seed = load_row_param(seed_ptr, seed_val, offs_b, mask_b, gl.int64, SEED_PER_ROW)
             offset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, gl.int64, OFFSET_PER_ROW)
-            _inv_t, noise_scale, _greedy, bad_temp = row_temperature(temp)
+            inv_t, noise_scale, _greedy, bad_temp = row_temperature(temp)
             tile_start = pid_v * BLOCK_V
 
-            best0, at0, bad0 = _epilogue_half(acc_smem, acc_ready, acc_empty, hc & 1, 0, seed, offset, noise_scale,
-                                              tile_start, V_rows, vocab_size, vocab_start, HALF, NOISE, FAST_LOG,
-                                              quad_layout)
-            best1, at1, bad1 = _epilogue_half(acc_smem, acc_ready, acc_empty, (hc + 1) & 1, 1, seed, offset,
-                                              noise_scale, tile_start, V_rows, vocab_size, vocab_start, HALF, NOISE,
-                                              FAST_LOG, quad_layout)
+            best0, at0, bad0, l0, col0 = _epilogue_half(acc_smem, acc_ready, acc_empty, hc & 1, 0, seed, offset,
+                                                        noise_scale, tile_start, V_rows, vocab_size, vocab_start,
+                                                        HALF, NOISE, FAST_LOG, quad_layout)
+            best1, at1, bad1, l1, col1 = _epilogue_half(acc_smem, acc_ready, acc_empty, (hc + 1) & 1, 1, seed,
+                                                        offset, noise_scale, tile_start, V_rows, vocab_size,
+                                                        vocab_start, HALF, NOISE, FAST_LOG, quad_layout)
             hc += 2
-
+            dst = buf_offset + pid_v * stride_slot + offs_b
+            dst_i = buf_offset_i + pid_v * stride_slot + offs_b
             # Merge the halves: the second wins only when strictly larger (ties to the lower id).
             take1 = best1 > best0
             best = gl.convert_layout(gl.where(take1, best1, best0), row_layout)
@@ -180,17 +214,63 @@ if HAVE_GLUON:
             poisoned = bad | bad_temp
             score = gl.where(poisoned, float("nan"), best)
             idx = gl.where(poisoned, -1, vocab_start + tile_start + at).to(gl.int32)
-            gl.store(cand_f + buf_offset + pid_v * stride_slot + offs_b, score, mask=mask_b)
-            gl.store(cand_i + buf_offset_i + pid_v * stride_slot + offs_b, idx, mask=mask_b)
+            gl.store(cand_f + dst, score, mask=mask_b)
+            gl.store(cand_i + dst_i, idx, mask=mask_b)
+            if LOGPROBS:
+                # epilogue.tile_stats / raw_sum over both halves (held in registers until the second
+                # arrives: each exp needs the whole tile's max); the sums add the halves' partial sums.
+                lay: gl.constexpr = l0.type.layout
+                rows_l: gl.constexpr = gl.SliceLayout(1, lay)
+                tmax = gl.maximum(gl.max(l0, axis=1), gl.max(l1, axis=1))
+                safe = gl.where(tmax == float("-inf"), 0.0, tmax)
+                it = gl.convert_layout(inv_t, rows_l)
+                tsum = (gl.sum(gl.where(l0 > float("-inf"), gl.exp((l0 - safe[:, None]) * it[:, None]), 0.0), axis=1)
+                        + gl.sum(gl.where(l1 > float("-inf"), gl.exp((l1 - safe[:, None]) * it[:, None]), 0.0), axis=1))
+                gl.store(cand_f + 2 * stride_field + dst, gl.convert_layout(tmax, row_layout), mask=mask_b)
+                gl.store(cand_f + 3 * stride_field + dst, gl.convert_layout(tsum, row_layout), mask=mask_b)
+                if WINNER_LOGIT:
+                    w0 = gl.max(gl.where(col0[None, :] == at0[:, None], l0, float("-inf")), axis=1)
+                    w1 = gl.max(gl.where(col1[None, :] == at1[:, None], l1, float("-inf")), axis=1)
+                    wl = gl.convert_layout(gl.where(best1 > best0, w1, w0), row_layout)
+                else:  # field 1 only feeds the winner's logprob, which this call does not return
+                    wl = score
+                gl.store(cand_f + 1 * stride_field + dst, wl, mask=mask_b)
+            if EXTENDED:
+                # epilogue.tile_topk: each half's 4 largest (the halves' columns never interleave), merged.
+                a0, a1, a2, a3, ac0, ac1, ac2, ac3, abnd = _half_top4(l0, col0)
+                b0, b1, b2, b3, bc0, bc1, bc2, bc3, bbnd = _half_top4(l1, col1)
+                ia = gl.zeros_like(ac0)
+                ib = gl.zeros_like(bc0)
+                id0 = vocab_start + tile_start
+                for j in gl.static_range(4):
+                    v, c, ia, ib = _merged_slot(ia, ib, a0, a1, a2, a3, ac0, ac1, ac2, ac3, b0, b1, b2, b3,
+                                                bc0, bc1, bc2, bc3)
+                    gl.store(cand_f + (5 + j) * stride_field + dst, gl.convert_layout(v, row_layout), mask=mask_b)
+                    gl.store(cand_i + (1 + j) * stride_ifield + dst_i, gl.convert_layout(id0 + c, row_layout),
+                             mask=mask_b)
+                # the boundary: the larger of the lists' next heads (a list used up: its own boundary)
+                na = gl.where(ia == 4, abnd, _pick4(ia, a0, a1, a2, a3))
+                nb = gl.where(ib == 4, bbnd, _pick4(ib, b0, b1, b2, b3))
+                gl.store(cand_f + 9 * stride_field + dst, gl.convert_layout(gl.maximum(na, nb), row_layout),
+                         mask=mask_b)
+                if RAW_SUM:
+                    rsum = (gl.sum(gl.where(l0 > float("-inf"), gl.exp(l0 - safe[:, None]), 0.0), axis=1)
+                            + gl.sum(gl.where(l1 > float("-inf"), gl.exp(l1 - safe[:, None]), 0.0), axis=1))
+                    gl.store(cand_f + 4 * stride_field + dst, gl.convert_layout(rsum, row_layout), mask=mask_b)
+                else:  # only "raw" logprobs read it: NaN, so that a wrong reader shows
+                    gl.store(cand_f + 4 * stride_field + dst, gl.full([BLOCK_B], float("nan"), gl.float32, row_layout),
+                             mask=mask_b)
 
     @gluon.jit
     def fused_sample_ws_kernel(h_desc, w_desc, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
                                cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
-                               stride_slot, n_btiles, n_tiles, k_steps,
+                               stride_slot, n_btiles, n_tiles, k_steps, stride_field, stride_ifield,
                                STAGES: gl.constexpr, EPI_WARPS: gl.constexpr, EPI_REGS: gl.constexpr,
                                LOAD_REGS: gl.constexpr,
                                SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr,
-                               NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr = 8):
+                               NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr = 8,
+                               LOGPROBS: gl.constexpr = False, EXTENDED: gl.constexpr = False,
+                               WINNER_LOGIT: gl.constexpr = False, RAW_SUM: gl.constexpr = False):
         BLOCK_B: gl.constexpr = h_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
         BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
@@ -218,25 +298,29 @@ if HAVE_GLUON:
                                BLOCK_B, BLOCK_V, BLOCK_K, STAGES)),
             (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
                                    temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
-                                   buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles,
-                                   BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW,
-                                   NOISE, FAST_LOG, ROW_THREADS)),
+                                   buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles, stride_field,
+                                   stride_ifield, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW, OFFSET_PER_ROW,
+                                   TEMP_PER_ROW, NOISE, FAST_LOG, ROW_THREADS, LOGPROBS, EXTENDED, WINNER_LOGIT,
+                                   RAW_SUM)),
         ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
 
 
 def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, layout: CandidateLayout,
                  dest: BufferPair, *, logprobs: bool = False, extended: bool = False,
-                 block_v: int = WS_BLOCK_V) -> bool:
+                 block_v: int = WS_BLOCK_V, block_b: int = WS_BLOCK_B) -> bool:
     """Whether this call can run on the warp-specialised kernel: a Hopper GPU (sm_90: wgmma),
-    bf16 / fp16 operands TMA can read, the 128-id vocabulary tile, and a plain call (no logprobs,
-    kept logits, processors, peer fan-out or call header). Everything else keeps fused_sample_kernel."""
+    bf16 / fp16 operands TMA can read, the 128-id vocabulary tile, no processors, peer fan-out or
+    call header; logprobs and kept logits (filters, top-N) only on the 64-row batch tile (the
+    epilogue then holds a whole tile's logits). Everything else keeps fused_sample_kernel."""
     if not HAVE_GLUON or hidden.device.type != "cuda" or torch.version.hip is not None:
         return False
     if torch.cuda.get_device_capability(hidden.device) != (9, 0):
         return False
     if hidden.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != hidden.dtype:
         return False
-    if logprobs or extended or params.processing is not None or dest.peer_table or dest.parity is not None:
+    if (logprobs or extended) and (block_b != 64 or KEEP != 4):
+        return False
+    if params.processing is not None or dest.peer_table or dest.parity is not None:
         return False
     if layout.checked or block_v != WS_BLOCK_V or hidden.shape[0] == 0:
         return False
@@ -249,15 +333,24 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0,
                     stages: int = WS_STAGES, row_threads: int = WS_ROW_THREADS,
                     epilogue_warps: int = WS_EPILOGUE_WARPS, grid_cap: int = 0, epilogue_only: bool = False,
-                    block_b: int = WS_BLOCK_B) -> None:
+                    block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
+                    raw_sums: bool = True) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the 128x128x64 TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
     epilogue_only (benchmarks): skip the main loop (zero logits), to time the epilogue alone.
     block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same
-    candidates: each row's products and their order do not depend on it)."""
+    candidates: each row's products and their order do not depend on it). logprobs / extended /
+    raw_sums as launch_fused's (64-row tiles only): the winner's logit with logprobs, the tile's
+    (max, sum) with either, the kept logits, their ids and the boundary with extended, the raw sums
+    unless raw_sums is False. The sums add the two column halves' partial sums, so they may differ
+    from the Triton kernel's in the last bits; every other field is the same bit for bit."""
     if block_b not in (64, 128):
         raise ValueError(f"block_b must be 64 or 128, got {block_b}")
+    if extended and not layout.extended:
+        raise ValueError("kept logits need an extended candidate layout")
+    if (logprobs or extended) and block_b != 64:
+        raise ValueError("logprobs and kept logits run on the 64-row batch tile only")
     B, D = hidden.shape
     V_rows = weight.shape[0]
     n_vtiles = layout.check_fit(B, V_rows, WS_BLOCK_V, shard, vocab_start)
@@ -281,10 +374,12 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         h_desc, w_desc, seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
         dest.f, dest.i, B, V_rows, vocab_size, vocab_start,
         dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i, layout.stride_slot,
-        n_btiles, n_tiles, 0 if epilogue_only else triton.cdiv(D, WS_BLOCK_K),
+        n_btiles, n_tiles, 0 if epilogue_only else triton.cdiv(D, WS_BLOCK_K), layout.stride_field,
+        layout.stride_ifield,
         STAGES=stages, EPI_WARPS=epilogue_warps, EPI_REGS=epi_regs, LOAD_REGS=WS_LOAD_REGS,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
         NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), ROW_THREADS=row_threads,
+        LOGPROBS=logprobs or extended, EXTENDED=extended, WINNER_LOGIT=logprobs, RAW_SUM=raw_sums,
         num_warps=4, maxnreg=maxnreg,
     )
 

@@ -335,3 +335,71 @@ def test_ties_nan_and_inf_logits_as_the_triton_kernel(kind, ws_calls):
     flat = ~poisoned[3]
     assert flat.sum() > B // 2
     assert (idx[3][flat] == 384).all() and (score[3][flat] == torch.finfo(torch.float32).min).all()
+
+
+# ---- the 64-row tile: logprobs and kept logits ----------------------------------------------------------------
+WS64 = TileConfig(64, 128, 64, 8, 5, tma=True, ws=True)
+TRITON64 = TileConfig(64, 128, 64, 8, 5, tma=True)
+
+
+@hopper
+@pytest.mark.parametrize("kind", ["rows", "scalar", "greedy"])
+@pytest.mark.parametrize("case", ["logprobs", "extended", "extended_lean"])
+def test_64_row_tile_writes_the_triton_kernels_fields(kind, case, ws_calls):
+    """On 64-row tiles the warp-specialised kernel also writes the logprob fields (the winner's logit, the
+    tile's max and scaled sum) and the extended ones (raw sum, the 4 kept logits and their ids, the boundary):
+    every field bit for bit as the Triton kernel with the same tile, except the two sums, which add the
+    column halves' partial sums (a few ulp). Ragged batch (B = 100: two tiles, the second part empty), a
+    ragged vocabulary with padding ids, ties across the column halves, poisoned rows."""
+    B, D, V = 100, 256, 3000
+    vocab_size = V - 5
+    h, w = _operands(B, D, V, torch.bfloat16, 77)
+    # ties: ids 3 and 70 (the two halves of tile 0) and 130 / 131 (tile 1) get identical weight rows
+    w[70] = w[3]
+    w[131] = w[130]
+    w[vocab_size + 1] = w[0] * 4  # a padding id with a large logit: never kept, never the boundary
+    params = _row_params(B, torch.Generator().manual_seed(5), kind)
+    extended = case != "logprobs"
+    raw_sums = case == "extended"
+    layout = CandidateLayout(CandidateLayout.fields(True, extended), triton.cdiv(V, 128), B,
+                             n_ifields=1 + KEEP if extended else 1)
+    got = []
+    for cfg in (WS64, TRITON64):
+        dest = BufferPair.alloc(layout, h.device)
+        dest.f.fill_(7.0)
+        dest.i.fill_(7)
+        launch_fused(h, w, params, cfg, layout, dest, vocab_size=vocab_size, logprobs=case == "logprobs",
+                     extended=extended, raw_sums=raw_sums)
+        got.append((dest.f.view(layout.n_fields, -1, B).nan_to_num(-12345.0), dest.i.view(layout.n_ifields, -1, B)))
+    assert len(ws_calls) == 1
+    (fw, iw), (ft, it) = got
+    assert torch.equal(iw, it)
+    sums = [3] + ([4] if extended else [])
+    exact = [k for k in range(layout.n_fields) if k not in sums]
+    assert torch.equal(fw[exact], ft[exact])
+    for k in sums:
+        torch.testing.assert_close(fw[k], ft[k], rtol=2e-6, atol=0.0)
+    if extended:
+        kept_ids = iw[1:]
+        assert not ((kept_ids >= vocab_size) & (kept_ids < V)).any(), "a padding id was kept"
+        assert (fw[5] >= fw[8]).all() and (fw[8] >= fw[9]).all()
+
+
+@hopper
+def test_filtered_calls_on_the_64_row_tile(ws_calls):
+    """fsdist.sample with top-k + top-p, min-p and top-N logprobs on the 64-row warp-specialised tile: the
+    same tokens, fallback flags and top-N ids as the Triton kernel's tile, logprobs within fp32 rounding."""
+    B, D, V = 64, 512, 20_000
+    h, w = _operands(B, D, V, torch.bfloat16, 78)
+    g = torch.Generator().manual_seed(6)
+    rows = dict(temperature=(torch.rand(B, generator=g) + 0.3).cuda(), seed=torch.arange(B).cuda() * 3 + 1,
+                offset=torch.full((B,), 5).cuda())
+    for filt in (dict(top_k=torch.full((B,), 40, dtype=torch.int32).cuda(), top_p=torch.full((B,), 0.9).cuda()),
+                 dict(min_p=torch.full((B,), 0.05).cuda()), dict(top_k=20)):
+        outs = [fsdist.sample(h, w, **rows, **filt, return_logprobs=True, top_logprobs=5, config=cfg)
+                for cfg in (WS64, TRITON64)]
+        assert torch.equal(outs[0].tokens, outs[1].tokens)
+        assert torch.equal(outs[0].fallback, outs[1].fallback)
+        assert torch.equal(outs[0].top_ids, outs[1].top_ids)
+        torch.testing.assert_close(outs[0].logprobs, outs[1].logprobs, rtol=1e-5, atol=1e-5)
+    assert len(ws_calls) == 3
