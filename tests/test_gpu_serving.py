@@ -34,7 +34,8 @@ def _serving_inputs(B, D=4096, V=V_REAL, seed=0):
     return h, w, params, filters
 
 
-@pytest.mark.parametrize("B,path", [(16, "fused"), (128, "chunked"), (512, "fused")])
+# B = 64: the warp-specialised 64-row tile (an sm_90 GPU); 16: the Triton kernel; 512: the 128-row ws tile
+@pytest.mark.parametrize("B,path", [(16, "fused"), (64, "fused"), (128, "chunked"), (512, "fused")])
 def test_sample_never_synchronises(B, path):
     h, w, params, filters = _serving_inputs(B)
     calls = [dict(), dict(return_logprobs=True), dict(filters, return_logprobs=True, logprobs_mode="processed"),
@@ -148,8 +149,9 @@ def test_filtered_call_memory_is_bounded():
     assert extra < B * V * 4 / 2, "no more than half of what materialized fp32 logits would take"
 
 
-def test_cuda_graph_with_filter_tensors():
-    B, D, V = 32, 1024, 32000
+@pytest.mark.parametrize("B", [32, 64])  # 64: the warp-specialised 64-row tile on an sm_90 GPU
+def test_cuda_graph_with_filter_tensors(B):
+    D, V = 1024, 32000
     h, w, params, filters = _serving_inputs(B, D, V, seed=3)
     kw = dict(params, **filters, return_logprobs=True, top_logprobs=3)
     fsdist.sample(h, w, **kw)

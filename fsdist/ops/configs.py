@@ -4,9 +4,12 @@ Decode is memory bound for B <= ~64: the weight [V, D] must stream through once,
 so a program covers the whole batch (one batch tile) and enough vocabulary rows
 to keep many loads in flight. Past that, the batch is split into tiles and the
 grid orders them so that programs sharing a weight tile run together (the tile
-comes from L2 the second time). Configs are a pure function of the shape so
-that every tensor-parallel rank picks the same one.
+comes from L2 the second time). From 33 rows on, an sm_90 GPU runs the tile on the
+warp-specialised kernel (its epilogue beside the next tile's main loop) where that kernel
+applies, else on the Triton kernel (``triton_twin``). Configs are a pure function of the
+shape so that every tensor-parallel rank picks the same one.
 """
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass
@@ -32,7 +35,9 @@ class TileConfig:
     max_regs: Optional[int] = None
     # Run the tile on the warp-specialised Hopper kernel (fused_sample_ws.py: per SM a load warp, an
     # MMA warpgroup and 8 epilogue warps (4 when num_warps < 8), persistent) where it applies: sm_90,
-    # a 128x128x64 TMA tile, a plain call. Elsewhere the Triton kernel runs the same tile. Same candidates.
+    # a 128 or 64 x 128 x 64 TMA tile, no processors or tensor-parallel fan-out; logprobs and kept logits
+    # on 64-row tiles only. Elsewhere the Triton kernel runs ``triton_twin(cfg)``. Same candidates (the
+    # tile sums up to their summation order).
     ws: bool = False
 
     def __post_init__(self):
@@ -96,12 +101,26 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
     if batch <= 32:
         return TileConfig(32, block_v, _block_k(hidden_size, 128), num_warps=4, num_stages=4)
     if batch <= 64:
-        return TileConfig(64, block_v, _block_k(hidden_size, 128), num_warps=8, num_stages=4)
+        # The warp-specialised kernel's 64-row tile where it runs (v25b, H100: the plain call as fast as the
+        # Triton tile, a filtered one 19-20 us faster at B = 48 / 64: its epilogue runs beside the next
+        # tile's wgmmas); elsewhere (processors, TP fan-out, not sm_90) the Triton tile, triton_twin.
+        return TileConfig(64, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5, tma=True, ws=True)
     # Past one 64-row tile: 128-row tiles fed by TMA, 5 stages (bench/epilogue_bench.py, H200,
     # 2026-11-24, docs/performance.md v16): 1.2-1.4x faster than the configs used before (64-row
     # tiles, or this tile through pointers) at B = 128-1024 (D = 4096), the best of 13 tried.
     # On an H100 / H200 the warp-specialised kernel runs it (v17, bench/ws_probe.py), 5-17% faster.
     return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5, tma=True, ws=True)
+
+
+def triton_twin(cfg: TileConfig, hidden_size: int) -> TileConfig:
+    """The Triton kernel's config for a call ``cfg`` sends to the warp-specialised kernel when that kernel
+    cannot run it: for the 64-row tile the Triton kernel's best 64-row tile (64x128x128 w8 s4: the 64x128x64
+    TMA tile runs 2-4% slower there, v25b), else the same tile. Same candidates either way."""
+    if not cfg.ws:
+        return cfg
+    if cfg.block_b == 64:
+        return TileConfig(64, cfg.block_v, _block_k(hidden_size, 128), num_warps=8, num_stages=4)
+    return dataclasses.replace(cfg, ws=False)
 
 
 def fit_num_stages(cfg: TileConfig, elem_size: int, device) -> int:

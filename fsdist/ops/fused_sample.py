@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ..params import RowParams
 from ..runtime import interpreting
-from .configs import TileConfig, fit_num_stages
+from .configs import TileConfig, fit_num_stages, triton_twin
 from .epilogue import perturb, raw_sum, row_temperature, tile_stats, tile_topk, write_candidates, write_kept
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
@@ -220,6 +220,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
                         block_b=cfg.block_b, logprobs=logprobs, extended=extended, raw_sums=raw_sums)
         return
     B, D = hidden.shape
+    cfg = triton_twin(cfg, D)  # what the Triton kernel runs of a config meant for the warp-specialised one
     V_rows = weight.shape[0]
     dummy = dest.i  # any tensor: ignored by the kernel when a parameter is a scalar
     seed_p, seed_v, seed_row = row_param_args(params.seed, dummy)

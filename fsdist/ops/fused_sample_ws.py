@@ -16,9 +16,13 @@ program per SM walks its tiles) and splits each program's warps by role:
 Stage buffers and the accumulator hand-off are guarded by mbarriers (ready / empty pairs).
 The candidates are those of ``fused_sample_kernel`` with the same 128x128x64 tile, bit for
 bit: the same wgmma instruction sequence in the same K order gives the same logits, and the
-noise is keyed by the global vocabulary id. It covers the plain call (temperature, seed and
-offset as scalars or ``[B]`` tensors; no logprobs, filters, processors or tensor-parallel
-fan-out); ``ws_supported`` says when it applies, and every other call keeps the Triton kernel.
+noise is keyed by the global vocabulary id. Batch tiles of 128 rows (B > 64) or 64 rows (B <= 64);
+temperature, seed and offset as scalars or ``[B]`` tensors. On 64-row tiles it also writes the
+logprob fields and the kept logits of filtered calls (``epilogue.tile_stats`` / ``tile_topk``'s
+fields: the first column half's logits stay in registers until the second arrives; the tile's
+sums add the halves' partial sums, so they may differ from the Triton kernel's in the last bits).
+No processors or tensor-parallel fan-out; ``ws_supported`` says when it applies, and every other
+call runs the Triton kernel (``configs.triton_twin``).
 """
 
 import torch

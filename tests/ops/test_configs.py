@@ -67,6 +67,11 @@ def test_large_batch_config_runs_warp_specialised_where_it_can():
     cfg = configs.pick_config(512, 4096, "cuda")
     assert cfg.ws and cfg.name == "128x128x64w8s5t-ws"
     assert TileConfig.parse(cfg.name) == cfg
-    assert not configs.pick_config(64, 4096, "cuda").ws  # one 64-row tile: the Triton kernel
+    small = configs.pick_config(64, 4096, "cuda")  # one 64-row tile, warp-specialised where it runs ...
+    assert small.ws and small.name == "64x128x64w8s5t-ws" and configs.pick_config(33, 4096, "cuda") == small
+    # ... else the Triton kernel's 64-row tile; a 128-row ws tile keeps its tile on the Triton kernel
+    assert configs.triton_twin(small, 4096).name == "64x128x128w8s4"
+    assert configs.triton_twin(cfg, 4096).name == "128x128x64w8s5t"
+    assert not configs.pick_config(32, 4096, "cuda").ws
     with pytest.raises(ValueError, match="ws must be a bool"):
         TileConfig(128, 128, 64, ws="yes")
