@@ -491,21 +491,29 @@ def kernel_plots(data, plots_dir: Path, stem: str):
     f = filtered_plot(data, plots_dir / f"{stem}_filtered.png")
     if f:
         files.append(f)
+    # ... and as CUDA-graph replays, where the JSON has them for every filtered method (no host in the time)
+    f = filtered_plot(data, plots_dir / f"{stem}_filtered_graph.png", mode="graph")
+    if f:
+        files.append(f)
     return files
 
 
-def filtered_plot(data, path: Path):
+def filtered_plot(data, path: Path, mode: str = "events"):
     """Time per call of the filtered methods (one colour per filter group, fsdist bold, the
     fallback rate in fsdist's label), with cuBLAS and unfiltered fsdist for reference.
-    Returns the path written, or None when the JSON has no filtered method."""
+    mode: "events" (eager calls) or "graph" (CUDA-graph replays; only where every fsdist
+    filtered method has them). Returns the path written, or None when the JSON has no
+    filtered method (in that mode)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     idx = _kernel_index(data)
-    present = {r["method"] for r in data.get("results", []) if r.get("median_us")}
+    present = {r["method"] for r in data.get("results", []) if r.get("median_us") and r.get("mode") == mode}
     if not present & FILTERED_METHODS:
+        return None
+    if mode != "events" and not all(g["fsdist"] in present for g in FILTERED.values()):
         return None
     labels = labels_for(data)
     shapes = sorted({(r["D"], r["V"]) for r in data.get("results", [])})
@@ -515,14 +523,14 @@ def filtered_plot(data, path: Path):
     for ax, (D, V) in zip(axes[0], shapes):
         bs = sorted({r["B"] for r in data["results"] if (r["D"], r["V"]) == (D, V)})
         for m, color in (("cublas", "#444444"), ("fsdist", "#999999")):
-            pts = [(B, _med(idx, D, V, B, m)) for B in bs]
+            pts = [(B, _med(idx, D, V, B, m, mode)) for B in bs]
             pts = [(B, y) for B, y in pts if y]
             if pts:
                 ax.plot(*zip(*pts), "-", color=color, lw=1, label=labels.get(m, m) + " (no filter)")
         for gi, (group, g) in enumerate(FILTERED.items()):
             color = f"C{gi}"
             for mi, m in enumerate([g["fsdist"]] + g["baselines"]):
-                pts = [(B, _med(idx, D, V, B, m)) for B in bs]
+                pts = [(B, _med(idx, D, V, B, m, mode)) for B in bs]
                 pts = [(B, y) for B, y in pts if y]
                 if not pts:
                     continue
@@ -538,7 +546,7 @@ def filtered_plot(data, path: Path):
         ax.set_yscale("log")
         ax.set_xlabel("batch size B")
         ax.set_ylabel("µs per call (median)")
-        ax.set_title(f"{title}: filtered sampling, D={D}, V={V}")
+        ax.set_title(f"{title}: filtered sampling, D={D}, V={V}" + (" (CUDA graphs)" if mode == "graph" else ""))
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=6, loc="upper left")
     fig.tight_layout()
