@@ -168,7 +168,7 @@ def main(argv=None) -> int:
             shipped = pick_config(B, D, "cuda")
             methods = {"cublas": lambda h: F.linear(h, W),
                        "triton": lambda h: run_triton(h, W, params, layout, cand, V)}
-            if shipped != TRITON_CFG:  # what fsdist.sample runs at this B (B <= 64: a Triton kernel)
+            if shipped != TRITON_CFG:  # what fsdist.sample runs at this B (launch_fused: ws or its Triton twin)
                 methods["shipped"] = lambda h: launch_fused(h, W, params, shipped, layout, cand, vocab_size=V)
             for name, s, r, e, bb in vs:
                 methods["ws_" + name] = lambda h, s=s, r=r, e=e, bb=bb: run_ws(h, W, params, layout, cand, V, s, r, e,

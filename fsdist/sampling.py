@@ -12,7 +12,7 @@ import torch
 
 from . import processing as proc
 from . import rows, validation
-from .ops.configs import TileConfig
+from .ops.configs import TileConfig, triton_twin
 from .ops.fallback import KeptLogits, run_fallback
 from .ops.layout import BufferPair
 from .ops.merge_candidates import launch_merge
@@ -132,5 +132,5 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
             need_key=kept.need_key)
         run_fallback(hidden, weight, params, vocab_size=vocab_size, flags=fallback,
                      tokens=tokens, kept=kept, logprobs=lp, top_n=top_logprobs, mode=logprobs_mode,
-                     top_ids=top_ids, top_lp=top_lp, block_k=plan.config.block_k)
+                     top_ids=top_ids, top_lp=top_lp, block_k=triton_twin(plan.config, D).block_k)
     return rows.unflatten_output(SampleOutput(tokens, lp, lse, top_ids, top_lp, fallback), lead)

@@ -76,7 +76,8 @@ def tile_stats(logit, valid, inv_t):
 @triton.jit
 def tile_topk(logit, cols, KEEP: tl.constexpr):
     """The KEEP largest values of each row of a [rows, cols] tile, largest first (lowest column
-    first among equal values; -inf once a row runs out), their columns, and the boundary: the
+    first among equal values; -inf once a row runs out, each at the lowest column holding a -inf, which
+    removing it does not change), their columns, and the boundary: the
     largest value not kept (-inf if none). A few row reductions per kept value."""
     BIG: tl.constexpr = 1 << 30
     slot = tl.arange(0, KEEP)[None, :]

@@ -14,15 +14,17 @@ program per SM walks its tiles) and splits each program's warps by role:
   temperature rules) while the next tile's MMAs proceed.
 
 Stage buffers and the accumulator hand-off are guarded by mbarriers (ready / empty pairs).
-The candidates are those of ``fused_sample_kernel`` with the same 128x128x64 tile, bit for
-bit: the same wgmma instruction sequence in the same K order gives the same logits, and the
-noise is keyed by the global vocabulary id. Batch tiles of 128 rows (B > 64) or 64 rows (B <= 64);
+The candidates are those of ``fused_sample_kernel`` with the same tile (128 or 64 x 128 x 64),
+bit for bit: the same wgmma instruction sequence in the same K order gives the same logits, and
+the noise is keyed by the global vocabulary id. Batch tiles of 128 rows (B > 64) or 64 rows
+(``configs.pick_config`` uses them for B = 33-64);
 temperature, seed and offset as scalars or ``[B]`` tensors. On 64-row tiles it also writes the
 logprob fields and the kept logits of filtered calls (``epilogue.tile_stats`` / ``tile_topk``'s
 fields: the first column half's logits stay in registers until the second arrives; the tile's
 sums add the halves' partial sums, so they may differ from the Triton kernel's in the last bits).
-No processors or tensor-parallel fan-out; ``ws_supported`` says when it applies, and every other
-call runs the Triton kernel (``configs.triton_twin``).
+No processors, peer fan-out or call header (the tensor-parallel candidates head always writes one;
+the group-log-mass head's stage 1 can run here); ``ws_supported`` says when it applies, and every
+other call runs the Triton kernel (``configs.triton_twin``).
 """
 
 import torch
@@ -44,8 +46,8 @@ try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this p
 except ImportError:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
 
-# The one tile this kernel runs: 128 rows x 128 ids x 64 of the hidden size per stage. The
-# vocabulary tile fixes the candidate layout (configs.default_block_v on a GPU).
+# The tile this kernel runs: 128 rows (or 64, launch_fused_ws(block_b=64)) x 128 ids x 64 of the hidden
+# size per stage. The vocabulary tile fixes the candidate layout (configs.default_block_v on a GPU).
 WS_BLOCK_B = 128
 WS_BLOCK_V = 128
 WS_BLOCK_K = 64
@@ -340,7 +342,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
                     raw_sums: bool = True) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
-    of ``dest``, as launch_fused does with the 128x128x64 TMA tile. The caller checks
+    of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
     epilogue_only (benchmarks): skip the main loop (zero logits), to time the epilogue alone.
     block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same

@@ -1,7 +1,7 @@
 """The warp-specialised Hopper stage 1 (fsdist/ops/fused_sample_ws.py) against the Triton fused kernel.
 
 GPU (sm_90) only. The kernel must write the Triton kernel's candidates bit for bit with the same
-128x128x64 TMA tile: same logits (the same wgmma sequence in K order), same noise (keyed by the
+128x128x64 (or 64x128x64) TMA tile, the tile sums of the logprob fields aside: same logits (the same wgmma sequence in K order), same noise (keyed by the
 global id), same rounding of logit + T * Gumbel (``epilogue.perturb``). The 10^6-draw chi-squared
 tests in test_sample_gpu.py run on it too (B = 8192 rows take the 128-row tiles).
 """
@@ -345,22 +345,28 @@ TRITON64 = TileConfig(64, 128, 64, 8, 5, tma=True)
 @hopper
 @pytest.mark.parametrize("kind", ["rows", "scalar", "greedy"])
 @pytest.mark.parametrize("case", ["logprobs", "extended", "extended_lean"])
-def test_64_row_tile_writes_the_triton_kernels_fields(kind, case, ws_calls):
+@pytest.mark.parametrize("vocab_start", [0, 5120])  # 5120: a tensor-parallel shard (group-log-mass head)
+def test_64_row_tile_writes_the_triton_kernels_fields(kind, case, vocab_start, ws_calls):
     """On 64-row tiles the warp-specialised kernel also writes the logprob fields (the winner's logit, the
     tile's max and scaled sum) and the extended ones (raw sum, the 4 kept logits and their ids, the boundary):
     every field bit for bit as the Triton kernel with the same tile, except the two sums, which add the
-    column halves' partial sums (a few ulp). Ragged batch (B = 100: two tiles, the second part empty), a
-    ragged vocabulary with padding ids, ties across the column halves, poisoned rows."""
+    column halves' partial sums (a few ulp). Ragged batch (B = 100: two tiles, the second part empty), a tie
+    across the column halves as every row's tile maximum (ids 3 and 70), one inside a half (130, 131), a
+    tile of -inf logits for every row (tile 2), a last tile with two valid ids and a padding id whose logit
+    is the largest of its tile, bad-temperature rows."""
     B, D, V = 100, 256, 3000
-    vocab_size = V - 5
+    vocab_size = vocab_start + 2946  # the last tile (local ids 2944-2999) has two valid ids
     h, w = _operands(B, D, V, torch.bfloat16, 77)
-    # ties: ids 3 and 70 (the two halves of tile 0) and 130 / 131 (tile 1) get identical weight rows
-    w[70] = w[3]
-    w[131] = w[130]
-    w[vocab_size + 1] = w[0] * 4  # a padding id with a large logit: never kept, never the boundary
+    w[:, :4] = 0.0
+    h[:, 0] = 8.0
+    for ids in ((3, 70), (130, 131), (2944, 2947)):  # logit 16 + the same rest: tied maxima (2947: padding)
+        w[list(ids)] = w[ids[0]].clone()
+        w[list(ids), 0] = 2.0
+    w[2947, 0] = 3.0  # padding: logit 24, never kept, never the boundary
+    w[256:384, 2] = float("-inf")  # tile 2: every logit -inf (h[:, 2] = 1)
+    h[:, 2] = 1.0
     params = _row_params(B, torch.Generator().manual_seed(5), kind)
     extended = case != "logprobs"
-    raw_sums = case == "extended"
     layout = CandidateLayout(CandidateLayout.fields(True, extended), triton.cdiv(V, 128), B,
                              n_ifields=1 + KEEP if extended else 1)
     got = []
@@ -368,8 +374,8 @@ def test_64_row_tile_writes_the_triton_kernels_fields(kind, case, ws_calls):
         dest = BufferPair.alloc(layout, h.device)
         dest.f.fill_(7.0)
         dest.i.fill_(7)
-        launch_fused(h, w, params, cfg, layout, dest, vocab_size=vocab_size, logprobs=case == "logprobs",
-                     extended=extended, raw_sums=raw_sums)
+        launch_fused(h, w, params, cfg, layout, dest, vocab_size=vocab_size, vocab_start=vocab_start,
+                     logprobs=case == "logprobs", extended=extended, raw_sums=case == "extended")
         got.append((dest.f.view(layout.n_fields, -1, B).nan_to_num(-12345.0), dest.i.view(layout.n_ifields, -1, B)))
     assert len(ws_calls) == 1
     (fw, iw), (ft, it) = got
@@ -380,8 +386,17 @@ def test_64_row_tile_writes_the_triton_kernels_fields(kind, case, ws_calls):
     for k in sums:
         torch.testing.assert_close(fw[k], ft[k], rtol=2e-6, atol=0.0)
     if extended:
-        kept_ids = iw[1:]
-        assert not ((kept_ids >= vocab_size) & (kept_ids < V)).any(), "a padding id was kept"
+        kept = iw[1:] - vocab_start
+        assert ((kept[0, 0] == 3) & (kept[1, 0] == 70)).all(), "the tie across the halves: lower id first"
+        assert ((kept[0, 1] == 130) & (kept[1, 1] == 131)).all()
+        lowest = torch.finfo(torch.float32).min  # -inf after nan_to_num
+        assert (fw[5:10, 2] == lowest).all(), "tile 2 holds only -inf logits"
+        # an all -inf tile keeps -inf at its first id in every slot (removing a -inf leaves a -inf), as tile_topk
+        assert (kept[:, 2] == 256).all()
+        finite = fw[5:9] > lowest
+        assert not (finite & (kept >= vocab_size - vocab_start)).any(), "a padding id was kept with a logit"
+        assert finite[:2, 23].all() and not finite[2:, 23].any() and (fw[9, 23] == lowest).all()  # 2 valid ids
+        assert (kept[0, 23] == 2944).all() and (kept[1, 23] == 2945).all()
         assert (fw[5] >= fw[8]).all() and (fw[8] >= fw[9]).all()
 
 
