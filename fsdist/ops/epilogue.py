@@ -67,10 +67,17 @@ def perturb(logit, noise_scale, g, PINNED: tl.constexpr):
 def tile_stats(logit, valid, inv_t):
     """(max, sum of exp((logit - max) / T)) over axis 1 of raw logits; -inf / 0 where nothing is finite."""
     tmax = tl.max(logit, axis=1)
+    return tmax, scaled_sum(logit, valid, tmax, inv_t)
+
+
+@triton.jit
+def scaled_sum(logit, valid, tmax, inv_t):
+    """sum over axis 1 of exp((logit - tmax) / T) for the valid, finite logits (tmax = -inf: a shift
+    of 0). tile_stats' sum, for a kernel that takes the max over more than this tensor (the
+    warp-specialised kernel's two column halves)."""
     safe = tl.where(tmax == float("-inf"), 0.0, tmax)
     live = valid & (logit > float("-inf"))
-    tsum = tl.sum(tl.where(live, tl.exp((logit - safe[:, None]) * inv_t[:, None]), 0.0), axis=1)
-    return tmax, tsum
+    return tl.sum(tl.where(live, tl.exp((logit - safe[:, None]) * inv_t[:, None]), 0.0), axis=1)
 
 
 @triton.jit

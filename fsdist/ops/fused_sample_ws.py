@@ -31,7 +31,7 @@ import torch
 import triton
 
 from ..params import RowParams
-from .epilogue import perturb, row_temperature
+from .epilogue import perturb, raw_sum, row_temperature, scaled_sum
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_quad_bits
 from .utils import fast_log_ok, load_row_param, row_param_args, sm_count
@@ -225,13 +225,11 @@ if HAVE_GLUON:
             if LOGPROBS:
                 # epilogue.tile_stats / raw_sum over both halves (held in registers until the second
                 # arrives: each exp needs the whole tile's max); the sums add the halves' partial sums.
+                # The halves' padding is -inf already, so every column counts as valid.
                 lay: gl.constexpr = l0.type.layout
-                rows_l: gl.constexpr = gl.SliceLayout(1, lay)
                 tmax = gl.maximum(gl.max(l0, axis=1), gl.max(l1, axis=1))
-                safe = gl.where(tmax == float("-inf"), 0.0, tmax)
-                it = gl.convert_layout(inv_t, rows_l)
-                tsum = (gl.sum(gl.where(l0 > float("-inf"), gl.exp((l0 - safe[:, None]) * it[:, None]), 0.0), axis=1)
-                        + gl.sum(gl.where(l1 > float("-inf"), gl.exp((l1 - safe[:, None]) * it[:, None]), 0.0), axis=1))
+                it = gl.convert_layout(inv_t, gl.SliceLayout(1, lay))
+                tsum = scaled_sum(l0, True, tmax, it) + scaled_sum(l1, True, tmax, it)
                 gl.store(cand_f + 2 * stride_field + dst, gl.convert_layout(tmax, row_layout), mask=mask_b)
                 gl.store(cand_f + 3 * stride_field + dst, gl.convert_layout(tsum, row_layout), mask=mask_b)
                 if WINNER_LOGIT:
@@ -260,8 +258,7 @@ if HAVE_GLUON:
                 gl.store(cand_f + 9 * stride_field + dst, gl.convert_layout(gl.maximum(na, nb), row_layout),
                          mask=mask_b)
                 if RAW_SUM:
-                    rsum = (gl.sum(gl.where(l0 > float("-inf"), gl.exp(l0 - safe[:, None]), 0.0), axis=1)
-                            + gl.sum(gl.where(l1 > float("-inf"), gl.exp(l1 - safe[:, None]), 0.0), axis=1))
+                    rsum = raw_sum(l0, True, tmax) + raw_sum(l1, True, tmax)
                     gl.store(cand_f + 4 * stride_field + dst, gl.convert_layout(rsum, row_layout), mask=mask_b)
                 else:  # only "raw" logprobs read it: NaN, so that a wrong reader shows
                     gl.store(cand_f + 4 * stride_field + dst, gl.full([BLOCK_B], float("nan"), gl.float32, row_layout),
