@@ -4,7 +4,8 @@ V = 151936, D = 4096, bf16 weight; a real-sized token bitmask (about half the id
 and 1,000 listed ids per row (500 logit-bias ids, 250 output ids, 250 prompt ids), every
 processor argument a device tensor, as a serving stack passes them:
 
-* in distribution: 2**20 draws (8192 rows x 128 calls, seeds per row, offset per call) of
+* in distribution: 2**20 draws (8192 rows x 128 calls, seeds per row, offset per call; and on
+  the fused path 64 rows x 16,384 calls too: the warp-specialised 64-row tile on an H100 / H200) of
   one row's processed distribution on each stage-1 path, chi-squared + top-token binomial
   (``statcheck``: each p-value must exceed P_MIN = 1e-3) against
   ``fsdist.reference.filtered_distribution`` in float64, no draw outside the support; and a
@@ -144,23 +145,25 @@ def _one_row_probs(case):
                                                             case["prompt_ids"].cpu()))[0]
 
 
-def _draws(case, weight, path, penalties):
-    hidden = case["h1"].expand(ROWS, -1).contiguous()
-    kw = _one_row_args(case, ROWS, penalties)
-    temp = torch.full((ROWS,), T, device=DEV)
-    seeds = torch.arange(ROWS, device=DEV) * 7 + 1
-    offset = torch.zeros(ROWS, dtype=torch.int64, device=DEV)
+def _draws(case, weight, path, penalties, rows=ROWS):
+    """ROWS x CALLS draws of the case's row: ``rows`` copies per call (64: the warp-specialised 64-row tile on
+    an H100 / H200; 8192: 128-row tiles) and as many calls as make the same number of draws."""
+    hidden = case["h1"].expand(rows, -1).contiguous()
+    kw = _one_row_args(case, rows, penalties)
+    temp = torch.full((rows,), T, device=DEV)
+    seeds = torch.arange(rows, device=DEV) * 7 + 1
+    offset = torch.zeros(rows, dtype=torch.int64, device=DEV)
     out = []
-    for step in range(CALLS):
+    for step in range(ROWS * CALLS // rows):
         offset.fill_(step)
         out.append(fsdist.sample(hidden, weight, temperature=temp, seed=seeds, offset=offset, path=path, **kw).tokens)
     return torch.cat(out)
 
 
-@pytest.mark.parametrize("path", ["chunked", "fused"])
-def test_processors_chi_squared_one_million_samples(one_row, weight, path):
+@pytest.mark.parametrize("path, rows", [("chunked", ROWS), ("fused", ROWS), ("fused", 64)])
+def test_processors_chi_squared_one_million_samples(one_row, weight, path, rows):
     probs = _one_row_probs(one_row)
-    tokens = _draws(one_row, weight, path, one_row["penalties"])
+    tokens = _draws(one_row, weight, path, one_row["penalties"], rows)
     assert tokens.numel() == ROWS * CALLS
     assert bool((tokens >= 0).all()), "a row returned -1"
     assert bool((probs[tokens.cpu()] > 0).all()), "a disallowed id was sampled"
@@ -220,7 +223,7 @@ def _serving(B, weight, seed):
 
 
 @pytest.mark.parametrize("filtered", [False, True], ids=["processors", "processors+top_k+top_p"])
-@pytest.mark.parametrize("B", [32, 128])
+@pytest.mark.parametrize("B", [32, 64, 128])
 def test_cuda_graph_with_processor_tensors(weight, B, filtered):
     h, params, filters, procs = _serving(B, weight, seed=B)
     kw = dict(params, **procs, **(filters if filtered else {}), return_logprobs=True)
@@ -247,7 +250,7 @@ def test_cuda_graph_with_processor_tensors(weight, B, filtered):
     assert bool((seen[-1] >= 0).all())
 
 
-@pytest.mark.parametrize("B,path", [(16, "fused"), (128, "chunked")])
+@pytest.mark.parametrize("B,path", [(16, "fused"), (64, "fused"), (128, "chunked")])
 def test_processors_never_synchronise(weight, B, path):
     h, params, filters, procs = _serving(B, weight, seed=500 + B)
     bias_only = dict(logit_bias=procs["logit_bias"])

@@ -21,8 +21,10 @@ the noise is keyed by the global vocabulary id. Batch tiles of 128 rows (B > 64)
 temperature, seed and offset as scalars or ``[B]`` tensors. On 64-row tiles it also writes the
 logprob fields and the kept logits of filtered calls (``epilogue.tile_stats`` / ``tile_topk``'s
 fields: the first column half's logits stay in registers until the second arrives; the tile's
-sums add the halves' partial sums, so they may differ from the Triton kernel's in the last bits).
-No processors, peer fan-out or call header (the tensor-parallel candidates head always writes one;
+sums add the halves' partial sums, so they may differ from the Triton kernel's in the last bits),
+and applies the logit processors (``processors.py``: the bitmask gathered per id, each row's bias /
+penalty entries found by the 16-ary search, both issued before the half's logits are awaited).
+No peer fan-out or call header (the tensor-parallel candidates head always writes one;
 the group-log-mass head's stage 1 can run here); ``ws_supported`` says when it applies, and every
 other call runs the Triton kernel (``configs.triton_twin``).
 """
@@ -34,6 +36,8 @@ from ..params import RowParams
 from .epilogue import perturb, raw_sum, row_temperature, scaled_sum
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_quad_bits
+from .prepare_processors import PROBES as _PROBES_INT
+from .processors import bitmask_allowed, process_tile, processor_args, row_penalties, searched_slice
 from .utils import fast_log_ok, load_row_param, row_param_args, sm_count
 
 try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this path is off.
@@ -60,6 +64,7 @@ WS_ROW_THREADS = 8  # rows a warp spans in the epilogue's layout
 WS_EPILOGUE_WARPS = 4
 WS_REGISTERS = {4: (168, 232), 8: (128, 160)}
 WS_LOAD_REGS = 24
+_PROBES = triton.language.constexpr(_PROBES_INT)  # the entry search's probes per round (processors.py)
 
 if HAVE_GLUON:
 
@@ -117,24 +122,47 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _epilogue_half(acc_smem, acc_ready, acc_empty, phase, half: gl.constexpr, seed, offset, noise_scale,
-                       tile_start, V_rows, vocab_size, vocab_start, HALF: gl.constexpr, NOISE: gl.constexpr,
-                       FAST_LOG: gl.constexpr, quad_layout: gl.constexpr):
-        """(best score, best column, any NaN / +inf logit) of one HALF-wide column slice of the tile."""
+                       tile_start, V_rows, vocab_size, vocab_start, offs_b, mask_b, bm_ptr, bm_stride, ent_ptr,
+                       val_ptr, ent_stride, ent_width, search_steps, rep, freq, pres, HALF: gl.constexpr,
+                       NOISE: gl.constexpr, FAST_LOG: gl.constexpr, quad_layout: gl.constexpr,
+                       BITMASK: gl.constexpr, SPARSE: gl.constexpr):
+        """(best score, best column, any NaN / +inf logit) of one HALF-wide column slice of the tile,
+        and its (processed) logits and columns."""
         cols_q = gl.arange(0, HALF // 4, gl.SliceLayout(0, quad_layout))
         quad = ((vocab_start + tile_start + half * HALF) >> 2) + cols_q
         r0, r1, r2, r3 = vocab_quad_bits(seed[:, None], offset[:, None], quad[None, :])
         # Column 4q + 2i + j is lane 2i + j of quad q (noise.vocab_bits_tile's arrangement).
         bits = gl.reshape(gl.join(gl.join(r0, r2), gl.join(r1, r3)), [r0.shape[0], HALF])
         lay: gl.constexpr = bits.type.layout
+        col = half * HALF + gl.arange(0, HALF, gl.SliceLayout(0, lay))
+        gid = vocab_start + tile_start + col
+        valid = (gid < vocab_size) & (tile_start + col < V_rows)
+        # The processors' inputs need only the rows and ids: loaded (the bitmask words, the half's
+        # slice of each row's bias / penalty entries) before the logits are awaited.
+        rows = gl.convert_layout(offs_b, gl.SliceLayout(1, lay))
+        rmask = gl.convert_layout(mask_b, gl.SliceLayout(1, lay))
+        if BITMASK:
+            allowed = bitmask_allowed(bm_ptr, bm_stride, rows, rmask, gid, valid)
+        if SPARSE:
+            probes = gl.arange(0, _PROBES, gl.SliceLayout(0, lay)) + 1
+            start, n = searched_slice(ent_ptr, ent_stride, ent_width, search_steps, rows, rmask,
+                                      vocab_start + tile_start + half * HALF, probes, HALF, True)
         # The half's logits, then the buffer goes straight back to the MMA warpgroup.
         mbarrier.wait(acc_ready, phase)
         logit = acc_smem.load(lay)
         mbarrier.arrive(acc_empty)
-        col = half * HALF + gl.arange(0, HALF, gl.SliceLayout(0, lay))
-        gid = vocab_start + tile_start + col
-        valid = (gid < vocab_size) & (tile_start + col < V_rows)
         logit = gl.where(valid[None, :], logit, float("-inf"))
         bad = gl.max(((logit != logit) | (logit == float("inf"))).to(gl.int32), axis=1)
+        if BITMASK:
+            logit = gl.where(allowed, logit, float("-inf"))
+        if SPARSE:
+            # processors.process_tile on the half (no head entries: the slice is read from the list;
+            # the bitmask is applied above): the same processed logits as the Triton kernel's.
+            row_lay: gl.constexpr = gl.SliceLayout(1, lay)
+            logit = process_tile(logit, rows, rmask, gid, valid, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride,
+                                 start, n, start, start, gl.convert_layout(rep, row_lay),
+                                 gl.convert_layout(freq, row_lay), gl.convert_layout(pres, row_lay), start,
+                                 False, True, 0, False)
         if NOISE:
             g = gumbel_from_bits(bits, FAST_LOG)
             score = perturb(logit, gl.convert_layout(noise_scale, gl.SliceLayout(1, lay))[:, None], g, FAST_LOG)
@@ -179,12 +207,13 @@ if HAVE_GLUON:
     @gluon.jit
     def _epilogue_partition(acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
                             temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
-                            stride_slot, n_btiles, n_tiles, stride_field, stride_ifield,
+                            stride_slot, n_btiles, n_tiles, stride_field, stride_ifield, bm_ptr, bm_stride, ent_ptr,
+                            val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride,
                             BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, EPI_WARPS: gl.constexpr,
                             SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr,
                             NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr,
                             LOGPROBS: gl.constexpr, EXTENDED: gl.constexpr, WINNER_LOGIT: gl.constexpr,
-                            RAW_SUM: gl.constexpr):
+                            RAW_SUM: gl.constexpr, BITMASK: gl.constexpr, SPARSE: gl.constexpr):
         HALF: gl.constexpr = BLOCK_V // 2
         # Philox quads of a half tile, [BLOCK_B, HALF / 4]: a warp spans ROW_THREADS rows, so each
         # thread keeps few rows' keys and counters (the per-row state is what crowds the registers).
@@ -202,13 +231,18 @@ if HAVE_GLUON:
             offset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, gl.int64, OFFSET_PER_ROW)
             inv_t, noise_scale, _greedy, bad_temp = row_temperature(temp)
             tile_start = pid_v * BLOCK_V
+            rep, freq, pres = row_penalties(pen_ptr, pen_stride, offs_b, mask_b, SPARSE)  # (1, 0, 0) without
 
             best0, at0, bad0, l0, col0 = _epilogue_half(acc_smem, acc_ready, acc_empty, hc & 1, 0, seed, offset,
                                                         noise_scale, tile_start, V_rows, vocab_size, vocab_start,
-                                                        HALF, NOISE, FAST_LOG, quad_layout)
+                                                        offs_b, mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr,
+                                                        ent_stride, ent_width, search_steps, rep, freq, pres,
+                                                        HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE)
             best1, at1, bad1, l1, col1 = _epilogue_half(acc_smem, acc_ready, acc_empty, (hc + 1) & 1, 1, seed,
                                                         offset, noise_scale, tile_start, V_rows, vocab_size,
-                                                        vocab_start, HALF, NOISE, FAST_LOG, quad_layout)
+                                                        vocab_start, offs_b, mask_b, bm_ptr, bm_stride, ent_ptr,
+                                                        val_ptr, ent_stride, ent_width, search_steps, rep, freq,
+                                                        pres, HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE)
             hc += 2
             dst = buf_offset + pid_v * stride_slot + offs_b
             dst_i = buf_offset_i + pid_v * stride_slot + offs_b
@@ -268,12 +302,14 @@ if HAVE_GLUON:
     def fused_sample_ws_kernel(h_desc, w_desc, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
                                cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
                                stride_slot, n_btiles, n_tiles, k_steps, stride_field, stride_ifield,
-                               STAGES: gl.constexpr, EPI_WARPS: gl.constexpr, EPI_REGS: gl.constexpr,
+                               bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr,
+                               pen_stride, STAGES: gl.constexpr, EPI_WARPS: gl.constexpr, EPI_REGS: gl.constexpr,
                                LOAD_REGS: gl.constexpr,
                                SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr,
                                NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr = 8,
                                LOGPROBS: gl.constexpr = False, EXTENDED: gl.constexpr = False,
-                               WINNER_LOGIT: gl.constexpr = False, RAW_SUM: gl.constexpr = False):
+                               WINNER_LOGIT: gl.constexpr = False, RAW_SUM: gl.constexpr = False,
+                               BITMASK: gl.constexpr = False, SPARSE: gl.constexpr = False):
         BLOCK_B: gl.constexpr = h_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
         BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
@@ -302,9 +338,10 @@ if HAVE_GLUON:
             (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
                                    temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
                                    buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles, stride_field,
-                                   stride_ifield, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW, OFFSET_PER_ROW,
-                                   TEMP_PER_ROW, NOISE, FAST_LOG, ROW_THREADS, LOGPROBS, EXTENDED, WINNER_LOGIT,
-                                   RAW_SUM)),
+                                   stride_ifield, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width,
+                                   search_steps, pen_ptr, pen_stride, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW,
+                                   OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, ROW_THREADS, LOGPROBS, EXTENDED,
+                                   WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE)),
         ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
 
 
@@ -312,18 +349,19 @@ def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
                  dest: BufferPair, *, logprobs: bool = False, extended: bool = False,
                  block_v: int = WS_BLOCK_V, block_b: int = WS_BLOCK_B) -> bool:
     """Whether this call can run on the warp-specialised kernel: a Hopper GPU (sm_90: wgmma),
-    bf16 / fp16 operands TMA can read, the 128-id vocabulary tile, no processors, peer fan-out or
-    call header; logprobs and kept logits (filters, top-N) only on the 64-row batch tile (the
-    epilogue then holds a whole tile's logits). Everything else keeps fused_sample_kernel."""
+    bf16 / fp16 operands TMA can read, the 128-id vocabulary tile, no peer fan-out or call header;
+    logprobs, kept logits (filters, top-N) and processors (bitmask, bias, penalties) only on the
+    64-row batch tile (the epilogue then holds a whole tile's logits, and has the registers for the
+    processors' per-row state). Everything else keeps fused_sample_kernel."""
     if not HAVE_GLUON or hidden.device.type != "cuda" or torch.version.hip is not None:
         return False
     if torch.cuda.get_device_capability(hidden.device) != (9, 0):
         return False
     if hidden.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != hidden.dtype:
         return False
-    if (logprobs or extended) and (block_b != 64 or KEEP != 4):
+    if (logprobs or extended or params.processing is not None) and (block_b != 64 or KEEP != 4):
         return False
-    if params.processing is not None or dest.peer_table or dest.parity is not None:
+    if dest.peer_table or dest.parity is not None:
         return False
     if layout.checked or block_v != WS_BLOCK_V or hidden.shape[0] == 0:
         return False
@@ -347,13 +385,14 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     raw_sums as launch_fused's (64-row tiles only): the winner's logit with logprobs, the tile's
     (max, sum) with either, the kept logits, their ids and the boundary with extended, the raw sums
     unless raw_sums is False. The sums add the two column halves' partial sums, so they may differ
-    from the Triton kernel's in the last bits; every other field is the same bit for bit."""
+    from the Triton kernel's in the last bits; every other field is the same bit for bit.
+    params.processing (64-row tiles only): the logits are processed as the Triton kernel's."""
     if block_b not in (64, 128):
         raise ValueError(f"block_b must be 64 or 128, got {block_b}")
     if extended and not layout.extended:
         raise ValueError("kept logits need an extended candidate layout")
-    if (logprobs or extended) and block_b != 64:
-        raise ValueError("logprobs and kept logits run on the 64-row batch tile only")
+    if (logprobs or extended or params.processing is not None) and block_b != 64:
+        raise ValueError("logprobs, kept logits and processors run on the 64-row batch tile only")
     B, D = hidden.shape
     V_rows = weight.shape[0]
     n_vtiles = layout.check_fit(B, V_rows, WS_BLOCK_V, shard, vocab_start)
@@ -370,6 +409,9 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     if epilogue_warps not in WS_REGISTERS:
         raise ValueError(f"epilogue_warps must be one of {sorted(WS_REGISTERS)}, got {epilogue_warps}")
     maxnreg, epi_regs = WS_REGISTERS[epilogue_warps]
+    # Token bitmask, bias and penalties: the epilogue gathers the bitmask words and searches each
+    # row's entries itself (no entry-offset table: the searches run while the tile's MMAs do).
+    proc_args, proc_flags = processor_args(params.processing, dummy)
     programs = min(n_tiles, sm_count(hidden.device))
     if grid_cap:
         programs = min(programs, grid_cap)
@@ -378,11 +420,11 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         dest.f, dest.i, B, V_rows, vocab_size, vocab_start,
         dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i, layout.stride_slot,
         n_btiles, n_tiles, 0 if epilogue_only else triton.cdiv(D, WS_BLOCK_K), layout.stride_field,
-        layout.stride_ifield,
+        layout.stride_ifield, *proc_args,
         STAGES=stages, EPI_WARPS=epilogue_warps, EPI_REGS=epi_regs, LOAD_REGS=WS_LOAD_REGS,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
         NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), ROW_THREADS=row_threads,
-        LOGPROBS=logprobs or extended, EXTENDED=extended, WINNER_LOGIT=logprobs, RAW_SUM=raw_sums,
+        LOGPROBS=logprobs or extended, EXTENDED=extended, WINNER_LOGIT=logprobs, RAW_SUM=raw_sums, **proc_flags,
         num_warps=4, maxnreg=maxnreg,
     )
 

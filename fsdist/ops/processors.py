@@ -58,14 +58,21 @@ def lower_bounds(ent_ptr, row_base, width, key_a, key_b, mask_r, rounds, PROBES:
     row and key, all independent, so a round costs one memory latency where a binary search
     pays one per halving (3 rounds instead of 11 dependent loads at 1,000 entries). rounds:
     ``prepare_processors.search_rounds(width)``."""
-    k = tl.arange(0, PROBES) + 1
-    lo_a = tl.zeros(row_base.shape, tl.int32)
+    return lower_bounds_at(ent_ptr, row_base, width, key_a, key_b, mask_r, rounds, tl.arange(0, PROBES) + 1, PROBES)
+
+
+@triton.jit
+def lower_bounds_at(ent_ptr, row_base, width, key_a, key_b, mask_r, rounds, probes, PROBES: tl.constexpr):
+    """lower_bounds with the probe numbers given (probes: int32 [PROBES], 1 .. PROBES). Nothing
+    here makes a tensor of its own, so a Gluon kernel can call it: its probes and rows carry the
+    layouts (probes in the slice of the rows' parent layout along the columns)."""
     hi_a = tl.where(mask_r, width, 0)
+    lo_a = hi_a * 0
     lo_b = lo_a
     hi_b = hi_a
     for _ in range(rounds):
-        lo_a, hi_a = _narrow(ent_ptr, row_base, key_a, lo_a, hi_a, k, PROBES)
-        lo_b, hi_b = _narrow(ent_ptr, row_base, key_b, lo_b, hi_b, k, PROBES)
+        lo_a, hi_a = _narrow(ent_ptr, row_base, key_a, lo_a, hi_a, probes, PROBES)
+        lo_b, hi_b = _narrow(ent_ptr, row_base, key_b, lo_b, hi_b, probes, PROBES)
     return lo_a, lo_b
 
 
@@ -82,16 +89,17 @@ def lower_bound(ent_ptr, row_base, width, key, mask_r, rounds, PROBES: tl.conste
 
 
 @triton.jit
-def searched_slice(ent_ptr, ent_stride, ent_width, search_steps, rows, mask_r, tile_lo, TILE: tl.constexpr,
+def searched_slice(ent_ptr, ent_stride, ent_width, search_steps, rows, mask_r, tile_lo, probes, TILE: tl.constexpr,
                    SPARSE: tl.constexpr):
     """(start, n) per row: the row's entries of ids tile_lo .. tile_lo + TILE - 1, found by
-    searching the row's list (any tiling); (0, 0) without entries."""
+    searching the row's list (any tiling); (0, 0) without entries. probes: int32 [_PROBES],
+    1 .. _PROBES (``tl.arange(0, _PROBES) + 1``; a Gluon caller builds it in its own layout)."""
     if SPARSE:
-        start, end = lower_bounds(ent_ptr, rows.to(tl.int64) * ent_stride, ent_width, tile_lo * 4,
-                                  (tile_lo + TILE) * 4, mask_r, search_steps, _PROBES)
+        start, end = lower_bounds_at(ent_ptr, rows.to(tl.int64) * ent_stride, ent_width, tile_lo * 4,
+                                     (tile_lo + TILE) * 4, mask_r, search_steps, probes, _PROBES)
         n = tl.where(mask_r, end - start, 0)
     else:
-        start = tl.zeros(rows.shape, tl.int32)
+        start = rows.to(tl.int32) * 0
         n = start
     return start, n
 
@@ -145,15 +153,25 @@ def bitmask_bits(words, WIDTH: tl.constexpr):
 
 
 @triton.jit
+def bitmask_allowed(bm_ptr, bm_stride, rows, mask_r, gid, ok):
+    """[R, C] bool, id gid[c] allowed for row rows[r], gathered word by word from the bitmask
+    (ok: ids inside the vocabulary; others and padding rows read as allowed). Any tiling and
+    vocabulary offset; only loads, so a kernel can issue it before its logits are ready."""
+    word = tl.load(bm_ptr + rows[:, None].to(tl.int64) * bm_stride + (gid // 32)[None, :],
+                   mask=mask_r[:, None] & ok[None, :], other=-1)
+    return ((word >> (gid % 32)[None, :]) & 1) != 0
+
+
+@triton.jit
 def row_penalties(pen_ptr, pen_stride, rows, mask_r, SPARSE: tl.constexpr):
     """(repetition, frequency, presence) fp32 [R] of the rows (1, 0, 0 without entries)."""
     if SPARSE:
         rep = tl.load(pen_ptr + rows, mask=mask_r, other=1.0)
         freq = tl.load(pen_ptr + pen_stride + rows, mask=mask_r, other=0.0)
         pres = tl.load(pen_ptr + 2 * pen_stride + rows, mask=mask_r, other=0.0)
-    else:
-        rep = tl.full(rows.shape, 1.0, tl.float32)
-        freq = tl.zeros(rows.shape, tl.float32)
+    else:  # made from rows, so that a Gluon caller's layout carries over
+        freq = rows.to(tl.float32) * 0.0
+        rep = freq + 1.0
         pres = freq
     return rep, freq, pres
 
@@ -196,15 +214,13 @@ def process_tile(x, rows, mask_r, gid, ok, bm_ptr, bm_stride, ent_ptr, val_ptr, 
     if BITMASK and WORDS:
         x = tl.where(bitmask_bits(words, x.shape[1]), x, float("-inf"))
     elif BITMASK:
-        word = tl.load(bm_ptr + rows[:, None].to(tl.int64) * bm_stride + (gid // 32)[None, :],
-                       mask=mask_r[:, None] & ok[None, :], other=-1)
-        allowed = ((word >> (gid % 32)[None, :]) & 1) != 0
-        x = tl.where(allowed, x, float("-inf"))
+        x = tl.where(bitmask_allowed(bm_ptr, bm_stride, rows, mask_r, gid, ok), x, float("-inf"))
     if SPARSE:
-        run = tl.full(rows.shape, -1, tl.int32)  # id of the run being summed (-1: none yet)
-        bias = tl.zeros(rows.shape, tl.float32)
-        count = tl.zeros(rows.shape, tl.int32)
-        seen = tl.zeros(rows.shape, tl.int32)
+        # The per-row state, made from rows (not tl.full) so that a Gluon caller's layout carries over.
+        count = rows.to(tl.int32) * 0
+        run = count - 1  # id of the run being summed (-1: none yet)
+        bias = count.to(tl.float32)
+        seen = count
         longest = tl.max(n, axis=0)
         if longest > 0:
             # The head entries are in registers already; a row past its slice reads SENTINEL
@@ -231,8 +247,8 @@ def apply_processors(x, rows, mask_r, gid, ok, tile_lo,
                      BITMASK: tl.constexpr, SPARSE: tl.constexpr):
     """Processed logits of a tile, its entry slices found by searching (``process_tile``; the
     tile's ids are tile_lo .. tile_lo + C - 1, gid may hold them in another order)."""
-    start, n = searched_slice(ent_ptr, ent_stride, ent_width, search_steps, rows, mask_r, tile_lo, x.shape[1],
-                              SPARSE)
+    start, n = searched_slice(ent_ptr, ent_stride, ent_width, search_steps, rows, mask_r, tile_lo,
+                              tl.arange(0, _PROBES) + 1, x.shape[1], SPARSE)
     rep, freq, pres = row_penalties(pen_ptr, pen_stride, rows, mask_r, SPARSE)
     # No heads (HEAD = 0) and no preloaded bitmask words (WORDS off): head, head_val and words
     # are placeholders that process_tile never reads.
@@ -269,5 +285,6 @@ def processor_args(processing: Optional[LogitProcessing], dummy: torch.Tensor, s
     return args, {"BITMASK": bm is not None, "SPARSE": sparse}
 
 
-__all__ = ["apply_processors", "lower_bound", "lower_bounds", "process_tile", "processed_logit", "processor_args",
-           "bitmask_bits", "row_penalties", "searched_slice", "table_slice", "tile_bitmask_words"]
+__all__ = ["apply_processors", "bitmask_allowed", "bitmask_bits", "lower_bound", "lower_bounds", "lower_bounds_at",
+           "process_tile", "processed_logit", "processor_args", "row_penalties", "searched_slice", "table_slice",
+           "tile_bitmask_words"]

@@ -1,9 +1,11 @@
 """The warp-specialised Hopper stage 1 (fsdist/ops/fused_sample_ws.py) against the Triton fused kernel.
 
 GPU (sm_90) only. The kernel must write the Triton kernel's candidates bit for bit with the same
-128x128x64 (or 64x128x64) TMA tile, the tile sums of the logprob fields aside: same logits (the same wgmma sequence in K order), same noise (keyed by the
-global id), same rounding of logit + T * Gumbel (``epilogue.perturb``). The 10^6-draw chi-squared
-tests in test_sample_gpu.py run on it too (B = 8192 rows take the 128-row tiles).
+128x128x64 (or 64x128x64) TMA tile, the tile sums of the logprob fields aside: same logits (the same
+wgmma sequence in K order), same noise (keyed by the global id), same rounding of logit + T * Gumbel
+(``epilogue.perturb``), the same processed logits (token bitmask, bias, penalties: processors.py) on
+64-row tiles. The 10^6-draw chi-squared tests in test_sample_gpu.py run on it too (B = 8192 rows take
+the 128-row tiles).
 """
 import dataclasses
 
@@ -418,3 +420,127 @@ def test_filtered_calls_on_the_64_row_tile(ws_calls):
         assert torch.equal(outs[0].top_ids, outs[1].top_ids)
         torch.testing.assert_close(outs[0].logprobs, outs[1].logprobs, rtol=1e-5, atol=1e-5)
     assert len(ws_calls) == 3
+
+
+# ---- the 64-row tile: token bitmask, logit bias and penalties ---------------------------------------------------
+def _processing(B, vocab_start, vocab_size, which, seed):
+    """A call's processors on global ids [vocab_start, vocab_size): a random bitmask (80% allowed; row 3 allows
+    nothing but ids 2944 / 2945 of the shard, the last tile's two valid ids), bias entries (row 0: 300 ids in
+    tiles 0-1, so a half's slice runs far past any head; runs of one id; ids on the column halves' and the
+    tiles' edges) and penalties with repeated output ids."""
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = vocab_start, vocab_size
+    kw = {}
+    if which in ("bitmask", "both"):
+        allowed = torch.rand(B, vocab_size, generator=g) < 0.8
+        allowed[:, :vocab_start] = False
+        allowed[3] = False
+        allowed[3, lo + 2944:lo + 2946] = True
+        kw["token_bitmask"] = bitmask_from_allowed(allowed).cuda()
+    if which in ("sparse", "both"):
+        ids = torch.randint(lo, hi, (B, 320), generator=g)
+        ids[0, :300] = lo + torch.randperm(256, generator=g).repeat(2)[:300]  # 300 entries in tiles 0-1
+        ids[:, 300] = lo + 63  # the last id of a column half ...
+        ids[:, 301] = lo + 64  # ... the first of the next
+        ids[:, 302] = lo + 127
+        ids[:, 303] = lo + 128
+        ids[:, 304:306] = lo + 200  # one id twice: both values, in order
+        ids[5, 310:] = -1
+        vals = torch.randn(B, 320, generator=g) * 2
+        out = torch.randint(lo, hi, (B, 40), generator=g)
+        out[:, 1:6] = lo + 64  # five occurrences of one id
+        prompt = torch.randint(lo, hi, (B, 30), generator=g)
+        kw["logit_bias"] = fsdist.SparseLogits(ids.cuda(), vals.cuda())
+        kw["penalties"] = fsdist.Penalties(torch.linspace(1.1, 1.6, B).cuda(), torch.linspace(0.0, 0.5, B).cuda(),
+                                           torch.linspace(-0.3, 0.3, B).cuda(), out.cuda(), prompt.cuda())
+    return prepare_processing(**kw, batch=B, vocab_size=vocab_size, device="cuda")
+
+
+@hopper
+@pytest.mark.parametrize("kind", ["rows", "greedy"])
+@pytest.mark.parametrize("which", ["bitmask", "sparse", "both"])
+@pytest.mark.parametrize("case", ["plain", "extended"])
+@pytest.mark.parametrize("vocab_start", [0, 5120, 5004])  # 5004: a shard that starts inside a bitmask word
+def test_64_row_tile_with_processors(kind, which, case, vocab_start, ws_calls):
+    """Token bitmask, logit bias and penalties on the 64-row warp-specialised tile: the epilogue gathers the
+    bitmask and searches each row's entries per column half (no entry-offset table), so the processed logits,
+    hence every field, must be the Triton kernel's (its head entries and word loads) bit for bit, the two
+    tile sums within a few ulp. Ragged batch (B = 100), a row whose mask allows two ids."""
+    B, D, V = 100, 256, 3000
+    vocab_size = vocab_start + 2946
+    h, w = _operands(B, D, V, torch.bfloat16, 79)
+    params = dataclasses.replace(_row_params(B, torch.Generator().manual_seed(7), kind),
+                                 processing=_processing(B, vocab_start, vocab_size, which, 8))
+    extended = case == "extended"
+    layout = CandidateLayout(CandidateLayout.fields(True, extended), triton.cdiv(V, 128), B,
+                             n_ifields=1 + KEEP if extended else 1)
+    got = []
+    for cfg in (WS64, TRITON64):
+        dest = BufferPair.alloc(layout, h.device)
+        dest.f.fill_(7.0)
+        dest.i.fill_(7)
+        launch_fused(h, w, params, cfg, layout, dest, vocab_size=vocab_size, vocab_start=vocab_start,
+                     logprobs=not extended, extended=extended)
+        got.append((dest.f.view(layout.n_fields, -1, B).nan_to_num(-12345.0), dest.i.view(layout.n_ifields, -1, B)))
+    assert len(ws_calls) == 1
+    (fw, iw), (ft, it) = got
+    assert torch.equal(iw, it)
+    sums = [3] + ([4] if extended else [])
+    exact = [k for k in range(layout.n_fields) if k not in sums]
+    assert torch.equal(fw[exact], ft[exact])
+    for k in sums:
+        torch.testing.assert_close(fw[k], ft[k], rtol=2e-6, atol=0.0)
+    if which != "sparse":  # row 3: only the last tile has an allowed id
+        first_ids = torch.arange(23, device="cuda", dtype=torch.int32) * 128  # a tile of -inf: its first id
+        assert torch.equal(iw[0, :23, 3] - vocab_start, first_ids)
+        assert (fw[0, :23, 3] == torch.finfo(torch.float32).min).all()
+        assert (iw[0, 23, 3] - vocab_start).item() in (2944, 2945)
+    # power: the same call without the processors writes other candidates
+    dest = BufferPair.alloc(layout, h.device)
+    launch_fused(h, w, dataclasses.replace(params, processing=None), WS64, layout, dest, vocab_size=vocab_size,
+                 vocab_start=vocab_start, logprobs=not extended, extended=extended)
+    assert not torch.equal(dest.i.view(layout.n_ifields, -1, B), iw)
+
+
+@hopper
+def test_processed_calls_on_the_64_row_tile(ws_calls):
+    """fsdist.sample with the bitmask, bias and penalties (alone and with top-k + top-p) at B = 64 plans the
+    warp-specialised tile: same tokens, fallback flags and logprobs as the Triton kernel's tile, eager and as
+    a CUDA-graph replay with every input on the device."""
+    B, D, V = 64, 512, 20_000
+    h, w = _operands(B, D, V, torch.bfloat16, 80)
+    g = torch.Generator().manual_seed(9)
+    rows = dict(temperature=(torch.rand(B, generator=g) + 0.3).cuda(), seed=torch.arange(B).cuda() * 3 + 1,
+                offset=torch.full((B,), 5).cuda())
+    allowed = torch.rand(B, V, generator=g) < 0.5
+    proc = dict(token_bitmask=bitmask_from_allowed(allowed).cuda(),
+                logit_bias=fsdist.SparseLogits(torch.randint(0, V, (B, 500), generator=g).cuda(),
+                                               (torch.randn(B, 500, generator=g) * 3).cuda()),
+                penalties=fsdist.Penalties(torch.full((B,), 1.3).cuda(), torch.full((B,), 0.2).cuda(),
+                                           torch.full((B,), 0.1).cuda(),
+                                           torch.randint(0, V, (B, 300), generator=g).cuda(),
+                                           torch.randint(0, V, (B, 200), generator=g).cuda()))
+    filt = dict(top_k=torch.full((B,), 40, dtype=torch.int32).cuda(), top_p=torch.full((B,), 0.9).cuda())
+    for extra in ({}, filt):
+        outs = [fsdist.sample(h, w, **rows, **proc, **extra, return_logprobs=True, config=cfg)
+                for cfg in (WS64, TRITON64)]
+        assert torch.equal(outs[0].tokens, outs[1].tokens)
+        if extra:
+            assert torch.equal(outs[0].fallback, outs[1].fallback)
+        torch.testing.assert_close(outs[0].logprobs, outs[1].logprobs, rtol=1e-5, atol=1e-5)
+    assert len(ws_calls) == 2
+    # the default plan at B = 64 takes the ws tile, and a graph replay gives the same tokens
+    ref = fsdist.sample(h, w, **rows, **proc, **filt, config=TRITON64)
+    static_h = h.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fsdist.sample(static_h, w, **rows, **proc, **filt)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fsdist.sample(static_h, w, **rows, **proc, **filt)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert len(ws_calls) == 4
+    assert torch.equal(captured.tokens, ref.tokens)
