@@ -12,6 +12,10 @@ inputs rotated:
   ...e8         the same with 8 epilogue warps (two warpgroups) instead of 4
   *_greedy      the same with T = 0 (no noise): the main loop with the lightest epilogue
   epi_<variant> the variant with its main loop skipped (zero logits): the epilogue's own time
+  *_proc        with --processors (B <= 64: the 64-row tile): the shipped config with a token bitmask
+                (half the ids), 500 bias + 250 output + 250 prompt ids per row and penalties, on the
+                warp-specialised kernel (shipped_proc, epi_shipped_proc) and on its Triton twin
+                (twin_proc, which adds the entry-offset launch); checked bit for bit against each other
 
     python3 bench/ws_probe.py [--shapes 4096x151936,8192x128256] [--batches 128,256,512,1024]
 
@@ -20,6 +24,7 @@ Prints a table last; the JSON goes to bench/results/ws_probe_<gpu>_<date>.json (
 import common as C  # first: the repo root on sys.path, fsdist.env.apply_safe_env() before torch
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
 
@@ -27,11 +32,13 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-from fsdist.ops.configs import TileConfig, pick_config  # noqa: E402
+import fsdist  # noqa: E402
+from fsdist.ops.configs import TileConfig, pick_config, triton_twin  # noqa: E402
 from fsdist.ops.fused_sample import launch_fused  # noqa: E402
 from fsdist.ops.fused_sample_ws import launch_fused_ws, ws_supported  # noqa: E402
 from fsdist.ops.layout import BufferPair, CandidateLayout  # noqa: E402
 from fsdist.params import RowParams  # noqa: E402
+from fsdist.processing import prepare_processing  # noqa: E402
 
 TRITON_CFG = TileConfig(128, 128, 64, 8, 5, tma=True)
 
@@ -45,6 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--variants", default="s4r8,s5r8,s4r8e8,s5r8e8", help="ws variants: s<stages>r<row threads>")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--processors", action="store_true",
+                   help="also time the shipped config with bitmask + bias + penalties (B <= 64)")
     return p.parse_args(argv)
 
 
@@ -64,6 +73,21 @@ def serving_params(B, dev, g):
 
 def run_triton(h, W, params, layout, cand, V):
     launch_fused(h, W, params, TRITON_CFG, layout, cand, vocab_size=V, vocab_start=0)
+
+
+def processing_for(B, V, dev, g):
+    """kernel_bench's processors: a random bitmask (each id allowed with probability 1/2), 500 bias ids, 250
+    output and 250 prompt ids per row, repetition 1.1-1.3, frequency 0.1-0.4, presence 0.1-0.3."""
+    words = -(-V // 32)
+    bm = torch.randint(-2**31, 2**31 - 1, (B, words), device=dev, generator=g, dtype=torch.int64).to(torch.int32)
+    ids = torch.randint(0, V, (B, 1000), device=dev, generator=g)
+    def lin(a, b):
+        return torch.linspace(a, b, B, device=dev) if B > 1 else torch.full((1,), a, device=dev)
+
+    return prepare_processing(
+        token_bitmask=bm, logit_bias=fsdist.SparseLogits(ids[:, :500], torch.randn(B, 500, device=dev, generator=g)),
+        penalties=fsdist.Penalties(lin(1.1, 1.3), lin(0.1, 0.4), lin(0.1, 0.3), ids[:, 500:750], ids[:, 750:]),
+        batch=B, vocab_size=V, device=dev)
 
 
 def run_ws(h, W, params, layout, cand, V, stages, rows, warps=4, epilogue_only=False, block_b=128):
@@ -118,6 +142,16 @@ def check_cell(D, V, B, dev, vs, failures, W=None):
                                 f"{ref.i.numel()}; scores: {_score_diff(got.f, ref.f)})")
     C.log(f"check D={D} V={V} B={B}: {checked} comparisons")
     return W
+
+
+def check_processors(h, W, pp, shipped, twin, layout, V, failures, label):
+    """The shipped (warp-specialised) tile with processors writes its Triton twin's candidates."""
+    got, ref = BufferPair.alloc(layout, h.device), BufferPair.alloc(layout, h.device)
+    launch_fused(h, W, pp, shipped, layout, got, vocab_size=V)
+    launch_fused(h, W, pp, twin, layout, ref, vocab_size=V)
+    same_f = torch.equal(torch.nan_to_num(got.f, nan=-1.0), torch.nan_to_num(ref.f, nan=-1.0))
+    if not (torch.equal(got.i, ref.i) and same_f):
+        failures.append(f"{label} processors: ws and Triton twin differ ({_score_diff(got.f, ref.f)})")
 
 
 def _t(params):
@@ -182,6 +216,17 @@ def main(argv=None) -> int:
             for name, s, r, e, bb in vs:
                 methods["epi_" + name] = lambda h, s=s, r=r, e=e, bb=bb: run_ws(h, W, params, layout, cand, V, s, r,
                                                                                 e, epilogue_only=True, block_b=bb)
+            if args.processors and shipped.ws and shipped.block_b == 64:
+                pp = dataclasses.replace(params, processing=processing_for(B, V, dev, g))
+                twin = triton_twin(shipped, D)
+                check_processors(h=hs[0], W=W, pp=pp, shipped=shipped, twin=twin, layout=layout, V=V,
+                                 failures=failures, label=f"D={D} B={B}")
+                methods["shipped_proc"] = lambda h: launch_fused(h, W, pp, shipped, layout, cand, vocab_size=V)
+                methods["twin_proc"] = lambda h: launch_fused(h, W, pp, twin, layout, cand, vocab_size=V)
+                methods["epi_shipped"] = lambda h: run_ws(h, W, params, layout, cand, V, shipped.num_stages, 8, 8,
+                                                          epilogue_only=True, block_b=64)
+                methods["epi_shipped_proc"] = lambda h: run_ws(h, W, pp, layout, cand, V, shipped.num_stages, 8, 8,
+                                                               epilogue_only=True, block_b=64)
             row = {"D": D, "V": V, "B": B,
                    "times": C.time_methods(methods, [(h,) for h in hs], warmup=args.warmup, reps=args.reps,
                                            flush=flush, device=dev, failures=failures, label=f"D={D} B={B}")}

@@ -17,13 +17,15 @@ import triton.language as tl
 
 from ..processing import SENTINEL, LogitProcessing
 from .processors import processed_logit
+from .utils import fast_log_ok
 
 _SENTINEL = tl.constexpr(SENTINEL)
 
 
 @triton.jit
 def apply_entries_kernel(logits_ptr, stride_l, id_lo, n_cols, ent_ptr, val_ptr, ent_stride, S, B,
-                         pen_ptr, pen_stride, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+                         pen_ptr, pen_stride, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+                         PINNED: tl.constexpr):
     """Rows [program_id(0) * BLOCK_R, + BLOCK_R), entry slots [program_id(1) * BLOCK_S, + BLOCK_S):
     each run head whose id lies in [id_lo, id_lo + n_cols) rewrites logits[row, id - id_lo]."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -58,7 +60,7 @@ def apply_entries_kernel(logits_ptr, stride_l, id_lo, n_cols, ent_ptr, val_ptr, 
     pres = tl.load(pen_ptr + 2 * pen_stride + rows, mask=live_r, other=0.0)[:, None]
     dst = logits_ptr + rows[:, None].to(tl.int64) * stride_l + (ident - id_lo)
     x = tl.load(dst, mask=head, other=0.0)
-    tl.store(dst, processed_logit(x, bias, count, seen, rep, freq, pres), mask=head)
+    tl.store(dst, processed_logit(x, bias, count, seen, rep, freq, pres, PINNED), mask=head)
 
 
 def launch_apply_entries(logits: torch.Tensor, processing: LogitProcessing, id_lo: int) -> None:
@@ -79,7 +81,7 @@ def launch_apply_entries(logits: torch.Tensor, processing: LogitProcessing, id_l
     apply_entries_kernel[(triton.cdiv(B, block_r), triton.cdiv(S, block_s))](
         logits, logits.stride(0), int(id_lo), logits.shape[1], ent, processing.values, ent.stride(0), S, B,
         processing.penalties, processing.penalties.stride(0), BLOCK_R=block_r, BLOCK_S=block_s,
-        num_warps=4 if block_s >= 128 else 1)
+        PINNED=fast_log_ok(logits.device), num_warps=4 if block_s >= 128 else 1)
 
 
 __all__ = ["apply_entries_kernel", "launch_apply_entries"]

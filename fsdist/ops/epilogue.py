@@ -54,13 +54,20 @@ def perturb(logit, noise_scale, g, PINNED: tl.constexpr):
     on the surrounding code: two kernels would then disagree in the last bit). PINNED (CUDA)
     issues the product as ``mul.rn.f32``, which no compiler contracts; the interpreter has no
     PTX and rounds each numpy operation on its own anyway."""
+    return logit + rounded_mul(noise_scale, g, PINNED)
+
+
+@triton.jit
+def rounded_mul(a, b, PINNED: tl.constexpr):
+    """fp32 a * b rounded on its own, so that no compiler fuses it into a multiply-add with the
+    sum it feeds (a kernel that did would round once where another rounds twice). PINNED (CUDA):
+    ``mul.rn.f32``, which nothing contracts; the interpreter rounds every numpy operation anyway."""
     if PINNED:
-        scale, g = tl.broadcast(noise_scale, g)  # inline asm takes operands of one shape
-        prod = tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [scale, g], dtype=tl.float32,
+        a, b = tl.broadcast(a, b)  # inline asm takes operands of one shape
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32,
                                          is_pure=True, pack=1)
-        return logit + prod
     else:
-        return logit + noise_scale * g
+        return a * b
 
 
 @triton.jit

@@ -101,7 +101,7 @@ def materialize_kernel(h_ptr, w_ptr, pool_ptr, flags_ptr, B, round_start,
                        POOL: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
                        PEER_TABLE: tl.constexpr = False, NPEERS: tl.constexpr = 1,
-                       BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False,
+                       BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False, PINNED: tl.constexpr = False,
                        DEVICE_PARITY: tl.constexpr = False, SCAN: tl.constexpr = 128):
     """Logits of this round's listed rows for the weight's vocabulary tiles (stage 1's tile: BLOCK_V
     ids; program p takes tiles p, p + programs, ...), into the pool's block of this shard: pool[shard, slot, column]
@@ -123,7 +123,7 @@ def materialize_kernel(h_ptr, w_ptr, pool_ptr, flags_ptr, B, round_start,
                               D, V_rows, vocab_size, vocab_start, stride_hb, shard_base, shard_cols,
                               bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr,
                               pen_stride, POOL, BLOCK_V, BLOCK_K, DOT_PRECISION, DOT_UPCAST, PEER_TABLE, NPEERS,
-                              BITMASK, SPARSE)
+                              BITMASK, SPARSE, PINNED)
 
 
 @triton.jit
@@ -131,7 +131,8 @@ def _materialize_tile(h_ptr, w_ptr, pool_ptr, rows, active, pid_v, D, V_rows, vo
                       shard_base, shard_cols, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width,
                       search_steps, pen_ptr, pen_stride, POOL: tl.constexpr, BLOCK_V: tl.constexpr,
                       BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
-                      PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr, BITMASK: tl.constexpr, SPARSE: tl.constexpr):
+                      PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr, BITMASK: tl.constexpr, SPARSE: tl.constexpr,
+                      PINNED: tl.constexpr):
     """Tile pid_v's logits of the pooled rows ``active`` picks, into the pool (materialize_kernel)."""
     if tl.max(active.to(tl.int32), axis=0) > 0:
         offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -152,7 +153,7 @@ def _materialize_tile(h_ptr, w_ptr, pool_ptr, rows, active, pid_v, D, V_rows, vo
         if BITMASK or SPARSE:  # the same processed logits stage 1 saw (processors.py)
             acc = apply_processors(tl.where(ok[None, :], acc, float("-inf")), rows, active, vocab_start + offs_v, ok,
                                    vocab_start + pid_v * BLOCK_V, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride,
-                                   ent_width, search_steps, pen_ptr, pen_stride, BITMASK, SPARSE)
+                                   ent_width, search_steps, pen_ptr, pen_stride, BITMASK, SPARSE, PINNED)
         off = shard_base + tl.arange(0, POOL)[:, None].to(tl.int64) * shard_cols + offs_v[None, :]
         _store_pool(pool_ptr, off, acc, active[:, None] & ok[None, :], PEER_TABLE, NPEERS)
 

@@ -53,6 +53,7 @@ def fused_sample_kernel(
     EXTENDED: tl.constexpr = False, KEEP: tl.constexpr = 4, XFP_PER_ROW: tl.constexpr = False,
     BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False, ENTRY_HEAD: tl.constexpr = 4,
     BM_WORDS: tl.constexpr = False, WINNER_LOGIT: tl.constexpr = True, RAW_SUM: tl.constexpr = True,
+    PINNED: tl.constexpr = False,
 ):
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
@@ -117,8 +118,8 @@ def fused_sample_kernel(
         # Token bitmask, logit bias, penalties (processors.py): from here on "logit" is the
         # processed logit, which everything below (noise, statistics, kept logits) uses.
         logit = process_tile(logit, offs_b, mask_b, gid, valid, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride,
-                             e_start, e_count, e_head, e_head_val, rep, freq, pres, words, BITMASK, SPARSE, ENTRY_HEAD,
-                             BM_WORDS)
+                             e_start, e_count, e_head, e_head_val, tl.arange(0, ENTRY_HEAD), rep, freq, pres, words,
+                             BITMASK, SPARSE, ENTRY_HEAD, BM_WORDS, PINNED)
     if NOISE:
         seed = load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
         offset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)

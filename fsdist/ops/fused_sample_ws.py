@@ -37,7 +37,7 @@ from .epilogue import perturb, raw_sum, row_temperature, scaled_sum
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_quad_bits
 from .prepare_processors import PROBES as _PROBES_INT
-from .processors import bitmask_allowed, process_tile, processor_args, row_penalties, searched_slice
+from .processors import bitmask_allowed, process_tile, processor_args, row_penalties, slice_heads, split_slices
 from .utils import fast_log_ok, load_row_param, row_param_args, sm_count
 
 try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this path is off.
@@ -65,6 +65,7 @@ WS_EPILOGUE_WARPS = 4
 WS_REGISTERS = {4: (168, 232), 8: (128, 160)}
 WS_LOAD_REGS = 24
 _PROBES = triton.language.constexpr(_PROBES_INT)  # the entry search's probes per round (processors.py)
+HEAD_N = triton.language.constexpr(4)  # entries per (row, column half) walked from registers (processors.py)
 
 if HAVE_GLUON:
 
@@ -123,9 +124,9 @@ if HAVE_GLUON:
     @gluon.jit
     def _epilogue_half(acc_smem, acc_ready, acc_empty, phase, half: gl.constexpr, seed, offset, noise_scale,
                        tile_start, V_rows, vocab_size, vocab_start, offs_b, mask_b, bm_ptr, bm_stride, ent_ptr,
-                       val_ptr, ent_stride, ent_width, search_steps, rep, freq, pres, HALF: gl.constexpr,
+                       val_ptr, ent_stride, start, n, head, head_val, rep, freq, pres, HALF: gl.constexpr,
                        NOISE: gl.constexpr, FAST_LOG: gl.constexpr, quad_layout: gl.constexpr,
-                       BITMASK: gl.constexpr, SPARSE: gl.constexpr):
+                       BITMASK: gl.constexpr, SPARSE: gl.constexpr, PINNED: gl.constexpr):
         """(best score, best column, any NaN / +inf logit) of one HALF-wide column slice of the tile,
         and its (processed) logits and columns."""
         cols_q = gl.arange(0, HALF // 4, gl.SliceLayout(0, quad_layout))
@@ -137,16 +138,12 @@ if HAVE_GLUON:
         col = half * HALF + gl.arange(0, HALF, gl.SliceLayout(0, lay))
         gid = vocab_start + tile_start + col
         valid = (gid < vocab_size) & (tile_start + col < V_rows)
-        # The processors' inputs need only the rows and ids: loaded (the bitmask words, the half's
-        # slice of each row's bias / penalty entries) before the logits are awaited.
+        # The bitmask needs only the rows and ids: gathered before the logits are awaited (the
+        # entries' slices and heads were loaded at the tile's start, both halves at once).
         rows = gl.convert_layout(offs_b, gl.SliceLayout(1, lay))
         rmask = gl.convert_layout(mask_b, gl.SliceLayout(1, lay))
         if BITMASK:
             allowed = bitmask_allowed(bm_ptr, bm_stride, rows, rmask, gid, valid)
-        if SPARSE:
-            probes = gl.arange(0, _PROBES, gl.SliceLayout(0, lay)) + 1
-            start, n = searched_slice(ent_ptr, ent_stride, ent_width, search_steps, rows, rmask,
-                                      vocab_start + tile_start + half * HALF, probes, HALF, True)
         # The half's logits, then the buffer goes straight back to the MMA warpgroup.
         mbarrier.wait(acc_ready, phase)
         logit = acc_smem.load(lay)
@@ -156,13 +153,16 @@ if HAVE_GLUON:
         if BITMASK:
             logit = gl.where(allowed, logit, float("-inf"))
         if SPARSE:
-            # processors.process_tile on the half (no head entries: the slice is read from the list;
-            # the bitmask is applied above): the same processed logits as the Triton kernel's.
+            # processors.process_tile on the half, its first HEAD_N entries from registers (the rest, rare,
+            # from the list); the bitmask is applied above. The same processed logits as the Triton kernel's.
             row_lay: gl.constexpr = gl.SliceLayout(1, lay)
+            hcol = gl.arange(0, HEAD_N, gl.SliceLayout(0, lay))
+            st = gl.convert_layout(start, row_lay)
             logit = process_tile(logit, rows, rmask, gid, valid, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride,
-                                 start, n, start, start, gl.convert_layout(rep, row_lay),
-                                 gl.convert_layout(freq, row_lay), gl.convert_layout(pres, row_lay), start,
-                                 False, True, 0, False)
+                                 st, gl.convert_layout(n, row_lay), gl.convert_layout(head, lay),
+                                 gl.convert_layout(head_val, lay), hcol, gl.convert_layout(rep, row_lay),
+                                 gl.convert_layout(freq, row_lay), gl.convert_layout(pres, row_lay), st,
+                                 False, True, HEAD_N, False, PINNED)
         if NOISE:
             g = gumbel_from_bits(bits, FAST_LOG)
             score = perturb(logit, gl.convert_layout(noise_scale, gl.SliceLayout(1, lay))[:, None], g, FAST_LOG)
@@ -213,7 +213,8 @@ if HAVE_GLUON:
                             SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr,
                             NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr,
                             LOGPROBS: gl.constexpr, EXTENDED: gl.constexpr, WINNER_LOGIT: gl.constexpr,
-                            RAW_SUM: gl.constexpr, BITMASK: gl.constexpr, SPARSE: gl.constexpr):
+                            RAW_SUM: gl.constexpr, BITMASK: gl.constexpr, SPARSE: gl.constexpr,
+                            PINNED: gl.constexpr):
         HALF: gl.constexpr = BLOCK_V // 2
         # Philox quads of a half tile, [BLOCK_B, HALF / 4]: a warp spans ROW_THREADS rows, so each
         # thread keeps few rows' keys and counters (the per-row state is what crowds the registers).
@@ -232,17 +233,37 @@ if HAVE_GLUON:
             inv_t, noise_scale, _greedy, bad_temp = row_temperature(temp)
             tile_start = pid_v * BLOCK_V
             rep, freq, pres = row_penalties(pen_ptr, pen_stride, offs_b, mask_b, SPARSE)  # (1, 0, 0) without
+            # Each row's bias / penalty entries of the two column halves (one 3-key search) and their first
+            # HEAD_N entries: a few rounds of loads issued before the tile's logits are awaited.
+            hcol = gl.arange(0, HEAD_N, gl.SliceLayout(0, quad_layout))
+            if SPARSE:
+                probes = gl.arange(0, _PROBES, gl.SliceLayout(0, quad_layout)) + 1
+                s0, n0, s1, n1 = split_slices(ent_ptr, ent_stride, ent_width, search_steps, offs_b, mask_b,
+                                              vocab_start + tile_start, probes, HALF)
+                h0, hv0 = slice_heads(ent_ptr, val_ptr, ent_stride, offs_b, s0, n0, hcol)
+                h1, hv1 = slice_heads(ent_ptr, val_ptr, ent_stride, offs_b, s1, n1, hcol)
+            else:  # placeholders the halves never read
+                s0 = offs_b
+                n0 = offs_b
+                s1 = offs_b
+                n1 = offs_b
+                h0 = offs_b[:, None] + hcol[None, :]
+                hv0 = rep[:, None] + hcol[None, :].to(gl.float32)
+                h1 = h0
+                hv1 = hv0
 
             best0, at0, bad0, l0, col0 = _epilogue_half(acc_smem, acc_ready, acc_empty, hc & 1, 0, seed, offset,
                                                         noise_scale, tile_start, V_rows, vocab_size, vocab_start,
                                                         offs_b, mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr,
-                                                        ent_stride, ent_width, search_steps, rep, freq, pres,
-                                                        HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE)
+                                                        ent_stride, s0, n0, h0, hv0, rep, freq, pres,
+                                                        HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
+                                                        PINNED)
             best1, at1, bad1, l1, col1 = _epilogue_half(acc_smem, acc_ready, acc_empty, (hc + 1) & 1, 1, seed,
                                                         offset, noise_scale, tile_start, V_rows, vocab_size,
                                                         vocab_start, offs_b, mask_b, bm_ptr, bm_stride, ent_ptr,
-                                                        val_ptr, ent_stride, ent_width, search_steps, rep, freq,
-                                                        pres, HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE)
+                                                        val_ptr, ent_stride, s1, n1, h1, hv1, rep, freq, pres,
+                                                        HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
+                                                        PINNED)
             hc += 2
             dst = buf_offset + pid_v * stride_slot + offs_b
             dst_i = buf_offset_i + pid_v * stride_slot + offs_b
@@ -309,7 +330,8 @@ if HAVE_GLUON:
                                NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr = 8,
                                LOGPROBS: gl.constexpr = False, EXTENDED: gl.constexpr = False,
                                WINNER_LOGIT: gl.constexpr = False, RAW_SUM: gl.constexpr = False,
-                               BITMASK: gl.constexpr = False, SPARSE: gl.constexpr = False):
+                               BITMASK: gl.constexpr = False, SPARSE: gl.constexpr = False,
+                               PINNED: gl.constexpr = False):
         BLOCK_B: gl.constexpr = h_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
         BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
@@ -341,7 +363,7 @@ if HAVE_GLUON:
                                    stride_ifield, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width,
                                    search_steps, pen_ptr, pen_stride, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW,
                                    OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, ROW_THREADS, LOGPROBS, EXTENDED,
-                                   WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE)),
+                                   WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE, PINNED)),
         ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
 
 

@@ -28,7 +28,9 @@ import triton
 import triton.language as tl
 
 from ..processing import SENTINEL, LogitProcessing
+from .epilogue import rounded_mul
 from .prepare_processors import PROBES
+from .utils import fast_log_ok
 
 _SENTINEL = tl.constexpr(SENTINEL)
 _PROBES = tl.constexpr(PROBES)
@@ -86,6 +88,35 @@ def lower_bound(ent_ptr, row_base, width, key, mask_r, rounds, PROBES: tl.conste
     for _ in range(rounds):
         lo, hi = _narrow(ent_ptr, row_base, key[:, None], lo, hi, k, PROBES)
     return lo
+
+
+@triton.jit
+def split_slices(ent_ptr, ent_stride, ent_width, search_steps, rows, mask_r, tile_lo, probes, HALF: tl.constexpr):
+    """(start_0, n_0, start_1, n_1) per row: its entries of ids tile_lo .. + HALF - 1 and of the next HALF
+    ids, by one 3-key search (the three keys narrow side by side: one memory latency per round, as
+    searched_slice's two). For a kernel that processes a tile in two column halves."""
+    base = rows.to(tl.int64) * ent_stride
+    hi_a = tl.where(mask_r, ent_width, 0)
+    lo_a = hi_a * 0
+    lo_m = lo_a
+    hi_m = hi_a
+    lo_b = lo_a
+    hi_b = hi_a
+    for _ in range(search_steps):
+        lo_a, hi_a = _narrow(ent_ptr, base, tile_lo * 4, lo_a, hi_a, probes, _PROBES)
+        lo_m, hi_m = _narrow(ent_ptr, base, (tile_lo + HALF) * 4, lo_m, hi_m, probes, _PROBES)
+        lo_b, hi_b = _narrow(ent_ptr, base, (tile_lo + 2 * HALF) * 4, lo_b, hi_b, probes, _PROBES)
+    return lo_a, tl.where(mask_r, lo_m - lo_a, 0), lo_m, tl.where(mask_r, lo_b - lo_m, 0)
+
+
+@triton.jit
+def slice_heads(ent_ptr, val_ptr, ent_stride, rows, start, n, hcol):
+    """(head, head_values) [R, HEAD]: the first HEAD entries of each row's slice (start, n) and their
+    values, SENTINEL / 0.0 past the slice (hcol: int32 [HEAD], 0 .. HEAD - 1); one round of independent
+    loads, which process_tile then walks from registers (what entry_offsets' table gives the fused GEMM)."""
+    at = (rows.to(tl.int64) * ent_stride + start)[:, None] + hcol[None, :]
+    take = hcol[None, :] < n[:, None]
+    return (tl.load(ent_ptr + at, mask=take, other=_SENTINEL), tl.load(val_ptr + at, mask=take, other=0.0))
 
 
 @triton.jit
@@ -177,7 +208,7 @@ def row_penalties(pen_ptr, pen_stride, rows, mask_r, SPARSE: tl.constexpr):
 
 
 @triton.jit
-def _entry_step(x, gid, e, v, live, run, bias, count, seen, rep, freq, pres):
+def _entry_step(x, gid, e, v, live, run, bias, count, seen, rep, freq, pres, PINNED: tl.constexpr):
     """One entry per row (e, v; live: the row still has one): close the runs it ends, then add it."""
     ident = e >> 2
     fresh = ident != run
@@ -185,7 +216,7 @@ def _entry_step(x, gid, e, v, live, run, bias, count, seen, rep, freq, pres):
     hit = gid[None, :] == tl.where(ends, run, -1)[:, None]
     # the run's one logit, read out of the tile (a row max over a single hit) and written back
     xv = tl.max(tl.where(hit, x, float("-inf")), axis=1)
-    x = tl.where(hit, processed_logit(xv, bias, count, seen, rep, freq, pres)[:, None], x)
+    x = tl.where(hit, processed_logit(xv, bias, count, seen, rep, freq, pres, PINNED)[:, None], x)
     kind = e & 3
     bias = tl.where(fresh, 0.0, bias) + tl.where(live & (kind == 0), v, 0.0)
     count = tl.where(fresh, 0, count) + (live & (kind == 1)).to(tl.int32)
@@ -195,10 +226,11 @@ def _entry_step(x, gid, e, v, live, run, bias, count, seen, rep, freq, pres):
 
 @triton.jit
 def process_tile(x, rows, mask_r, gid, ok, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, start, n, head, head_val,
-                 rep, freq, pres, words, BITMASK: tl.constexpr, SPARSE: tl.constexpr, HEAD: tl.constexpr,
-                 WORDS: tl.constexpr = False):
+                 hcol, rep, freq, pres, words, BITMASK: tl.constexpr, SPARSE: tl.constexpr, HEAD: tl.constexpr,
+                 WORDS: tl.constexpr, PINNED: tl.constexpr):
     """Processed logits of a tile whose entry slices (start, n per row), the slices' first HEAD
-    entries (head, head_val [R, HEAD]; HEAD = 0: none given) and the rows' penalties are known.
+    entries (head, head_val [R, HEAD]; HEAD = 0: none given; hcol: int32 [HEAD], 0 .. HEAD - 1, in
+    the heads' column layout) and the rows' penalties are known.
     x: fp32 [R, C] raw logits of global ids gid [C] for rows [R] (mask_r: real rows; ok: ids <
     vocab_size inside the weight).
 
@@ -210,7 +242,8 @@ def process_tile(x, rows, mask_r, gid, ok, bm_ptr, bm_stride, ent_ptr, val_ptr, 
     does not have). The sums are those of ``apply_entries`` (same order, same formula), so
     every path agrees bit for bit. WORDS: the bitmask's words of this tile are given (``words``,
     from ``tile_bitmask_words``; gid then holds the tile's ids in order from a multiple of 32),
-    else they are gathered here."""
+    else they are gathered here. PINNED: processed_logit's products rounded apart (CUDA; the
+    ``PINNED`` flag of ``processor_args``)."""
     if BITMASK and WORDS:
         x = tl.where(bitmask_bits(words, x.shape[1]), x, float("-inf"))
     elif BITMASK:
@@ -226,10 +259,11 @@ def process_tile(x, rows, mask_r, gid, ok, bm_ptr, bm_stride, ent_ptr, val_ptr, 
             # The head entries are in registers already; a row past its slice reads SENTINEL
             # (an id of no tile), which closes its last run.
             for j in tl.static_range(HEAD):
-                pick = tl.arange(0, HEAD)[None, :] == j
+                pick = hcol[None, :] == j
                 e = tl.max(tl.where(pick, head, -1), axis=1)
                 v = tl.sum(tl.where(pick, head_val, 0.0), axis=1)
-                x, run, bias, count, seen = _entry_step(x, gid, e, v, j < n, run, bias, count, seen, rep, freq, pres)
+                x, run, bias, count, seen = _entry_step(x, gid, e, v, j < n, run, bias, count, seen, rep, freq, pres,
+                                                        PINNED)
             # Entries past the heads (and, without heads, all of them): read from the list, plus
             # one step past the longest slice to close every row's last run.
             row_ent = rows.to(tl.int64) * ent_stride + start
@@ -237,40 +271,45 @@ def process_tile(x, rows, mask_r, gid, ok, bm_ptr, bm_stride, ent_ptr, val_ptr, 
                 live = j < n
                 e = tl.load(ent_ptr + row_ent + j, mask=live, other=_SENTINEL)
                 v = tl.load(val_ptr + row_ent + j, mask=live, other=0.0)
-                x, run, bias, count, seen = _entry_step(x, gid, e, v, live, run, bias, count, seen, rep, freq, pres)
+                x, run, bias, count, seen = _entry_step(x, gid, e, v, live, run, bias, count, seen, rep, freq, pres,
+                                                        PINNED)
     return x
 
 
 @triton.jit
 def apply_processors(x, rows, mask_r, gid, ok, tile_lo,
                      bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride,
-                     BITMASK: tl.constexpr, SPARSE: tl.constexpr):
+                     BITMASK: tl.constexpr, SPARSE: tl.constexpr, PINNED: tl.constexpr):
     """Processed logits of a tile, its entry slices found by searching (``process_tile``; the
     tile's ids are tile_lo .. tile_lo + C - 1, gid may hold them in another order)."""
     start, n = searched_slice(ent_ptr, ent_stride, ent_width, search_steps, rows, mask_r, tile_lo,
                               tl.arange(0, _PROBES) + 1, x.shape[1], SPARSE)
     rep, freq, pres = row_penalties(pen_ptr, pen_stride, rows, mask_r, SPARSE)
-    # No heads (HEAD = 0) and no preloaded bitmask words (WORDS off): head, head_val and words
-    # are placeholders that process_tile never reads.
+    # No heads (HEAD = 0) and no preloaded bitmask words (WORDS off): head, head_val, hcol and
+    # words are placeholders that process_tile never reads.
     return process_tile(x, rows, mask_r, gid, ok, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, start, n,
-                        start, rep, rep, freq, pres, start, BITMASK, SPARSE, 0, False)
+                        start, rep, start, rep, freq, pres, start, BITMASK, SPARSE, 0, False, PINNED)
 
 
 @triton.jit
-def processed_logit(x, bias, count, seen, rep, freq, pres):
+def processed_logit(x, bias, count, seen, rep, freq, pres, PINNED: tl.constexpr):
     """Bias and penalties of one id, elementwise: x + bias, then the repetition penalty where
     the id was seen (prompt or output), then frequency x count and presence. The one formula
     every path uses (in-tile here, in place on a chunk in ``apply_entries``), so a processed
-    logit does not depend on where it was computed. An id without entries (bias 0, count 0,
-    not seen) keeps its value."""
+    logit does not depend on where it was computed: every product is rounded on its own
+    (``epilogue.rounded_mul``; PINNED on CUDA), since a compiler free to fuse
+    ``x - freq * count`` into one multiply-add does so in one kernel and not in another. An id
+    without entries (bias 0, count 0, not seen) keeps its value."""
     x = x + bias
-    x = tl.where(seen != 0, tl.where(x > 0, x / rep, x * rep), x)
-    return x - freq * count.to(tl.float32) - pres * (count > 0).to(tl.float32)
+    x = tl.where(seen != 0, tl.where(x > 0, x / rep, rounded_mul(x, rep, PINNED)), x)
+    x = x - rounded_mul(freq, count.to(tl.float32), PINNED)
+    return x - rounded_mul(pres, (count > 0).to(tl.float32), PINNED)
 
 
 def processor_args(processing: Optional[LogitProcessing], dummy: torch.Tensor, sparse_in_tile: bool = True):
     """(runtime arguments, constexpr flags) of apply_processors; ((dummy, ...),
-    BITMASK=False, SPARSE=False) without processors. The same for every launch of a call.
+    BITMASK=False, SPARSE=False) without processors; PINNED (products rounded apart, CUDA: see
+    processed_logit) either way. The same for every launch of a call.
     sparse_in_tile=False: bias and penalties are already in the logits (``apply_entries``
     ran on them), only the bitmask is left to the tiles."""
     bm = processing.bitmask if processing is not None else None
@@ -282,9 +321,9 @@ def processor_args(processing: Optional[LogitProcessing], dummy: torch.Tensor, s
                  processing.penalties, processing.penalties.stride(0)]
     else:
         args += [dummy, dummy, 0, dummy, 0, dummy, 0]
-    return args, {"BITMASK": bm is not None, "SPARSE": sparse}
+    return args, {"BITMASK": bm is not None, "SPARSE": sparse, "PINNED": fast_log_ok(dummy.device)}
 
 
 __all__ = ["apply_processors", "bitmask_allowed", "bitmask_bits", "lower_bound", "lower_bounds", "lower_bounds_at",
-           "process_tile", "processed_logit", "processor_args", "row_penalties", "searched_slice", "table_slice",
-           "tile_bitmask_words"]
+           "process_tile", "processed_logit", "processor_args", "row_penalties", "searched_slice", "slice_heads",
+           "split_slices", "table_slice", "tile_bitmask_words"]

@@ -76,7 +76,7 @@ def sample_logits_kernel(
     PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr, FAST_LOG: tl.constexpr,
     DEVICE_PARITY: tl.constexpr, HEADER: tl.constexpr = False, EXTENDED: tl.constexpr = False,
     KEEP: tl.constexpr = 4, XFP_PER_ROW: tl.constexpr = False,
-    BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False,
+    BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False, PINNED: tl.constexpr = False,
     WINNER_LOGIT: tl.constexpr = True, RAW_SUM: tl.constexpr = True,
 ):
     """Candidates of vocabulary tiles [tile_base, tile_end) from a logits chunk whose column 0
@@ -121,7 +121,7 @@ def sample_logits_kernel(
                 raw_bad = tl.max(((raw != raw) | (raw == float("inf"))).to(tl.int32), axis=1) > 0
                 tile = apply_processors(raw, offs_b, mask_b, tgid, tok_, vocab_start + pid_v * BLOCK_V, bm_ptr,
                                         bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr,
-                                        pen_stride, BITMASK, SPARSE)
+                                        pen_stride, BITMASK, SPARSE, PINNED)
             else:
                 raw_bad = bad_temp & False
             xe, xo = tl.split(tl.reshape(tile, [BLOCK_B, Q, 2, 2]))  # lanes (0, 2) and (1, 3)
