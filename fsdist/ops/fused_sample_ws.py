@@ -37,7 +37,8 @@ from .epilogue import perturb, raw_sum, row_temperature, scaled_sum
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_quad_bits
 from .prepare_processors import PROBES as _PROBES_INT
-from .processors import bitmask_allowed, process_tile, processor_args, row_penalties, slice_heads, split_slices
+from .processors import (process_tile, processor_args, row_penalties, slice_heads, span_allowed, span_words,
+                         split_slices)
 from .utils import fast_log_ok, load_row_param, row_param_args, sm_count
 
 try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this path is off.
@@ -138,12 +139,13 @@ if HAVE_GLUON:
         col = half * HALF + gl.arange(0, HALF, gl.SliceLayout(0, lay))
         gid = vocab_start + tile_start + col
         valid = (gid < vocab_size) & (tile_start + col < V_rows)
-        # The bitmask needs only the rows and ids: gathered before the logits are awaited (the
-        # entries' slices and heads were loaded at the tile's start, both halves at once).
+        # The bitmask needs only the rows: each row's three words over the half, loaded before the
+        # logits are awaited (the entries' slices and heads were loaded at the tile's start).
         rows = gl.convert_layout(offs_b, gl.SliceLayout(1, lay))
         rmask = gl.convert_layout(mask_b, gl.SliceLayout(1, lay))
+        first_id = vocab_start + tile_start + half * HALF
         if BITMASK:
-            allowed = bitmask_allowed(bm_ptr, bm_stride, rows, rmask, gid, valid)
+            w0, w1, w2 = span_words(bm_ptr, bm_stride, rows, rmask, first_id, vocab_size)
         # The half's logits, then the buffer goes straight back to the MMA warpgroup.
         mbarrier.wait(acc_ready, phase)
         logit = acc_smem.load(lay)
@@ -151,7 +153,7 @@ if HAVE_GLUON:
         logit = gl.where(valid[None, :], logit, float("-inf"))
         bad = gl.max(((logit != logit) | (logit == float("inf"))).to(gl.int32), axis=1)
         if BITMASK:
-            logit = gl.where(allowed, logit, float("-inf"))
+            logit = gl.where(span_allowed(w0, w1, w2, first_id, gid), logit, float("-inf"))
         if SPARSE:
             # processors.process_tile on the half, its first HEAD_N entries from registers (the rest, rare,
             # from the list); the bitmask is applied above. The same processed logits as the Triton kernel's.

@@ -194,6 +194,27 @@ def bitmask_allowed(bm_ptr, bm_stride, rows, mask_r, gid, ok):
 
 
 @triton.jit
+def span_words(bm_ptr, bm_stride, rows, mask_r, first_id, vocab_size):
+    """The three bitmask words per row (int32 [R] each, -1 past the vocabulary or for padding rows)
+    that cover ids first_id .. first_id + 64: any 64 consecutive ids span at most three words. Three
+    small loads where a per-id gather (bitmask_allowed) holds a [R, C] tile of words in registers."""
+    w = first_id // 32
+    base = bm_ptr + rows.to(tl.int64) * bm_stride + w
+    w0 = tl.load(base, mask=mask_r & (w * 32 < vocab_size), other=-1)
+    w1 = tl.load(base + 1, mask=mask_r & ((w + 1) * 32 < vocab_size), other=-1)
+    w2 = tl.load(base + 2, mask=mask_r & ((w + 2) * 32 < vocab_size), other=-1)
+    return w0, w1, w2
+
+
+@triton.jit
+def span_allowed(w0, w1, w2, first_id, gid):
+    """[R, C] bool, id gid[c] allowed, from span_words(..., first_id, ...) (gid within first_id .. + 64)."""
+    k = (gid // 32 - first_id // 32)[None, :]
+    word = tl.where(k == 0, w0[:, None], tl.where(k == 1, w1[:, None], w2[:, None]))
+    return ((word >> (gid % 32)[None, :]) & 1) != 0
+
+
+@triton.jit
 def row_penalties(pen_ptr, pen_stride, rows, mask_r, SPARSE: tl.constexpr):
     """(repetition, frequency, presence) fp32 [R] of the rows (1, 0, 0 without entries)."""
     if SPARSE:
@@ -326,4 +347,4 @@ def processor_args(processing: Optional[LogitProcessing], dummy: torch.Tensor, s
 
 __all__ = ["apply_processors", "bitmask_allowed", "bitmask_bits", "lower_bound", "lower_bounds", "lower_bounds_at",
            "process_tile", "processed_logit", "processor_args", "row_penalties", "searched_slice", "slice_heads",
-           "split_slices", "table_slice", "tile_bitmask_words"]
+           "span_allowed", "span_words", "split_slices", "table_slice", "tile_bitmask_words"]
