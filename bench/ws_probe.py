@@ -12,10 +12,10 @@ inputs rotated:
   ...e8         the same with 8 epilogue warps (two warpgroups) instead of 4
   *_greedy      the same with T = 0 (no noise): the main loop with the lightest epilogue
   epi_<variant> the variant with its main loop skipped (zero logits): the epilogue's own time
-  *_proc        with --processors (B <= 64: the 64-row tile): the shipped config with a token bitmask
-                (half the ids), 500 bias + 250 output + 250 prompt ids per row and penalties, on the
-                warp-specialised kernel (shipped_proc, epi_shipped_proc) and on its Triton twin
-                (twin_proc, which adds the entry-offset launch); checked bit for bit against each other
+  *_proc        with --processors: a token bitmask (half the ids), 500 bias + 250 output + 250 prompt ids
+                per row and penalties: the dispatched launch (shipped_proc), the Triton twin (twin_proc, with
+                the entry-offset launch), the warp-specialised kernel on 64- and 128-row tiles (ws64_proc,
+                ws128_proc; each checked bit for bit against the twin) and its epilogue alone
 
     python3 bench/ws_probe.py [--shapes 4096x151936,8192x128256] [--batches 128,256,512,1024]
 
@@ -144,10 +144,10 @@ def check_cell(D, V, B, dev, vs, failures, W=None):
     return W
 
 
-def check_processors(h, W, pp, shipped, twin, layout, V, failures, label):
-    """The shipped (warp-specialised) tile with processors writes its Triton twin's candidates."""
+def check_processors(h, W, pp, block_b, twin, layout, V, failures, label):
+    """The warp-specialised kernel with processors on block_b-row tiles writes the Triton twin's candidates."""
     got, ref = BufferPair.alloc(layout, h.device), BufferPair.alloc(layout, h.device)
-    launch_fused(h, W, pp, shipped, layout, got, vocab_size=V)
+    run_ws(h, W, pp, layout, got, V, 5, 8, 8, block_b=block_b)
     launch_fused(h, W, pp, twin, layout, ref, vocab_size=V)
     same_f = torch.equal(torch.nan_to_num(got.f, nan=-1.0), torch.nan_to_num(ref.f, nan=-1.0))
     if not (torch.equal(got.i, ref.i) and same_f):
@@ -216,17 +216,21 @@ def main(argv=None) -> int:
             for name, s, r, e, bb in vs:
                 methods["epi_" + name] = lambda h, s=s, r=r, e=e, bb=bb: run_ws(h, W, params, layout, cand, V, s, r,
                                                                                 e, epilogue_only=True, block_b=bb)
-            if args.processors and shipped.ws and shipped.block_b == 64:
+            if args.processors and shipped.ws:
                 pp = dataclasses.replace(params, processing=processing_for(B, V, dev, g))
                 twin = triton_twin(shipped, D)
-                check_processors(h=hs[0], W=W, pp=pp, shipped=shipped, twin=twin, layout=layout, V=V,
-                                 failures=failures, label=f"D={D} B={B}")
+                # What fsdist.sample runs (the ws kernel at B <= 64, the Triton twin above), the Triton twin,
+                # and the ws kernel on 64- and 128-row tiles (the latter spills: measured, not dispatched).
                 methods["shipped_proc"] = lambda h: launch_fused(h, W, pp, shipped, layout, cand, vocab_size=V)
                 methods["twin_proc"] = lambda h: launch_fused(h, W, pp, twin, layout, cand, vocab_size=V)
+                for bb in (64, 128):
+                    run = (lambda h, bb=bb: run_ws(h, W, pp, layout, cand, V, shipped.num_stages, 8, 8, block_b=bb))
+                    check_processors(hs[0], W, pp, bb, twin, layout, V, failures, f"D={D} B={B} ws{bb}")
+                    methods[f"ws{bb}_proc"] = run
                 methods["epi_shipped"] = lambda h: run_ws(h, W, params, layout, cand, V, shipped.num_stages, 8, 8,
-                                                          epilogue_only=True, block_b=64)
+                                                          epilogue_only=True, block_b=shipped.block_b)
                 methods["epi_shipped_proc"] = lambda h: run_ws(h, W, pp, layout, cand, V, shipped.num_stages, 8, 8,
-                                                               epilogue_only=True, block_b=64)
+                                                               epilogue_only=True, block_b=shipped.block_b)
             row = {"D": D, "V": V, "B": B,
                    "times": C.time_methods(methods, [(h,) for h in hs], warmup=args.warmup, reps=args.reps,
                                            flush=flush, device=dev, failures=failures, label=f"D={D} B={B}")}

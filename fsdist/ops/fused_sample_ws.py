@@ -123,19 +123,28 @@ if HAVE_GLUON:
             hc += 2
 
     @gluon.jit
+    def _half_bits(seed, offset, first_id, HALF: gl.constexpr, quad_layout: gl.constexpr):
+        """The Philox bits of ids first_id .. + HALF - 1 for each row, [rows, HALF]: column 4q + 2i + j is lane
+        2i + j of quad q (noise.vocab_bits_tile's arrangement)."""
+        quad = (first_id >> 2) + gl.arange(0, HALF // 4, gl.SliceLayout(0, quad_layout))
+        r0, r1, r2, r3 = vocab_quad_bits(seed[:, None], offset[:, None], quad[None, :])
+        return gl.reshape(gl.join(gl.join(r0, r2), gl.join(r1, r3)), [r0.shape[0], HALF])
+
+    @gluon.jit
     def _epilogue_half(acc_smem, acc_ready, acc_empty, phase, half: gl.constexpr, seed, offset, noise_scale,
                        tile_start, V_rows, vocab_size, vocab_start, offs_b, mask_b, bm_ptr, bm_stride, ent_ptr,
                        val_ptr, ent_stride, start, n, head, head_val, rep, freq, pres, HALF: gl.constexpr,
                        NOISE: gl.constexpr, FAST_LOG: gl.constexpr, quad_layout: gl.constexpr,
-                       BITMASK: gl.constexpr, SPARSE: gl.constexpr, PINNED: gl.constexpr):
+                       BITMASK: gl.constexpr, SPARSE: gl.constexpr, PINNED: gl.constexpr,
+                       LATE_NOISE: gl.constexpr):
         """(best score, best column, any NaN / +inf logit) of one HALF-wide column slice of the tile,
         and its (processed) logits and columns."""
-        cols_q = gl.arange(0, HALF // 4, gl.SliceLayout(0, quad_layout))
-        quad = ((vocab_start + tile_start + half * HALF) >> 2) + cols_q
-        r0, r1, r2, r3 = vocab_quad_bits(seed[:, None], offset[:, None], quad[None, :])
-        # Column 4q + 2i + j is lane 2i + j of quad q (noise.vocab_bits_tile's arrangement).
-        bits = gl.reshape(gl.join(gl.join(r0, r2), gl.join(r1, r3)), [r0.shape[0], HALF])
-        lay: gl.constexpr = bits.type.layout
+        # The noise's layout (Philox quads joined into columns); with LATE_NOISE the bits themselves are drawn
+        # after the logits are processed, so they and the processors' temporaries are not live together.
+        zq = gl.zeros([seed.shape[0], HALF // 4], gl.int32, quad_layout)
+        lay: gl.constexpr = gl.reshape(gl.join(gl.join(zq, zq), gl.join(zq, zq)), [seed.shape[0], HALF]).type.layout
+        if not LATE_NOISE:
+            bits = _half_bits(seed, offset, vocab_start + tile_start + half * HALF, HALF, quad_layout)
         col = half * HALF + gl.arange(0, HALF, gl.SliceLayout(0, lay))
         gid = vocab_start + tile_start + col
         valid = (gid < vocab_size) & (tile_start + col < V_rows)
@@ -166,6 +175,8 @@ if HAVE_GLUON:
                                  gl.convert_layout(freq, row_lay), gl.convert_layout(pres, row_lay), st,
                                  False, True, HEAD_N, False, PINNED)
         if NOISE:
+            if LATE_NOISE:
+                bits = _half_bits(seed, offset, vocab_start + tile_start + half * HALF, HALF, quad_layout)
             g = gumbel_from_bits(bits, FAST_LOG)
             score = perturb(logit, gl.convert_layout(noise_scale, gl.SliceLayout(1, lay))[:, None], g, FAST_LOG)
         else:
@@ -259,13 +270,13 @@ if HAVE_GLUON:
                                                         offs_b, mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr,
                                                         ent_stride, s0, n0, h0, hv0, rep, freq, pres,
                                                         HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
-                                                        PINNED)
+                                                        PINNED, SPARSE and BLOCK_B > 64)
             best1, at1, bad1, l1, col1 = _epilogue_half(acc_smem, acc_ready, acc_empty, (hc + 1) & 1, 1, seed,
                                                         offset, noise_scale, tile_start, V_rows, vocab_size,
                                                         vocab_start, offs_b, mask_b, bm_ptr, bm_stride, ent_ptr,
                                                         val_ptr, ent_stride, s1, n1, h1, hv1, rep, freq, pres,
                                                         HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
-                                                        PINNED)
+                                                        PINNED, SPARSE and BLOCK_B > 64)
             hc += 2
             dst = buf_offset + pid_v * stride_slot + offs_b
             dst_i = buf_offset_i + pid_v * stride_slot + offs_b
@@ -410,13 +421,14 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     (max, sum) with either, the kept logits, their ids and the boundary with extended, the raw sums
     unless raw_sums is False. The sums add the two column halves' partial sums, so they may differ
     from the Triton kernel's in the last bits; every other field is the same bit for bit.
-    params.processing (64-row tiles only): the logits are processed as the Triton kernel's."""
+    params.processing: the logits are processed as the Triton kernel's (ws_supported sends processors to
+    64-row tiles only; on 128-row tiles the epilogue spills registers, for benchmarks)."""
     if block_b not in (64, 128):
         raise ValueError(f"block_b must be 64 or 128, got {block_b}")
     if extended and not layout.extended:
         raise ValueError("kept logits need an extended candidate layout")
-    if (logprobs or extended or params.processing is not None) and block_b != 64:
-        raise ValueError("logprobs, kept logits and processors run on the 64-row batch tile only")
+    if (logprobs or extended) and block_b != 64:
+        raise ValueError("logprobs and kept logits run on the 64-row batch tile only")
     B, D = hidden.shape
     V_rows = weight.shape[0]
     n_vtiles = layout.check_fit(B, V_rows, WS_BLOCK_V, shard, vocab_start)
