@@ -211,14 +211,17 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     extended = layout.extended if extended is None else extended
     if extended and not layout.extended:
         raise ValueError("kept logits need an extended candidate layout")
+    # Processors past one 64-row tile: the warp-specialised kernel's 64-row tile, whose epilogue applies them
+    # beside the next tile's wgmmas (its 128-row tile spills there; the Triton twin waits for them: v26b).
+    ws_rows = 64 if cfg.block_b == WS_BLOCK_B and params.processing is not None else cfg.block_b
     if cfg.ws and _ws_tile(cfg) and ws_supported(hidden, weight, params, layout, dest, logprobs=logprobs,
                                                   extended=extended, block_v=cfg.block_v,
-                                                  block_b=cfg.block_b) and flags is None:
+                                                  block_b=ws_rows) and flags is None:
         # The same tile on the warp-specialised Hopper kernel (fused_sample_ws.py): same candidates
         # (the tile sums up to their summation order).
         launch_fused_ws(hidden, weight, params, layout, dest, vocab_size=vocab_size, vocab_start=vocab_start,
                         shard=shard, stages=cfg.num_stages, epilogue_warps=8 if cfg.num_warps >= 8 else 4,
-                        block_b=cfg.block_b, logprobs=logprobs, extended=extended, raw_sums=raw_sums)
+                        block_b=ws_rows, logprobs=logprobs, extended=extended, raw_sums=raw_sums)
         return
     B, D = hidden.shape
     cfg = triton_twin(cfg, D)  # what the Triton kernel runs of a config meant for the warp-specialised one

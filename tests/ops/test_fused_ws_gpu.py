@@ -157,7 +157,7 @@ def test_sample_uses_it_and_keeps_tokens(ws_calls):
 
 
 # ---- calls the warp-specialised kernel must leave to the Triton kernel -------------------------------------
-EXCLUSIONS = ["logprobs", "extended", "processors", "peer-table", "parity", "checked", "flags",
+EXCLUSIONS = ["logprobs", "extended", "peer-table", "parity", "checked", "flags",
               "hidden-misaligned", "hidden-row-stride", "weight-misaligned", "weight-row-stride", "fp32"]
 
 
@@ -244,6 +244,22 @@ class _Call:
     def supported(self, dest=None):
         return ws_supported(self.h, self.w, self.params, self.layout, dest if dest is not None else self.dest()[0],
                             logprobs=self.kw.get("logprobs", False), extended=self.layout.extended)
+
+
+@hopper
+def test_processors_past_64_rows_take_the_64_row_ws_tile(ws_calls):
+    """A call with processors whose config is the 128-row ws tile (B = 200) runs the warp-specialised kernel on
+    64-row tiles (its 128-row epilogue would spill; v26b) and writes the Triton kernel's candidates bit for bit;
+    the check says which kernel ran."""
+    call = _Call("processors")
+    assert not call.supported()  # the 128-row tile itself does not take them ...
+    assert ws_supported(call.h, call.w, call.params, call.layout, call.dest()[0], block_b=64)  # ... the 64-row does
+    got = call.run(WS)
+    assert len(ws_calls) == 1
+    ref = call.run(TRITON)
+    assert len(ws_calls) == 1
+    for a, b in zip(got, ref):
+        assert torch.equal(a, b)
 
 
 @hopper
