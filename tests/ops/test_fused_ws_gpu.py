@@ -157,7 +157,7 @@ def test_sample_uses_it_and_keeps_tokens(ws_calls):
 
 
 # ---- calls the warp-specialised kernel must leave to the Triton kernel -------------------------------------
-EXCLUSIONS = ["logprobs", "extended", "peer-table", "parity", "checked", "flags",
+EXCLUSIONS = ["logprobs", "extended", "processors", "peer-table", "parity", "checked", "flags",
               "hidden-misaligned", "hidden-row-stride", "weight-misaligned", "weight-row-stride", "fp32"]
 
 
@@ -199,9 +199,14 @@ class _Call:
         elif case == "extended":  # kept logits: launch_fused reads the choice off the layout
             self.layout = CandidateLayout(CandidateLayout.fields(False, extended=True), n_tiles, B,
                                           n_ifields=1 + KEEP)
-        elif case == "processors":
-            allowed = torch.rand(B, self.vocab_size, generator=torch.Generator().manual_seed(1)) < 0.8
-            proc = prepare_processing(token_bitmask=bitmask_from_allowed(allowed).cuda(), batch=B,
+        elif case in ("processors", "bias"):  # a bitmask alone; bias entries (and the bitmask)
+            gen = torch.Generator().manual_seed(1)
+            allowed = torch.rand(B, self.vocab_size, generator=gen) < 0.8
+            bias = None
+            if case == "bias":
+                bias = fsdist.SparseLogits(torch.randint(0, self.vocab_size, (B, 30), generator=gen).cuda(),
+                                           torch.randn(B, 30, generator=gen).cuda())
+            proc = prepare_processing(token_bitmask=bitmask_from_allowed(allowed).cuda(), logit_bias=bias, batch=B,
                                       vocab_size=self.vocab_size, device="cuda")
             self.params = dataclasses.replace(self.params, processing=proc)
         elif case == "checked":
@@ -247,11 +252,11 @@ class _Call:
 
 
 @hopper
-def test_processors_past_64_rows_take_the_64_row_ws_tile(ws_calls):
-    """A call with processors whose config is the 128-row ws tile (B = 200) runs the warp-specialised kernel on
-    64-row tiles (its 128-row epilogue would spill; v26b) and writes the Triton kernel's candidates bit for bit;
-    the check says which kernel ran."""
-    call = _Call("processors")
+def test_bias_past_64_rows_takes_the_64_row_ws_tile(ws_calls):
+    """A call with bias entries (and a bitmask) whose config is the 128-row ws tile (B = 200) runs the
+    warp-specialised kernel on 64-row tiles (its 128-row epilogue would spill; v26b) and writes the Triton
+    kernel's candidates bit for bit; a bitmask alone stays on the Triton kernel (an exclusion below)."""
+    call = _Call("bias")
     assert not call.supported()  # the 128-row tile itself does not take them ...
     assert ws_supported(call.h, call.w, call.params, call.layout, call.dest()[0], block_b=64)  # ... the 64-row does
     got = call.run(WS)
