@@ -52,6 +52,9 @@ class LogitProcessing:
                be (a bitmask alone: every int32 word is a valid mask).
     checks:    (argument, rule, tensor, predicate) per value rule, evaluated only by
                check_values (check=True), which names the argument.
+    temperature: fp32 [B], the call's temperature with the bad rows' NaN, written by the preparation
+               kernel when prepare_processing was given the temperature (else None: apply_to
+               computes it).
     """
 
     bitmask: Optional[torch.Tensor]
@@ -60,6 +63,7 @@ class LogitProcessing:
     penalties: Optional[torch.Tensor]
     bad_rows: Optional[torch.Tensor]
     checks: Tuple = ()
+    temperature: Optional[torch.Tensor] = None
 
     @property
     def search_steps(self) -> int:
@@ -71,6 +75,9 @@ class LogitProcessing:
         values to check (bad_rows None) the temperature stays as it is: no launch."""
         if self.bad_rows is None:
             return RowParams(params.temperature, params.seed, params.offset, params.top_k, params.top_p, params.min_p,
+                             params.fingerprint, self)
+        if self.temperature is not None:  # poisoned by the preparation kernel already
+            return RowParams(self.temperature, params.seed, params.offset, params.top_k, params.top_p, params.min_p,
                              params.fingerprint, self)
         t = params.temperature
         if not isinstance(t, torch.Tensor):
@@ -146,9 +153,11 @@ def check_bitmask(token_bitmask, batch: int, vocab_size: int, device: torch.devi
 
 
 def prepare_processing(token_bitmask=None, logit_bias=None, penalties=None, *, batch: int, vocab_size: int,
-                       device: torch.device) -> Optional[LogitProcessing]:
+                       device: torch.device, temperature=None) -> Optional[LogitProcessing]:
     """Validate shapes, dtypes and devices (never values in device tensors) and build the
-    kernels' view of the processors; None when none is given."""
+    kernels' view of the processors; None when none is given. temperature (the call's validated
+    temperature, a float or a [B] tensor): the preparation kernel also writes it with the bad rows
+    poisoned (``LogitProcessing.temperature``, which ``apply_to`` then uses without a launch)."""
     if token_bitmask is None and logit_bias is None and penalties is None:
         return None
     device = torch.device(device)
@@ -204,12 +213,15 @@ def prepare_processing(token_bitmask=None, logit_bias=None, penalties=None, *, b
             id_rule("penalties.prompt_ids", prompt)
 
     tables = [t for t in (bias_ids, out, prompt) if t is not None]
-    entries = values = pen = None
+    entries = values = pen = temp_out = None
     if tables and sum(t.shape[1] for t in tables) > 0:
+        if temperature is not None:
+            temp_out = torch.empty(batch, dtype=torch.float32, device=device)
         entries, values, pen, bad = launch_prepare(batch, vocab_size, device, bias_ids=bias_ids,
                                                    bias_values=bias_values, output_ids=out, prompt_ids=prompt,
                                                    repetition=rep, frequency=freq, presence=pres,
-                                                   penalties=penalties is not None)
+                                                   penalties=penalties is not None, temperature=temperature,
+                                                   temperature_out=temp_out)
     else:
         # No listed id: bias and penalties change nothing, but bad penalty values still poison
         # their rows (the same rule as with ids). A bitmask alone has nothing to check.
@@ -217,7 +229,7 @@ def prepare_processing(token_bitmask=None, logit_bias=None, penalties=None, *, b
         for name, _, x, pred in checks:
             if name.startswith("penalties.") and not name.endswith("_ids"):
                 bad = pred(x) if bad is None else bad | pred(x)
-    return LogitProcessing(bitmask, entries, values, pen, bad, tuple(checks))
+    return LogitProcessing(bitmask, entries, values, pen, bad, tuple(checks), temp_out)
 
 
 def check_values(processing: Optional[LogitProcessing]) -> None:
@@ -241,7 +253,7 @@ def prepare_call_rows(temperature, seed, offset, batch: int, device, *, top_k, t
     the values inside device tensors (synchronises)."""
     params = validation.row_params(temperature, seed, offset, batch, device, top_k=top_k, top_p=top_p, min_p=min_p)
     processing = prepare_processing(token_bitmask, logit_bias, penalties, batch=batch, vocab_size=vocab_size,
-                                    device=device)
+                                    device=device, temperature=params.temperature)
     if processing is not None and logprobs_mode == "raw" and wants_logprobs:
         raise ValueError("logprobs_mode='raw' cannot be combined with token_bitmask / logit_bias / penalties "
                          "(raw logprobs need the unprocessed logits); use 'scaled' or 'processed'")

@@ -65,9 +65,11 @@ def prepare_processors_kernel(
     out_ids_ptr, out_ids_stride, L, prompt_ids_ptr, prompt_ids_stride, P,
     rep_ptr, rep_val, freq_ptr, freq_val, pres_ptr, pres_val,
     entries_ptr, values_ptr, ent_stride, pen_ptr, pen_stride, bad_ptr, B, vocab_size,
+    temp_ptr, temp_val, temp_out_ptr,
     HAS_BIAS: tl.constexpr, HAS_OUT: tl.constexpr, HAS_PROMPT: tl.constexpr,
     REP_PER_ROW: tl.constexpr, FREQ_PER_ROW: tl.constexpr, PRES_PER_ROW: tl.constexpr,
     BLOCK_R: tl.constexpr, S_POW2: tl.constexpr, SORT: tl.constexpr,
+    TEMP_OUT: tl.constexpr = False, TEMP_PER_ROW: tl.constexpr = False,
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     live = rows < B
@@ -116,6 +118,11 @@ def prepare_processors_kernel(
     tl.store(pen_ptr + pen_stride + rows, freq, mask=live)
     tl.store(pen_ptr + 2 * pen_stride + rows, pres, mask=live)
     tl.store(bad_ptr + rows, bad.to(tl.int8), mask=live)
+    if TEMP_OUT:
+        # The call's temperature with bad rows poisoned (NaN: every later kernel then returns -1 for
+        # them), written here rather than by torch ops after this kernel (two launches fewer).
+        t = load_row_param(temp_ptr, temp_val, rows, live, tl.float32, TEMP_PER_ROW)
+        tl.store(temp_out_ptr + rows, tl.where(bad, float("nan"), t), mask=live)
 
 
 def _param(x, dummy):
@@ -127,7 +134,7 @@ def _param(x, dummy):
 
 def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_ids=None, bias_values=None,
                    output_ids=None, prompt_ids=None, repetition=1.0, frequency=0.0, presence=0.0,
-                   penalties: bool = False, sort=None):
+                   penalties: bool = False, sort=None, temperature=None, temperature_out=None):
     """(entries int32 [B, S], values fp32 [B, S], penalties fp32 [3, B], bad bool [B]).
 
     bias_ids / output_ids / prompt_ids: int64 [B, *] or None (shapes, dtypes and devices
@@ -136,7 +143,8 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     all three are off). S = K + L + P must be > 0. sort: "rank" (``sort_entries``, the
     default on a GPU where ``rank_sort_pays``), "bitonic" (inside this kernel; the default
     otherwise on a GPU) or "torch" (after it; the default under the interpreter). All three
-    give the same result.
+    give the same result. temperature_out (fp32 [B]): receives ``temperature`` (a float or a [B]
+    tensor) with the bad rows' set to NaN.
     """
     tables = [t for t in (bias_ids, output_ids, prompt_ids) if t is not None]
     S = sum(t.shape[1] for t in tables)
@@ -158,6 +166,9 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     if not penalties:  # a bias alone: penalties off
         repetition, frequency, presence = 1.0, 0.0, 0.0
     rep, freq, pres = (_param(x, values) for x in (repetition, frequency, presence))
+    if temperature_out is not None and (temperature_out.dtype != torch.float32 or temperature_out.numel() < batch):
+        raise ValueError(f"temperature_out must be an fp32 tensor of at least {batch} elements")
+    temp = _param(1.0 if temperature is None else temperature, values)
     s_pow2 = max(16, triton.next_power_of_2(S))
     on_gpu = device.type == "cuda"
     if sort is None:
@@ -174,6 +185,8 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
         bi, bi_s, bv, bv_s, K, oi, oi_s, L, pi, pi_s, P,
         rep[0], rep[1], freq[0], freq[1], pres[0], pres[1],
         entries, values, entries.stride(0), pen, pen.stride(0), bad, batch, vocab_size,
+        temp[0], temp[1], temperature_out if temperature_out is not None else values,
+        TEMP_OUT=temperature_out is not None, TEMP_PER_ROW=temp[2],
         HAS_BIAS=bias_ids is not None, HAS_OUT=output_ids is not None, HAS_PROMPT=prompt_ids is not None,
         REP_PER_ROW=rep[2], FREQ_PER_ROW=freq[2], PRES_PER_ROW=pres[2], BLOCK_R=block_r, S_POW2=s_pow2,
         SORT=sort == "bitonic", num_warps=4 if s_pow2 <= 1024 else 8)
@@ -182,7 +195,7 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     elif sort == "torch":
         entries, order = torch.sort(entries, dim=1, stable=True)
         values = values.gather(1, order)
-    return entries, values, pen, bad.bool()
+    return entries, values, pen, bad.view(torch.bool)  # 0 / 1 bytes: a view, not a conversion launch
 
 
 __all__ = ["SENTINEL", "launch_prepare", "prepare_processors_kernel"]

@@ -365,6 +365,30 @@ WS64 = TileConfig(64, 128, 64, 8, 5, tma=True, ws=True)
 TRITON64 = TileConfig(64, 128, 64, 8, 5, tma=True)
 
 
+def _fields_as_the_triton_tile(h, w, params, layout, vocab_size, vocab_start, ws_calls, **kw):
+    """Launch the 64-row tile on the ws kernel and on the Triton kernel (launch_fused keyword arguments kw) and
+    check that the ws kernel ran and wrote every field of the Triton kernel's bit for bit, the two tile sums
+    (fields 3 and 4: the column halves' partial sums added) within a few ulp; the ws fields (NaN as -12345,
+    [fields, tiles, B]) and ids ([ifields, tiles, B])."""
+    B = h.shape[0]
+    got = []
+    for cfg in (WS64, TRITON64):
+        dest = BufferPair.alloc(layout, h.device)
+        dest.f.fill_(7.0)
+        dest.i.fill_(7)
+        launch_fused(h, w, params, cfg, layout, dest, vocab_size=vocab_size, vocab_start=vocab_start, **kw)
+        got.append((dest.f.view(layout.n_fields, -1, B).nan_to_num(-12345.0), dest.i.view(layout.n_ifields, -1, B)))
+    assert len(ws_calls) == 1
+    (fw, iw), (ft, it) = got
+    assert torch.equal(iw, it)
+    sums = [3] + ([4] if layout.extended else [])
+    exact = [k for k in range(layout.n_fields) if k not in sums]
+    assert torch.equal(fw[exact], ft[exact])
+    for k in sums:
+        torch.testing.assert_close(fw[k], ft[k], rtol=2e-6, atol=0.0)
+    return fw, iw
+
+
 @hopper
 @pytest.mark.parametrize("kind", ["rows", "scalar", "greedy"])
 @pytest.mark.parametrize("case", ["logprobs", "extended", "extended_lean"])
@@ -392,22 +416,8 @@ def test_64_row_tile_writes_the_triton_kernels_fields(kind, case, vocab_start, w
     extended = case != "logprobs"
     layout = CandidateLayout(CandidateLayout.fields(True, extended), triton.cdiv(V, 128), B,
                              n_ifields=1 + KEEP if extended else 1)
-    got = []
-    for cfg in (WS64, TRITON64):
-        dest = BufferPair.alloc(layout, h.device)
-        dest.f.fill_(7.0)
-        dest.i.fill_(7)
-        launch_fused(h, w, params, cfg, layout, dest, vocab_size=vocab_size, vocab_start=vocab_start,
-                     logprobs=case == "logprobs", extended=extended, raw_sums=case == "extended")
-        got.append((dest.f.view(layout.n_fields, -1, B).nan_to_num(-12345.0), dest.i.view(layout.n_ifields, -1, B)))
-    assert len(ws_calls) == 1
-    (fw, iw), (ft, it) = got
-    assert torch.equal(iw, it)
-    sums = [3] + ([4] if extended else [])
-    exact = [k for k in range(layout.n_fields) if k not in sums]
-    assert torch.equal(fw[exact], ft[exact])
-    for k in sums:
-        torch.testing.assert_close(fw[k], ft[k], rtol=2e-6, atol=0.0)
+    fw, iw = _fields_as_the_triton_tile(h, w, params, layout, vocab_size, vocab_start, ws_calls,
+                                        logprobs=case == "logprobs", extended=extended, raw_sums=case == "extended")
     if extended:
         kept = iw[1:] - vocab_start
         assert ((kept[0, 0] == 3) & (kept[1, 0] == 70)).all(), "the tie across the halves: lower id first"
@@ -495,22 +505,8 @@ def test_64_row_tile_with_processors(kind, which, case, vocab_start, ws_calls):
     extended = case == "extended"
     layout = CandidateLayout(CandidateLayout.fields(True, extended), triton.cdiv(V, 128), B,
                              n_ifields=1 + KEEP if extended else 1)
-    got = []
-    for cfg in (WS64, TRITON64):
-        dest = BufferPair.alloc(layout, h.device)
-        dest.f.fill_(7.0)
-        dest.i.fill_(7)
-        launch_fused(h, w, params, cfg, layout, dest, vocab_size=vocab_size, vocab_start=vocab_start,
-                     logprobs=not extended, extended=extended)
-        got.append((dest.f.view(layout.n_fields, -1, B).nan_to_num(-12345.0), dest.i.view(layout.n_ifields, -1, B)))
-    assert len(ws_calls) == 1
-    (fw, iw), (ft, it) = got
-    assert torch.equal(iw, it)
-    sums = [3] + ([4] if extended else [])
-    exact = [k for k in range(layout.n_fields) if k not in sums]
-    assert torch.equal(fw[exact], ft[exact])
-    for k in sums:
-        torch.testing.assert_close(fw[k], ft[k], rtol=2e-6, atol=0.0)
+    fw, iw = _fields_as_the_triton_tile(h, w, params, layout, vocab_size, vocab_start, ws_calls,
+                                        logprobs=not extended, extended=extended)
     if which != "sparse":  # row 3: only the last tile has an allowed id
         first_ids = torch.arange(23, device="cuda", dtype=torch.int32) * 128  # a tile of -inf: its first id
         assert torch.equal(iw[0, :23, 3] - vocab_start, first_ids)

@@ -12,6 +12,9 @@ also alone, against torch's stable sort on rows full of equal entries.
 import pytest
 import torch
 
+import fsdist
+import fsdist.params
+import fsdist.processing
 from fsdist.ops.prepare_processors import SENTINEL, launch_prepare
 from fsdist.ops.sort_entries import RANK_SORT_MAX, launch_sort_entries, rank_sort_pays
 
@@ -68,6 +71,33 @@ def test_entries_values_penalties_and_bad_rows(device, sort):
     assert torch.equal(entries[good], want_e[good])
     torch.testing.assert_close(values[good], want_v[good].float())
     assert torch.equal(pen[0], rep) and torch.equal(pen[1], freq) and torch.equal(pen[2], pres)
+
+
+@pytest.mark.parametrize("temperature", ["rows", 0.7])
+def test_poisoned_temperature_is_written_by_the_kernel(device, temperature):
+    """temperature_out = the temperature ([B] tensor or float) with the bad rows' NaN, the rest bit for bit;
+    and fsdist's processing path uses it (apply_to returns it without a launch of its own)."""
+    B, V = 40, 500
+    ids, vals, out, prompt, rep, freq, pres = inputs(B, V, seed=3)
+    d = lambda t: t.to(device)  # noqa: E731
+    t = torch.linspace(0.0, 1.5, B) if temperature == "rows" else temperature
+    t_out = torch.full((B,), 123.0, device=device)
+    _, _, _, bad = launch_prepare(B, V, device, bias_ids=d(ids), bias_values=d(vals), output_ids=d(out),
+                                  prompt_ids=d(prompt), repetition=d(rep), frequency=d(freq), presence=d(pres),
+                                  penalties=True, temperature=d(t) if temperature == "rows" else t,
+                                  temperature_out=t_out)
+    bad = bad.cpu()
+    assert bad.any() and not bad.all()  # the inputs poison some rows, not all (else this could not fail)
+    want = (t if temperature == "rows" else torch.full((B,), t)).clone()
+    want[bad] = float("nan")
+    torch.testing.assert_close(t_out.cpu(), want, rtol=0, atol=0, equal_nan=True)
+    proc = fsdist.processing.prepare_processing(
+        logit_bias=fsdist.SparseLogits(d(ids), d(vals)), penalties=fsdist.Penalties(d(rep), d(freq), d(pres), d(out),
+                                                                                      d(prompt)),
+        batch=B, vocab_size=V, device=device, temperature=d(t) if temperature == "rows" else t)
+    params = proc.apply_to(fsdist.params.RowParams(t, 0, 0))
+    assert params.temperature is proc.temperature
+    torch.testing.assert_close(params.temperature.cpu(), want, rtol=0, atol=0, equal_nan=True)
 
 
 def test_bias_alone_turns_the_penalties_off(device):
