@@ -64,6 +64,7 @@ class LogitProcessing:
     bad_rows: Optional[torch.Tensor]
     checks: Tuple = ()
     temperature: Optional[torch.Tensor] = None
+    temperature_in: object = None  # the temperature ``temperature`` was made from (apply_to checks it)
 
     @property
     def search_steps(self) -> int:
@@ -77,6 +78,10 @@ class LogitProcessing:
             return RowParams(params.temperature, params.seed, params.offset, params.top_k, params.top_p, params.min_p,
                              params.fingerprint, self)
         if self.temperature is not None:  # poisoned by the preparation kernel already
+            src = self.temperature_in
+            if not (params.temperature is src or (not isinstance(src, torch.Tensor) and params.temperature == src)):
+                raise ValueError("apply_to: params carry another temperature than the one these processors "
+                                 "were prepared with")
             return RowParams(self.temperature, params.seed, params.offset, params.top_k, params.top_p, params.min_p,
                              params.fingerprint, self)
         t = params.temperature
@@ -229,7 +234,8 @@ def prepare_processing(token_bitmask=None, logit_bias=None, penalties=None, *, b
         for name, _, x, pred in checks:
             if name.startswith("penalties.") and not name.endswith("_ids"):
                 bad = pred(x) if bad is None else bad | pred(x)
-    return LogitProcessing(bitmask, entries, values, pen, bad, tuple(checks), temp_out)
+    return LogitProcessing(bitmask, entries, values, pen, bad, tuple(checks), temp_out,
+                           temperature if temp_out is not None else None)
 
 
 def check_values(processing: Optional[LogitProcessing]) -> None:

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ..processing import SENTINEL, LogitProcessing
 from .processors import processed_logit
-from .utils import fast_log_ok
+from .utils import pinned_products_ok
 
 _SENTINEL = tl.constexpr(SENTINEL)
 
@@ -81,7 +81,7 @@ def launch_apply_entries(logits: torch.Tensor, processing: LogitProcessing, id_l
     apply_entries_kernel[(triton.cdiv(B, block_r), triton.cdiv(S, block_s))](
         logits, logits.stride(0), int(id_lo), logits.shape[1], ent, processing.values, ent.stride(0), S, B,
         processing.penalties, processing.penalties.stride(0), BLOCK_R=block_r, BLOCK_S=block_s,
-        PINNED=fast_log_ok(logits.device), num_warps=4 if block_s >= 128 else 1)
+        PINNED=pinned_products_ok(logits.device), num_warps=4 if block_s >= 128 else 1)
 
 
 __all__ = ["apply_entries_kernel", "launch_apply_entries"]

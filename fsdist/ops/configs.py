@@ -36,8 +36,9 @@ class TileConfig:
     # Run the tile on the warp-specialised Hopper kernel (fused_sample_ws.py: per SM a load warp, an
     # MMA warpgroup and 8 epilogue warps (4 when num_warps < 8), persistent) where it applies: sm_90,
     # a 128 or 64 x 128 x 64 TMA tile, no tensor-parallel fan-out; logprobs, kept logits and processors
-    # on 64-row tiles only (a 128-row config with bias / penalties runs the 64-row ws tile: launch_fused). Elsewhere the Triton kernel runs ``triton_twin(cfg)``. Same candidates (the
-    # tile sums up to their summation order).
+    # on 64-row tiles only (a 128-row config with bias / penalties runs the 64-row ws tile: launch_fused).
+    # Elsewhere the Triton kernel runs ``triton_twin(cfg)``. Same candidates (the tile sums up to their
+    # summation order).
     ws: bool = False
 
     def __post_init__(self):

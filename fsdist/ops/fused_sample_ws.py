@@ -17,13 +17,15 @@ Stage buffers and the accumulator hand-off are guarded by mbarriers (ready / emp
 The candidates are those of ``fused_sample_kernel`` with the same tile (128 or 64 x 128 x 64),
 bit for bit: the same wgmma instruction sequence in the same K order gives the same logits, and
 the noise is keyed by the global vocabulary id. Batch tiles of 128 rows (B > 64) or 64 rows
-(``configs.pick_config`` uses them for B = 33-64);
+(``configs.pick_config`` uses them for B = 33-64; ``launch_fused`` also for calls with bias or
+penalties past B = 64);
 temperature, seed and offset as scalars or ``[B]`` tensors. On 64-row tiles it also writes the
 logprob fields and the kept logits of filtered calls (``epilogue.tile_stats`` / ``tile_topk``'s
 fields: the first column half's logits stay in registers until the second arrives; the tile's
 sums add the halves' partial sums, so they may differ from the Triton kernel's in the last bits),
-and applies the logit processors (``processors.py``: the bitmask gathered per id, each row's bias /
-penalty entries found by the 16-ary search, both issued before the half's logits are awaited).
+and applies the logit processors (``processors.py``: three bitmask words per row and column half,
+each row's bias / penalty slices of both halves by one 3-key search with their first 4 entries,
+all loaded before the logits are awaited; the walk past those reads the list).
 No peer fan-out or call header (the tensor-parallel candidates head always writes one;
 the group-log-mass head's stage 1 can run here); ``ws_supported`` says when it applies, and every
 other call runs the Triton kernel (``configs.triton_twin``).

@@ -8,15 +8,19 @@ processed logits, hence the candidates and tokens, do not depend on the path, th
 size or the tensor-parallel degree.
 
 Bias and penalties come as a sorted list of entries per row (``id * 4 + kind``, built by
-``prepare_processors``). A tile needs the slice of its own ids: the fused GEMM reads it from a
-per-launch table of offsets (``entry_offsets.py``; two loads issued before its main loop, so
-nothing waits in the epilogue), the other kernels search the list (a 16-ary search: a few
-rounds of independent loads, any tiling, path or vocabulary range). ``process_tile`` then
+``prepare_processors``). A tile needs the slice of its own ids: the Triton fused GEMM reads it
+from a per-launch table of offsets (``entry_offsets.py``; two loads issued before its main loop,
+so nothing waits in the epilogue), the warp-specialised kernel searches both column halves of a
+tile at its start (``split_slices``, ``slice_heads``: its epilogue runs beside the next tile's
+MMAs), the other kernels search the list (a 16-ary search: a few rounds of independent loads,
+any tiling, path or vocabulary range). ``process_tile`` then
 walks those entries (usually none or one per row), summing, per (row, id), the bias values,
 the occurrences in the output and whether the id was seen in the prompt or the output, and
 rewrites each such id's logit once:
 
-    x = x + bias;  x = x / r if x > 0 else x * r  (seen ids);  x -= f * count + p * [count > 0]
+    x = x + bias;  x = x / r if x > 0 else x * r  (seen ids);  x = x - f * count - p * [count > 0]
+
+(each product rounded on its own: ``processed_logit``)
 
 Ids without entries keep their logit bit for bit. A disallowed id is -inf before and after
 (-inf plus, times or minus a finite number).
@@ -30,7 +34,7 @@ import triton.language as tl
 from ..processing import SENTINEL, LogitProcessing
 from .epilogue import rounded_mul
 from .prepare_processors import PROBES
-from .utils import fast_log_ok
+from .utils import pinned_products_ok
 
 _SENTINEL = tl.constexpr(SENTINEL)
 _PROBES = tl.constexpr(PROBES)
@@ -195,9 +199,11 @@ def bitmask_allowed(bm_ptr, bm_stride, rows, mask_r, gid, ok):
 
 @triton.jit
 def span_words(bm_ptr, bm_stride, rows, mask_r, first_id, vocab_size):
-    """The three bitmask words per row (int32 [R] each, -1 past the vocabulary or for padding rows)
-    that cover ids first_id .. first_id + 64: any 64 consecutive ids span at most three words. Three
-    small loads where a per-id gather (bitmask_allowed) holds a [R, C] tile of words in registers."""
+    """The three bitmask words per row (int32 [R] each; -1, all allowed, for words past the
+    vocabulary and for padding rows) that cover ids first_id .. first_id + 63: any 64 consecutive
+    ids span at most three words. Three small loads where a per-id gather (bitmask_allowed) holds a
+    [R, C] tile of words in registers. Ids past the vocabulary inside its last word read that word's
+    bits (the kernels have set their logits to -inf already)."""
     w = first_id // 32
     base = bm_ptr + rows.to(tl.int64) * bm_stride + w
     w0 = tl.load(base, mask=mask_r & (w * 32 < vocab_size), other=-1)
@@ -208,7 +214,7 @@ def span_words(bm_ptr, bm_stride, rows, mask_r, first_id, vocab_size):
 
 @triton.jit
 def span_allowed(w0, w1, w2, first_id, gid):
-    """[R, C] bool, id gid[c] allowed, from span_words(..., first_id, ...) (gid within first_id .. + 64)."""
+    """[R, C] bool, id gid[c] allowed, from span_words(..., first_id, ...) (gid within first_id .. + 63)."""
     k = (gid // 32 - first_id // 32)[None, :]
     word = tl.where(k == 0, w0[:, None], tl.where(k == 1, w1[:, None], w2[:, None]))
     return ((word >> (gid % 32)[None, :]) & 1) != 0
@@ -342,7 +348,7 @@ def processor_args(processing: Optional[LogitProcessing], dummy: torch.Tensor, s
                  processing.penalties, processing.penalties.stride(0)]
     else:
         args += [dummy, dummy, 0, dummy, 0, dummy, 0]
-    return args, {"BITMASK": bm is not None, "SPARSE": sparse, "PINNED": fast_log_ok(dummy.device)}
+    return args, {"BITMASK": bm is not None, "SPARSE": sparse, "PINNED": pinned_products_ok(dummy.device)}
 
 
 __all__ = ["apply_processors", "bitmask_allowed", "bitmask_bits", "lower_bound", "lower_bounds", "lower_bounds_at",

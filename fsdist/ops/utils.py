@@ -31,6 +31,13 @@ def fast_log_ok(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None
 
 
+def pinned_products_ok(device: torch.device) -> bool:
+    """A product can be given its own rounding with PTX ``mul.rn.f32`` (NVIDIA CUDA), so that no
+    compiler fuses it into a multiply-add (``epilogue.rounded_mul``); the interpreter rounds every
+    numpy operation on its own anyway."""
+    return device.type == "cuda" and torch.version.hip is None
+
+
 def sm_count(device: torch.device) -> int:
     """The device's streaming multiprocessors (persistent grids size themselves by it)."""
     return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())

@@ -73,12 +73,13 @@ def _candidates(cfg, h, w, params, vocab_size, vocab_start=0):
 
 @pytest.fixture
 def ws_calls(monkeypatch):
-    """Counts launches of the warp-specialised kernel (so a test knows it ran, not the fallback)."""
+    """Records launches of the warp-specialised kernel, each as its batch tile (so a test knows it ran, not the
+    fallback, and on which tile)."""
     calls = []
     real = fused_sample.launch_fused_ws
 
     def counted(*a, **k):
-        calls.append(1)
+        calls.append(k.get("block_b", 128))
         return real(*a, **k)
 
     monkeypatch.setattr(fused_sample, "launch_fused_ws", counted)
@@ -260,9 +261,9 @@ def test_bias_past_64_rows_takes_the_64_row_ws_tile(ws_calls):
     assert not call.supported()  # the 128-row tile itself does not take them ...
     assert ws_supported(call.h, call.w, call.params, call.layout, call.dest()[0], block_b=64)  # ... the 64-row does
     got = call.run(WS)
-    assert len(ws_calls) == 1
+    assert ws_calls == [64]
     ref = call.run(TRITON)
-    assert len(ws_calls) == 1
+    assert ws_calls == [64]
     for a, b in zip(got, ref):
         assert torch.equal(a, b)
 

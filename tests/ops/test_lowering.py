@@ -40,7 +40,7 @@ CHECK = {"me": "i32", "status_ptr": "*i32", "fp_slot": "i32", "rec_slot": "i32"}
 # the logit processors (fsdist.ops.processors), every switch on
 PROC = {"bm_ptr": "*i32", "bm_stride": "i32", "ent_ptr": "*i32", "val_ptr": "*fp32", "ent_stride": "i32",
         "ent_width": "i32", "search_steps": "i32", "pen_ptr": "*fp32", "pen_stride": "i32"}
-PROC_CONST = dict(BITMASK=True, SPARSE=True)
+PROC_CONST = dict(BITMASK=True, SPARSE=True, PINNED=True)  # PINNED: the mul.rn products too
 STAGE1 = dict(h_ptr="*bf16", w_ptr="*bf16", cand_f="*i64",
               cand_i="*i64", B="i32", D="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", stride_hb="i32",
               buf_offset="i32", buf_offset_i="i32", stride_field="i32", stride_slot="i32", hdr_off_i="i32", flags="i32",
@@ -154,14 +154,16 @@ CASES = {
                    out_ids_ptr="*i64", out_ids_stride="i32", L="i32", prompt_ids_ptr="*i64", prompt_ids_stride="i32",
                    P="i32", rep_ptr="*fp32", rep_val="fp32", freq_ptr="*fp16", freq_val="fp32", pres_ptr="*fp32",
                    pres_val="fp32", entries_ptr="*i32", values_ptr="*fp32", ent_stride="i32", pen_ptr="*fp32",
-                   pen_stride="i32", bad_ptr="*i8", B="i32", vocab_size="i32"),
+                   pen_stride="i32", bad_ptr="*i8", B="i32", vocab_size="i32", temp_ptr="*fp32", temp_val="fp32",
+                   temp_out_ptr="*fp32"),
         constexprs=dict(HAS_BIAS=True, HAS_OUT=True, HAS_PROMPT=True, REP_PER_ROW=True, FREQ_PER_ROW=True,
-                        PRES_PER_ROW=False, BLOCK_R=1, S_POW2=2048, SORT=True), num_warps=8),
+                        PRES_PER_ROW=False, BLOCK_R=1, S_POW2=2048, SORT=True, TEMP_OUT=True, TEMP_PER_ROW=True),
+        num_warps=8),
     "apply_entries": dict(
         module="fsdist.ops.apply_entries", kernel="apply_entries_kernel",
         types=dict(logits_ptr="*fp32", stride_l="i32", id_lo="i32", n_cols="i32", ent_ptr="*i32", val_ptr="*fp32",
                    ent_stride="i32", S="i32", B="i32", pen_ptr="*fp32", pen_stride="i32"),
-        constexprs=dict(BLOCK_R=1, BLOCK_S=256)),
+        constexprs=dict(BLOCK_R=1, BLOCK_S=256, PINNED=True)),
     "sort_entries": dict(
         module="fsdist.ops.sort_entries", kernel="sort_entries_kernel",
         types=dict(ent_in="*i32", val_in="*fp32", ent_out="*i32", val_out="*fp32", stride_in="i32",
