@@ -221,7 +221,7 @@ def main(argv=None) -> int:
                 twin = triton_twin(shipped, D)
                 # What launch_fused runs for the shipped config (the ws 64-row tile wherever there are bias /
                 # penalty entries, as here), the Triton twin, and the ws kernel on 64- and 128-row tiles (the
-                # latter spills: measured, not dispatched). epi_*: the shipped config's tile, epilogue only.
+                # latter spills: measured, not dispatched). epi_*: the dispatched tile, epilogue only.
                 methods["shipped_proc"] = lambda h: launch_fused(h, W, pp, shipped, layout, cand, vocab_size=V)
                 methods["twin_proc"] = lambda h: launch_fused(h, W, pp, twin, layout, cand, vocab_size=V)
                 for bb in (64, 128):
@@ -230,8 +230,9 @@ def main(argv=None) -> int:
                     methods[f"ws{bb}_proc"] = run
                 methods["epi_shipped"] = lambda h: run_ws(h, W, params, layout, cand, V, shipped.num_stages, 8, 8,
                                                           epilogue_only=True, block_b=shipped.block_b)
+                # the tile launch_fused gives these processors: 64 rows (bias / penalty entries)
                 methods["epi_shipped_proc"] = lambda h: run_ws(h, W, pp, layout, cand, V, shipped.num_stages, 8, 8,
-                                                               epilogue_only=True, block_b=shipped.block_b)
+                                                               epilogue_only=True, block_b=64)
             row = {"D": D, "V": V, "B": B,
                    "times": C.time_methods(methods, [(h,) for h in hs], warmup=args.warmup, reps=args.reps,
                                            flush=flush, device=dev, failures=failures, label=f"D={D} B={B}")}
