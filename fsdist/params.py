@@ -54,6 +54,11 @@ class RowParams:
         """True when no row needs noise (a scalar temperature below GREEDY_TEMPERATURE)."""
         return not isinstance(self.temperature, torch.Tensor) and self.temperature < GREEDY_TEMPERATURE
 
+    @property
+    def may_min_p(self) -> bool:
+        """Whether some row may have min-p on (a [B] tensor counts as "may")."""
+        return isinstance(self.min_p, torch.Tensor) or self.min_p > 0.0
+
     def filtered(self, vocab_size: int) -> bool:
         """Whether any row may have a filter on (per-row tensors count as "may": their values
         are checked on the device). False means the filter machinery can be skipped."""

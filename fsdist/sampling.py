@@ -16,7 +16,7 @@ from .ops.configs import TileConfig, triton_twin
 from .ops.fallback import KeptLogits, run_fallback
 from .ops.layout import BufferPair
 from .ops.merge_candidates import launch_merge
-from .ops.plan import launch_stage1, plan_sample, raw_sums_needed
+from .ops.plan import launch_stage1, plan_sample, raw_sums_needed, winner_logits_needed
 from .ops.select_filtered import launch_select_filtered
 from .types import Penalties, SampleOutput, SparseLogits
 
@@ -115,7 +115,8 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     extended = filtered or top_logprobs > 0 or raw
     plan = plan_sample(batch=B, hidden_size=D, weight_rows=weight.shape[0], device=hidden.device,
                        logprobs=return_logprobs, config=config, path=path, extended=extended, dtype=hidden.dtype,
-                       raw_sums=raw_sums_needed(logprobs_mode, return_logprobs, top_logprobs))
+                       raw_sums=raw_sums_needed(logprobs_mode, return_logprobs, top_logprobs),
+                       winner_logits=winner_logits_needed(filtered, params.may_min_p))
     buffers = BufferPair.alloc(plan.layout, hidden.device)
     launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size)
     tokens, lp, lse = launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs, raw=raw)
@@ -129,7 +130,7 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
         fallback = launch_select_filtered(
             plan.layout, buffers, B, params, vocab_size=vocab_size, tokens=tokens, logprobs=lp,
             top_n=top_logprobs, mode=logprobs_mode, top_ids=top_ids, top_lp=top_lp, tile_v=kept.tile_v,
-            need_key=kept.need_key)
+            need_key=kept.need_key, winners=plan.winner_logits)
         run_fallback(hidden, weight, params, vocab_size=vocab_size, flags=fallback,
                      tokens=tokens, kept=kept, logprobs=lp, top_n=top_logprobs, mode=logprobs_mode,
                      top_ids=top_ids, top_lp=top_lp, block_k=triton_twin(plan.config, D).block_k)

@@ -201,12 +201,12 @@ def _tma_capable(device: torch.device) -> bool:
 def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
                  layout: CandidateLayout, dest: BufferPair, *, vocab_size: int, vocab_start: int = 0,
                  shard: int = 0, logprobs: bool = False, extended: Optional[bool] = None,
-                 flags: Optional[int] = None, raw_sums: bool = True) -> None:
+                 flags: Optional[int] = None, raw_sums: bool = True, winner_logit: bool = False) -> None:
     """Write the candidates of every (row, vocabulary tile) of ``hidden @ weight.T`` into block
     ``shard`` of ``dest``. weight holds global vocabulary ids [vocab_start, vocab_start + rows);
     ids >= vocab_size are padding and never win. raw_sums=False leaves an extended layout's raw
     (T = 1) sums out (NaN): only "raw" logprobs read them; the winner's logit (field 1) is written
-    only with ``logprobs``."""
+    only with ``logprobs`` or ``winner_logit`` (select_filtered's min-p proof)."""
     n_vtiles = layout.check_fit(hidden.shape[0], weight.shape[0], cfg.block_v, shard, vocab_start)
     extended = layout.extended if extended is None else extended
     if extended and not layout.extended:
@@ -223,7 +223,8 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         # (the tile sums up to their summation order).
         launch_fused_ws(hidden, weight, params, layout, dest, vocab_size=vocab_size, vocab_start=vocab_start,
                         shard=shard, stages=cfg.num_stages, epilogue_warps=8 if cfg.num_warps >= 8 else 4,
-                        block_b=ws_rows, logprobs=logprobs, extended=extended, raw_sums=raw_sums)
+                        block_b=ws_rows, logprobs=logprobs, extended=extended, raw_sums=raw_sums,
+                        winner_logit=winner_logit)
         return
     B, D = hidden.shape
     cfg = triton_twin(cfg, D)  # what the Triton kernel runs of a config meant for the warp-specialised one
@@ -263,7 +264,8 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
         FAST_LOG=fast_log_ok(hidden.device),
         DEVICE_PARITY=par_on, TMA=tma, HEADER=_header(layout, dest), EXTENDED=extended, KEEP=KEEP,
-        XFP_PER_ROW=xfp_row, **proc_flags, ENTRY_HEAD=ENTRY_HEAD, WINNER_LOGIT=logprobs, RAW_SUM=raw_sums,
+        XFP_PER_ROW=xfp_row, **proc_flags, ENTRY_HEAD=ENTRY_HEAD, WINNER_LOGIT=logprobs or winner_logit,
+        RAW_SUM=raw_sums,
         # the bitmask's words loaded before the main loop where every tile starts on a word
         BM_WORDS=vocab_start % 32 == 0 and cfg.block_v % 32 == 0,
         num_warps=cfg.num_warps, num_stages=fit_num_stages(cfg, hidden.element_size(), hidden.device),

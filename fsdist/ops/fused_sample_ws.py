@@ -412,14 +412,15 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     stages: int = WS_STAGES, row_threads: int = WS_ROW_THREADS,
                     epilogue_warps: int = WS_EPILOGUE_WARPS, grid_cap: int = 0, epilogue_only: bool = False,
                     block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
-                    raw_sums: bool = True) -> None:
+                    raw_sums: bool = True, winner_logit: bool = False) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
     epilogue_only (benchmarks): skip the main loop (zero logits), to time the epilogue alone.
     block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same
     candidates: each row's products and their order do not depend on it). logprobs / extended /
-    raw_sums as launch_fused's (64-row tiles only): the winner's logit with logprobs, the tile's
+    raw_sums / winner_logit as launch_fused's (64-row tiles only): the winner's logit with logprobs or
+    winner_logit, the tile's
     (max, sum) with either, the kept logits, their ids and the boundary with extended, the raw sums
     unless raw_sums is False. The sums add the two column halves' partial sums, so they may differ
     from the Triton kernel's in the last bits; every other field is the same bit for bit.
@@ -462,7 +463,8 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         STAGES=stages, EPI_WARPS=epilogue_warps, EPI_REGS=epi_regs, LOAD_REGS=WS_LOAD_REGS,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
         NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), ROW_THREADS=row_threads,
-        LOGPROBS=logprobs or extended, EXTENDED=extended, WINNER_LOGIT=logprobs, RAW_SUM=raw_sums, **proc_flags,
+        LOGPROBS=logprobs or extended, EXTENDED=extended, WINNER_LOGIT=logprobs or winner_logit, RAW_SUM=raw_sums,
+        **proc_flags,
         num_warps=4, maxnreg=maxnreg,
     )
 

@@ -29,6 +29,7 @@ class SamplePlan:
     logprobs: bool
     extended: bool = False  # this call keeps the tiles' largest logits (the layout has room for them)
     raw_sums: bool = True  # ... and their raw (T = 1) sums, which only "raw" logprobs read
+    winner_logits: bool = False  # stage 1 writes each tile winner's logit (field 1) even without logprobs
 
     @property
     def flags(self) -> int:
@@ -42,11 +43,18 @@ def raw_sums_needed(mode: str, logprobs: bool, top_n: int) -> bool:
     return mode == "raw" and (bool(logprobs) or top_n > 0)
 
 
+def winner_logits_needed(filtered: bool, may_min_p: bool) -> bool:
+    """Whether stage 1 must write each tile winner's logit (field 1) even without logprobs:
+    select_filtered's min-p proof reads it, in filtered calls where some row may have min-p on
+    (``RowParams.may_min_p``)."""
+    return bool(filtered) and bool(may_min_p)
+
+
 def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch.device, logprobs: bool = False,
                 config: Optional[TileConfig] = None, path: Optional[str] = None, block_v: Optional[int] = None,
                 n_shards: int = 1, batch_cap: Optional[int] = None, n_fields: Optional[int] = None,
                 checked: bool = False, extended: bool = False, dtype: Optional[torch.dtype] = None,
-                raw_sums: bool = True) -> SamplePlan:
+                raw_sums: bool = True, winner_logits: bool = False) -> SamplePlan:
     """Plan one sampling call.
 
     weight_rows: rows of the weight (one shard's, with tensor parallelism); n_shards: how
@@ -57,7 +65,8 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     logits too (filters, top-N and raw logprobs; ``select_filtered.py``); raw_sums: with extended,
     also their raw (T = 1) sums (False when no "raw" logprobs are asked: one exp pass less per
     tile; the field is then NaN); dtype: the operands' dtype
-    (fp32 takes the chunked path past B = 64). config / path / block_v override
+    (fp32 takes the chunked path past B = 64); winner_logits: stage 1 writes each tile winner's logit
+    (``winner_logits_needed``; with logprobs it always does). config / path / block_v override
     the choices (tests and benchmarks; block_v fixes a head's layout).
     """
     device = torch.device(device)
@@ -72,7 +81,8 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
         n_fields = CandidateLayout.fields(logprobs, extended=True)
     layout = CandidateLayout(n_fields or CandidateLayout.fields(logprobs), triton.cdiv(weight_rows, cfg.block_v),
                              max(batch_cap or batch, 1), n_shards, checked, 1 + KEEP if roomy else 1)
-    return SamplePlan(path, cfg, layout, bool(logprobs), bool(extended), bool(raw_sums))
+    return SamplePlan(path, cfg, layout, bool(logprobs), bool(extended), bool(raw_sums),
+                      bool(logprobs or winner_logits))
 
 
 def launch_stage1(plan: SamplePlan, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams,
@@ -86,4 +96,5 @@ def launch_stage1(plan: SamplePlan, hidden: torch.Tensor, weight: torch.Tensor, 
         raise ValueError(f"batch {hidden.shape[0]} exceeds the planned capacity {plan.layout.batch_cap}")
     launch = launch_chunked if plan.path == "chunked" else launch_fused
     launch(hidden, weight, params, plan.config, plan.layout, dest, vocab_size=vocab_size, vocab_start=vocab_start,
-           shard=shard, logprobs=plan.logprobs, extended=plan.extended, flags=flags, raw_sums=plan.raw_sums)
+           shard=shard, logprobs=plan.logprobs, extended=plan.extended, flags=flags, raw_sums=plan.raw_sums,
+           winner_logit=plan.winner_logits)

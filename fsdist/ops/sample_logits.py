@@ -202,11 +202,12 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
                          shard: int = 0, logprobs: bool = False, block_b: Optional[int] = None,
                          tiles_per_program: int = 2, num_warps: Optional[int] = None,
                          extended: Optional[bool] = None, flags: Optional[int] = None,
-                         sparse_in_tile: bool = True, raw_sums: bool = True) -> None:
+                         sparse_in_tile: bool = True, raw_sums: bool = True, winner_logit: bool = False) -> None:
     """The sampling pass over fp32 ``logits`` [B, n] (column 0 = weight row tiles[0] * block_v):
     candidates of vocabulary tiles [tiles[0], tiles[1]) into block ``shard`` of ``dest``.
     sparse_in_tile=False: the logits already hold the call's bias and penalties
-    (``apply_entries``); the tiles apply only its bitmask."""
+    (``apply_entries``); the tiles apply only its bitmask. The winner's logit (field 1) is written
+    with ``logprobs`` or ``winner_logit``, as launch_fused's."""
     B = logits.shape[0]
     if B == 0 or tiles[1] <= tiles[0]:
         return
@@ -247,7 +248,7 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
         PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1,
         FAST_LOG=fast_log_ok(logits.device),
         DEVICE_PARITY=par_on, HEADER=layout.checked, EXTENDED=extended, KEEP=KEEP, XFP_PER_ROW=xfp_row,
-        WINNER_LOGIT=logprobs, RAW_SUM=raw_sums, **proc_flags, num_warps=num_warps,
+        WINNER_LOGIT=logprobs or winner_logit, RAW_SUM=raw_sums, **proc_flags, num_warps=num_warps,
     )
 
 
@@ -263,7 +264,8 @@ def chunk_logits(hidden: torch.Tensor, weight_rows: torch.Tensor, out: torch.Ten
 def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
                    layout: CandidateLayout, dest: BufferPair, *, vocab_size: int, vocab_start: int = 0,
                    shard: int = 0, logprobs: bool = False, chunk_rows: Optional[int] = None,
-                   extended: Optional[bool] = None, flags: Optional[int] = None, raw_sums: bool = True) -> None:
+                   extended: Optional[bool] = None, flags: Optional[int] = None, raw_sums: bool = True,
+                   winner_logit: bool = False) -> None:
     """Stage 1 for large batches: cuBLAS writes fp32 logits per vocabulary chunk, then
     sample_logits_kernel turns them into candidates.
 
@@ -287,4 +289,5 @@ def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams
         launch_sample_logits(logits, params, layout, dest, block_v=cfg.block_v,
                              tiles=(r0 // cfg.block_v, triton.cdiv(r1, cfg.block_v)), V_rows=V_rows,
                              vocab_size=vocab_size, vocab_start=vocab_start, shard=shard, logprobs=logprobs,
-                             extended=extended, flags=flags, sparse_in_tile=False, raw_sums=raw_sums)
+                             extended=extended, flags=flags, sparse_in_tile=False, raw_sums=raw_sums,
+                             winner_logit=winner_logit)

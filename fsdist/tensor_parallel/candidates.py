@@ -97,7 +97,8 @@ class CandidatesReduction(Reduction):
     def _sample(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, opts: CallOptions, step: int):
         B = hidden.shape[0]
         plan = self.plan(B, hidden.shape[1], opts.logprobs, opts.path, n_shards=self.tp, n_fields=N_FIELDS,
-                         checked=True, extended=opts.extended, dtype=hidden.dtype, raw_sums=opts.raw_sums)
+                         checked=True, extended=opts.extended, dtype=hidden.dtype, raw_sums=opts.raw_sums,
+                         winner_logits=opts.winner_logits)
         bufs, part = self.buffers, self.partition
         self.seam.call("before_stage1", step)
         launch_stage1(plan, hidden, weight, params, bufs.dest, vocab_size=part.vocab_size,
@@ -116,7 +117,7 @@ class CandidatesReduction(Reduction):
             fallback = launch_select_filtered(plan.layout, bufs.src, B, params, vocab_size=part.vocab_size,
                                               tokens=tokens, logprobs=lp, top_n=opts.top_n, mode=opts.mode,
                                               top_ids=top_ids, top_lp=top_lp, tile_v=kept.tile_v,
-                                              need_key=kept.need_key)
+                                              need_key=kept.need_key, winners=plan.winner_logits)
             self._fallback(hidden, weight, params, opts, fallback, kept, tokens, lp, top_ids, top_lp)
         return tokens, lp, lse, top_ids, top_lp, fallback
 

@@ -114,7 +114,8 @@ def prepare_call(head, hidden, temperature, seed, offset, return_logprobs, weigh
         wants_logprobs=bool(return_logprobs or top_logprobs), logprobs_mode=logprobs_mode, check=check)
     if path is not None and path not in STAGE1_PATHS:
         raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
-    opts = CallOptions(bool(return_logprobs), path, params.filtered(head.vocab_size), top_logprobs, logprobs_mode)
+    opts = CallOptions(bool(return_logprobs), path, params.filtered(head.vocab_size), top_logprobs, logprobs_mode,
+                       params.may_min_p)
     if opts.extended and head.reduction != "candidates":
         raise ValueError(f"top_k / top_p / min_p, top_logprobs and logprobs_mode='raw' need "
                          f"reduction='candidates' (this head uses {head.reduction!r}, which exchanges one "

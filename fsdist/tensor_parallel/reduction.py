@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..ops.plan import SamplePlan, plan_sample, raw_sums_needed
+from ..ops.plan import SamplePlan, plan_sample, raw_sums_needed, winner_logits_needed
 from ..ops.step_check import HeaderCheck, call_flags, launch_end_step, launch_step_record, launch_verify_step
 from ..params import LOGPROBS_MODES, RowParams
 from .health import StepMonitor
@@ -41,6 +41,12 @@ class CallOptions:
     filtered: bool = False  # some row may have a filter on
     top_n: int = 0
     mode: str = "scaled"
+    min_p: bool = False  # some row may have min-p on
+
+    @property
+    def winner_logits(self) -> bool:
+        """Stage 1 writes the tile winners' logits for select_filtered's min-p proof."""
+        return winner_logits_needed(self.filtered, self.min_p)
 
     @property
     def raw(self) -> bool:
@@ -111,12 +117,13 @@ class Reduction:
     # ---- shared ----------------------------------------------------------------------
     def plan(self, batch: int, hidden_size: int, logprobs: bool, path: Optional[str], n_shards: int,
              n_fields: Optional[int] = None, checked: bool = False, extended: bool = False,
-             dtype: Optional[torch.dtype] = None, raw_sums: bool = True) -> SamplePlan:
+             dtype: Optional[torch.dtype] = None, raw_sums: bool = True,
+             winner_logits: bool = False) -> SamplePlan:
         """Stage 1 of this rank's shard, into a buffer of the current capacity with n_shards blocks."""
         return plan_sample(batch=batch, hidden_size=hidden_size, weight_rows=self.partition.rows, device=self.device,
                            logprobs=logprobs, path=path, block_v=self.block_v, n_shards=n_shards,
                            batch_cap=self.capacity, n_fields=n_fields, checked=checked, extended=extended,
-                           dtype=dtype, raw_sums=raw_sums)
+                           dtype=dtype, raw_sums=raw_sums, winner_logits=winner_logits)
 
     def header_check(self) -> HeaderCheck:
         return HeaderCheck(self.rank, self.monitor.status)

@@ -392,7 +392,7 @@ def _fields_as_the_triton_tile(h, w, params, layout, vocab_size, vocab_start, ws
 
 @hopper
 @pytest.mark.parametrize("kind", ["rows", "scalar", "greedy"])
-@pytest.mark.parametrize("case", ["logprobs", "extended", "extended_lean"])
+@pytest.mark.parametrize("case", ["logprobs", "extended", "extended_lean", "extended_winners"])
 @pytest.mark.parametrize("vocab_start", [0, 5120])  # 5120: a tensor-parallel shard (group-log-mass head)
 def test_64_row_tile_writes_the_triton_kernels_fields(kind, case, vocab_start, ws_calls):
     """On 64-row tiles the warp-specialised kernel also writes the logprob fields (the winner's logit, the
@@ -401,7 +401,8 @@ def test_64_row_tile_writes_the_triton_kernels_fields(kind, case, vocab_start, w
     column halves' partial sums (a few ulp). Ragged batch (B = 100: two tiles, the second part empty), a tie
     across the column halves as every row's tile maximum (ids 3 and 70), one inside a half (130, 131), a
     tile of -inf logits for every row (tile 2), a last tile with two valid ids and a padding id whose logit
-    is the largest of its tile, bad-temperature rows."""
+    is the largest of its tile, bad-temperature rows. ("extended_winners": kept logits and the winners'
+    logits without logprobs, as a min-p call writes them for select_filtered.)"""
     B, D, V = 100, 256, 3000
     vocab_size = vocab_start + 2946  # the last tile (local ids 2944-2999) has two valid ids
     h, w = _operands(B, D, V, torch.bfloat16, 77)
@@ -418,7 +419,10 @@ def test_64_row_tile_writes_the_triton_kernels_fields(kind, case, vocab_start, w
     layout = CandidateLayout(CandidateLayout.fields(True, extended), triton.cdiv(V, 128), B,
                              n_ifields=1 + KEEP if extended else 1)
     fw, iw = _fields_as_the_triton_tile(h, w, params, layout, vocab_size, vocab_start, ws_calls,
-                                        logprobs=case == "logprobs", extended=extended, raw_sums=case == "extended")
+                                        logprobs=case == "logprobs", extended=extended, raw_sums=case == "extended",
+                                        winner_logit=case == "extended_winners")
+    if case == "extended_winners" and kind != "greedy":
+        assert not torch.equal(fw[1], fw[0]), "field 1 must hold the winners' logits, not their scores"
     if extended:
         kept = iw[1:] - vocab_start
         assert ((kept[0, 0] == 3) & (kept[1, 0] == 70)).all(), "the tie across the halves: lower id first"

@@ -109,11 +109,12 @@ CASES = {
                    minp_ptr="*fp32", minp_val="fp32", vocab_size="i32", tokens_ptr="*i64", logprob_ptr="*fp32",
                    top_ids_ptr="*i64", top_lp_ptr="*fp32", fallback_ptr="*i1", need_key_ptr="*i64",
                    scratch_f="*fp32", scratch_i="*i32", searched_ptr="*i32", small_f="*fp32", small_i="*i32",
-                   drew_ptr="*i32", **ROW_PARAMS, **PARITY),
+                   drew_ptr="*i32", won_ptr="*i32", **ROW_PARAMS, **PARITY),
         constexprs=dict(SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True, TOPK_PER_ROW=True,
                         TOPP_PER_ROW=True, MINP_PER_ROW=False, BLOCK_R=1, BLOCK_U=8192, KEEP=4, TOP_N=5,
                         TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True, PACK=True, CAP=2048,
-                        SEARCHED=True, TILE_V=128, REFINE_CAP=4096, SMALL_CAP=128, DREW=True, SMALL_CHUNK=32),
+                        SEARCHED=True, TILE_V=128, REFINE_CAP=4096, SMALL_CAP=128, DREW=True, SMALL_CHUNK=32,
+                        WINNERS=False, WINNERS_UNCHECKED=False, WON=False),
         num_warps=16),
     "entry_offsets": dict(
         module="fsdist.ops.entry_offsets", kernel="entry_offsets_kernel",
@@ -157,7 +158,8 @@ CASES = {
                    pen_stride="i32", bad_ptr="*i8", B="i32", vocab_size="i32", temp_ptr="*fp32", temp_val="fp32",
                    temp_out_ptr="*fp32"),
         constexprs=dict(HAS_BIAS=True, HAS_OUT=True, HAS_PROMPT=True, REP_PER_ROW=True, FREQ_PER_ROW=True,
-                        PRES_PER_ROW=False, BLOCK_R=1, S_POW2=2048, SORT=True, TEMP_OUT=True, TEMP_PER_ROW=True),
+                        PRES_PER_ROW=False, BLOCK_R=1, S_POW2=2048, SORT=True, TEMP_OUT=True, TEMP_PER_ROW=True,
+                        KEY32=False),
         num_warps=8),
     "apply_entries": dict(
         module="fsdist.ops.apply_entries", kernel="apply_entries_kernel",
@@ -178,6 +180,14 @@ CASES = {
 # select_filtered's other branch alone: the search over all kept logits (no packing, no instrumentation).
 CASES["select_filtered_full_search"] = dict(
     CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], PACK=False, CAP=1, SEARCHED=False))
+# The preparation's sort on 32-bit keys, 16 warps (the default for ~1,000 entries a row).
+CASES["prepare_processors_key32"] = dict(
+    CASES["prepare_processors"], constexprs=dict(CASES["prepare_processors"]["constexprs"], S_POW2=1024, KEY32=True),
+    num_warps=16)
+# ... and the min-p proof from the tiles' winners ("scaled" logprobs: "processed" turns it off), instrumented.
+CASES["select_filtered_winners"] = dict(
+    CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], MODE=0, MINP_PER_ROW=True,
+                                              WINNERS=True, WON=True))
 
 
 @pytest.fixture(scope="module")
