@@ -69,7 +69,7 @@ def prepare_processors_kernel(
     HAS_BIAS: tl.constexpr, HAS_OUT: tl.constexpr, HAS_PROMPT: tl.constexpr,
     REP_PER_ROW: tl.constexpr, FREQ_PER_ROW: tl.constexpr, PRES_PER_ROW: tl.constexpr,
     BLOCK_R: tl.constexpr, S_POW2: tl.constexpr, SORT: tl.constexpr,
-    TEMP_OUT: tl.constexpr = False, TEMP_PER_ROW: tl.constexpr = False,
+    TEMP_OUT: tl.constexpr = False, TEMP_PER_ROW: tl.constexpr = False, KEY32: tl.constexpr = False,
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     live = rows < B
@@ -98,7 +98,15 @@ def prepare_processors_kernel(
     bad = (tl.max((out_of_range | val_bad).to(tl.int32), axis=1) > 0) | pen_bad
     use = (ids >= 0) & ~out_of_range & (in_b | (in_o & out_used[:, None]) | (in_p & prompt_used[:, None]))
     entry = tl.where(use, ids * 4 + kind, _SENTINEL)
-    if SORT:
+    if SORT and KEY32:
+        # (entry, slot) in one int32 where it fits (4 x vocab_size x S_POW2 <= 2**31, checked by the
+        # launcher): half the registers and shuffles of the int64 key in every stage of the sort.
+        # Every SENTINEL entry becomes the largest key; their slots are never read.
+        key = tl.where(use, ids * (4 * S_POW2) + kind * S_POW2 + slot[None, :], 2147483647).to(tl.int32)
+        key = tl.sort(key, dim=1)
+        sorted_entry = tl.where(key == 2147483647, _SENTINEL, key // S_POW2)
+        src = key % S_POW2
+    elif SORT:
         key = tl.sort((entry << 32) | slot[None, :].to(tl.int64), dim=1)
         sorted_entry = (key >> 32).to(tl.int32)
         src = (key & 0xFFFFFFFF).to(tl.int32)  # the slot each sorted entry came from
@@ -125,6 +133,19 @@ def prepare_processors_kernel(
         tl.store(temp_out_ptr + rows, tl.where(bad, float("nan"), t), mask=live)
 
 
+def key32_fits(vocab_size: int, s_pow2: int) -> bool:
+    """Whether (entry, slot) fits one non-negative int32 sort key: entries are below 4 x vocab_size and
+    slots below s_pow2 (e.g. V = 151936 with up to 2,048 slots a row)."""
+    return 4 * vocab_size * s_pow2 <= 2**31
+
+
+def prepare_warps(s_pow2: int) -> int:
+    """Warps of the preparation kernel for rows of s_pow2 slots: ~64 slots a warp, 4 to 16. The
+    bitonic sort is latency-bound, one row a program: more warps, fewer dependent steps each
+    (sm_90 PTX of a 1,024-slot int32 sort: 392 shuffles a thread on 4 warps, 108 on 16)."""
+    return min(16, max(4, s_pow2 // 64))
+
+
 def _param(x, dummy):
     """(pointer, value, per_row) of a penalty: a [B] tensor or a Python number."""
     if isinstance(x, torch.Tensor):
@@ -134,7 +155,8 @@ def _param(x, dummy):
 
 def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_ids=None, bias_values=None,
                    output_ids=None, prompt_ids=None, repetition=1.0, frequency=0.0, presence=0.0,
-                   penalties: bool = False, sort=None, temperature=None, temperature_out=None):
+                   penalties: bool = False, sort=None, temperature=None, temperature_out=None,
+                   key32=None, num_warps=None):
     """(entries int32 [B, S], values fp32 [B, S], penalties fp32 [3, B], bad bool [B]).
 
     bias_ids / output_ids / prompt_ids: int64 [B, *] or None (shapes, dtypes and devices
@@ -144,7 +166,9 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     default on a GPU where ``rank_sort_pays``), "bitonic" (inside this kernel; the default
     otherwise on a GPU) or "torch" (after it; the default under the interpreter). All three
     give the same result. temperature_out (fp32 [B]): receives ``temperature`` (a float or a [B]
-    tensor) with the bad rows' set to NaN.
+    tensor) with the bad rows' set to NaN. key32 / num_warps (benchmarks, tests): the bitonic sort's
+    key width (default: 32 bits where (entry, slot) fits, see ``key32_fits``) and the kernel's warps
+    (default ``prepare_warps``).
     """
     tables = [t for t in (bias_ids, output_ids, prompt_ids) if t is not None]
     S = sum(t.shape[1] for t in tables)
@@ -181,6 +205,11 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     # xor-reductions element by element, seconds per call). tests/ops/test_prepare_processors.py
     # checks that the three sorts agree.
     block_r = 1 if on_gpu or sort == "bitonic" else max(1, min(triton.next_power_of_2(batch), 8192 // s_pow2))
+    fits = key32_fits(vocab_size, s_pow2)
+    key32 = fits if key32 is None else bool(key32)
+    if key32 and not fits:
+        raise ValueError(f"32-bit sort keys do not fit rows of {s_pow2} slots at vocab_size {vocab_size}")
+    num_warps = prepare_warps(s_pow2) if num_warps is None else int(num_warps)
     prepare_processors_kernel[(triton.cdiv(batch, block_r),)](
         bi, bi_s, bv, bv_s, K, oi, oi_s, L, pi, pi_s, P,
         rep[0], rep[1], freq[0], freq[1], pres[0], pres[1],
@@ -189,7 +218,7 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
         TEMP_OUT=temperature_out is not None, TEMP_PER_ROW=temp[2],
         HAS_BIAS=bias_ids is not None, HAS_OUT=output_ids is not None, HAS_PROMPT=prompt_ids is not None,
         REP_PER_ROW=rep[2], FREQ_PER_ROW=freq[2], PRES_PER_ROW=pres[2], BLOCK_R=block_r, S_POW2=s_pow2,
-        SORT=sort == "bitonic", num_warps=4 if s_pow2 <= 1024 else 8)
+        SORT=sort == "bitonic", KEY32=key32, num_warps=num_warps)
     if sort == "rank":
         entries, values = launch_sort_entries(entries, values)
     elif sort == "torch":
@@ -198,4 +227,4 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     return entries, values, pen, bad.view(torch.bool)  # 0 / 1 bytes: a view, not a conversion launch
 
 
-__all__ = ["SENTINEL", "launch_prepare", "prepare_processors_kernel"]
+__all__ = ["SENTINEL", "key32_fits", "launch_prepare", "prepare_processors_kernel", "prepare_warps"]

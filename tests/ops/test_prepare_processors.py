@@ -15,7 +15,7 @@ import torch
 import fsdist
 import fsdist.params
 import fsdist.processing
-from fsdist.ops.prepare_processors import SENTINEL, launch_prepare
+from fsdist.ops.prepare_processors import SENTINEL, key32_fits, launch_prepare, prepare_warps
 from fsdist.ops.sort_entries import RANK_SORT_MAX, launch_sort_entries, rank_sort_pays
 
 
@@ -57,13 +57,16 @@ def inputs(B, V, seed):
     return ids, vals, out, prompt, rep, freq, pres
 
 
-@pytest.mark.parametrize("sort", ["torch", "bitonic", "rank"])
+@pytest.mark.parametrize("sort", ["torch", "bitonic", "bitonic64", "rank"])
 def test_entries_values_penalties_and_bad_rows(device, sort):
-    B, V = (6 if sort == "bitonic" and device.type == "cpu" else 40), 500
+    """("bitonic": 32-bit (entry, slot) keys, which fit here; "bitonic64": the 64-bit ones.)"""
+    B, V = (6 if sort.startswith("bitonic") and device.type == "cpu" else 40), 500
     ids, vals, out, prompt, rep, freq, pres = inputs(B, V, seed=B)
     d = lambda t: t.to(device)  # noqa: E731
+    key32 = {"bitonic": True, "bitonic64": False}.get(sort)
     got = launch_prepare(B, V, device, bias_ids=d(ids), bias_values=d(vals), output_ids=d(out), prompt_ids=d(prompt),
-                         repetition=d(rep), frequency=d(freq), presence=d(pres), penalties=True, sort=sort)
+                         repetition=d(rep), frequency=d(freq), presence=d(pres), penalties=True,
+                         sort=sort[:7] if key32 is not None else sort, key32=key32)
     entries, values, pen, bad = (t.cpu() for t in got)
     want_e, want_v, want_bad = expected(ids, vals, out, prompt, rep, freq, pres, V)
     assert torch.equal(bad, want_bad)
@@ -141,3 +144,14 @@ def test_rank_sort_refuses_rows_it_is_not_for():
     with pytest.raises(ValueError, match="sort must be"):
         launch_prepare(1, 10, torch.device("cpu"), bias_ids=torch.zeros(1, 2, dtype=torch.int64),
                        bias_values=torch.zeros(1, 2), sort="quick")
+
+
+def test_32_bit_keys_only_where_they_fit():
+    """(entry, slot) fits an int32 for 4 x vocab_size x slots <= 2**31 (V = 151936: up to 2,048 slots);
+    asking for 32-bit keys past that is refused, not wrapped."""
+    assert key32_fits(151936, 2048) and not key32_fits(151936, 4096) and key32_fits(2**29 - 1, 1)
+    ids = torch.zeros(1, 3000, dtype=torch.int64)
+    with pytest.raises(ValueError, match="32-bit sort keys"):
+        launch_prepare(1, 151936, torch.device("cpu"), bias_ids=ids, bias_values=torch.zeros(1, 3000),
+                       sort="bitonic", key32=True)
+    assert prepare_warps(16) == 4 and prepare_warps(1024) == 16 and prepare_warps(4096) == 16
