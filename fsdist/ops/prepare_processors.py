@@ -140,10 +140,12 @@ def key32_fits(vocab_size: int, s_pow2: int) -> bool:
 
 
 def prepare_warps(s_pow2: int) -> int:
-    """Warps of the preparation kernel for rows of s_pow2 slots: ~64 slots a warp, 4 to 16. The
-    bitonic sort is latency-bound, one row a program: more warps, fewer dependent steps each
-    (sm_90 PTX of a 1,024-slot int32 sort: 392 shuffles a thread on 4 warps, 108 on 16)."""
-    return min(16, max(4, s_pow2 // 64))
+    """Warps of the preparation kernel for rows of s_pow2 slots: 4 up to 1,024 slots, 8 above (the
+    measured configuration, v26e). The bitonic sort is latency-bound, one row a program, and more
+    warps mean fewer dependent steps each (sm_90 PTX of a 1,024-slot int32 sort: 392 shuffles a thread
+    on 4 warps, 108 on 16, but 41 barriers instead of 26): 16 warps are predicted faster
+    (docs/performance.md, v27) and not measured yet, so bench/prepare_probe.py times both first."""
+    return 4 if s_pow2 <= 1024 else 8
 
 
 def _param(x, dummy):

@@ -180,7 +180,7 @@ CASES = {
 # select_filtered's other branch alone: the search over all kept logits (no packing, no instrumentation).
 CASES["select_filtered_full_search"] = dict(
     CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], PACK=False, CAP=1, SEARCHED=False))
-# The preparation's sort on 32-bit keys, 16 warps (the default for ~1,000 entries a row).
+# The preparation's sort on 32-bit keys (the default where they fit), on 16 warps (bench/prepare_probe.py's candidate).
 CASES["prepare_processors_key32"] = dict(
     CASES["prepare_processors"], constexprs=dict(CASES["prepare_processors"]["constexprs"], S_POW2=1024, KEY32=True),
     num_warps=16)

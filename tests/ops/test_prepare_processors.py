@@ -154,4 +154,4 @@ def test_32_bit_keys_only_where_they_fit():
     with pytest.raises(ValueError, match="32-bit sort keys"):
         launch_prepare(1, 151936, torch.device("cpu"), bias_ids=ids, bias_values=torch.zeros(1, 3000),
                        sort="bitonic", key32=True)
-    assert prepare_warps(16) == 4 and prepare_warps(1024) == 16 and prepare_warps(4096) == 16
+    assert prepare_warps(16) == 4 and prepare_warps(1024) == 4 and prepare_warps(4096) == 8
