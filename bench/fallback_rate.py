@@ -5,8 +5,10 @@ With top-k / top-p / min-p, fsdist finishes a row from the logits stage 1 kept (
 largest of every (row, 128-id tile)) when they prove its filtered set; other rows go to the
 exact fallback (a second pass over the weight for those rows; ``SampleOutput.fallback``).
 Whether a row falls back depends only on its logits, temperature and filters, not on the
-noise, the batch size or the stage-1 path. This script measures the fraction that does, per
-(row-entropy bucket, filter), on a stated family of distributions.
+batch size or the stage-1 path, and not on the noise except for min-p-only rows, which the tiles'
+winners may finish (select_filtered's min-p proof; bench/minp_winner_rate.py measures it on the
+kernel bench's rows). This script measures the fraction that does, per (row-entropy bucket,
+filter), on a stated family of distributions.
 
 The family (exactly):
 
