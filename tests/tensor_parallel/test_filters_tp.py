@@ -83,3 +83,33 @@ def test_a_rank_with_another_filter_is_caught(dist_ctx, transport):
         top_p[2] = 0.8
     everyone = mismatch_outcomes(head, lambda: head(h, seed=torch.arange(6, device=dev), top_p=top_p))
     assert all(o is True for o in everyone), everyone
+
+
+@mpi
+@pytest.mark.parametrize("transport", ALL_TRANSPORTS)
+def test_min_p_rows_finished_from_the_winners_as_on_one_device(dist_ctx, transport, monkeypatch):
+    """select_filtered's min-p proof from the tiles' winners on the head: flat min-p-only rows that the
+    kept logits cannot prove are finished from the winners of every rank's tiles (fewer fallback rows
+    than with the proof off), with fsdist.sample's tokens and logprobs on the full weight."""
+    import fsdist.ops.select_filtered as sf
+    import fsdist.tensor_parallel.candidates as cand
+
+    dev = dist_ctx.device
+    W, h = problem(V, D, B, torch.float32, seed=52, scale=1.0, device=dev)
+    head = loaded_head(dist_ctx, W, transport, max_batch_size=B)
+    g = torch.Generator().manual_seed(3)
+    kw = dict(temperature=(torch.rand(B, generator=g) * 0.5 + 0.75).to(dev), min_p=0.05,
+              seed=torch.arange(B, device=dev) * 17 + 2, offset=6, return_logprobs=True)
+    out = head(h, **kw)
+    real = sf.launch_select_filtered
+    monkeypatch.setattr(cand, "launch_select_filtered", lambda *a, **k: real(*a, **{**k, "winners": False}))
+    before = head(h, **kw)
+    head.close()
+    ref = fsdist.sample(h, W, vocab_size=V, **kw)
+    ok = torch.equal(out.tokens, ref.tokens) and torch.equal(before.tokens, ref.tokens)
+    lp_err = float((out.logprobs - ref.logprobs).abs().max())
+    everyone = gather_objects((ok, lp_err, int(out.fallback.sum()), int(before.fallback.sum())))
+    assert all(o[0] and o[1] < 1e-4 for o in everyone), everyone
+    assert_same_on_all_ranks(out)
+    n_after, n_before = everyone[0][2], everyone[0][3]
+    assert n_before >= B // 2 and n_after < n_before, (n_after, n_before)
