@@ -420,9 +420,8 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same
     candidates: each row's products and their order do not depend on it). logprobs / extended /
     raw_sums / winner_logit as launch_fused's (64-row tiles only): the winner's logit with logprobs or
-    winner_logit, the tile's
-    (max, sum) with either, the kept logits, their ids and the boundary with extended, the raw sums
-    unless raw_sums is False. The sums add the two column halves' partial sums, so they may differ
+    winner_logit, the tile's (max, sum) with logprobs or extended, the kept logits, their ids and the
+    boundary with extended, the raw sums unless raw_sums is False. The sums add the two column halves' partial sums, so they may differ
     from the Triton kernel's in the last bits; every other field is the same bit for bit.
     params.processing: the logits are processed as the Triton kernel's (ws_supported sends processors to
     64-row tiles only; on 128-row tiles the epilogue spills registers, for benchmarks)."""
