@@ -535,7 +535,6 @@ def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, fl
     device = src.device
     on_gpu = device.type == "cuda"
     args, pflags = _params_args(params, kept.need_key)
-    block_r = 1 if on_gpu else pool.rows  # GPU: a pooled row per program; interpreter: all of them
     buf_args, par_on = kept.buffer_args()
     # per pooled row: the gathered logits (fp32 values, int32 ids) and the list of recomputed tiles
     # Lanes per gathered row: REFINE_CAP, or fewer where every tile and all of U fit in fewer (a
@@ -548,6 +547,11 @@ def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, fl
     # At least 512 lanes: Triton 3.6 fails to compile this kernel for sm_90 with 16 warps over
     # [1, 64] kept-logit tensors (TritonGPURemoveLayoutConversions); the extra lanes are masked.
     block_u = max(512, triton.next_power_of_2(kept.layout.n_slots * KEEP))
+    block = 8192 if on_gpu else 1024
+    # GPU: a pooled row per program. Interpreter: as many as fit Triton's 2**20-element tensors
+    # ([rows, lanes] with the widest of U's lanes, the gathered logits and a pass's step): all 256
+    # pooled rows up to ~1,000 tiles, fewer past that (V = 151936 in 128-id tiles: 128 a program).
+    block_r = 1 if on_gpu else min(pool.rows, max(1, 2**20 // max(block_u, rcap, block)))
     # A whole-row pass over the pool is latency-bound (one program per row): 8,192 logits per
     # step halves the steps of 4,096 (no spills at 16 warps, sm_90).
     resolve_kernel[(triton.cdiv(pool.rows, block_r),)](
@@ -555,7 +559,7 @@ def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, fl
         tokens, logprobs if logprobs is not None else tokens,
         top_ids if top_ids is not None else tokens, top_lp if top_lp is not None else tokens,
         *buf_args, scratch_f, scratch_i, scratch_t,
-        **pflags, BLOCK=8192 if on_gpu else 1024, TOP_N=top_n, TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)),
+        **pflags, BLOCK=block, TOP_N=top_n, TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)),
         MODE=LOGPROBS_MODES.index(mode), LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device),
         POOL=pool.rows, BLOCK_R=block_r, KEEP=KEEP, BLOCK_U=block_u,
         TILE_V=kept.tile_v, RCAP=rcap, DEVICE_PARITY=par_on, SCAN=SCAN, num_warps=16 if on_gpu else 4)

@@ -157,3 +157,53 @@ def test_only_the_needed_tiles_are_recomputed(device, programs):
     ref = (h.double() @ w.double().T).cpu()[listed].view(n, lay.n_local, TILE)
     got = dest.view(rows, V)[:n].cpu().view(n, lay.n_local, TILE)
     torch.testing.assert_close(got[written].double(), ref[written], atol=1e-3, rtol=1e-3)
+
+
+def _extended_fields(logits, layout, buffers):
+    """Write the extended candidate fields select_filtered and resolve read (tile max and scaled sum at
+    T = 1, the 4 kept logits with their ids, the boundary) straight from known logits [1, V]: what
+    stage 1 writes, without running its epilogue over a thousand tiles under the interpreter."""
+    from fsdist.ops.layout import KEEP
+    n_local = layout.n_local
+    tiles = torch.full((n_local * 128,), float("-inf"))
+    tiles[:logits.shape[1]] = logits[0]
+    tiles = tiles.view(n_local, 128)
+    top = tiles.topk(KEEP + 1, dim=1)
+    tmax = top.values[:, 0]
+    f = buffers.f.view(layout.n_fields, n_local)
+    f.fill_(float("nan"))
+    f[2] = tmax
+    f[3] = torch.exp(tiles - tmax[:, None]).sum(dim=1)
+    f[5:5 + KEEP] = top.values[:, :KEEP].T
+    f[F_BOUNDARY] = top.values[:, KEEP]
+    i = buffers.i.view(-1)[: layout.n_ifields * n_local].view(layout.n_ifields, n_local)
+    i[1:1 + KEEP] = (top.indices[:, :KEEP] + torch.arange(n_local)[:, None] * 128).T.int()
+
+
+def test_resolve_at_a_real_vocabulary_size_under_the_interpreter():
+    """V = 133000 in 128-id tiles (1,040 tiles: 8,192 lanes of kept logits): the interpreter's resolve
+    once put all 256 pooled rows in one program, a [256, 8192] tensor over Triton's 2**20 elements
+    (InterpreterError). A min-p row whose survivors crowd one tile, finished from that tile: the
+    float64 mirror's token."""
+    from filter_mirror import filtered_mirror
+    from fsdist.ops.fallback import launch_resolve
+    from fsdist.ops.layout import KEEP, CandidateLayout
+
+    Vbig = 133000
+    logits = torch.full((1, Vbig), -10.0)
+    logits[0, 1000:1006] = 0.0  # six survivors of min-p 0.5 in tile 7: U keeps four of them
+    params = RowParams(1.0, 3, 1, min_p=0.5)
+    layout = CandidateLayout(CandidateLayout.fields(True, extended=True), -(-Vbig // 128), 1, n_ifields=1 + KEEP)
+    buffers = BufferPair.alloc(layout, logits.device)
+    _extended_fields(logits, layout, buffers)
+    tokens = torch.zeros(1, dtype=torch.int64)  # stage 2 found a valid token (the row is not dead)
+    kept = KeptLogits(layout, buffers, 128, torch.empty(1, dtype=torch.int64))
+    flags = sf.launch_select_filtered(layout, buffers, 1, params, vocab_size=Vbig, tokens=tokens, tile_v=128,
+                                      need_key=kept.need_key)
+    assert bool(flags[0]) and int(kept.need_key[0]) > 0, "meant to take the refined fallback"
+    pool = PoolLayout(POOL_ROWS_INTERPRETER, Vbig)
+    buf = torch.full((pool.numel,), float("nan"))
+    buf[:Vbig] = logits[0]  # pooled row 0: what materialize recomputes
+    launch_resolve(pool, buf, params, flags=flags, start=0, vocab_size=Vbig, tokens=tokens, kept=kept)
+    ref, _margin, _ = filtered_mirror(torch.ones(1, 1), logits.t().contiguous(), seed=3, offset=1, min_p=0.5)
+    assert int(tokens[0]) == int(ref[0]) and 1000 <= int(tokens[0]) < 1006
