@@ -7,6 +7,9 @@ than their whole recomputed row; then whole calls are timed as CUDA-graph replay
 flushed, medians) three ways side by side: the plain call (no filter), the filtered call as
 shipped, and the filtered call with REFINE_CAP = 0 (every fallback row recomputed whole: the
 fallback before docs/performance.md's v20). Tokens of the two filtered graphs must be equal.
+Since v28 most min-p rows that the kept logits cannot prove are finished from the tiles' winners
+instead of the fallback, so the min-p cases fall back far less often than the filters alone
+suggest (bench/minp_winner_rate.py measures by how much).
 
     python3 bench/fallback_probe.py [--shape 4096x151936] [--batches 1,16,64] [--cases ...]
 
