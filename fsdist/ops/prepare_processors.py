@@ -209,7 +209,7 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     block_r = 1 if on_gpu or sort == "bitonic" else max(1, min(triton.next_power_of_2(batch), 8192 // s_pow2))
     fits = key32_fits(vocab_size, s_pow2)
     key32 = fits if key32 is None else bool(key32)
-    if key32 and not fits:
+    if key32 and not fits and sort == "bitonic":  # (only the in-kernel sort uses the key)
         raise ValueError(f"32-bit sort keys do not fit rows of {s_pow2} slots at vocab_size {vocab_size}")
     num_warps = prepare_warps(s_pow2) if num_warps is None else int(num_warps)
     prepare_processors_kernel[(triton.cdiv(batch, block_r),)](
@@ -220,7 +220,7 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
         TEMP_OUT=temperature_out is not None, TEMP_PER_ROW=temp[2],
         HAS_BIAS=bias_ids is not None, HAS_OUT=output_ids is not None, HAS_PROMPT=prompt_ids is not None,
         REP_PER_ROW=rep[2], FREQ_PER_ROW=freq[2], PRES_PER_ROW=pres[2], BLOCK_R=block_r, S_POW2=s_pow2,
-        SORT=sort == "bitonic", KEY32=key32, num_warps=num_warps)
+        SORT=sort == "bitonic", KEY32=key32 and fits, num_warps=num_warps)
     if sort == "rank":
         entries, values = launch_sort_entries(entries, values)
     elif sort == "torch":

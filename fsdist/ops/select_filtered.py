@@ -77,8 +77,9 @@ bound, it is the argmax over the survivors, with the lowest id among equal score
 path: the row is proven with its token (``winner_draw``). Otherwise it goes to the fallback as
 before. On the kernel bench's flat rows (a tile with five or more of ~150 survivors) this
 proves all but ~1 in 20 of the rows U alone could not (a torch model of the rule: 0.90% of
-rows flagged before, 0.05% after). "Processed" logprobs and top-N need the survivors' mass, so
-calls asking for them skip it.
+rows flagged before, 0.05% after). "Processed" logprobs (of the token or the top N) need the
+survivors' mass, so calls asking for them skip it; a row whose token the winners prove but whose
+top-N U cannot still goes to the fallback, which redoes both.
 
 Top-N logprobs: the N largest logits (lower id first among equal ones) are read off U
 when the N-th one lies above B; logprobs in the requested mode: "scaled"
@@ -642,6 +643,8 @@ def select_filtered_kernel(
                 SMALL_CHUNK)
         if DREW:  # instrumentation: 1 where top-p and the draw ran over the packed survivors
             tl.store(drew_ptr + rows, tl.where(drew_small, 1, 0), mask=mask_r)
+        # the winners carry no survivor mass: "processed" values are never asked of them (the launcher)
+        tl.static_assert(not (WINNERS and MODE == 2 and (LOGPROBS or TOP_N > 0)))
         if WINNERS:
             # Min-p-only rows U could not prove: their threshold is known (the row max fixes it),
             # so the tiles' stage-1 winners may finish them (module docstring).
@@ -662,8 +665,8 @@ def select_filtered_kernel(
                     tl.store(logprob_ptr + rows, lp, mask=won)
                 # a row whose top-N U could not prove still goes to the fallback (it redoes the token)
                 need = need & ~(won & topn_ok)
-                if WON:  # instrumentation: 1 where the winners finished the row
-                    tl.store(won_ptr + rows, tl.where(won, 1, 0), mask=mask_r)
+                if WON:  # instrumentation: 1 where the winners finished the row (its top-N proven too)
+                    tl.store(won_ptr + rows, tl.where(won & topn_ok, 1, 0), mask=mask_r)
         need = need & mask_r
         tl.store(fallback_ptr + rows, need, mask=mask_r)
         if tl.max(need.to(tl.int32), axis=0) > 0:
@@ -704,7 +707,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     ``drew_small``, an int32 [B] tensor, receives 1 where they ran over the packed P (else 0).
     winners: stage 1 wrote each tile winner's logit (field 1; ``plan.winner_logits_needed``), so
     min-p-only rows U cannot prove may be finished from the winners (module docstring); off where
-    "processed" logprobs or top-N are asked (they need the survivors' mass). ``won``, an int32 [B]
+    "processed" logprobs of the token or the top N are asked (they need the survivors' mass). ``won``, an int32 [B]
     tensor, receives 1 where the winners finished a row (else 0); winners_unchecked (tests only:
     the power check) drops the proof's bound.
     """

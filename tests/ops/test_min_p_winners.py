@@ -11,11 +11,16 @@ turned off by calling select_filtered with ``winners=False`` (every unproven row
 """
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import fsdist
 import fsdist.ops.select_filtered as sf
 import fsdist.sampling as sampling
 from fsdist import TileConfig
+from fsdist.ops.epilogue import perturb, row_temperature
+from fsdist.ops.noise import gumbel_from_bits, vocab_bits
+from fsdist.ops.utils import fast_log_ok
 from fsdist.reference import filtered_distribution
 from statcheck import assert_samples_match
 
@@ -64,7 +69,8 @@ def _mixed_params(B, device, seed):
                 top_k=top_k.to(device), seed=torch.arange(B, device=device) * 7919 + 3, offset=5)
 
 
-@pytest.mark.parametrize("path,logprobs", [("fused", False), ("chunked", True)], ids=["fused", "chunked-logprobs"])
+@pytest.mark.parametrize("path,logprobs", [("fused", False), ("chunked", False), ("chunked", True)],
+                         ids=["fused", "chunked", "chunked-logprobs"])
 def test_winners_give_the_fallbacks_tokens(device, monkeypatch, path, logprobs):
     B, V = 48, 4096 - 40  # 32 tiles, the last one part padding
     logits = _flat_rows(B, V, seed=1)
@@ -85,6 +91,78 @@ def test_winners_give_the_fallbacks_tokens(device, monkeypatch, path, logprobs):
     assert not bool(finished[~minp_only].any()), "only min-p-only rows may be finished by the winners"
     if logprobs:
         torch.testing.assert_close(with_w.logprobs, without.logprobs, rtol=0, atol=1e-6)
+
+
+def test_rows_whose_top_n_the_kept_logits_cannot_prove_still_fall_back(device, monkeypatch):
+    """With top-N logprobs ("scaled"), a min-p row whose token the winners prove but whose N largest
+    logits U cannot prove must still go to the fallback (which redoes both): the same tokens, top ids
+    and top logprobs as with the winners off, on rows where exactly that happens."""
+    B, V = 48, 4096 - 40
+    logits = _flat_rows(B, V, seed=1)
+    logits[::2, 384:424] += 2.5  # half the rows: their largest logits crowd tile 3 (top-N unproven)
+    h, w = _head(logits, device)
+    p = _mixed_params(B, device, seed=2)
+    kw = dict(vocab_size=V - 7, config=_cfg(), path="fused", return_logprobs=True, **p)
+    token_only = fsdist.sample(h, w, **kw)
+    with_w = fsdist.sample(h, w, top_logprobs=20, **kw)
+    with monkeypatch.context() as m:
+        _without_winners(m)
+        without = fsdist.sample(h, w, top_logprobs=20, **kw)
+        before = fsdist.sample(h, w, **kw)
+    won_token = before.fallback & ~token_only.fallback  # the winners prove these rows' tokens
+    assert int((won_token & with_w.fallback).sum()) >= 3, "meant to have won tokens with an unproven top-N"
+    assert torch.equal(with_w.tokens, without.tokens)
+    assert torch.equal(with_w.top_ids, without.top_ids)
+    torch.testing.assert_close(with_w.top_logprobs, without.top_logprobs, rtol=0, atol=1e-6)
+    torch.testing.assert_close(with_w.logprobs, without.logprobs, rtol=0, atol=1e-6)
+
+
+def test_stage1_winner_scores_are_the_noise_select_recomputes(device):
+    """The proof compares stage 1's tile scores (field 0) with scores select_filtered recomputes for U's
+    survivors, so the two must be the same bits: for every (row, tile), field 0 must equal
+    ``perturb(field 1, T, Gumbel(seed, offset, winner id))`` computed by the same helpers select
+    uses, on each stage-1 path (on an sm_90 GPU the fused call at B = 64 runs the warp-specialised
+    kernel). Rows with a [B] temperature, one greedy."""
+    from fsdist.ops.layout import BufferPair
+    from fsdist.ops.plan import launch_stage1, plan_sample
+    from fsdist.params import RowParams
+
+    B, V = 64, 2048 - 5
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(B, 64, generator=g).to(device, torch.bfloat16)
+    w = (torch.randn(V, 64, generator=g) * 0.3).to(device, torch.bfloat16)
+    temp = torch.rand(B, generator=g) * 1.5 + 0.2
+    temp[7] = 0.0
+    params = RowParams(temp.to(device), torch.arange(B, device=device) * 5 + 1, torch.full((B,), 9, device=device),
+                       min_p=0.05)
+    for path in ("fused", "chunked"):
+        plan = plan_sample(batch=B, hidden_size=64, weight_rows=V, device=device, path=path, extended=True,
+                           dtype=h.dtype, raw_sums=False, winner_logits=True)
+        bufs = BufferPair.alloc(plan.layout, device)
+        launch_stage1(plan, h, w, params, bufs, vocab_size=V)
+        n = plan.layout.n_local
+        f = bufs.f.view(plan.layout.n_fields, n, B)
+        ids = bufs.i.view(-1)[: n * B].view(n, B)
+        got = torch.empty(n, B, dtype=torch.float32, device=device)
+        _rescore[(1,)](f[1], ids, params.temperature, params.seed, params.offset, got, n * B, B,
+                       BLOCK=triton.next_power_of_2(n * B), FAST_LOG=fast_log_ok(h.device))
+        live = f[0] > float("-inf")
+        assert bool(live.all())
+        assert torch.equal(got[live], f[0][live]), f"{path}: {int((got != f[0]).sum())} scores differ"
+
+
+@triton.jit
+def _rescore(logit_ptr, id_ptr, temp_ptr, seed_ptr, offset_ptr, out_ptr, N, B, BLOCK: tl.constexpr,
+             FAST_LOG: tl.constexpr):
+    k = tl.arange(0, BLOCK)
+    m = k < N
+    row = k % B
+    temp = tl.load(temp_ptr + row, mask=m, other=1.0)
+    _inv_t, noise_scale, _greedy, _bad = row_temperature(temp)
+    bits = vocab_bits(tl.load(seed_ptr + row, mask=m, other=0), tl.load(offset_ptr + row, mask=m, other=0),
+                      tl.load(id_ptr + k, mask=m, other=0))
+    score = perturb(tl.load(logit_ptr + k, mask=m, other=0.0), noise_scale, gumbel_from_bits(bits, FAST_LOG), FAST_LOG)
+    tl.store(out_ptr + k, score, mask=m)
 
 
 def _one_hot_tile_rows(B, V):

@@ -98,16 +98,18 @@ def test_min_p_rows_finished_from_the_winners_as_on_one_device(dist_ctx, transpo
     W, h = problem(V, D, B, torch.float32, seed=52, scale=1.0, device=dev)
     head = loaded_head(dist_ctx, W, transport, max_batch_size=B)
     g = torch.Generator().manual_seed(3)
+    # tokens only (the winners' logits are then written for min-p alone), and with logprobs
     kw = dict(temperature=(torch.rand(B, generator=g) * 0.5 + 0.75).to(dev), min_p=0.05,
-              seed=torch.arange(B, device=dev) * 17 + 2, offset=6, return_logprobs=True)
+              seed=torch.arange(B, device=dev) * 17 + 2, offset=6)
     out = head(h, **kw)
+    out_lp = head(h, return_logprobs=True, **kw)
     real = sf.launch_select_filtered
     monkeypatch.setattr(cand, "launch_select_filtered", lambda *a, **k: real(*a, **{**k, "winners": False}))
     before = head(h, **kw)
     head.close()
-    ref = fsdist.sample(h, W, vocab_size=V, **kw)
-    ok = torch.equal(out.tokens, ref.tokens) and torch.equal(before.tokens, ref.tokens)
-    lp_err = float((out.logprobs - ref.logprobs).abs().max())
+    ref = fsdist.sample(h, W, vocab_size=V, return_logprobs=True, **kw)
+    ok = all(torch.equal(o.tokens, ref.tokens) for o in (out, out_lp, before))
+    lp_err = float((out_lp.logprobs - ref.logprobs).abs().max())
     everyone = gather_objects((ok, lp_err, int(out.fallback.sum()), int(before.fallback.sum())))
     assert all(o[0] and o[1] < 1e-4 for o in everyone), everyone
     assert_same_on_all_ranks(out)
