@@ -75,9 +75,9 @@ scores of U's survivors recomputed from the contract's noise:
 If the best of U's survivors and the offered winners scores strictly above every open tile's
 bound, it is the argmax over the survivors, with the lowest id among equal scores as on every
 path: the row is proven with its token (``winner_draw``). Otherwise it goes to the fallback as
-before. On the kernel bench's flat rows (a tile with five or more of ~150 survivors) this
-proves all but ~1 in 20 of the rows U alone could not (a torch model of the rule: 0.90% of
-rows flagged before, 0.05% after). "Processed" logprobs (of the token or the top N) need the
+before. On the kernel bench's rows (min-p 0.05: a tile with five or more of ~150 survivors)
+it proved all 20 of 1,536 rows U alone could not (bench/minp_winner_rate.py; a torch model of
+the rule: 0.90% of rows flagged before, 0.05% after). "Processed" logprobs (of the token or the top N) need the
 survivors' mass, so calls asking for them skip it; a row whose token the winners prove but whose
 top-N U cannot still goes to the fallback, which redoes both.
 
