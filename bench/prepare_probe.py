@@ -2,10 +2,10 @@
 """Which way of preparing logit bias + penalties is fastest: the sort variants of
 ``fsdist.ops.prepare_processors.launch_prepare`` side by side, each checked first.
 
-    python bench/prepare_probe.py [--batches 1,16,64,256] [--vocab 151936] [--reps 50]
+    python bench/prepare_probe.py [--batches 1,16,64,256] [--vocab 151936] [--reps 50] [--slots 1000]
 
-The processors are the kernel bench's (``kernel_bench.ShapeCtx.set_processors``: 500 bias +
-250 output + 250 prompt ids a row, [B] penalties). Variants: the rank sort (a second kernel,
+The processors are the kernel bench's (``kernel_bench.ShapeCtx.set_processors``: by default 500
+bias + 250 output + 250 prompt ids a row, [B] penalties; --slots sets other totals). Variants: the rank sort (a second kernel,
 ``sort_entries.py``), and the in-kernel bitonic sort with 64- or 32-bit keys on 4, 8 or 16
 warps. Every variant's entries / values / penalties / bad flags must equal the torch-sorted
 preparation's before it is timed. Time: CUDA-graph replays of 20 launches (µs per launch, the
@@ -73,6 +73,8 @@ def main() -> int:
     p.add_argument("--vocab", type=int, default=None, help="vocabulary size (GPU 151936; CPU 4096)")
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--only", default=None, help="comma-separated variants")
+    p.add_argument("--slots", default="1000", help="comma-separated ids a row (half bias, a quarter output, "
+                   "a quarter prompt ids; default 1000, the kernel bench's)")
     args = p.parse_args()
     device = C.bench_device()
     on_gpu = device.type == "cuda"
@@ -81,9 +83,9 @@ def main() -> int:
     names = args.only.split(",") if args.only else list(VARIANTS)
     gen = torch.Generator(device=device).manual_seed(0)
     rows, results = [], {}
-    for B in batches:
+    for B, n in [(B, n) for n in C.parse_int_list(args.slots) for B in batches]:
         ctx = ShapeCtx(D=64, V=V, dtype=torch.bfloat16, device=device, T=0.8,
-                       proc_cfg={"density": 0.5, "n_bias": 500, "n_output": 250, "n_prompt": 250})
+                       proc_cfg={"density": 0.5, "n_bias": n // 2, "n_output": n // 4, "n_prompt": n - n // 2 - n // 4})
         ctx.set_processors(B, gen)
         kw = dict(bias_ids=ctx.bias_ids_t, bias_values=ctx.bias_vals_t, output_ids=ctx.out_ids_t,
                   prompt_ids=ctx.prompt_ids_t, repetition=ctx.rep_t, frequency=ctx.freq_t, presence=ctx.pres_t,
@@ -110,7 +112,7 @@ def main() -> int:
         n_tiles = -(-V // 128)
         cell["entry_offsets"] = {"ok": True, "us": time_us(lambda: launch_entry_offsets(ent, val, 0, 128, n_tiles),
                                                              device, args.reps)}
-        results[B] = cell
+        results[f"{B}x{S}"] = cell
         rows.append((B, S, cell))
     info = C.env_info()
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -122,7 +124,7 @@ def main() -> int:
                    "results": {str(k): v for k, v in results.items()}}, f, indent=1, default=C._json_default)
     cols = names + ["entry_offsets"]
     print(f"\nprepare_processors variants, µs per launch (graph replays, median), V={V}, "
-          f"500 bias + 250 output + 250 prompt ids a row")
+          f"S ids a row: half bias, a quarter output, a quarter prompt ids")
     print(f"{'B':>5} {'S':>5} " + " ".join(f"{c:>14}" for c in cols))
     for B, S, cell in rows:
         vals = []

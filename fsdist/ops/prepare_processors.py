@@ -13,11 +13,12 @@ penalties as fp32 [3, B] (scalars broadcast). Everything is on the device: no ho
 and one launch instead of the ~80 small torch operations the same work takes in torch.
 
 Sorting is stable (equal entries keep their slot order), so repeated bias ids add up in the
-order given, on every path and rank alike. On a GPU, small batches of rows
-(``sort_entries.rank_sort_pays``) are sorted by a second, many-program kernel that computes
-each entry's rank (``sort_entries.py``: a few µs where one program's bitonic sort takes ~25 µs
-at B = 1), the rest by one bitonic sort per row inside this kernel (``tl.sort`` of int64 keys
-``entry << 32 | slot``). Under the interpreter torch sorts after the kernel.
+order given, on every path and rank alike. On a GPU each row is sorted by one bitonic sort inside
+this kernel (``tl.sort`` of the keys ``entry, slot``: one uint32 where 4 x vocab_size x slots fits,
+``key32_fits``, else int64), on up to 16 warps (``prepare_warps``): ~7 µs at B = 1 and ~12 µs at
+B = 256 for 1,000 ids a row on an H200. Rows of more than 2,048 slots, where that sort is slow (63 µs
+for 3,000 ids), are sorted in small batches by a second, many-program kernel that computes each
+entry's rank instead (``sort_entries.py``). Under the interpreter torch sorts after the kernel.
 """
 import torch
 import triton
@@ -99,13 +100,14 @@ def prepare_processors_kernel(
     use = (ids >= 0) & ~out_of_range & (in_b | (in_o & out_used[:, None]) | (in_p & prompt_used[:, None]))
     entry = tl.where(use, ids * 4 + kind, _SENTINEL)
     if SORT and KEY32:
-        # (entry, slot) in one int32 where it fits (4 x vocab_size x S_POW2 <= 2**31, checked by the
+        # (entry, slot) in one uint32 where it fits (4 x vocab_size x S_POW2 <= 2**32, checked by the
         # launcher): half the registers and shuffles of the int64 key in every stage of the sort.
-        # Every SENTINEL entry becomes the largest key; their slots are never read.
-        key = tl.where(use, ids * (4 * S_POW2) + kind * S_POW2 + slot[None, :], 2147483647).to(tl.int32)
+        # Every SENTINEL entry becomes the largest key (no real key reaches it: the largest is
+        # below 4 x vocab_size x S_POW2 - S_POW2); their slots are never read.
+        key = tl.where(use, ids * (4 * S_POW2) + kind * S_POW2 + slot[None, :], 4294967295).to(tl.uint32)
         key = tl.sort(key, dim=1)
-        sorted_entry = tl.where(key == 2147483647, _SENTINEL, key // S_POW2)
-        src = key % S_POW2
+        sorted_entry = tl.where(key == 4294967295, _SENTINEL, (key // S_POW2).to(tl.int32))
+        src = (key % S_POW2).to(tl.int32)
     elif SORT:
         key = tl.sort((entry << 32) | slot[None, :].to(tl.int64), dim=1)
         sorted_entry = (key >> 32).to(tl.int32)
@@ -134,18 +136,19 @@ def prepare_processors_kernel(
 
 
 def key32_fits(vocab_size: int, s_pow2: int) -> bool:
-    """Whether (entry, slot) fits one non-negative int32 sort key: entries are below 4 x vocab_size and
-    slots below s_pow2 (e.g. V = 151936 with up to 2,048 slots a row)."""
-    return 4 * vocab_size * s_pow2 <= 2**31
+    """Whether (entry, slot) fits one uint32 sort key: entries are below 4 x vocab_size and slots below
+    s_pow2 (e.g. V = 151936 with up to 4,096 slots a row)."""
+    return 4 * vocab_size * s_pow2 <= 2**32
 
 
 def prepare_warps(s_pow2: int) -> int:
-    """Warps of the preparation kernel for rows of s_pow2 slots: 4 up to 1,024 slots, 8 above (the
-    measured configuration, v26e). The bitonic sort is latency-bound, one row a program, and more
-    warps mean fewer dependent steps each (sm_90 PTX of a 1,024-slot int32 sort: 392 shuffles a thread
-    on 4 warps, 108 on 16, but 41 barriers instead of 26): 16 warps are predicted faster
-    (docs/performance.md, v27) and not measured yet, so bench/prepare_probe.py times both first."""
-    return 4 if s_pow2 <= 1024 else 8
+    """Warps of the preparation kernel for rows of s_pow2 slots: one warp per 64 slots, 4 to 16.
+    The bitonic sort is latency-bound, one row a program, and more warps mean fewer dependent steps
+    each (sm_90 PTX of a 1,024-slot int32 sort: 392 shuffles a thread on 4 warps, 108 on 16, with
+    41 barriers instead of 26). Measured on an H200 (2026-11-26, bench/prepare_probe.py, 1,000 ids
+    a row, 32-bit keys): 13.6 / 8.5 / 6.9 µs at B = 1 on 4 / 8 / 16 warps, 19.7 / 14.0 / 11.6 µs at
+    B = 256."""
+    return min(16, max(4, s_pow2 // 64))
 
 
 def _param(x, dummy):
@@ -164,9 +167,9 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     bias_ids / output_ids / prompt_ids: int64 [B, *] or None (shapes, dtypes and devices
     already checked by the caller); bias_values: floating [B, K]; repetition / frequency /
     presence: float or [B] floating tensors; penalties: whether a Penalties was given (else
-    all three are off). S = K + L + P must be > 0. sort: "rank" (``sort_entries``, the
-    default on a GPU where ``rank_sort_pays``), "bitonic" (inside this kernel; the default
-    otherwise on a GPU) or "torch" (after it; the default under the interpreter). All three
+    all three are off). S = K + L + P must be > 0. sort: "bitonic" (inside this kernel; the
+    default on a GPU), "rank" (``sort_entries``; the default on a GPU for rows of more than 2,048
+    slots where ``rank_sort_pays``) or "torch" (after it; the default under the interpreter). All three
     give the same result. temperature_out (fp32 [B]): receives ``temperature`` (a float or a [B]
     tensor) with the bad rows' set to NaN. key32 / num_warps (benchmarks, tests): the bitonic sort's
     key width (default: 32 bits where (entry, slot) fits, see ``key32_fits``) and the kernel's warps
@@ -197,9 +200,16 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     temp = _param(1.0 if temperature is None else temperature, values)
     s_pow2 = max(16, triton.next_power_of_2(S))
     on_gpu = device.type == "cuda"
+    fits = key32_fits(vocab_size, s_pow2)
     if sort is None:
-        # (the rank sort is a GPU latency fix: under the interpreter torch sorts faster)
-        sort = ("rank" if rank_sort_pays(batch, S) else "bitonic") if on_gpu else "torch"
+        # On a GPU the in-kernel sort beats the rank sort's second launch at every batch measured up
+        # to 2,048 slots (1,000 ids: 6.9 vs 7.1 µs at B = 1, 7.3 vs 25 at B = 64; H200, 2026-11-26).
+        # Past 2,048 slots the one-program sort falls off a cliff (3,000 ids: 63 µs at any B <= 64)
+        # and small batches are sorted by rank (15 µs at B = 1). Under the interpreter torch sorts.
+        if not on_gpu:
+            sort = "torch"
+        else:
+            sort = "rank" if s_pow2 > 2048 and rank_sort_pays(batch, S) else "bitonic"
     if sort not in ("rank", "bitonic", "torch"):
         raise ValueError(f"sort must be 'rank', 'bitonic' or 'torch', got {sort!r}")
     # One row per program on a GPU. Under the interpreter a program's cost is mostly fixed,
@@ -207,7 +217,6 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     # xor-reductions element by element, seconds per call). tests/ops/test_prepare_processors.py
     # checks that the three sorts agree.
     block_r = 1 if on_gpu or sort == "bitonic" else max(1, min(triton.next_power_of_2(batch), 8192 // s_pow2))
-    fits = key32_fits(vocab_size, s_pow2)
     key32 = fits if key32 is None else bool(key32)
     if key32 and not fits and sort == "bitonic":  # (only the in-kernel sort uses the key)
         raise ValueError(f"32-bit sort keys do not fit rows of {s_pow2} slots at vocab_size {vocab_size}")

@@ -14,19 +14,20 @@ add up in the order given). A program takes BLOCK_I entries of one row and compa
 the whole row, BLOCK_J at a time, then scatters each entry and its value to its rank. The
 work is O(S^2) per row but fully parallel over (row, block) programs with no dependent
 stages: where a call has little of it (``rank_sort_pays``: small batches of rows of up to
-RANK_SORT_MAX entries) it beats the bitonic sort's latency; elsewhere the bitonic sort stays.
+RANK_SORT_MAX entries) it beats the bitonic sort's latency on wide rows; elsewhere the bitonic sort stays.
 """
 import torch
 import triton
 import triton.language as tl
 
 # Widest row (entries) sorted by rank, and the most comparisons per call (B x S^2) for which the
-# rank sort is chosen over one bitonic sort per row. The bitonic sort costs ~25 µs of latency
-# whatever B (rows sort in parallel, one program each); the rank sort grows with B x S^2: on an
-# H200 (2026-11-23, S = 1,000, bench/processors_breakdown.py) 5.3 / 6.8 / 23 µs at B = 1 / 16 /
-# 64 plus ~6-7 µs for the then unsorting preparation, so it pays up to B of ~40 at S = 1,000.
+# rank sort is chosen over one bitonic sort per row. The preparation asks only for rows of more than
+# 2,048 slots (prepare_processors.launch_prepare): below that its own sort wins at every batch. The
+# bitonic sort's cost is latency, nearly flat in B; the rank sort's grows with B x S^2. On an H200
+# (2026-11-26, bench/prepare_probe.py, S = 3,000, 4,096 slots): rank 15 / 147 µs at B = 1 / 64, the
+# bitonic sort on 32-bit keys and 16 warps 63 / 63 µs: the rank sort pays up to B of ~20.
 RANK_SORT_MAX = 4096
-RANK_SORT_MAX_WORK = 40 << 20  # S = 1,000: B <= 41
+RANK_SORT_MAX_WORK = 192 << 20  # S = 3,000: B <= 22
 
 
 def rank_sort_pays(batch: int, width: int) -> bool:

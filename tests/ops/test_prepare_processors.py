@@ -4,9 +4,9 @@ Against a plain-Python statement of what it must produce: per row, the bias, out
 prompt ids as ``id * 4 + kind`` entries (dropped slots: -1 ids, output ids when every
 penalty is off, prompt ids when the repetition penalty is off), sorted with ties in slot
 order, each bias value beside its entry; the penalties as fp32 [3, B]; the bad-row flags.
-All three ways of sorting run: by rank in a second kernel (sort_entries.py, the default for
-rows of up to RANK_SORT_MAX entries), inside the kernel (tl.sort, a GPU's default for wider
-rows; slow under the interpreter, so a small batch) and with torch after it; the rank sort
+All three ways of sorting run: inside the kernel (tl.sort on 32- or 64-bit keys, a GPU's default;
+slow under the interpreter, so a small batch), by rank in a second kernel (sort_entries.py, a GPU's
+default for small batches of rows of more than 2,048 slots) and with torch after it; the rank sort
 also alone, against torch's stable sort on rows full of equal entries.
 """
 import pytest
@@ -83,21 +83,21 @@ def test_poisoned_temperature_is_written_by_the_kernel(device, temperature):
     B, V = 40, 500
     ids, vals, out, prompt, rep, freq, pres = inputs(B, V, seed=3)
     d = lambda t: t.to(device)  # noqa: E731
-    t = torch.linspace(0.0, 1.5, B) if temperature == "rows" else temperature
+    t = torch.linspace(0.0, 1.5, B).to(device) if temperature == "rows" else temperature
     t_out = torch.full((B,), 123.0, device=device)
     _, _, _, bad = launch_prepare(B, V, device, bias_ids=d(ids), bias_values=d(vals), output_ids=d(out),
                                   prompt_ids=d(prompt), repetition=d(rep), frequency=d(freq), presence=d(pres),
-                                  penalties=True, temperature=d(t) if temperature == "rows" else t,
+                                  penalties=True, temperature=t,
                                   temperature_out=t_out)
     bad = bad.cpu()
     assert bad.any() and not bad.all()  # the inputs poison some rows, not all (else this could not fail)
-    want = (t if temperature == "rows" else torch.full((B,), t)).clone()
+    want = (t.cpu() if temperature == "rows" else torch.full((B,), t)).clone()
     want[bad] = float("nan")
     torch.testing.assert_close(t_out.cpu(), want, rtol=0, atol=0, equal_nan=True)
     proc = fsdist.processing.prepare_processing(
         logit_bias=fsdist.SparseLogits(d(ids), d(vals)), penalties=fsdist.Penalties(d(rep), d(freq), d(pres), d(out),
                                                                                       d(prompt)),
-        batch=B, vocab_size=V, device=device, temperature=d(t) if temperature == "rows" else t)
+        batch=B, vocab_size=V, device=device, temperature=t)
     params = proc.apply_to(fsdist.params.RowParams(t, 0, 0))
     assert params.temperature is proc.temperature
     torch.testing.assert_close(params.temperature.cpu(), want, rtol=0, atol=0, equal_nan=True)
@@ -135,8 +135,8 @@ def test_rank_sort_is_torchs_stable_sort(device, S):
 
 def test_rank_sort_refuses_rows_it_is_not_for():
     # chosen for small batches of rows of up to RANK_SORT_MAX entries only (measured crossover)
-    assert rank_sort_pays(1, 1000) and rank_sort_pays(32, 1000) and rank_sort_pays(1, RANK_SORT_MAX)
-    assert not rank_sort_pays(64, 1000) and not rank_sort_pays(1, RANK_SORT_MAX + 1)
+    assert rank_sort_pays(1, 3000) and rank_sort_pays(16, 3000) and rank_sort_pays(1, RANK_SORT_MAX)
+    assert not rank_sort_pays(32, 3000) and not rank_sort_pays(1, RANK_SORT_MAX + 1)
     with pytest.raises(ValueError, match="at most"):
         launch_sort_entries(torch.zeros(1, RANK_SORT_MAX + 1, dtype=torch.int32), torch.zeros(1, RANK_SORT_MAX + 1))
     with pytest.raises(ValueError, match="int32"):
@@ -147,11 +147,32 @@ def test_rank_sort_refuses_rows_it_is_not_for():
 
 
 def test_32_bit_keys_only_where_they_fit():
-    """(entry, slot) fits an int32 for 4 x vocab_size x slots <= 2**31 (V = 151936: up to 2,048 slots);
+    """(entry, slot) fits a uint32 for 4 x vocab_size x slots <= 2**32 (V = 151936: up to 4,096 slots);
     asking for 32-bit keys past that is refused, not wrapped."""
-    assert key32_fits(151936, 2048) and not key32_fits(151936, 4096) and key32_fits(2**29 - 1, 1)
-    ids = torch.zeros(1, 3000, dtype=torch.int64)
+    assert key32_fits(151936, 4096) and not key32_fits(151936, 8192) and key32_fits(2**30, 1)
+    assert not key32_fits(2**30 + 1, 1)
+    ids = torch.zeros(1, 5000, dtype=torch.int64)
     with pytest.raises(ValueError, match="32-bit sort keys"):
-        launch_prepare(1, 151936, torch.device("cpu"), bias_ids=ids, bias_values=torch.zeros(1, 3000),
+        launch_prepare(1, 151936, torch.device("cpu"), bias_ids=ids, bias_values=torch.zeros(1, 5000),
                        sort="bitonic", key32=True)
-    assert prepare_warps(16) == 4 and prepare_warps(1024) == 4 and prepare_warps(4096) == 8
+
+
+def test_32_bit_keys_past_the_sign_bit(device):
+    """V = 151936 and 3,000 ids a row (4,096 slots): most keys are above 2**31, where a signed key would
+    sort them first. The in-kernel sort on those keys must equal torch's stable sort."""
+    B, V, K, L = 2, 151936, 2000, 1000
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(V // 2, V, (B, K), generator=g)  # keys of ids >= V / 2 have the top bit set
+    ids[:, :40] = torch.randint(0, 50, (B, 40), generator=g)  # and some below, with repeats
+    ids[:, 40:60] = ids[:, 1000:1020]
+    ids[0, 7] = -1
+    out = torch.randint(-1, V, (B, L), generator=g)
+    vals = torch.randn(B, K, generator=g)
+    d = lambda t: t.to(device)  # noqa: E731
+    kw = dict(bias_ids=d(ids), bias_values=d(vals), output_ids=d(out), repetition=1.2, penalties=True)
+    want = launch_prepare(B, V, device, sort="torch", **kw)
+    assert int((want[0][want[0] != SENTINEL].long() * 4096 >= 2**31).sum()) > 1000
+    got = launch_prepare(B, V, device, sort="bitonic", key32=True, **kw)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert prepare_warps(16) == 4 and prepare_warps(512) == 8 and prepare_warps(1024) == 16 and prepare_warps(4096) == 16
