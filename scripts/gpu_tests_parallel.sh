@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# GPU tests in parallel pytest processes on one GPU: the suites are bound by Triton's compile time on the
+# host (one process compiles one kernel at a time), so N processes finish ~N times sooner on a 16-core host.
+# Usage: bash scripts/gpu_tests_parallel.sh "<pytest args of group 1>" "<group 2>" ...
+#   e.g. bash scripts/gpu_tests_parallel.sh "tests/test_filters.py -k 'top_n or bad_'" tests/test_processors.py
+# Each group's log: $OUT/gpu_tests_group<i>.log; a hang fails its group after $TESTS_TIMEOUT s (default 450),
+# and faulthandler dumps every thread of a test running past 150 s. Prints each group's summary line last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu_env.sh
+OUT="${OUT:-bench/results}"
+mkdir -p "$OUT"
+i=0
+pids=()
+for group in "$@"; do
+  i=$((i + 1))
+  # (eval: a group may quote a -k expression)
+  eval "timeout -k 10 ${TESTS_TIMEOUT:-450} python3 -m pytest -v -p no:warnings -p no:cacheprovider --tb=short \
+    -rfE --durations=5 -o faulthandler_timeout=150 $group" > "$OUT/gpu_tests_group$i.log" 2>&1 &
+  pids+=($!)
+done
+rc=0
+for j in "${!pids[@]}"; do
+  wait "${pids[$j]}"; r=$?
+  [[ $r -ne 0 ]] && rc=$r
+  echo "group $((j + 1)) rc=$r: $(grep -E '^(FAILED|ERROR) ' "$OUT/gpu_tests_group$((j + 1)).log" | head -5)"
+  tail -1 "$OUT/gpu_tests_group$((j + 1)).log"
+done
+exit $rc
