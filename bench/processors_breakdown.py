@@ -3,13 +3,16 @@
 per kernel, per call, for plain / bitmask / bias+penalties / all, at each batch size.
 
     python bench/processors_breakdown.py [--shape 4096x151936] [--batches 1,16,64,256] [--iters 20]
+                                         [--groups plain,bitmask,bias_pen,all,topk_topp,minp]
 
 The kernel bench's graph replays showed bias + penalties costing ~46 µs at B = 1 with no host in
 the loop (docs/performance.md, v9 outcome); this says which kernel it is: the preparation
 (``prepare_processors_kernel``: range checks, slots, the per-row sort), the stage-1 epilogue
 (``fused_sample_kernel`` / ``sample_logits_kernel`` growing against the plain call: the bitmask
 test, the entry searches), or the small torch ops around them. Same processors as
-``bench/kernel_bench.py --methods processors`` (its ``set_processors``). Device times do not
+``bench/kernel_bench.py --methods processors`` (its ``set_processors``); the filter groups are the
+kernel bench's too (top-k 50 + top-p 0.9, or min-p 0.05, as [B] tensors), as is the weight's scale
+(N(0, 4 / D) entries: logits of spread ~2 for N(0, 1) hidden states). Device times do not
 depend on how fast the host is. Runs on CPU too (profiler CPU times, Triton interpreter; a smoke
 run). Prints a table last; JSON to --out (default $OUT or bench/results).
 """
@@ -24,9 +27,9 @@ from typing import Dict  # noqa: E402
 import torch  # noqa: E402
 
 import fsdist  # noqa: E402
-from kernel_bench import ShapeCtx  # noqa: E402  (the processors of the kernel bench, same generator)
+from kernel_bench import FILTER_GROUPS, PROCESSOR_GROUPS, ShapeCtx  # noqa: E402  (the kernel bench's groups)
 
-GROUPS = ("plain", "bitmask", "bias_pen", "all")
+GROUPS = ("plain", "bitmask", "bias_pen", "all")  # the default; --groups adds the FILTER_GROUPS
 
 
 def kernel_times(fn, iters: int, device) -> Dict[str, float]:
@@ -44,22 +47,31 @@ def kernel_times(fn, iters: int, device) -> Dict[str, float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     C.add_problem_options(p)
+    p.add_argument("--groups", default=",".join(GROUPS),
+                   help=f"comma-separated, of plain, {', '.join(PROCESSOR_GROUPS)}, {', '.join(FILTER_GROUPS)}")
     args = p.parse_args()
+    groups = args.groups.split(",")
+    unknown = [g for g in groups if g != "plain" and g not in PROCESSOR_GROUPS and g not in FILTER_GROUPS]
+    if unknown:
+        p.error(f"--groups: unknown group(s) {unknown}")
     device, D, V, batches, iters, dtype = C.problem_from_args(args, gpu_iters=20, cpu_iters=1)
     on_gpu = device.type == "cuda"
     gen = torch.Generator(device=device).manual_seed(0)
-    W = (torch.randn(V, D, device=device, generator=gen) / D ** 0.5).to(dtype)
+    W = (torch.randn(V, D, device=device, generator=gen) * (2.0 / D ** 0.5)).to(dtype)
     rows = []
     for B in batches:
         inp = ShapeCtx(D=D, V=V, dtype=dtype, device=device, T=0.8,
-                       proc_cfg={"density": 0.5, "n_bias": 500, "n_output": 250, "n_prompt": 250})
+                       proc_cfg={"density": 0.5, "n_bias": 500, "n_output": 250, "n_prompt": 250},
+                       filters={"top_k": 50, "top_p": 0.9, "min_p": 0.05})
         inp.set_processors(B, gen)
+        inp.set_filters(B)
         h = (torch.randn(B, D, device=device, generator=gen)).to(dtype)
         temp = C.row_temperatures(B, 0.8, device=device)
         seed = torch.arange(B, device=device) * 7 + 1
         off = torch.zeros(B, dtype=torch.int64, device=device)
-        for group in GROUPS:
-            kw = inp.processor_kwargs(None if group == "plain" else group)
+        for group in groups:
+            kw = inp.filter_kwargs(group) if group in FILTER_GROUPS else inp.processor_kwargs(
+                None if group == "plain" else group)
 
             def fn(kw=kw):
                 return fsdist.sample(h, W, temperature=temp, seed=seed, offset=off, **kw)
