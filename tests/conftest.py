@@ -27,3 +27,4 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     return torch.device("cuda") if ON_GPU else torch.device("cpu")
+

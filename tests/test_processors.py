@@ -304,10 +304,8 @@ def test_chi_squared_per_processor(device, case, monkeypatch):
     fn, filters = CASES[case]
     fallback = "fallback" in case
     if fallback:
-        import fsdist.ops.select_filtered as sf
-        import fsdist.sampling as sampling
-        real = sf.launch_select_filtered
-        monkeypatch.setattr(sampling, "launch_select_filtered", lambda *a, **k: real(*a, **{**k, "winners": False}))
+        from select_options import force_select_options
+        force_select_options(monkeypatch, winners=False)
     n = N_DRAWS
     if not torch.cuda.is_available() and ("fallback" in case or "winners" in case):
         # fewer draws under the interpreter where rows fall back (every one here; ~17% with the winners:

@@ -15,13 +15,12 @@ import triton
 import triton.language as tl
 
 import fsdist
-import fsdist.ops.select_filtered as sf
-import fsdist.sampling as sampling
 from fsdist import TileConfig
 from fsdist.ops.epilogue import perturb, row_temperature
 from fsdist.ops.noise import gumbel_from_bits, vocab_bits
 from fsdist.ops.utils import fast_log_ok
 from fsdist.reference import filtered_distribution
+from select_options import force_select_options
 from statcheck import assert_samples_match
 
 
@@ -37,15 +36,8 @@ def _head(logits, device):
     return torch.eye(B, device=device), logits.t().contiguous().to(device)
 
 
-def _select_with(monkeypatch, **forced):
-    """fsdist.sample with select_filtered's winner options forced (``winners=False``: every row U
-    cannot prove takes the fallback)."""
-    real = sf.launch_select_filtered
-    monkeypatch.setattr(sampling, "launch_select_filtered", lambda *a, **k: real(*a, **{**k, **forced}))
-
-
 def _without_winners(monkeypatch):
-    _select_with(monkeypatch, winners=False)
+    force_select_options(monkeypatch, winners=False)
 
 
 def _flat_rows(B, V, seed):
@@ -187,7 +179,7 @@ def test_a_proof_without_the_bound_would_be_caught(device, monkeypatch):
         exact = fsdist.sample(h, w, **kw)
     checked = fsdist.sample(h, w, **kw)
     assert torch.equal(checked.tokens, exact.tokens)
-    _select_with(monkeypatch, winners_unchecked=True)
+    force_select_options(monkeypatch, winners_unchecked=True)
     wrong = fsdist.sample(h, w, **kw)
     assert int((wrong.tokens != exact.tokens).sum()) >= 5
 

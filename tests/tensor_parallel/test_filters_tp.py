@@ -91,8 +91,7 @@ def test_min_p_rows_finished_from_the_winners_as_on_one_device(dist_ctx, transpo
     """select_filtered's min-p proof from the tiles' winners on the head: flat min-p-only rows that the
     kept logits cannot prove are finished from the winners of every rank's tiles (fewer fallback rows
     than with the proof off), with fsdist.sample's tokens and logprobs on the full weight."""
-    import fsdist.ops.select_filtered as sf
-    import fsdist.tensor_parallel.candidates as cand
+    from select_options import force_select_options
 
     dev = dist_ctx.device
     W, h = problem(V, D, B, torch.float32, seed=52, scale=1.0, device=dev)
@@ -103,9 +102,9 @@ def test_min_p_rows_finished_from_the_winners_as_on_one_device(dist_ctx, transpo
               seed=torch.arange(B, device=dev) * 17 + 2, offset=6)
     out = head(h, **kw)
     out_lp = head(h, return_logprobs=True, **kw)
-    real = sf.launch_select_filtered
-    monkeypatch.setattr(cand, "launch_select_filtered", lambda *a, **k: real(*a, **{**k, "winners": False}))
-    before = head(h, **kw)
+    with monkeypatch.context() as m:
+        force_select_options(m, winners=False)
+        before = head(h, **kw)
     head.close()
     ref = fsdist.sample(h, W, vocab_size=V, return_logprobs=True, **kw)
     ok = all(torch.equal(o.tokens, ref.tokens) for o in (out, out_lp, before))
