@@ -38,6 +38,8 @@ def main() -> int:
     p.add_argument("--max-seconds", type=float, default=1e9)
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    if args.batch < 1 or args.rows < args.batch:
+        p.error(f"--rows ({args.rows}) must be at least --batch ({args.batch}) >= 1: rows run a batch at a time")
     device = C.bench_device()
     V, B = args.vocab, args.batch
     gen = torch.Generator().manual_seed(0)
@@ -67,6 +69,9 @@ def main() -> int:
         counts["mismatch"] += int((with_w.tokens != before.tokens).sum())
         C.log(f"call {call}: {counts}")
     n = counts["rows"]
+    if n == 0:
+        print(f"no batch ran within --max-seconds {args.max_seconds}: nothing to report")
+        return 1
     res = {"family": f"logits N(0, {args.spread}^2), T in [0.6, 1], min_p {args.min_p}, V {V}, 128-id tiles",
            "counts": counts,
            "rate_before": counts["before"] / n, "rate_before_upper95": wilson_upper(counts["before"], n),

@@ -15,14 +15,10 @@
 # The benchmark alone: see the kernel_bench.py docstring (--methods processors).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source scripts/gpu_env.sh
-OUT="${OUT:-bench/results}"
-mkdir -p "$OUT"
+source scripts/gpu_session_lib.sh  # env, $OUT, GPU and versions printed, $start, wants, run_part
 PARTS="${PARTS:-all}"
 # The tests alone get the ~330 s they need; with the benchmark they share the call (see above).
 t_total="${1:-560}"; t_tests="${2:-$([ "$PARTS" = tests ] && echo 330 || echo 220)}"
-start=$SECONDS
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [ "$PARTS" != bench ]; then
 # SIGINT first: pytest stops and still prints its summary of what ran.
 timeout -s INT -k 20 "$t_tests" python3 -m pytest -q -p no:warnings -p no:cacheprovider -rfE --durations=25 \

@@ -8,13 +8,9 @@
 # Usage: PARTS="breakdown bench filters" BATCHES=1,16,64 bash scripts/gpu_session_v15.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source scripts/gpu_env.sh
-OUT="${OUT:-bench/results}"
-mkdir -p "$OUT"
+source scripts/gpu_session_lib.sh  # env, $OUT, GPU and versions printed, $start, wants, run_part
 PARTS="${PARTS:-breakdown bench}"
 BATCHES="${BATCHES:-1,16,64}"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-start=$SECONDS
 if [[ " $PARTS " == *" breakdown "* ]]; then
   timeout -k 10 "${BREAKDOWN_TIMEOUT:-200}" python3 bench/processors_breakdown.py --shape 4096x151936 \
     --batches "$BATCHES" --iters 20 --out "$OUT" > "$OUT/processors_breakdown_console.log" 2>&1

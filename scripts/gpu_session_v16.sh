@@ -9,14 +9,10 @@
 # Usage: PARTS="probe configs kernel" CONFIGS=64x128x64w4s4t,... BATCHES=96,128 bash scripts/gpu_session_v16.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source scripts/gpu_env.sh
-OUT="${OUT:-bench/results}"
-mkdir -p "$OUT"
+source scripts/gpu_session_lib.sh  # env, $OUT, GPU and versions printed, $start, wants, run_part
 PARTS="${PARTS:-configs}"
 BATCHES="${BATCHES:-96,128,192,256,384,512,768,1024}"
 CONFIGS="${CONFIGS:-64x128x64w4s4t,64x128x64w4s3t,64x128x64w4s4,128x128x64w8s3t,128x128x64w8s4t,64x128x128w4s2t}"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-start=$SECONDS
 if [[ " $PARTS " == *" probe "* ]]; then
   timeout -k 10 "${PROBE_TIMEOUT:-150}" python3 bench/large_batch_probe.py --shape "${PROBE_SHAPE:-4096x151936}" \
     --batches "${PROBE_BATCHES:-128,192,256}" > "$OUT/large_batch_probe.log" 2>&1

@@ -7,12 +7,8 @@
 # Usage: PARTS="tests probe" bash scripts/gpu_session_v20.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source scripts/gpu_env.sh
-OUT="${OUT:-bench/results}"
-mkdir -p "$OUT"
+source scripts/gpu_session_lib.sh  # env, $OUT, GPU and versions printed, $start, wants, run_part
 PARTS="${PARTS:-tests probe}"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-start=$SECONDS
 if [[ " $PARTS " == *" tests "* ]]; then
   timeout -k 10 "${TESTS_TIMEOUT:-330}" python3 -m pytest -q -p no:warnings -p no:cacheprovider -rfE --durations=8 \
     ${TESTS:-tests/ops/test_fallback.py tests/ops/test_select_filtered.py tests/test_filters.py tests/test_gpu_serving.py} \

@@ -9,12 +9,8 @@
 # The short tables go to stdout last. Usage: PARTS="profile probe" bash scripts/gpu_session_v21.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source scripts/gpu_env.sh
-OUT="${OUT:-bench/results}"
-mkdir -p "$OUT"
+source scripts/gpu_session_lib.sh  # env, $OUT, GPU and versions printed, $start, wants, run_part
 PARTS="${PARTS:-probe}"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-start=$SECONDS
 if [[ " $PARTS " == *" profile "* ]]; then
   SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats \
     --section Occupancy --section InstructionStats --section MemoryWorkloadAnalysis"

@@ -7,9 +7,7 @@
 # and faulthandler dumps every thread of a test running past 150 s. Prints each group's summary line last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source scripts/gpu_env.sh
-OUT="${OUT:-bench/results}"
-mkdir -p "$OUT"
+source scripts/gpu_session_lib.sh
 i=0
 pids=()
 for group in "$@"; do

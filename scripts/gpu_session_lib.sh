@@ -1,0 +1,24 @@
+# Sourced, after `cd` to the repository root, by the one-call GPU session scripts (gpu_session*.sh,
+# gpu_tests_parallel.sh): the safe environment (gpu_env.sh), $OUT (default bench/results) created, the GPU,
+# driver and versions printed first (so every log says what it ran on), $start for elapsed times, and
+#   wants PART                      true when PART is one of the words of $PARTS
+#   run_part NAME SECONDS LOG CMD.. CMD under a hard timeout, output to $OUT/LOG; prints NAME's exit status,
+#                                   the elapsed time and the log's last $TAIL lines (default 15)
+source scripts/gpu_env.sh
+OUT="${OUT:-bench/results}"
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi (no GPU)"
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, flush=True)'
+start=$SECONDS
+
+wants() { [[ " ${PARTS:-} " == *" $1 "* ]]; }
+
+run_part() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  timeout -k 10 "$limit" "$@" > "$OUT/$log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc after $((SECONDS - start))s"
+  tail -"${TAIL:-15}" "$OUT/$log"
+  return $rc
+}
