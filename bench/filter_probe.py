@@ -13,7 +13,7 @@ epilogue. Stage 1: CUDA events around each launch, L2 flushed before each, media
 packs (order key, reversed column) into one int64 (one row reduction per kept logit instead
 of two) before anything compiles: the A/B of v13, kept for the record. Stage 2 is timed with
 each ``--caps`` search cap (v14: the packed search over each row's kept logits above its
-boundary against the search over all of them).
+boundary against the search over all of them) and each ``--select-warps`` warp count.
 On a machine without a GPU it runs one tiny shape under the interpreter (smoke test).
 """
 import argparse
@@ -121,18 +121,18 @@ def select_times(D, V, B, args, device):
         tokens = tokens0.clone()
         searched = torch.zeros(B, dtype=torch.int32, device=device)
         results = {}
-        for cap in args.caps:
+        for cap, warps in [(c, nw) for c in args.caps for nw in args.select_warps]:
             def call():
                 tokens.copy_(tokens0)
                 return launch_select_filtered(plan.layout, bufs, B, params, vocab_size=V, tokens=tokens, cap=cap,
-                                              searched=searched)
+                                              searched=searched, num_warps=warps)
             ks = _kernels_us(call, args.reps, device)
             t = sum(v for k, v in ks.items() if "select_filtered" in k)
             fb = call()
-            results[cap] = (tokens.clone(), fb.clone())
+            results[(cap, warps)] = (tokens.clone(), fb.clone())
             n = searched.cpu()
             packed = n[n >= 0]
-            tag = f"{name} cap={cap}"
+            tag = f"{name} cap={cap}" + (f" warps={warps}" if warps else "")
             out[tag] = t
             out[f"{tag} packed rows"] = int(packed.numel())
             if packed.numel():
@@ -227,6 +227,8 @@ def main():
     ap.add_argument("--variant", default="", choices=["", "packed-topk"])
     ap.add_argument("--only", default="stage1,select,kernels,graph")
     ap.add_argument("--caps", default=None, help="select_filtered search caps to time (default: 0 and SEARCH_CAP)")
+    ap.add_argument("--select-warps", default=None,
+                    help="select_filtered warp counts to time with each cap (default: the launcher's, 16)")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
     gpu = common.has_gpu()
@@ -238,6 +240,7 @@ def main():
     only = set(args.only.split(","))
     from fsdist.ops.select_filtered import SEARCH_CAP
     args.caps = common.parse_int_list(args.caps) if args.caps else [0, SEARCH_CAP]
+    args.select_warps = common.parse_int_list(args.select_warps) if args.select_warps else [None]
     if args.variant == "packed-topk":
         import fsdist.ops.fused_sample as fs
 

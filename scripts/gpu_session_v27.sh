@@ -3,6 +3,8 @@
 #   prepare  bench/prepare_probe.py: the preparation's sort variants (rank, bitonic 64 / 32-bit keys, warps),
 #            each checked against torch's sort, then timed as graph replays; log in $OUT/prepare_probe.log
 #   tests    the GPU tests of this session's changes ($TESTS), log in $OUT/gpu_tests.log
+#   select   bench/filter_probe.py --only select: select_filtered's device time per search cap and warp count
+#            ($SELECT_WARPS, default 8,16,32; same tokens and flags checked), B = $SELECT_BATCHES
 #   kernel   the kernel bench: plain, min-p, top-k + top-p, bias + penalties and their compiled baselines,
 #            eager and as graph replays ($SHAPES, $KERNEL_BATCHES)
 #   breakdown bench/processors_breakdown.py (device time per kernel; $BREAKDOWN_GROUPS, default plain, top-k +
@@ -33,6 +35,11 @@ fi
 if wants minp; then
   TAIL=6 run_part minp "${MINP_TIMEOUT:-150}" minp_winner_rate.log \
     python3 bench/minp_winner_rate.py --rows "${MINP_ROWS:-16384}" --out "$OUT"
+fi
+if wants select; then
+  TAIL=12 run_part select "${SELECT_TIMEOUT:-150}" select_probe.log \
+    python3 bench/filter_probe.py --only select --batches "${SELECT_BATCHES:-1,16,64}" \
+    --select-warps "${SELECT_WARPS:-8,16,32}"
 fi
 if wants kernel; then
   M="${METHODS:-cublas,fsdist,fsdist_minp,torch_minp_compiled,fsdist_topk_topp,fsdist_bias_pen,torch_bias_pen_compiled}"

@@ -688,7 +688,8 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
                            vocab_size: int, tokens: torch.Tensor, logprobs=None, top_n: int = 0,
                            mode: str = "scaled", top_ids=None, top_lp=None, cap: int = None, searched=None,
                            tile_v: int = 128, need_key=None, refine_cap: int = None, small_cap: int = None,
-                           drew_small=None, winners: bool = False, won=None, winners_unchecked: bool = False):
+                           drew_small=None, winners: bool = False, won=None, winners_unchecked: bool = False,
+                           num_warps: int = None):
     """Finish filtered rows and top-N logprobs from an extended candidate buffer ``src``, after
     launch_merge wrote ``tokens`` (and ``logprobs``) for every row.
 
@@ -709,7 +710,8 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     min-p-only rows U cannot prove may be finished from the winners (module docstring); off where
     "processed" logprobs of the token or the top N are asked (they need the survivors' mass). ``won``, an int32 [B]
     tensor, receives 1 where the winners finished a row (else 0); winners_unchecked (tests only:
-    the power check) drops the proof's bound.
+    the power check) drops the proof's bound. num_warps (benchmarks): the kernel's warps on a GPU
+    (default 16); the results do not depend on it.
     """
     if not layout.extended:
         raise ValueError("filters and top-N logprobs need an extended candidate layout (layout.fields(extended=True))")
@@ -779,6 +781,6 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         # pairwise top-p in [rows, small, chunk] steps: the interpreter's many-row programs stay under
         # Triton's 2**20-element tensors
         SMALL_CHUNK=32 if on_gpu else max(1, min(32, 2 ** 20 // max(1, block_r * small))),
-        num_warps=16 if on_gpu else 4,
+        num_warps=(16 if num_warps is None else int(num_warps)) if on_gpu else 4,
     )
     return fallback
