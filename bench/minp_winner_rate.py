@@ -30,7 +30,7 @@ from fsdist import TileConfig  # noqa: E402
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, default=2048)
+    p.add_argument("--rows", type=int, default=2048, help="rows to run (a whole number of --batch: rounded down)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--min-p", type=float, default=0.05)

@@ -4,12 +4,12 @@
 #   wants PART                      true when PART is one of the words of $PARTS
 #   run_part NAME SECONDS LOG CMD.. CMD under a hard timeout, output to $OUT/LOG; prints NAME's exit status,
 #                                   the elapsed time and the log's last $TAIL lines (default 15)
+start=$SECONDS  # first: callers budget their parts against the whole call
 source scripts/gpu_env.sh
 OUT="${OUT:-bench/results}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi (no GPU)"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, flush=True)'
-start=$SECONDS
 
 wants() { [[ " ${PARTS:-} " == *" $1 "* ]]; }
 

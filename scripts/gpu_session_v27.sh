@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One device call for the sixteenth session (docs/performance.md, v27 / v28). PARTS, any of:
+# One device call of the sixteenth and seventeenth sessions (docs/performance.md, v27-v30). PARTS, any of:
 #   prepare  bench/prepare_probe.py: the preparation's sort variants (rank, bitonic 64 / 32-bit keys, warps),
-#            each checked against torch's sort, then timed as graph replays; log in $OUT/prepare_probe.log
+#            each checked against torch's sort, then timed as graph replays, at $PREPARE_SLOTS ids a row
+#            (default 1000; 1500,2000 measures the rows whose default sort is not re-measured); log in
+#            $OUT/prepare_probe.log
 #   tests    the GPU tests of this session's changes ($TESTS), log in $OUT/gpu_tests.log
 #   select   bench/filter_probe.py --only select: select_filtered's device time per search cap and warp count
 #            ($SELECT_WARPS, default 8,16,32; same tokens and flags checked), B = $SELECT_BATCHES
@@ -18,7 +20,7 @@ source scripts/gpu_session_lib.sh  # env, $OUT, GPU and versions printed, $start
 PARTS="${PARTS:-prepare}"
 if wants prepare; then
   TAIL=9 run_part prepare "${PREPARE_TIMEOUT:-150}" prepare_probe.log \
-    python3 bench/prepare_probe.py --batches "${PREPARE_BATCHES:-1,16,64,256}"
+    python3 bench/prepare_probe.py --batches "${PREPARE_BATCHES:-1,16,64,256}" --slots "${PREPARE_SLOTS:-1000}"
 fi
 if wants tests; then
   # shellcheck disable=SC2086

@@ -8,6 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_session_lib.sh
+[[ $# -gt 0 ]] || { echo "usage: bash scripts/gpu_tests_parallel.sh \"<pytest args of group 1>\" [\"<group 2>\" ...]"; exit 2; }
 i=0
 pids=()
 for group in "$@"; do
@@ -21,7 +22,9 @@ rc=0
 for j in "${!pids[@]}"; do
   wait "${pids[$j]}"; r=$?
   [[ $r -ne 0 ]] && rc=$r
-  echo "group $((j + 1)) rc=$r: $(grep -E '^(FAILED|ERROR) ' "$OUT/gpu_tests_group$((j + 1)).log" | head -5)"
-  tail -1 "$OUT/gpu_tests_group$((j + 1)).log"
+  log="$OUT/gpu_tests_group$((j + 1)).log"
+  # (ERROR: too, for pytest's own usage errors, e.g. a -k expression it cannot parse)
+  echo "group $((j + 1)) rc=$r: $(grep -E '^(FAILED|ERROR)[ :]' "$log" | head -5)"
+  grep -v '^[[:space:]]*$' "$log" | tail -1
 done
 exit $rc

@@ -27,4 +27,3 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     return torch.device("cuda") if ON_GPU else torch.device("cpu")
-

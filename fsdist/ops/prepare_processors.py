@@ -16,9 +16,9 @@ Sorting is stable (equal entries keep their slot order), so repeated bias ids ad
 order given, on every path and rank alike. On a GPU each row is sorted by one bitonic sort inside
 this kernel (``tl.sort`` of the keys ``entry, slot``: one uint32 where 4 x vocab_size x slots fits,
 ``key32_fits``, else int64), on up to 16 warps (``prepare_warps``): ~7 µs at B = 1 and ~12 µs at
-B = 256 for 1,000 ids a row on an H200. Rows of more than 2,048 slots, where that sort is slow (63 µs
-for 3,000 ids), are sorted in small batches by a second, many-program kernel that computes each
-entry's rank instead (``sort_entries.py``). Under the interpreter torch sorts after the kernel.
+B = 256 for 1,000 ids a row on an H200. Wider rows, where that sort is slow (63 µs for 3,000 ids), are
+sorted in small batches by a second, many-program kernel that computes each entry's rank instead
+(``sort_entries.py``, ``default_sort``). Under the interpreter torch sorts after the kernel.
 """
 import torch
 import triton
@@ -151,6 +151,16 @@ def prepare_warps(s_pow2: int) -> int:
     return min(16, max(4, s_pow2 // 64))
 
 
+def default_sort(on_gpu: bool, batch: int, width: int) -> str:
+    """launch_prepare's sort for rows of ``width`` entries: under the interpreter "torch" (after the
+    kernel: tl.sort runs element by element there); on a GPU "rank" for small batches of wide rows
+    (``sort_entries.rank_sort_pays``: the one-program sort falls off a cliff past ~2,000 entries), else
+    "bitonic" (inside the kernel: 7-12 µs for 1,000 entries at B = 1-256 on an H200)."""
+    if not on_gpu:
+        return "torch"
+    return "rank" if rank_sort_pays(batch, width) else "bitonic"
+
+
 def _param(x, dummy):
     """(pointer, value, per_row) of a penalty: a [B] tensor or a Python number."""
     if isinstance(x, torch.Tensor):
@@ -168,8 +178,9 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     already checked by the caller); bias_values: floating [B, K]; repetition / frequency /
     presence: float or [B] floating tensors; penalties: whether a Penalties was given (else
     all three are off). S = K + L + P must be > 0. sort: "bitonic" (inside this kernel; the
-    default on a GPU), "rank" (``sort_entries``; the default on a GPU for rows of more than 2,048
-    slots where ``rank_sort_pays``) or "torch" (after it; the default under the interpreter). All three
+    default on a GPU), "rank" (``sort_entries``; the default on a GPU where ``rank_sort_pays``: small
+    batches of rows of more than 1,024 entries) or "torch" (after it; the default under the interpreter),
+    as ``default_sort`` picks. All three
     give the same result. temperature_out (fp32 [B]): receives ``temperature`` (a float or a [B]
     tensor) with the bad rows' set to NaN. key32 / num_warps (benchmarks, tests): the bitonic sort's
     key width (default: 32 bits where (entry, slot) fits, see ``key32_fits``) and the kernel's warps
@@ -202,14 +213,7 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     on_gpu = device.type == "cuda"
     fits = key32_fits(vocab_size, s_pow2)
     if sort is None:
-        # On a GPU the in-kernel sort beats the rank sort's second launch at every batch measured up
-        # to 2,048 slots (1,000 ids: 6.9 vs 7.1 µs at B = 1, 7.3 vs 25 at B = 64; H200, 2026-11-26).
-        # Past 2,048 slots the one-program sort falls off a cliff (3,000 ids: 63 µs at any B <= 64)
-        # and small batches are sorted by rank (15 µs at B = 1). Under the interpreter torch sorts.
-        if not on_gpu:
-            sort = "torch"
-        else:
-            sort = "rank" if s_pow2 > 2048 and rank_sort_pays(batch, S) else "bitonic"
+        sort = default_sort(on_gpu, batch, S)
     if sort not in ("rank", "bitonic", "torch"):
         raise ValueError(f"sort must be 'rank', 'bitonic' or 'torch', got {sort!r}")
     # One row per program on a GPU. Under the interpreter a program's cost is mostly fixed,
@@ -238,4 +242,4 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     return entries, values, pen, bad.view(torch.bool)  # 0 / 1 bytes: a view, not a conversion launch
 
 
-__all__ = ["SENTINEL", "key32_fits", "launch_prepare", "prepare_processors_kernel", "prepare_warps"]
+__all__ = ["SENTINEL", "default_sort", "key32_fits", "launch_prepare", "prepare_processors_kernel", "prepare_warps"]

@@ -711,7 +711,8 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     "processed" logprobs of the token or the top N are asked (they need the survivors' mass). ``won``, an int32 [B]
     tensor, receives 1 where the winners finished a row (else 0); winners_unchecked (tests only:
     the power check) drops the proof's bound. num_warps (benchmarks): the kernel's warps on a GPU
-    (default 16); the results do not depend on it.
+    (default 16); the results are the same up to the order of fp32 sums (logprobs' last bits, top-p at
+    an exact tie of its mass).
     """
     if not layout.extended:
         raise ValueError("filters and top-N logprobs need an extended candidate layout (layout.fields(extended=True))")

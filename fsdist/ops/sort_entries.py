@@ -1,11 +1,10 @@
 """A stable sort of each row's processor entries, by rank, spread over many programs.
 
 ``prepare_processors`` builds each row's entries (``id * 4 + kind``) in slot order; the
-tiles need them sorted. Sorting a row of ~1,000 entries with a bitonic network inside one
-program (``tl.sort``) is ~55 dependent compare-exchange stages through shared memory: on an
-H200 it made the preparation a 25 µs single-program kernel at B = 1
-(bench/processors_breakdown.py, 2026-11-23), 8% of the whole sampling call. Here each
-entry's final position is computed directly, as its rank:
+tiles need them sorted. Its own sort, a bitonic network inside one program (``tl.sort``), is
+dozens of dependent compare-exchange stages: ~7 µs for 1,000 entries on an H200 (32-bit keys, 16
+warps), but 63 µs for 3,000 (2026-11-26, bench/prepare_probe.py). Here each entry's final
+position is computed directly, as its rank:
 
     rank(i) = #{j : e_j < e_i} + #{j < i : e_j == e_i}
 
@@ -13,26 +12,33 @@ entry's final position is computed directly, as its rank:
 add up in the order given). A program takes BLOCK_I entries of one row and compares them with
 the whole row, BLOCK_J at a time, then scatters each entry and its value to its rank. The
 work is O(S^2) per row but fully parallel over (row, block) programs with no dependent
-stages: where a call has little of it (``rank_sort_pays``: small batches of rows of up to
-RANK_SORT_MAX entries) it beats the bitonic sort's latency on wide rows; elsewhere the bitonic sort stays.
+stages: where a call has little of it (``rank_sort_pays``: small batches of wide rows, up to
+RANK_SORT_MAX entries) it beats the bitonic sort's latency; elsewhere the bitonic sort stays.
 """
 import torch
 import triton
 import triton.language as tl
 
-# Widest row (entries) sorted by rank, and the most comparisons per call (B x S^2) for which the
-# rank sort is chosen over one bitonic sort per row. The preparation asks only for rows of more than
-# 2,048 slots (prepare_processors.launch_prepare): below that its own sort wins at every batch. The
-# bitonic sort's cost is latency, nearly flat in B; the rank sort's grows with B x S^2. On an H200
-# (2026-11-26, bench/prepare_probe.py, S = 3,000, 4,096 slots): rank 15 / 147 µs at B = 1 / 64, the
-# bitonic sort on 32-bit keys and 16 warps 63 / 63 µs: the rank sort pays up to B of ~20.
+# When the rank sort is chosen over the preparation's in-kernel bitonic sort (one program a row, on a
+# GPU). The bitonic sort's cost is latency, nearly flat in B but steep in the row's width; the rank
+# sort's grows with B x S^2. Measured on an H200 (2026-11-26, bench/prepare_probe.py):
+#   S <= 1,024 entries: the bitonic sort on 32-bit keys wins at every B (1,000 ids: 6.9 vs 7.1 µs at
+#     B = 1, 7.3 vs 25 at B = 64): never by rank;
+#   S of 2,049-4,096 (4,096 slots): bitonic 63 µs at any B <= 64, rank 15 / 147 µs at B = 1 / 64: by rank
+#     up to B x S^2 = RANK_SORT_MAX_WORK (S = 3,000: B <= 22);
+#   S of 1,025-2,048: not re-measured; the rule kept from 2026-11-23 (by rank up to B x S^2 = 40 << 20,
+#     S = 2,000: B <= 10), measured then against a slower bitonic sort (64-bit keys, 4 warps).
 RANK_SORT_MAX = 4096
 RANK_SORT_MAX_WORK = 192 << 20  # S = 3,000: B <= 22
+RANK_SORT_MAX_WORK_2048 = 40 << 20  # S = 2,000: B <= 10
 
 
 def rank_sort_pays(batch: int, width: int) -> bool:
     """Whether rows of ``width`` entries in a batch of ``batch`` are sorted by rank (see above)."""
-    return width <= RANK_SORT_MAX and batch * width * width <= RANK_SORT_MAX_WORK
+    if width <= 1024 or width > RANK_SORT_MAX:
+        return False
+    work = batch * width * width
+    return work <= (RANK_SORT_MAX_WORK_2048 if width <= 2048 else RANK_SORT_MAX_WORK)
 
 
 @triton.jit

@@ -15,7 +15,7 @@ import torch
 import fsdist
 import fsdist.params
 import fsdist.processing
-from fsdist.ops.prepare_processors import SENTINEL, key32_fits, launch_prepare, prepare_warps
+from fsdist.ops.prepare_processors import SENTINEL, default_sort, key32_fits, launch_prepare, prepare_warps
 from fsdist.ops.sort_entries import RANK_SORT_MAX, launch_sort_entries, rank_sort_pays
 
 
@@ -137,6 +137,8 @@ def test_rank_sort_refuses_rows_it_is_not_for():
     # chosen for small batches of rows of up to RANK_SORT_MAX entries only (measured crossover)
     assert rank_sort_pays(1, 3000) and rank_sort_pays(16, 3000) and rank_sort_pays(1, RANK_SORT_MAX)
     assert not rank_sort_pays(32, 3000) and not rank_sort_pays(1, RANK_SORT_MAX + 1)
+    assert rank_sort_pays(1, 2000) and rank_sort_pays(10, 2000) and not rank_sort_pays(11, 2000)
+    assert not rank_sort_pays(1, 1000) and not rank_sort_pays(1, 1024)
     with pytest.raises(ValueError, match="at most"):
         launch_sort_entries(torch.zeros(1, RANK_SORT_MAX + 1, dtype=torch.int32), torch.zeros(1, RANK_SORT_MAX + 1))
     with pytest.raises(ValueError, match="int32"):
@@ -144,6 +146,20 @@ def test_rank_sort_refuses_rows_it_is_not_for():
     with pytest.raises(ValueError, match="sort must be"):
         launch_prepare(1, 10, torch.device("cpu"), bias_ids=torch.zeros(1, 2, dtype=torch.int64),
                        bias_values=torch.zeros(1, 2), sort="quick")
+
+
+def test_default_sort_per_device_batch_and_width():
+    """The measured choice (sort_entries.py): the in-kernel sort on a GPU up to 1,024 entries at any B and
+    for wide rows at larger B, the rank sort for small batches of wide rows, torch under the interpreter."""
+    assert default_sort(False, 1, 1000) == "torch" and default_sort(False, 1, 3000) == "torch"
+    assert [default_sort(True, b, 1000) for b in (1, 64, 256)] == ["bitonic"] * 3
+    assert [default_sort(True, b, 3000) for b in (1, 22, 23)] == ["rank", "rank", "bitonic"]
+    assert [default_sort(True, b, 2000) for b in (1, 10, 11)] == ["rank", "rank", "bitonic"]
+    assert default_sort(True, 1, RANK_SORT_MAX + 1) == "bitonic"
+
+
+def test_warps_per_row_width():
+    assert prepare_warps(16) == 4 and prepare_warps(512) == 8 and prepare_warps(1024) == 16 and prepare_warps(4096) == 16
 
 
 def test_32_bit_keys_only_where_they_fit():
@@ -158,7 +174,7 @@ def test_32_bit_keys_only_where_they_fit():
 
 
 def test_32_bit_keys_past_the_sign_bit(device):
-    """V = 151936 and 3,000 ids a row (4,096 slots): most keys are above 2**31, where a signed key would
+    """V = 151936 and 3,500 ids a row (4,096 slots): most keys are above 2**31, where a signed key would
     sort them first. The in-kernel sort on those keys must equal torch's stable sort."""
     B, V, K, L = 2, 151936, 2000, 1000
     g = torch.Generator().manual_seed(11)
@@ -167,12 +183,14 @@ def test_32_bit_keys_past_the_sign_bit(device):
     ids[:, 40:60] = ids[:, 1000:1020]
     ids[0, 7] = -1
     out = torch.randint(-1, V, (B, L), generator=g)
+    prompt = torch.randint(V // 2, V, (B, 500), generator=g)  # kind 2 (prompt) keys past the sign bit too
+    prompt[:, :10] = ids[:, 1000:1010]  # the same id as a bias and a prompt entry
     vals = torch.randn(B, K, generator=g)
     d = lambda t: t.to(device)  # noqa: E731
-    kw = dict(bias_ids=d(ids), bias_values=d(vals), output_ids=d(out), repetition=1.2, penalties=True)
+    kw = dict(bias_ids=d(ids), bias_values=d(vals), output_ids=d(out), prompt_ids=d(prompt), repetition=1.2,
+              penalties=True)
     want = launch_prepare(B, V, device, sort="torch", **kw)
     assert int((want[0][want[0] != SENTINEL].long() * 4096 >= 2**31).sum()) > 1000
     got = launch_prepare(B, V, device, sort="bitonic", key32=True, **kw)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
-    assert prepare_warps(16) == 4 and prepare_warps(512) == 8 and prepare_warps(1024) == 16 and prepare_warps(4096) == 16
