@@ -153,8 +153,8 @@ def prepare_warps(s_pow2: int) -> int:
 
 def default_sort(on_gpu: bool, batch: int, width: int) -> str:
     """launch_prepare's sort for rows of ``width`` entries: under the interpreter "torch" (after the
-    kernel: tl.sort runs element by element there); on a GPU "rank" for small batches of wide rows
-    (``sort_entries.rank_sort_pays``: the one-program sort falls off a cliff past ~2,000 entries), else
+    kernel: tl.sort runs element by element there); on a GPU "rank" for small batches of rows of more
+    than 1,024 entries (``sort_entries.rank_sort_pays``: the one-program sort slows steeply with width), else
     "bitonic" (inside the kernel: 7-12 µs for 1,000 entries at B = 1-256 on an H200)."""
     if not on_gpu:
         return "torch"
@@ -211,7 +211,6 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     temp = _param(1.0 if temperature is None else temperature, values)
     s_pow2 = max(16, triton.next_power_of_2(S))
     on_gpu = device.type == "cuda"
-    fits = key32_fits(vocab_size, s_pow2)
     if sort is None:
         sort = default_sort(on_gpu, batch, S)
     if sort not in ("rank", "bitonic", "torch"):
@@ -221,6 +220,7 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     # xor-reductions element by element, seconds per call). tests/ops/test_prepare_processors.py
     # checks that the three sorts agree.
     block_r = 1 if on_gpu or sort == "bitonic" else max(1, min(triton.next_power_of_2(batch), 8192 // s_pow2))
+    fits = key32_fits(vocab_size, s_pow2)
     key32 = fits if key32 is None else bool(key32)
     if key32 and not fits and sort == "bitonic":  # (only the in-kernel sort uses the key)
         raise ValueError(f"32-bit sort keys do not fit rows of {s_pow2} slots at vocab_size {vocab_size}")

@@ -6,7 +6,7 @@ penalty is off, prompt ids when the repetition penalty is off), sorted with ties
 order, each bias value beside its entry; the penalties as fp32 [3, B]; the bad-row flags.
 All three ways of sorting run: inside the kernel (tl.sort on 32- or 64-bit keys, a GPU's default;
 slow under the interpreter, so a small batch), by rank in a second kernel (sort_entries.py, a GPU's
-default for small batches of rows of more than 2,048 slots) and with torch after it; the rank sort
+default for small batches of rows of more than 1,024 entries) and with torch after it; the rank sort
 also alone, against torch's stable sort on rows full of equal entries.
 """
 import pytest
