@@ -279,7 +279,7 @@ def _resolve_refined_row(ps, row, pool_ptr, shard_cols, n_flagged, round_start, 
         below = lkey - 1
         no = lkey < 0  # all False: no row here is bad, none complete
         vals2 = tl.load(scratch_f + sbase[:, None] + c[None, :], mask=cm, other=float("-inf"))
-        _need, _lower, _small, _pending, _topn_ok, _key_minp = finish_rows(vals2,
+        _need, _lower, _small, _pending, _topn_ok, _key_minp, _tok, _l_tok, _best = finish_rows(vals2,
                     tl.load(scratch_i + sbase[:, None] + c[None, :], mask=cm, other=-1),
                     row, go, go, filtered, no, below, no, m, msafe, z_full, log_z_raw,
                     inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, below,

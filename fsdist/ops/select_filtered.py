@@ -39,7 +39,10 @@ live logit reaches it; either way P = S. Any other row is flagged and
 needs only max(min-p threshold, k-th largest of U) for its fallback bound, which P gives
 exactly (if P holds k logits its k-th largest is U's; if not, U's lies below pk, which is then
 the min-p threshold). A program with a row whose P is over SMALL_CAP bisects on to the exact
-key and runs top-p by search over all of U.
+key and runs top-p by search over all of U. A program whose rows ask for min-p alone has nothing
+to rank pairwise: P (the survivors) then packs into WIDE_CAP lanes, so that its mass and the
+draw's noise run over P's ids and not over all ~4,700 of U (min-p 0.05 rows often keep more than
+SMALL_CAP survivors).
 
 Thresholds are found by bisection on an order-preserving 32-bit key of the fp32 logits,
 between each row's smallest and largest live keys (or pairwise, above): the k-th largest key,
@@ -64,7 +67,7 @@ threshold: tau = l_max + T log(min_p) is exact whatever U holds. When tau lies a
 U may lack survivors, but the draw is an argmax, and stage 1 already took the argmax of every
 tile: its winner (score, id, and with ``plan.winner_logits_needed`` the winner's logit). Call a
 tile *open* when its boundary reaches tau (it may hold survivors U lacks). Then, with the
-scores of U's survivors recomputed from the contract's noise:
+scores of U's survivors from the draw over them (the contract's noise):
 
 * an open tile whose winner is a survivor offers that winner: the best score of all its ids,
   hence of its survivors;
@@ -114,6 +117,11 @@ DEFAULT_SEARCH_CAP = 0
 # up to the order of fp32 sums). Also the top-k bisection's stop. A power of two >= 32; 0 turns it
 # off (tests).
 SMALL_CAP = 128
+# Most logits P may hold for a program whose rows ask for min-p alone (no top-k, no top-p: nothing
+# pairwise to rank) to pack P into this many lanes for its mass and the draw; else they run over all
+# of U (the noise of ~4,700 ids a row instead of P's). Min-p 0.05 rows of the kernel bench keep ~25-250
+# survivors, often more than SMALL_CAP. A power of two > SMALL_CAP, or 0 (off).
+WIDE_CAP = 1024
 # Most logits the fallback may gather for one row to finish it from a few recomputed tiles
 # (fallback.py): U's part at or above the row's lower bound plus the tiles it must recompute.
 # A power of two; a row over it has its whole logits row recomputed instead.
@@ -289,8 +297,9 @@ def nucleus_key_small(sv_at, n_s, keys, mass, live, msafe, inv_t, target, floor,
 
 @triton.jit
 def draw_token(vals, ids, keys, mass, live, key_t, noise_scale, seed, offset, FAST_LOG: tl.constexpr):
-    """(token, mass of the kept set, the token's logit) of each row: the argmax of logit + T * Gumbel
-    (the contract's noise for each id) over the live elements with key >= key_t."""
+    """(token, mass of the kept set, the token's logit, its score) of each row: the argmax of
+    logit + T * Gumbel (the contract's noise for each id) over the live elements with key >= key_t
+    (the lowest id among equal scores; token 2**31 - 1 and score -inf for a row with none)."""
     kept = live & (keys >= key_t[:, None])
     g = gumbel_from_bits(vocab_bits(seed[:, None], offset[:, None], ids), FAST_LOG)
     score = tl.where(kept, perturb(vals, noise_scale[:, None], g, FAST_LOG), float("-inf"))
@@ -298,25 +307,22 @@ def draw_token(vals, ids, keys, mass, live, key_t, noise_scale, seed, offset, FA
     tok = tl.min(tl.where(kept & (score == best[:, None]), ids, 2147483647), axis=1)
     z_kept = tl.sum(tl.where(kept, mass, 0.0), axis=1)
     l_tok = tl.max(tl.where(kept & (ids == tok[:, None]), vals, float("-inf")), axis=1)
-    return tok, z_kept, l_tok
+    return tok, z_kept, l_tok, best
 
 
 @triton.jit
 def winner_draw(cand_f, cand_i, base_f, base_i, rows, go, n_slots, n_local, stride_shard, stride_shard_i,
-                stride_field, stride_slot, bnd, vals, ids, key_minp, noise_scale, seed, offset,
-                BLOCK_S: tl.constexpr, FAST_LOG: tl.constexpr, UNCHECKED: tl.constexpr = False):
+                stride_field, stride_slot, bnd, key_minp, best_u, tok_u, l_u,
+                BLOCK_S: tl.constexpr, UNCHECKED: tl.constexpr = False):
     """The token of min-p-only rows ``go`` whose threshold key ``key_minp`` lies at or below the
     boundary, from U and the tiles' stage-1 winners (module docstring, "Min-p from the winners"):
-    (proven, token, its logit). U's survivors get their scores recomputed; an open tile (its
-    boundary reaches the threshold: it may hold survivors U lacks) contributes its winner when the
-    winner's logit (field 1) is a survivor, and otherwise bounds every survivor it holds by the
-    winner's score. A row is proven when its best score beats every such bound. bnd: the slots'
-    boundaries [rows, BLOCK_S]; vals / ids: all of U [rows, BLOCK_U]. UNCHECKED (tests only: the
-    power check) skips the bound."""
-    live = vals > float("-inf")
-    kept = go[:, None] & live & (order_key(vals) >= key_minp[:, None])
-    g = gumbel_from_bits(vocab_bits(seed[:, None], offset[:, None], ids), FAST_LOG)
-    score = tl.where(kept, perturb(vals, noise_scale[:, None], g, FAST_LOG), float("-inf"))
+    (proven, token, its logit). best_u / tok_u / l_u: the best score among U's survivors, its id
+    (the lowest among equal scores) and logit (``draw_token`` over them with key_t = key_minp; -inf /
+    2**31 - 1 when U holds none). An open tile (its boundary reaches the threshold: it may hold
+    survivors U lacks) contributes its winner when the winner's logit (field 1) is a survivor, and
+    otherwise bounds every survivor it holds by the winner's score. A row is proven when its best
+    score beats every such bound. bnd: the slots' boundaries [rows, BLOCK_S]. UNCHECKED (tests
+    only: the power check) skips the bound."""
     sl = tl.arange(0, BLOCK_S)
     ms = go[:, None] & (sl < n_slots)[None, :]
     off_f = (sl // n_local) * stride_shard + (sl % n_local) * stride_slot
@@ -328,11 +334,11 @@ def winner_draw(cand_f, cand_i, base_f, base_i, rows, go, n_slots, n_local, stri
     open_t = ms & tile_reaches(bnd, key_minp[:, None])
     surv = open_t & (l_w > float("-inf")) & (order_key(l_w) >= key_minp[:, None])
     s_surv = tl.where(surv, s_w, float("-inf"))
-    best = tl.maximum(tl.max(score, axis=1), tl.max(s_surv, axis=1))
+    best = tl.maximum(best_u, tl.max(s_surv, axis=1))
     # lowest id among equal best scores, as every path breaks ties
-    tok = tl.minimum(tl.min(tl.where(kept & (score == best[:, None]), ids, 2147483647), axis=1),
+    tok = tl.minimum(tl.where(best_u == best, tok_u, 2147483647),
                      tl.min(tl.where(surv & (s_surv == best[:, None]), id_w, 2147483647), axis=1))
-    l_tok = tl.maximum(tl.max(tl.where(kept & (ids == tok[:, None]), vals, float("-inf")), axis=1),
+    l_tok = tl.maximum(tl.where(tok_u == tok, l_u, float("-inf")),
                        tl.max(tl.where(surv & (id_w == tok[:, None]), l_w, float("-inf")), axis=1))
     if UNCHECKED:
         bound = tl.full(best.shape, float("-inf"), tl.float32)
@@ -344,15 +350,16 @@ def winner_draw(cand_f, cand_i, base_f, base_i, rows, go, n_slots, n_local, stri
 @triton.jit
 def _top_p_and_draw(vals, ids, keys, skeys, mass, live, in_s, key_s, use_p, any_p, target, floor_key, noise_scale,
                     seed, offset, FAST_LOG: tl.constexpr):
-    """finish_rows' top-p (a search over S's elements in place) and draw: (key_t, token, kept mass, its logit)."""
+    """finish_rows' top-p (a search over S's elements in place) and draw: (key_t, token, kept mass, its
+    logit, its score)."""
     if any_p:
         key_p = nucleus_key(skeys, mass, in_s, target, floor_key)
     else:
         key_p = tl.zeros(key_s.shape, tl.int64)
     key_t = tl.where(use_p, tl.maximum(key_s, key_p), key_s)
     # the token: argmax over the kept ids of logit + T * Gumbel, with the contract's noise
-    tok, z_kept, l_tok = draw_token(vals, ids, keys, mass, live, key_t, noise_scale, seed, offset, FAST_LOG)
-    return key_t, tok, z_kept, l_tok
+    tok, z_kept, l_tok, best = draw_token(vals, ids, keys, mass, live, key_t, noise_scale, seed, offset, FAST_LOG)
+    return key_t, tok, z_kept, l_tok, best
 
 
 @triton.jit
@@ -360,16 +367,44 @@ def _search_rows(vals, ids, keys, skeys, mass, live, kk, lo, hi, n_lo, ask_k, an
                  use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG: tl.constexpr):
     """finish_rows over the elements in place: the top-k bisection to the end (from where it
     stopped), S, top-p and the draw: (max(min-p threshold, k-th largest), key_s, key_t, token,
-    kept mass, its logit)."""
+    kept mass, its logit, its score)."""
     if any_k:
         lo, hi, n_lo = kth_bisect(skeys, live, kk, lo, hi, n_lo, ask_k, 0)
     key_km = tl.maximum(key_minp, tl.where(use_k, lo, 0))
     key_s = tl.where(use_k & k_known, key_km, key_minp)
     in_s = live & (keys >= key_s[:, None])
     z_s = tl.where(key_s > 0, tl.sum(tl.where(in_s, mass, 0.0), axis=1), z_full)
-    key_t, tok, z_kept, l_tok = _top_p_and_draw(vals, ids, keys, skeys, mass, live, in_s, key_s, use_p, any_p,
-                                                top_p * z_s, floor_key, noise_scale, seed, offset, FAST_LOG)
-    return key_km, key_s, key_t, tok, z_kept, l_tok
+    key_t, tok, z_kept, l_tok, best = _top_p_and_draw(vals, ids, keys, skeys, mass, live, in_s, key_s, use_p, any_p,
+                                                      top_p * z_s, floor_key, noise_scale, seed, offset, FAST_LOG)
+    return key_km, key_s, key_t, tok, z_kept, l_tok, best
+
+
+@triton.jit
+def _packed_rows(vals, ids, keys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known, key_minp, z_full, top_p,
+                 floor_key, msafe, inv_t, noise_scale, seed, offset, lanes_f, lanes_i, lanes_base,
+                 LANES: tl.constexpr, CHUNK: tl.constexpr, PAIRWISE: tl.constexpr, FAST_LOG: tl.constexpr):
+    """finish_rows over P (the elements at or above pk, n_p [rows] of them, at most LANES) packed into
+    LANES lanes: the k-th largest and top-p pairwise (PAIRWISE; a caller without it has no row asking
+    for either), S and the draw: the same outputs as _search_rows."""
+    sv, si = pack_lanes(lanes_f, lanes_i, lanes_base, vals, ids, live & (keys >= pk[:, None]), n_p, LANES)
+    s_live = sv > float("-inf")
+    s_keys = order_key(sv)
+    s_mass = tl.where(s_live, tl.exp((sv - msafe[:, None]) * inv_t[:, None]), 0.0)
+    key_km = key_minp  # max(min-p threshold, k-th largest): P has the k largest or the max is the former
+    key_p = tl.zeros(key_minp.shape, tl.int64)
+    if PAIRWISE:
+        if any_k:
+            key_km = tl.maximum(key_minp, kth_key_small(lanes_f + lanes_base, n_p, s_keys, s_live, kk, LANES, CHUNK))
+    key_s = tl.where(use_k & k_known, key_km, key_minp)
+    s_in = s_live & (s_keys >= key_s[:, None])
+    z_s = tl.where(key_s > 0, tl.sum(tl.where(s_in, s_mass, 0.0), axis=1), z_full)
+    if PAIRWISE:
+        if any_p:
+            key_p = nucleus_key_small(lanes_f + lanes_base, n_p, s_keys, s_mass, s_in, msafe, inv_t, top_p * z_s,
+                                      floor_key, LANES, CHUNK)
+    key_t = tl.where(use_p, tl.maximum(key_s, key_p), key_s)
+    tok, z_kept, l_tok, best = draw_token(sv, si, s_keys, s_mass, s_live, key_t, noise_scale, seed, offset, FAST_LOG)
+    return key_km, key_s, key_t, tok, z_kept, l_tok, best
 
 
 @triton.jit
@@ -379,19 +414,22 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
                 small_f, small_i, small_base,
                 SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TOP_N: tl.constexpr,
                 TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr,
-                SMALL: tl.constexpr = 0, SMALL_CHUNK: tl.constexpr = 32):
+                SMALL: tl.constexpr = 0, SMALL_CHUNK: tl.constexpr = 32, WIDE: tl.constexpr = 0):
     """Thresholds, proof, token, logprobs and top-N of each row from its kept logits ``vals`` /
     ``ids`` [rows, n] (-inf = empty): all of U, or only its elements above the boundary (the
     same outcome: see the module docstring). The fallback calls it too, on a row's logits at or
     above a proven lower bound (``fallback.py``: bkey and floor_key one below that bound).
 
-    Writes the proven rows' tokens, logprobs and top-N; returns (need, lower, small): the rows the
+    Writes the proven rows' tokens, logprobs and top-N; returns (need, lower, used): the rows the
     kept logits could not finish, for each a key at or below every threshold it needs (its
-    min-p / top-k / top-p thresholds and its N-th largest logit; 0 = no bound known), and whether
-    the k-th largest, top-p and the draw ran over P packed into SMALL lanes (module docstring;
-    small_f / small_i at small_base [rows], int64 element offsets; SMALL = 0: never), then (pending,
-    topn_ok, key_minp): the rows whose token U could not prove, whether each row's top-N is proven,
-    and each row's min-p threshold key (0: no min-p), for select_filtered's winner proof."""
+    min-p / top-k / top-p thresholds and its N-th largest logit; 0 = no bound known), and where
+    the k-th largest, top-p and the draw ran: 1 over P packed into SMALL lanes, 2 over P packed into
+    WIDE lanes (a program with min-p alone), 0 over the elements in place (module docstring;
+    small_f / small_i at small_base [rows], int64 element offsets, max(SMALL, WIDE) lanes a row;
+    SMALL = 0: never), then (pending, topn_ok, key_minp): the rows whose token U could not prove,
+    whether each row's top-N is proven, and each row's min-p threshold key (0: no min-p), then
+    (token, its logit, its score) of the draw over the elements at or above the row's threshold,
+    for select_filtered's winner proof."""
     BLOCK_R: tl.constexpr = vals.shape[0]
     live = vals > float("-inf")
     keys = order_key(vals)
@@ -429,36 +467,34 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
     # and top-p are then pairwise (no search) and the draw's noise runs over SMALL ids, not all of vals.
     pk = tl.maximum(tl.where(use_k, lo, 0), key_minp)
     n_p = tl.sum((live & (keys >= pk[:, None])).to(tl.int32), axis=1)
-    used = n_p < 0  # [rows] all False: whether the packed elements served
+    # used: 0 where the search over vals served, 1 where P packed into SMALL lanes, 2 into WIDE lanes
+    used = tl.zeros([BLOCK_R], tl.int32)
     if SMALL > 0:  # (a constexpr test first: the packed branch does not compile with SMALL = 0)
         small = tl.max(n_p, axis=0) <= SMALL
+        # A program whose rows ask for neither top-k nor top-p (min-p alone) needs no pairwise work
+        # over P, only its mass and the draw: P packs into WIDE lanes (a min-p row's survivors are
+        # often more than SMALL) and the noise runs over them instead of over all of vals.
+        wide = False
+        if WIDE > SMALL:
+            wide = (tl.max(n_p, axis=0) <= WIDE) & ~any_k & ~any_p
         if small:
-            sv, si = pack_lanes(small_f, small_i, small_base, vals, ids, live & (keys >= pk[:, None]), n_p, SMALL)
-            s_live = sv > float("-inf")
-            s_keys = order_key(sv)
-            s_mass = tl.where(s_live, tl.exp((sv - msafe[:, None]) * inv_t[:, None]), 0.0)
-            key_km = key_minp  # max(min-p threshold, k-th largest): P has the k largest or the max is the former
-            if any_k:
-                key_km = tl.maximum(key_minp, kth_key_small(small_f + small_base, n_p, s_keys, s_live, kk, SMALL,
-                                                            SMALL_CHUNK))
-            key_s = tl.where(use_k & k_known, key_km, key_minp)
-            s_in = s_live & (s_keys >= key_s[:, None])
-            z_s = tl.where(key_s > 0, tl.sum(tl.where(s_in, s_mass, 0.0), axis=1), z_full)
-            if any_p:
-                key_p = nucleus_key_small(small_f + small_base, n_p, s_keys, s_mass, s_in, msafe, inv_t,
-                                          top_p * z_s, floor_key, SMALL, SMALL_CHUNK)
-            else:
-                key_p = tl.zeros([BLOCK_R], tl.int64)
-            key_t = tl.where(use_p, tl.maximum(key_s, key_p), key_s)
-            tok, z_kept, l_tok = draw_token(sv, si, s_keys, s_mass, s_live, key_t, noise_scale, seed, offset,
-                                            FAST_LOG)
-            used = used | small
+            key_km, key_s, key_t, tok, z_kept, l_tok, best = _packed_rows(
+                vals, ids, keys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known, key_minp, z_full, top_p,
+                floor_key, msafe, inv_t, noise_scale, seed, offset, small_f, small_i, small_base, SMALL,
+                SMALL_CHUNK, True, FAST_LOG)
+            used = tl.full([BLOCK_R], 1, tl.int32)
+        elif wide:
+            key_km, key_s, key_t, tok, z_kept, l_tok, best = _packed_rows(
+                vals, ids, keys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known, key_minp, z_full, top_p,
+                floor_key, msafe, inv_t, noise_scale, seed, offset, small_f, small_i, small_base, WIDE,
+                SMALL_CHUNK, False, FAST_LOG)
+            used = tl.full([BLOCK_R], 2, tl.int32)
         else:
-            key_km, key_s, key_t, tok, z_kept, l_tok = _search_rows(
+            key_km, key_s, key_t, tok, z_kept, l_tok, best = _search_rows(
                 vals, ids, keys, skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp, z_full,
                 use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG)
     else:
-        key_km, key_s, key_t, tok, z_kept, l_tok = _search_rows(
+        key_km, key_s, key_t, tok, z_kept, l_tok, best = _search_rows(
             vals, ids, keys, skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp, z_full,
             use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG)
     # Top-p renormalises over S: its sum comes from U only if S lies above B.
@@ -524,7 +560,7 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
         # The fallback rewrites the top-N of every row it finishes (in "processed" mode they
         # depend on the threshold it finds), so it needs the N-th largest too.
         lower = tl.where(need, tl.minimum(lower, topn_key), lower)
-    return need, lower, used, pending, topn_ok, key_minp
+    return need, lower, used, pending, topn_ok, key_minp, tok, l_tok, best
 
 
 @triton.jit
@@ -567,6 +603,7 @@ def select_filtered_kernel(
     DEVICE_PARITY: tl.constexpr, PACK: tl.constexpr = False, CAP: tl.constexpr = 1,
     SEARCHED: tl.constexpr = False, TILE_V: tl.constexpr = 128, REFINE_CAP: tl.constexpr = 4096,
     SMALL_CAP: tl.constexpr = 0, DREW: tl.constexpr = False, SMALL_CHUNK: tl.constexpr = 32,
+    WIDE_CAP: tl.constexpr = 0, SCRATCH_LANES: tl.constexpr = 1,
     WINNERS: tl.constexpr = False, WINNERS_UNCHECKED: tl.constexpr = False, WON: tl.constexpr = False,
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -624,25 +661,25 @@ def select_filtered_kernel(
             # (only the packed ids are loaded)
             up_vals, up_ids = pack_lanes(scratch_f, scratch_i, rows.to(tl.int64) * CAP, vals,
                                          tl.load(ids_at, mask=above, other=-1), above, n_up, CAP)
-            need, lower, drew_small, pending, topn_ok, key_minp = finish_rows(
+            need, lower, drew_small, pending, topn_ok, key_minp, tok_u, l_u, best_u = finish_rows(
                 up_vals, up_ids,
                 rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
                 inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, no_floor, seed_ptr, seed_val,
                 offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
-                small_f, small_i, rows.to(tl.int64) * SMALL_CAP,
+                small_f, small_i, rows.to(tl.int64) * SCRATCH_LANES,
                 SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, SMALL_CAP,
-                SMALL_CHUNK)
+                SMALL_CHUNK, WIDE_CAP)
         else:
-            need, lower, drew_small, pending, topn_ok, key_minp = finish_rows(
+            need, lower, drew_small, pending, topn_ok, key_minp, tok_u, l_u, best_u = finish_rows(
                 vals, tl.load(ids_at, mask=m2, other=-1),
                 rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
                 inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, no_floor, seed_ptr, seed_val,
                 offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
-                small_f, small_i, rows.to(tl.int64) * SMALL_CAP,
+                small_f, small_i, rows.to(tl.int64) * SCRATCH_LANES,
                 SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, SMALL_CAP,
-                SMALL_CHUNK)
-        if DREW:  # instrumentation: 1 where top-p and the draw ran over the packed survivors
-            tl.store(drew_ptr + rows, tl.where(drew_small, 1, 0), mask=mask_r)
+                SMALL_CHUNK, WIDE_CAP)
+        if DREW:  # instrumentation: 1 / 2 where top-p and the draw ran over P packed in SMALL / WIDE lanes
+            tl.store(drew_ptr + rows, drew_small, mask=mask_r)
         # the winners carry no survivor mass: "processed" values are never asked of them (the launcher)
         tl.static_assert(not (WINNERS and MODE == 2 and (LOGPROBS or TOP_N > 0)))
         if WINNERS:
@@ -650,12 +687,18 @@ def select_filtered_kernel(
             # so the tiles' stage-1 winners may finish them (module docstring).
             go = pending & use_minp & ~use_k & ~use_p
             if tl.max(go.to(tl.int32), axis=0) > 0:
-                seed = load_row_param(seed_ptr, seed_val, rows, mask_r, tl.int64, SEED_PER_ROW)
-                offset = load_row_param(offset_ptr, offset_val, rows, mask_r, tl.int64, OFFSET_PER_ROW)
+                # finish_rows drew a go row's token over its kept logits at or above the min-p
+                # threshold: over U's survivors, which the proof takes as they are, unless only U's
+                # part above the boundary was searched (PACK): then the draw runs again over all of U.
+                if small:
+                    seed = load_row_param(seed_ptr, seed_val, rows, mask_r, tl.int64, SEED_PER_ROW)
+                    offset = load_row_param(offset_ptr, offset_val, rows, mask_r, tl.int64, OFFSET_PER_ROW)
+                    tok_u, _z, l_u, best_u = draw_token(vals, tl.load(ids_at, mask=m2, other=-1), order_key(vals),
+                                                        tl.zeros(vals.shape, tl.float32), vals > float("-inf"),
+                                                        key_minp, noise_scale, seed, offset, FAST_LOG)
                 won, tok, l_tok = winner_draw(cand_f, cand_i, base_f, base_i, rows, go, n_slots, n_local,
-                                              stride_shard, stride_shard_i, stride_field, stride_slot, bnd, vals,
-                                              tl.load(ids_at, mask=m2, other=-1), key_minp, noise_scale, seed,
-                                              offset, BLOCK_S, FAST_LOG, WINNERS_UNCHECKED)
+                                              stride_shard, stride_shard_i, stride_field, stride_slot, bnd, key_minp,
+                                              best_u, tok_u, l_u, BLOCK_S, WINNERS_UNCHECKED)
                 tl.store(tokens_ptr + rows, tok.to(tl.int64), mask=won)
                 if LOGPROBS:  # "scaled" or "raw" (WINNERS is off where "processed" values are asked)
                     if MODE == 1:
@@ -689,7 +732,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
                            mode: str = "scaled", top_ids=None, top_lp=None, cap: int = None, searched=None,
                            tile_v: int = 128, need_key=None, refine_cap: int = None, small_cap: int = None,
                            drew_small=None, winners: bool = False, won=None, winners_unchecked: bool = False,
-                           num_warps: int = None):
+                           num_warps: int = None, wide_cap: int = None):
     """Finish filtered rows and top-N logprobs from an extended candidate buffer ``src``, after
     launch_merge wrote ``tokens`` (and ``logprobs``) for every row.
 
@@ -705,7 +748,8 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     results; at most half of U's padded size is used); ``searched``, an int32 [B] tensor, receives how many kept
     logits each row's search ran over (-1: all of U). small_cap: SMALL_CAP unless set (0: the
     exact top-k bisection, top-p and the draw always over the searched elements; tests);
-    ``drew_small``, an int32 [B] tensor, receives 1 where they ran over the packed P (else 0).
+    ``drew_small``, an int32 [B] tensor, receives 1 where they ran over the packed P (else 0), 2
+    where min-p alone packed P into wide_cap lanes (WIDE_CAP unless set; 0: off) for the draw.
     winners: stage 1 wrote each tile winner's logit (field 1; ``plan.winner_logits_needed``), so
     min-p-only rows U cannot prove may be finished from the winners (module docstring); off where
     "processed" logprobs of the token or the top N are asked (they need the survivors' mass). ``won``, an int32 [B]
@@ -761,8 +805,12 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     small = SMALL_CAP if small_cap is None else small_cap
     if small and (small < 32 or small & (small - 1)):
         raise ValueError(f"small_cap must be 0 or a power of two >= 32, got {small}")
-    small_f = torch.empty(max(batch * small, 1), dtype=torch.float32, device=device)
-    small_i = torch.empty(max(batch * small, 1), dtype=torch.int32, device=device)
+    wide = (WIDE_CAP if wide_cap is None else wide_cap) if small else 0
+    if wide and (wide <= small or wide & (wide - 1)):
+        raise ValueError(f"wide_cap must be 0 or a power of two above small_cap ({small}), got {wide}")
+    lanes = max(small, wide, 1)
+    small_f = torch.empty(max(batch * lanes, 1), dtype=torch.float32, device=device)
+    small_i = torch.empty(max(batch * lanes, 1), dtype=torch.int32, device=device)
     select_filtered_kernel[(triton.cdiv(batch, block_r),)](
         src.f, src.i, src.base_f, src.base_i, par_p, par_f, par_i,
         batch, layout.n_slots, layout.n_local, layout.stride_shard, layout.stride_shard_i, layout.stride_field,
@@ -777,7 +825,8 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)), MODE=LOGPROBS_MODES.index(mode),
         LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device), DEVICE_PARITY=par_on,
         PACK=cap > 0, CAP=max(cap, 1), SEARCHED=searched is not None, TILE_V=tile_v, REFINE_CAP=refine_cap,
-        SMALL_CAP=small, DREW=drew_small is not None, WINNERS=winners, WINNERS_UNCHECKED=bool(winners_unchecked),
+        SMALL_CAP=small, WIDE_CAP=wide, SCRATCH_LANES=lanes, DREW=drew_small is not None, WINNERS=winners,
+        WINNERS_UNCHECKED=bool(winners_unchecked),
         WON=won is not None,
         # pairwise top-p in [rows, small, chunk] steps: the interpreter's many-row programs stay under
         # Triton's 2**20-element tensors

@@ -114,7 +114,7 @@ CASES = {
                         TOPP_PER_ROW=True, MINP_PER_ROW=False, BLOCK_R=1, BLOCK_U=8192, KEEP=4, TOP_N=5,
                         TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True, PACK=True, CAP=2048,
                         SEARCHED=True, TILE_V=128, REFINE_CAP=4096, SMALL_CAP=128, DREW=True, SMALL_CHUNK=32,
-                        WINNERS=False, WINNERS_UNCHECKED=False, WON=False),
+                        WIDE_CAP=1024, SCRATCH_LANES=1024, WINNERS=False, WINNERS_UNCHECKED=False, WON=False),
         num_warps=16),
     "entry_offsets": dict(
         module="fsdist.ops.entry_offsets", kernel="entry_offsets_kernel",

@@ -346,3 +346,78 @@ def test_a_wrong_survivor_pack_would_be_caught(device, monkeypatch, flaw):
     assert (wrong[5] == 1).all()
     with pytest.raises(AssertionError):
         _assert_same_outcome(ref, wrong)
+
+
+_PACKED_ROWS = sf._packed_rows  # the shipped helper, for the power check's wrong twin
+
+
+def _min_p_rows(device, B, V_rows, seed):
+    """Min-p-only rows (no top-k, no top-p) whose survivors number between SMALL_CAP and WIDE_CAP:
+    min_p puts each row's threshold midway between its c-th and (c+1)-th largest logits, c in
+    [200, 700], over 512 tiles of which U keeps 4 logits each (some rows are proven by U, the
+    others have more than 4 survivors in a tile)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(B, V_rows, generator=g) * 2.0
+    logits[1, 100:104] = logits[1].max()  # a tie group at the top
+    temps = torch.rand(B, generator=g) * 0.8 + 0.4
+    top = logits.topk(1024, dim=1).values
+    counts = torch.tensor([200, 350, 500, 700, 260, 610])[torch.arange(B) % 6]
+    mid = (top[torch.arange(B), counts - 1] + top[torch.arange(B), counts]) / 2
+    min_p = torch.exp((mid - top[:, 0]) / temps)
+    return logits, RowParams(temps.to(device), torch.arange(B, device=device) + 3, torch.full((B,), 4, device=device),
+                             min_p=min_p.to(device))
+
+
+@pytest.mark.parametrize("winners", [False, True])
+def test_min_p_alone_packs_wide_and_equals_the_search(device, winners):
+    """A program whose rows ask for min-p alone packs P (its survivors, more than SMALL_CAP here)
+    into WIDE_CAP lanes for the mass and the draw (``drew`` = 2) and gives what the search over all
+    kept logits gives: tokens, proofs, need keys, logprobs up to the order of fp32 sums; with the
+    winners' proof too, which takes the draw's best score over U's survivors as it is."""
+    B, V_rows = 6, 512 * BLOCK_V
+    logits, params = _min_p_rows(device, B, V_rows, seed=5)
+    layout, buffers = _stage1(device, logits, params)
+    kw = dict(vocab_size=V_rows, winners=winners)
+    search = _select(layout, buffers, B, params, None, small_cap=0, **kw)
+    wide = _select(layout, buffers, B, params, None, **kw)
+    assert (search[6] == 0).all() and (wide[6] == 2).all(), wide[6]
+    _assert_same_outcome(search, wide)
+    flagged = search[4]
+    assert torch.equal(wide[7][flagged], search[7][flagged])
+    assert 0 < int((~flagged).sum()) and (winners or 0 < int(flagged.sum())), flagged  # proven and flagged rows
+    # the wide cap off: the same rows take the search
+    off = _select(layout, buffers, B, params, None, wide_cap=0, **kw)
+    assert (off[6] == 0).all()
+    _assert_same_outcome(search, off)
+
+
+def test_a_wrong_wide_pack_would_be_caught(device, monkeypatch):
+    """Power: a wide pack that leaves out the threshold's own key (> instead of >=) changes the
+    outcome on these rows (a token, a proof or a logprob), so the comparison above can fail.
+    Interpreter only (a compiled kernel keeps the helper it was first compiled with)."""
+    if device.type != "cpu":
+        pytest.skip("swapping a @triton.jit helper does not recompile a cached GPU kernel")
+    B, V_rows = 6, 512 * BLOCK_V
+    logits, params = _min_p_rows(device, B, V_rows, seed=5)
+    # the threshold exactly on a logit of each row: its survivors' set depends on >= vs >
+    top = logits.topk(400, dim=1).values
+    t = params.temperature.cpu()
+    params = RowParams(params.temperature, params.seed, params.offset,
+                       min_p=torch.exp((top[:, 299] - top[:, 0]) / t).to(device))
+    layout, buffers = _stage1(device, logits, params)
+    kw = dict(vocab_size=V_rows, top_n=0, mode="processed")
+    ref = _select(layout, buffers, B, params, None, small_cap=0, **kw)
+
+    @triton.jit
+    def wrong_pack(vals, ids, keys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known, key_minp, z_full, top_p,
+                   floor_key, msafe, inv_t, noise_scale, seed, offset, lanes_f, lanes_i, lanes_base,
+                   LANES: tl.constexpr, CHUNK: tl.constexpr, PAIRWISE: tl.constexpr, FAST_LOG: tl.constexpr):
+        return _PACKED_ROWS(vals, ids, keys, live & (keys != pk[:, None]), pk, n_p, kk, any_k, any_p, use_k, use_p,
+                       k_known, key_minp, z_full, top_p, floor_key, msafe, inv_t, noise_scale, seed, offset, lanes_f,
+                       lanes_i, lanes_base, LANES, CHUNK, PAIRWISE, FAST_LOG)
+
+    monkeypatch.setattr(sf, "_packed_rows", wrong_pack)
+    wrong = _select(layout, buffers, B, params, None, **kw)
+    assert (wrong[6] == 2).all()
+    with pytest.raises(AssertionError):
+        _assert_same_outcome(ref, wrong)
