@@ -13,7 +13,8 @@ epilogue. Stage 1: CUDA events around each launch, L2 flushed before each, media
 packs (order key, reversed column) into one int64 (one row reduction per kept logit instead
 of two) before anything compiles: the A/B of v13, kept for the record. Stage 2 is timed with
 each ``--caps`` search cap (v14: the packed search over each row's kept logits above its
-boundary against the search over all of them) and each ``--select-warps`` warp count.
+boundary against the search over all of them), each ``--select-warps`` warp count and each
+``--wide-caps`` lane count of the min-p-only draw (v31; 0: off).
 On a machine without a GPU it runs one tiny shape under the interpreter (smoke test).
 """
 import argparse
@@ -121,25 +122,30 @@ def select_times(D, V, B, args, device):
         tokens = tokens0.clone()
         searched = torch.zeros(B, dtype=torch.int32, device=device)
         results = {}
-        for cap, warps in [(c, nw) for c in args.caps for nw in args.select_warps]:
+        drew = torch.zeros(B, dtype=torch.int32, device=device)
+        for cap, warps, wide in [(c, nw, wc) for c in args.caps for nw in args.select_warps for wc in args.wide_caps]:
             def call():
                 tokens.copy_(tokens0)
                 return launch_select_filtered(plan.layout, bufs, B, params, vocab_size=V, tokens=tokens, cap=cap,
-                                              searched=searched, num_warps=warps)
+                                              searched=searched, num_warps=warps, wide_cap=wide, drew_small=drew)
             ks = _kernels_us(call, args.reps, device)
             t = sum(v for k, v in ks.items() if "select_filtered" in k)
             fb = call()
-            results[(cap, warps)] = (tokens.clone(), fb.clone())
+            results[(cap, warps, wide)] = (tokens.clone(), fb.clone())
             n = searched.cpu()
             packed = n[n >= 0]
-            tag = f"{name} cap={cap}" + (f" warps={warps}" if warps else "")
+            tag = f"{name} cap={cap}" + (f" warps={warps}" if warps else "") + (f" wide={wide}" if wide is not None
+                                                                                else "")
             out[tag] = t
             out[f"{tag} packed rows"] = int(packed.numel())
+            d = drew.cpu()
+            out[f"{tag} draws small/wide/search"] = [int((d == 1).sum()), int((d == 2).sum()), int((d == 0).sum())]
             if packed.numel():
                 out[f"{tag} searched median"] = float(packed.float().median())
                 out[f"{tag} searched max"] = int(packed.max())
             common.log(f"  B={B} select {tag:28s} {t:8.1f} us (device), fallback rows "
-                       f"{int(fb.sum())}/{B}, packed rows {packed.numel()}/{B}"
+                       f"{int(fb.sum())}/{B}, packed rows {packed.numel()}/{B}, draws small/wide/search "
+                       f"{out[tag + ' draws small/wide/search']}"
                        + (f" (kept logits above the boundary: median {float(packed.float().median()):.0f}, "
                           f"max {int(packed.max())})" if packed.numel() else ""))
         ref = next(iter(results.values()))
@@ -229,6 +235,8 @@ def main():
     ap.add_argument("--caps", default=None, help="select_filtered search caps to time (default: 0 and SEARCH_CAP)")
     ap.add_argument("--select-warps", default=None,
                     help="select_filtered warp counts to time with each cap (default: the launcher's, 16)")
+    ap.add_argument("--wide-caps", default=None,
+                    help="select_filtered wide caps (min-p alone) to time with each cap (default: the launcher's)")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
     gpu = common.has_gpu()
@@ -241,6 +249,7 @@ def main():
     from fsdist.ops.select_filtered import SEARCH_CAP
     args.caps = common.parse_int_list(args.caps) if args.caps else [0, SEARCH_CAP]
     args.select_warps = common.parse_int_list(args.select_warps) if args.select_warps else [None]
+    args.wide_caps = common.parse_int_list(args.wide_caps) if args.wide_caps else [None]
     if args.variant == "packed-topk":
         import fsdist.ops.fused_sample as fs
 
