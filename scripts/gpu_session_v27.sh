@@ -5,8 +5,9 @@
 #            (default 1000; 1500,2000 measures the rows whose default sort is not re-measured); log in
 #            $OUT/prepare_probe.log
 #   tests    the GPU tests of this session's changes ($TESTS), log in $OUT/gpu_tests.log
-#   select   bench/filter_probe.py --only select: select_filtered's device time per search cap and warp count
-#            ($SELECT_WARPS, default 8,16,32; same tokens and flags checked), B = $SELECT_BATCHES
+#   select   bench/filter_probe.py --only select: select_filtered's device time per search cap ($SELECT_CAPS,
+#            default 0,2048), warp count ($SELECT_WARPS, default 8,16,32) and min-p draw width ($SELECT_WIDE,
+#            default the launcher's; same tokens and flags checked), B = $SELECT_BATCHES
 #   kernel   the kernel bench: plain, min-p, top-k + top-p, bias + penalties and their compiled baselines,
 #            eager and as graph replays ($SHAPES, $KERNEL_BATCHES)
 #   breakdown bench/processors_breakdown.py (device time per kernel; $BREAKDOWN_GROUPS, default plain, top-k +
@@ -41,7 +42,7 @@ fi
 if wants select; then
   TAIL=12 run_part select "${SELECT_TIMEOUT:-150}" select_probe.log \
     python3 bench/filter_probe.py --only select --batches "${SELECT_BATCHES:-1,16,64}" \
-    --select-warps "${SELECT_WARPS:-8,16,32}"
+    --select-warps "${SELECT_WARPS:-8,16,32}" --caps "${SELECT_CAPS:-0,2048}" ${SELECT_WIDE:+--wide-caps "$SELECT_WIDE"}
 fi
 if wants kernel; then
   M="${METHODS:-cublas,fsdist,fsdist_minp,torch_minp_compiled,fsdist_topk_topp,fsdist_bias_pen,torch_bias_pen_compiled}"

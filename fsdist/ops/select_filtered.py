@@ -469,26 +469,27 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
     n_p = tl.sum((live & (keys >= pk[:, None])).to(tl.int32), axis=1)
     # used: 0 where the search over vals served, 1 where P packed into SMALL lanes, 2 into WIDE lanes
     used = tl.zeros([BLOCK_R], tl.int32)
-    if SMALL > 0:  # (a constexpr test first: the packed branch does not compile with SMALL = 0)
-        small = tl.max(n_p, axis=0) <= SMALL
-        # A program whose rows ask for neither top-k nor top-p (min-p alone) needs no pairwise work
-        # over P, only its mass and the draw: P packs into WIDE lanes (a min-p row's survivors are
-        # often more than SMALL) and the noise runs over them instead of over all of vals.
-        wide = False
-        if WIDE > SMALL:
-            wide = (tl.max(n_p, axis=0) <= WIDE) & ~any_k & ~any_p
-        if small:
+    if SMALL > 0:  # (constexpr tests first: a packed branch does not compile with 0 lanes)
+        if tl.max(n_p, axis=0) <= SMALL:
             key_km, key_s, key_t, tok, z_kept, l_tok, best = _packed_rows(
                 vals, ids, keys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known, key_minp, z_full, top_p,
                 floor_key, msafe, inv_t, noise_scale, seed, offset, small_f, small_i, small_base, SMALL,
                 SMALL_CHUNK, True, FAST_LOG)
             used = tl.full([BLOCK_R], 1, tl.int32)
-        elif wide:
-            key_km, key_s, key_t, tok, z_kept, l_tok, best = _packed_rows(
-                vals, ids, keys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known, key_minp, z_full, top_p,
-                floor_key, msafe, inv_t, noise_scale, seed, offset, small_f, small_i, small_base, WIDE,
-                SMALL_CHUNK, False, FAST_LOG)
-            used = tl.full([BLOCK_R], 2, tl.int32)
+        elif WIDE > SMALL:
+            # A program whose rows ask for neither top-k nor top-p (min-p alone) needs no pairwise work
+            # over P, only its mass and the draw: P packs into WIDE lanes (a min-p row's survivors are
+            # often more than SMALL) and the noise runs over them instead of over all of vals.
+            if (tl.max(n_p, axis=0) <= WIDE) & ~any_k & ~any_p:
+                key_km, key_s, key_t, tok, z_kept, l_tok, best = _packed_rows(
+                    vals, ids, keys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known, key_minp, z_full,
+                    top_p, floor_key, msafe, inv_t, noise_scale, seed, offset, small_f, small_i, small_base, WIDE,
+                    SMALL_CHUNK, False, FAST_LOG)
+                used = tl.full([BLOCK_R], 2, tl.int32)
+            else:
+                key_km, key_s, key_t, tok, z_kept, l_tok, best = _search_rows(
+                    vals, ids, keys, skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp,
+                    z_full, use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG)
         else:
             key_km, key_s, key_t, tok, z_kept, l_tok, best = _search_rows(
                 vals, ids, keys, skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp, z_full,

@@ -184,6 +184,9 @@ CASES["select_filtered_full_search"] = dict(
 CASES["prepare_processors_key32"] = dict(
     CASES["prepare_processors"], constexprs=dict(CASES["prepare_processors"]["constexprs"], S_POW2=1024, KEY32=True),
     num_warps=16)
+# ... with the min-p draw's wide lanes off (wide_cap=0: its branch must not compile with 0 lanes)
+CASES["select_filtered_wide_off"] = dict(
+    CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], WIDE_CAP=0, SCRATCH_LANES=128))
 # ... and the min-p proof from the tiles' winners ("scaled" logprobs: "processed" turns it off), instrumented.
 CASES["select_filtered_winners"] = dict(
     CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], MODE=0, MINP_PER_ROW=True,
