@@ -122,6 +122,10 @@ SMALL_CAP = 128
 # of U (the noise of ~4,700 ids a row instead of P's). Min-p 0.05 rows of the kernel bench keep ~25-250
 # survivors, often more than SMALL_CAP. A power of two > SMALL_CAP, or 0 (off).
 WIDE_CAP = 1024
+# select_filtered's warps on a GPU (one row a program). 8 beat 16 by 1.4-1.5 µs (top-k + top-p) and 0.8-1.1 µs
+# (min-p) at B = 1 / 16 / 64, 4 and 32 lost everywhere (H100, D = 4096, docs/performance.md v30 / v31):
+# with 8 warps the row's reductions and barriers span half the threads, the extra lanes a thread cost less.
+SELECT_WARPS = 8
 # Most logits the fallback may gather for one row to finish it from a few recomputed tiles
 # (fallback.py): U's part at or above the row's lower bound plus the tiles it must recompute.
 # A power of two; a row over it has its whole logits row recomputed instead.
@@ -756,7 +760,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     "processed" logprobs of the token or the top N are asked (they need the survivors' mass). ``won``, an int32 [B]
     tensor, receives 1 where the winners finished a row (else 0); winners_unchecked (tests only:
     the power check) drops the proof's bound. num_warps (benchmarks): the kernel's warps on a GPU
-    (default 16); the results are the same up to the order of fp32 sums (logprobs' last bits, top-p at
+    (default SELECT_WARPS); the results are the same up to the order of fp32 sums (logprobs' last bits, top-p at
     an exact tie of its mass).
     """
     if not layout.extended:
@@ -832,6 +836,6 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         # pairwise top-p in [rows, small, chunk] steps: the interpreter's many-row programs stay under
         # Triton's 2**20-element tensors
         SMALL_CHUNK=32 if on_gpu else max(1, min(32, 2 ** 20 // max(1, block_r * small))),
-        num_warps=(16 if num_warps is None else int(num_warps)) if on_gpu else 4,
+        num_warps=(SELECT_WARPS if num_warps is None else int(num_warps)) if on_gpu else 4,
     )
     return fallback
