@@ -195,23 +195,35 @@ def graph_times(D, V, B, configs, args, device):
     # bias + penalties on 1,000 ids per row (the kernel bench's processors, issue 12's target)
     proc = _bias_penalties(D, V, B, device)
     cases.append(("bias_pen", proc, default_cap, None))
+    # select_filtered's warps and min-p draw width in whole calls (--select-warps / --wide-caps): module
+    # globals the launcher reads at each call, set while the graph is captured
+    knobs = [(nw, wc) for nw in args.select_warps for wc in args.wide_caps if (nw, wc) != (None, None)]
+    for nw, wc in knobs:
+        tag = (f" warps={nw}" if nw else "") + (f" wide={wc}" if wc is not None else "")
+        cases += [(f"k50+p0.9{tag}", filt, default_cap, None, nw, wc),
+                  (f"min_p0.05{tag}", minp, default_cap, None, nw, wc)]
     for cfg in configs:
         cases += [(f"plain {cfg.name}", {}, default_cap, cfg), (f"k50+p0.9 {cfg.name}", filt, default_cap, cfg),
                   (f"min_p0.05 {cfg.name}", minp, default_cap, cfg), (f"bias_pen {cfg.name}", proc, default_cap, cfg)]
+    cases = [c if len(c) == 6 else c + (None, None) for c in cases]
     tokens = {}
-    for name, kw, cap, cfg in cases:
+    default_warps, default_wide = sf.SELECT_WARPS, sf.WIDE_CAP
+    for name, kw, cap, cfg, warps, wide in cases:
         def call(hh):
             return fsdist.sample(hh, w, temperature=temp, seed=rows + 1, offset=rows * 0, config=cfg, **kw)
         sf.DEFAULT_SEARCH_CAP = cap
+        sf.SELECT_WARPS = warps or default_warps
+        sf.WIDE_CAP = default_wide if wide is None else wide
         try:
             graph = CapturedGraph(call, [(h,)], calls=5)
         finally:
-            sf.DEFAULT_SEARCH_CAP = default_cap
+            sf.DEFAULT_SEARCH_CAP, sf.SELECT_WARPS, sf.WIDE_CAP = default_cap, default_warps, default_wide
         t = statistics.median(time_graph(graph, warmup=3, reps=max(5, args.reps // 5), flush=flush))
         out[name] = t
         tokens[name] = graph.outputs[0].tokens.clone()
         base = name.split(" ")[0]
-        if cfg is not None and base in tokens:  # another stage-1 config: the same candidates, the same tokens
+        # another stage-1 config, select's warps or draw width: the same candidates, the same tokens
+        if (cfg is not None or warps or wide is not None) and base in tokens:
             same = torch.equal(tokens[name], tokens[base])
             out[f"{name} same tokens"] = same
             if not same:
