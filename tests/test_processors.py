@@ -387,3 +387,26 @@ def test_bad_values_in_device_tensors_poison_only_their_rows(device):
     with pytest.raises(ValueError, match=r"logit_bias.ids must hold ids in \[0, vocab_size=300\) or -1 in every row "
                                          r"\(bad rows: \[2\]\)"):
         fsdist.sample(h, w, check=True, **kw)
+
+
+@pytest.mark.parametrize("which, sparse", [("bitmask", False), ("bias", True), ("penalties", True), ("all", True)])
+def test_the_call_plans_with_its_sparse_processors(device, monkeypatch, which, sparse):
+    """fsdist.sample tells the plan whether the call applies bias / penalty entries (choose_path sends
+    such calls past one 128-row tile to the chunked path); a bitmask alone is not sparse."""
+    import fsdist.sampling as sampling
+
+    seen = []
+    real = sampling.plan_sample
+
+    def spy(**kw):
+        seen.append(kw.get("sparse_processors"))
+        return real(**kw)
+
+    monkeypatch.setattr(sampling, "plan_sample", spy)
+    B, V, D = 3, 300, 16
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(B, D, generator=g).to(device)
+    w = torch.randn(V, D, generator=g).to(device)
+    fsdist.sample(h, w, temperature=0.8, seed=1, **only(make_processors(B, V, device), *WHICH[which]))
+    fsdist.sample(h, w, temperature=0.8, seed=1)
+    assert seen == [sparse, False]

@@ -210,15 +210,23 @@ FULL_TILE_ROWS = 112
 
 
 STAGE1_PATHS = ("fused", "chunked")
+# Logit bias / penalty entries past one 128-row tile: the fused call runs them on 64-row ws tiles (the
+# 128-row tile's epilogue has no room for them, launch_fused), and the chunked path (cuBLAS's GEMM, then
+# the sampling pass applies the entries) was faster at B = 256 on an H100: 709 vs 766 µs (D = 4096), 999 vs
+# 1,147 (D = 8192); at B = 128 the fused call was ahead, 475 vs 572 / 799 vs 864 (graph replays, 1,000
+# entries a row, docs/performance.md v32). Filters alone stay fused: chunked was 7-26% slower at B = 128-256.
+SPARSE_CHUNKED_ABOVE = LARGE_TILE_ROWS
 
 
-def choose_path(batch: int, hidden_size: int, device_type: str, elem_size: int = 2) -> str:
+def choose_path(batch: int, hidden_size: int, device_type: str, elem_size: int = 2,
+                sparse_processors: bool = False) -> str:
     """'fused' while the op is memory bound (B <= 64), for B = 96-128 and for larger batches whose
     last 128-row tile holds >= 112 rows; 'chunked' (cuBLAS's GEMM, then the sampling pass) otherwise,
-    and for every B > 64 with 4-byte (fp32) operands. elem_size: bytes per hidden / weight element."""
+    for every B > 64 with 4-byte (fp32) operands, and past B = SPARSE_CHUNKED_ABOVE for calls with logit
+    bias or penalty entries (sparse_processors). elem_size: bytes per hidden / weight element."""
     if device_type != "cuda" or batch < CHUNKED_MIN_BATCH:
         return "fused"
-    if elem_size >= 4:
+    if elem_size >= 4 or (sparse_processors and batch > SPARSE_CHUNKED_ABOVE):
         return "chunked"
     if batch <= LARGE_TILE_ROWS:
         return "fused" if batch >= ONE_TILE_MIN_ROWS else "chunked"

@@ -54,7 +54,7 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
                 config: Optional[TileConfig] = None, path: Optional[str] = None, block_v: Optional[int] = None,
                 n_shards: int = 1, batch_cap: Optional[int] = None, n_fields: Optional[int] = None,
                 checked: bool = False, extended: bool = False, dtype: Optional[torch.dtype] = None,
-                raw_sums: bool = True, winner_logits: bool = False) -> SamplePlan:
+                raw_sums: bool = True, winner_logits: bool = False, sparse_processors: bool = False) -> SamplePlan:
     """Plan one sampling call.
 
     weight_rows: rows of the weight (one shard's, with tensor parallelism); n_shards: how
@@ -66,11 +66,13 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     also their raw (T = 1) sums (False when no "raw" logprobs are asked: one exp pass less per
     tile; the field is then NaN); dtype: the operands' dtype
     (fp32 takes the chunked path past B = 64); winner_logits: stage 1 writes each tile winner's logit
-    (``winner_logits_needed``; with logprobs it always does). config / path / block_v override
+    (``winner_logits_needed``; with logprobs it always does); sparse_processors: the call applies logit
+    bias or penalty entries (``choose_path``: chunked past one 128-row tile). config / path / block_v override
     the choices (tests and benchmarks; block_v fixes a head's layout).
     """
     device = torch.device(device)
-    path = path or choose_path(batch, hidden_size, device.type, dtype.itemsize if dtype is not None else 2)
+    path = path or choose_path(batch, hidden_size, device.type, dtype.itemsize if dtype is not None else 2,
+                               sparse_processors)
     if path not in STAGE1_PATHS:
         raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
     cfg = config or pick_config(batch, hidden_size, device.type, block_v=block_v)

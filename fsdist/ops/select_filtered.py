@@ -122,10 +122,11 @@ SMALL_CAP = 128
 # of U (the noise of ~4,700 ids a row instead of P's). Min-p 0.05 rows of the kernel bench keep ~25-250
 # survivors, often more than SMALL_CAP. A power of two > SMALL_CAP, or 0 (off).
 WIDE_CAP = 1024
-# select_filtered's warps on a GPU (one row a program). 8 beat 16 by 1.4-1.5 µs (top-k + top-p) and 0.8-1.1 µs
-# (min-p) at B = 1 / 16 / 64, 4 and 32 lost everywhere (H100, D = 4096, docs/performance.md v30 / v31):
-# with 8 warps the row's reductions and barriers span half the threads, the extra lanes a thread cost less.
-SELECT_WARPS = 8
+# select_filtered's warps on a GPU (one row a program). Timed alone (warm caches) 8 beat 16 by ~1.5 µs, but in
+# whole calls (graph replays, L2 flushed as the weight stream flushes it in serving) 8 lost 11 µs at B = 1 (H100,
+# D = 4096, docs/performance.md v30 / v32): with twice the lanes a thread the kernel's code is ~1.6x longer, and
+# a call fetches it from HBM. 4 and 32 lost alone.
+SELECT_WARPS = 16
 # Most logits the fallback may gather for one row to finish it from a few recomputed tiles
 # (fallback.py): U's part at or above the row's lower bound plus the tiles it must recompute.
 # A power of two; a row over it has its whole logits row recomputed instead.

@@ -75,3 +75,12 @@ def test_large_batch_config_runs_warp_specialised_where_it_can():
     assert not configs.pick_config(32, 4096, "cuda").ws
     with pytest.raises(ValueError, match="ws must be a bool"):
         TileConfig(128, 128, 64, ws="yes")
+
+
+@pytest.mark.parametrize("batch, path", [(1, "fused"), (64, "fused"), (65, "chunked"), (96, "fused"), (128, "fused"),
+                                         (129, "chunked"), (240, "chunked"), (256, "chunked"), (1024, "chunked")])
+def test_bias_and_penalty_entries_go_chunked_past_one_128_row_tile(batch, path):
+    """Calls with logit bias / penalty entries run the 64-row ws tile on the fused path past B = 64; past one
+    128-row tile the chunked path was faster (SPARSE_CHUNKED_ABOVE), up to it the usual rule holds."""
+    assert configs.choose_path(batch, 4096, "cuda", sparse_processors=True) == path
+    assert configs.choose_path(batch, 4096, "cpu", sparse_processors=True) == "fused"

@@ -115,7 +115,7 @@ CASES = {
                         TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True, PACK=True, CAP=2048,
                         SEARCHED=True, TILE_V=128, REFINE_CAP=4096, SMALL_CAP=128, DREW=True, SMALL_CHUNK=32,
                         WIDE_CAP=1024, SCRATCH_LANES=1024, WINNERS=False, WINNERS_UNCHECKED=False, WON=False),
-        num_warps=8),  # select_filtered.SELECT_WARPS
+        num_warps=16),  # select_filtered.SELECT_WARPS
     "entry_offsets": dict(
         module="fsdist.ops.entry_offsets", kernel="entry_offsets_kernel",
         types=dict(ent_ptr="*i32", val_ptr="*fp32", ent_stride="i32", width="i32", rounds="i32", out_ptr="*i32",
