@@ -181,7 +181,8 @@ def _bias_penalties(D, V, B, device):
 def graph_times(D, V, B, configs, args, device):
     """Whole calls as CUDA-graph replays (L2 flushed): plain, and the filtered ones with the default
     stage-1 config and search, with U's part above the boundary packed first (cap = SEARCH_CAP while
-    capturing), and with each extra stage-1 config in ``configs`` (config= of the call), side by side."""
+    capturing), with each extra stage-1 config in ``configs`` (config= of the call), and top-k + top-p / min-p
+    with each --select-warps / --wide-caps setting of select_filtered, side by side."""
     import fsdist.ops.select_filtered as sf
 
     w, h, rows, temp, filt = _inputs(D, V, B, device)

@@ -40,7 +40,8 @@ needs only max(min-p threshold, k-th largest of U) for its fallback bound, which
 exactly (if P holds k logits its k-th largest is U's; if not, U's lies below pk, which is then
 the min-p threshold). A program with a row whose P is over SMALL_CAP bisects on to the exact
 key and runs top-p by search over all of U. A program whose rows ask for min-p alone has nothing
-to rank pairwise: P (the survivors) then packs into WIDE_CAP lanes, so that its mass and the
+to rank pairwise: P (the survivors), when it holds at most WIDE_CAP logits, then packs into WIDE_CAP
+lanes, so that its mass and the
 draw's noise run over P's ids and not over all ~4,700 of U (min-p 0.05 rows often keep more than
 SMALL_CAP survivors).
 
@@ -123,9 +124,9 @@ SMALL_CAP = 128
 # survivors, often more than SMALL_CAP. A power of two > SMALL_CAP, or 0 (off).
 WIDE_CAP = 1024
 # select_filtered's warps on a GPU (one row a program). Timed alone (warm caches) 8 beat 16 by ~1.5 µs, but in
-# whole calls (graph replays, L2 flushed as the weight stream flushes it in serving) 8 lost 11 µs at B = 1 (H100,
-# D = 4096, docs/performance.md v30 / v32): with twice the lanes a thread the kernel's code is ~1.6x longer, and
-# a call fetches it from HBM. 4 and 32 lost alone.
+# whole calls (graph replays, L2 flushed as the weight stream flushes it in serving) 8 lost 11 µs at B = 1 for
+# top-k + top-p and 1.8 µs for min-p (H100, D = 4096, docs/performance.md v30 / v32): with twice the lanes a
+# thread the kernel's code is ~1.6x longer, and a call fetches it from HBM. 4 and 32 lost alone.
 SELECT_WARPS = 16
 # Most logits the fallback may gather for one row to finish it from a few recomputed tiles
 # (fallback.py): U's part at or above the row's lower bound plus the tiles it must recompute.
@@ -755,7 +756,8 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     logits each row's search ran over (-1: all of U). small_cap: SMALL_CAP unless set (0: the
     exact top-k bisection, top-p and the draw always over the searched elements; tests);
     ``drew_small``, an int32 [B] tensor, receives 1 where they ran over the packed P (else 0), 2
-    where min-p alone packed P into wide_cap lanes (WIDE_CAP unless set; 0: off) for the draw.
+    where min-p alone packed P into wide_cap lanes (WIDE_CAP unless set, where some row may have
+    min-p and WIDE_CAP exceeds small_cap; 0: off; small_cap = 0 turns them off too) for the draw.
     winners: stage 1 wrote each tile winner's logit (field 1; ``plan.winner_logits_needed``), so
     min-p-only rows U cannot prove may be finished from the winners (module docstring); off where
     "processed" logprobs of the token or the top N are asked (they need the survivors' mass). ``won``, an int32 [B]
@@ -804,14 +806,19 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     elif need_key.dtype != torch.int64 or need_key.numel() < batch:
         raise ValueError(f"need_key must be an int64 tensor of at least {batch} elements")
     refine_cap = REFINE_CAP if refine_cap is None else refine_cap
-    # [B, cap] scratch for the packed kept logits and [B, small] for the packed survivors (fp32
-    # values, int32 ids): O(B), never O(B x V).
+    # [B, cap] scratch for the packed kept logits and [B, max(small, wide)] for the packed survivors
+    # (fp32 values, int32 ids): O(B), never O(B x V).
     scratch_f = torch.empty(max(batch * cap, 1), dtype=torch.float32, device=device)
     scratch_i = torch.empty(max(batch * cap, 1), dtype=torch.int32, device=device)
     small = SMALL_CAP if small_cap is None else small_cap
     if small and (small < 32 or small & (small - 1)):
         raise ValueError(f"small_cap must be 0 or a power of two >= 32, got {small}")
-    wide = (WIDE_CAP if wide_cap is None else wide_cap) if small else 0
+    # The wide lanes serve programs with min-p alone: none without min-p (nor without the small lanes);
+    # left out, the kernel compiles without their branch.
+    if wide_cap is None:
+        wide = WIDE_CAP if small and WIDE_CAP > small and params.may_min_p else 0
+    else:
+        wide = wide_cap if small else 0
     if wide and (wide <= small or wide & (wide - 1)):
         raise ValueError(f"wide_cap must be 0 or a power of two above small_cap ({small}), got {wide}")
     lanes = max(small, wide, 1)

@@ -368,26 +368,36 @@ def _min_p_rows(device, B, V_rows, seed):
                              min_p=min_p.to(device))
 
 
+@pytest.mark.parametrize("cap", [None, sf.SEARCH_CAP])
 @pytest.mark.parametrize("winners", [False, True])
-def test_min_p_alone_packs_wide_and_equals_the_search(device, winners):
+def test_min_p_alone_packs_wide_and_equals_the_search(device, winners, cap):
     """A program whose rows ask for min-p alone packs P (its survivors, more than SMALL_CAP here)
     into WIDE_CAP lanes for the mass and the draw (``drew`` = 2) and gives what the search over all
     kept logits gives: tokens, proofs, need keys, logprobs up to the order of fp32 sums; with the
-    winners' proof too, which takes the draw's best score over U's survivors as it is."""
-    B, V_rows = 6, 512 * BLOCK_V
+    winners' proof too, which takes the draw's best score over U's survivors as it is, or, after the
+    packed search over U's part above the boundary (cap = SEARCH_CAP), draws over all of U again."""
+    # 18 rows: among them rows whose best survivor in U lies below the boundary, so that dropping the
+    # redraw after the packed search (cap = SEARCH_CAP) changes the outcome (checked by hand, 2026-11-27)
+    B, V_rows = 18, 512 * BLOCK_V
     logits, params = _min_p_rows(device, B, V_rows, seed=5)
     layout, buffers = _stage1(device, logits, params)
     kw = dict(vocab_size=V_rows, winners=winners)
     search = _select(layout, buffers, B, params, None, small_cap=0, **kw)
-    wide = _select(layout, buffers, B, params, None, **kw)
-    assert (search[6] == 0).all() and (wide[6] == 2).all(), wide[6]
+    won = torch.full((B,), -3, dtype=torch.int32, device=device)
+    wide = _select(layout, buffers, B, params, cap, won=won, **kw)
+    if cap is None:
+        assert (search[6] == 0).all() and (wide[6] == 2).all(), wide[6]
+    else:  # the search ran over U's part above the boundary (P there may fit the small lanes)
+        assert (wide[5] >= 0).all() and (wide[6] > 0).all(), (wide[5], wide[6])
     _assert_same_outcome(search, wide)
     flagged = search[4]
     assert torch.equal(wide[7][flagged], search[7][flagged])
     assert 0 < int((~flagged).sum()) and (winners or 0 < int(flagged.sum())), flagged  # proven and flagged rows
+    if winners:  # the winners finished rows U alone could not: the proof's branch ran
+        assert int((won == 1).sum()) > 0, won
     # the wide cap off: the same rows take the search
-    off = _select(layout, buffers, B, params, None, wide_cap=0, **kw)
-    assert (off[6] == 0).all()
+    off = _select(layout, buffers, B, params, cap, wide_cap=0, **kw)
+    assert (off[6] != 2).all()
     _assert_same_outcome(search, off)
 
 
