@@ -110,6 +110,12 @@ class LogitProcessing:
         return fp
 
 
+def has_entries(processing: Optional[LogitProcessing]) -> bool:
+    """Whether a call's processing (None: no processors) carries logit bias / penalty entries, the
+    sparse part that decides the tile and the path (a bitmask alone does not)."""
+    return processing is not None and processing.entries is not None
+
+
 def _ids_tensor(x, name: str, batch: int, device: torch.device) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be an int64 tensor [B, K] (-1 for an empty slot), got {type(x).__name__}")
@@ -270,4 +276,4 @@ def prepare_call_rows(temperature, seed, offset, batch: int, device, *, top_k, t
 
 
 __all__ = ["KIND_BIAS", "KIND_OUTPUT", "KIND_PROMPT", "LogitProcessing", "SENTINEL", "check_bitmask",
-           "check_values", "prepare_call_rows", "prepare_processing"]
+           "check_values", "has_entries", "prepare_call_rows", "prepare_processing"]

@@ -117,7 +117,7 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
                        logprobs=return_logprobs, config=config, path=path, extended=extended, dtype=hidden.dtype,
                        raw_sums=raw_sums_needed(logprobs_mode, return_logprobs, top_logprobs),
                        winner_logits=winner_logits_needed(filtered, params.may_min_p),
-                       sparse_processors=params.processing is not None and params.processing.entries is not None)
+                       sparse_processors=proc.has_entries(params.processing))
     buffers = BufferPair.alloc(plan.layout, hidden.device)
     launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size)
     tokens, lp, lse = launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs, raw=raw)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..processing import SENTINEL, LogitProcessing
+from ..processing import SENTINEL, LogitProcessing, has_entries
 from .processors import processed_logit
 from .utils import pinned_products_ok
 
@@ -66,7 +66,7 @@ def apply_entries_kernel(logits_ptr, stride_l, id_lo, n_cols, ent_ptr, val_ptr, 
 def launch_apply_entries(logits: torch.Tensor, processing: LogitProcessing, id_lo: int) -> None:
     """Bias and penalties of ``processing`` into fp32 ``logits`` [B, n] in place, whose column c
     holds global id id_lo + c. No-op without entries."""
-    if processing is None or processing.entries is None or logits.shape[0] == 0 or logits.shape[1] == 0:
+    if not has_entries(processing) or logits.shape[0] == 0 or logits.shape[1] == 0:
         return
     ent = processing.entries
     B, S = ent.shape

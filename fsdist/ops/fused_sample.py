@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ..params import RowParams
+from ..processing import has_entries
 from ..runtime import interpreting
 from .configs import TileConfig, fit_num_stages, triton_twin
 from .epilogue import perturb, raw_sum, row_temperature, tile_stats, tile_topk, write_candidates, write_kept
@@ -214,8 +215,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     # Bias / penalty entries past one 64-row tile: the warp-specialised kernel's 64-row tile, whose epilogue walks
     # them beside the next tile's wgmmas (its 128-row tile spills there; the Triton twin waits for them: v26b).
     # A bitmask alone stays on the Triton twin, which loads its words before the main loop (v26c: 17% faster).
-    proc = params.processing
-    ws_rows = 64 if cfg.block_b == WS_BLOCK_B and proc is not None and proc.entries is not None else cfg.block_b
+    ws_rows = 64 if cfg.block_b == WS_BLOCK_B and has_entries(params.processing) else cfg.block_b
     if cfg.ws and _ws_tile(cfg) and ws_supported(hidden, weight, params, layout, dest, logprobs=logprobs,
                                                   extended=extended, block_v=cfg.block_v,
                                                   block_b=ws_rows) and flags is None:

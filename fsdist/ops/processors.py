@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..processing import SENTINEL, LogitProcessing
+from ..processing import SENTINEL, LogitProcessing, has_entries
 from .epilogue import rounded_mul
 from .prepare_processors import PROBES
 from .utils import pinned_products_ok
@@ -340,7 +340,7 @@ def processor_args(processing: Optional[LogitProcessing], dummy: torch.Tensor, s
     sparse_in_tile=False: bias and penalties are already in the logits (``apply_entries``
     ran on them), only the bitmask is left to the tiles."""
     bm = processing.bitmask if processing is not None else None
-    sparse = processing is not None and processing.entries is not None and sparse_in_tile
+    sparse = has_entries(processing) and sparse_in_tile
     args = [bm if bm is not None else dummy, bm.stride(0) if bm is not None else 0]
     if sparse:
         ent = processing.entries
