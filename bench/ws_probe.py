@@ -12,6 +12,8 @@ inputs rotated:
   ...e8         the same with 8 epilogue warps (two warpgroups) instead of 4
   *_greedy      the same with T = 0 (no noise): the main loop with the lightest epilogue
   epi_<variant> the variant with its main loop skipped (zero logits): the epilogue's own time
+  pad_<variant> with --pad: the variant on a hidden zero-padded to whole batch tiles, the pad's copy included
+                (checked first: the same candidates as the unpadded launch)
   *_proc        with --processors: a token bitmask (half the ids), 500 bias + 250 output + 250 prompt ids
                 per row and penalties: the dispatched launch (shipped_proc), the Triton twin (twin_proc, with
                 the entry-offset launch), the warp-specialised kernel on 64- and 128-row tiles (ws64_proc,
@@ -52,6 +54,9 @@ def parse_args(argv=None):
     p.add_argument("--variants", default="s4r8,s5r8,s4r8e8,s5r8e8", help="ws variants: s<stages>r<row threads>")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--pad", action="store_true",
+                   help="also time each ws variant on a hidden zero-padded to whole batch tiles (pad_<variant>: "
+                        "the pad's copy included), after checking it writes the same candidates")
     p.add_argument("--processors", action="store_true",
                    help="also time the calls with bitmask + bias + penalties (any B; see the docstring)")
     return p.parse_args(argv)
@@ -90,9 +95,17 @@ def processing_for(B, V, dev, g):
         batch=B, vocab_size=V, device=dev)
 
 
-def run_ws(h, W, params, layout, cand, V, stages, rows, warps=4, epilogue_only=False, block_b=128):
+def run_ws(h, W, params, layout, cand, V, stages, rows, warps=4, epilogue_only=False, block_b=128, pad=False):
+    batch = None
+    if pad:
+        # Zero rows up to whole batch tiles, so that no TMA box of the hidden reaches past its rows (v17 / v25:
+        # a half-empty box looked slow). The pad's allocation and copy are part of the timed call.
+        B = h.shape[0]
+        padded = h.new_zeros(triton.cdiv(B, block_b) * block_b, h.shape[1])
+        padded[:B] = h
+        h, batch = padded, B
     launch_fused_ws(h, W, params, layout, cand, vocab_size=V, vocab_start=0, stages=stages, row_threads=rows,
-                    epilogue_warps=warps, epilogue_only=epilogue_only, block_b=block_b)
+                    epilogue_warps=warps, epilogue_only=epilogue_only, block_b=block_b, batch=batch)
 
 
 def variants(text):
@@ -154,6 +167,22 @@ def check_processors(h, W, pp, block_b, twin, layout, V, failures, label):
         failures.append(f"{label} processors: ws and Triton twin differ ({_score_diff(got.f, ref.f)})")
 
 
+def check_pad(h, W, params, layout, V, s, r, e, bb, failures, label):
+    """The padded launch writes the unpadded launch's candidates, bit for bit."""
+    ref = BufferPair.alloc(layout, h.device)
+    got = BufferPair.alloc(layout, h.device)
+    for buf in (ref, got):
+        buf.f.fill_(float("nan"))
+        buf.i.fill_(-7)
+    run_ws(h, W, params, layout, ref, V, s, r, e, block_b=bb)
+    run_ws(h, W, params, layout, got, V, s, r, e, block_b=bb, pad=True)
+    torch.cuda.synchronize()
+    same = torch.equal(ref.i, got.i) and torch.equal(ref.f.view(torch.int32), got.f.view(torch.int32))
+    C.log(f"{label}: padded candidates {'equal' if same else 'DIFFER'}")
+    if not same:
+        failures.append(f"{label}: the padded launch's candidates differ")
+
+
 def _t(params):
     return "[B]" if isinstance(params.temperature, torch.Tensor) else params.temperature
 
@@ -207,6 +236,11 @@ def main(argv=None) -> int:
             for name, s, r, e, bb in vs:
                 methods["ws_" + name] = lambda h, s=s, r=r, e=e, bb=bb: run_ws(h, W, params, layout, cand, V, s, r, e,
                                                                                 block_b=bb)
+            if args.pad:
+                for name, s, r, e, bb in vs:
+                    check_pad(hs[0], W, params, layout, V, s, r, e, bb, failures, f"D={D} B={B} {name}")
+                    methods["pad_" + name] = lambda h, s=s, r=r, e=e, bb=bb: run_ws(h, W, params, layout, cand, V, s,
+                                                                                    r, e, block_b=bb, pad=True)
             # Greedy (no noise): the main loops alone, so the epilogue's share shows.
             greedy = RowParams(0.0, 0, 0)
             methods["triton_greedy"] = lambda h: run_triton(h, W, greedy, layout, cand, V)

@@ -412,7 +412,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     stages: int = WS_STAGES, row_threads: int = WS_ROW_THREADS,
                     epilogue_warps: int = WS_EPILOGUE_WARPS, grid_cap: int = 0, epilogue_only: bool = False,
                     block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
-                    raw_sums: bool = True, winner_logit: bool = False) -> None:
+                    raw_sums: bool = True, winner_logit: bool = False, batch: int = None) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
@@ -424,7 +424,9 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     boundary with extended, the raw sums unless raw_sums is False. The sums add the two column halves' partial sums, so they may differ
     from the Triton kernel's in the last bits; every other field is the same bit for bit.
     params.processing: the logits are processed as the Triton kernel's (ws_supported sends processors to
-    64-row tiles only; on 128-row tiles the epilogue spills registers, for benchmarks)."""
+    64-row tiles only; on 128-row tiles the epilogue spills registers, for benchmarks).
+    batch (benchmarks): the rows to sample when ``hidden`` is padded with extra rows (the operand the copy
+    engine reads; the candidates are those of ``hidden[:batch]``); default all of hidden's rows."""
     if block_b not in (64, 128):
         raise ValueError(f"block_b must be 64 or 128, got {block_b}")
     if extended and not layout.extended:
@@ -432,6 +434,10 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     if (logprobs or extended) and block_b != 64:
         raise ValueError("logprobs and kept logits run on the 64-row batch tile only")
     B, D = hidden.shape
+    if batch is not None:
+        if not 0 < batch <= B:
+            raise ValueError(f"batch must be in [1, {B}] (hidden's rows), got {batch}")
+        B = batch
     V_rows = weight.shape[0]
     n_vtiles = layout.check_fit(B, V_rows, WS_BLOCK_V, shard, vocab_start)
     n_btiles = triton.cdiv(B, block_b)
