@@ -14,8 +14,7 @@ packs (order key, reversed column) into one int64 (one row reduction per kept lo
 of two) before anything compiles: the A/B of v13, kept for the record. Stage 2 is timed with
 each ``--caps`` search cap (v14: the packed search over each row's kept logits above its
 boundary against the search over all of them), each ``--select-warps`` warp count and each
-``--wide-caps`` lane count of the min-p-only draw (v31; 0: off). ``--no-pdl`` also times the whole
-calls with the small kernels launched without programmatic dependent launch (v34).
+``--wide-caps`` lane count of the min-p-only draw (v31; 0: off).
 On a machine without a GPU it runs one tiny shape under the interpreter (smoke test).
 """
 import argparse
@@ -185,7 +184,6 @@ def graph_times(D, V, B, configs, args, device):
     capturing), with each extra stage-1 config in ``configs`` (config= of the call), and top-k + top-p / min-p
     with each --select-warps / --wide-caps setting of select_filtered, side by side."""
     import fsdist.ops.select_filtered as sf
-    import fsdist.ops.utils as fsdist_utils
 
     w, h, rows, temp, filt = _inputs(D, V, B, device)
     flush = L2Flusher(device)
@@ -205,36 +203,28 @@ def graph_times(D, V, B, configs, args, device):
         tag = (f" warps={nw}" if nw else "") + (f" wide={wc}" if wc is not None else "")
         cases += [(f"k50+p0.9{tag}", filt, default_cap, None, nw, wc),
                   (f"min_p0.05{tag}", minp, default_cap, None, nw, wc)]
-    # --no-pdl: every default case again with the small kernels launched without programmatic dependent
-    # launch (fsdist.ops.utils.PDL, read at each launch), to A/B it in one run
-    if args.no_pdl:
-        cases += [(f"{c[0]} nopdl",) + tuple(c[1:]) for c in list(cases)
-                  if c[0] in ("plain", "k50+p0.9", "min_p0.05", "bias_pen")]
     for cfg in configs:
         cases += [(f"plain {cfg.name}", {}, default_cap, cfg), (f"k50+p0.9 {cfg.name}", filt, default_cap, cfg),
                   (f"min_p0.05 {cfg.name}", minp, default_cap, cfg), (f"bias_pen {cfg.name}", proc, default_cap, cfg)]
     cases = [c if len(c) == 6 else c + (None, None) for c in cases]
     tokens = {}
     default_warps, default_wide = sf.SELECT_WARPS, sf.WIDE_CAP
-    default_pdl = fsdist_utils.PDL
     for name, kw, cap, cfg, warps, wide in cases:
         def call(hh):
             return fsdist.sample(hh, w, temperature=temp, seed=rows + 1, offset=rows * 0, config=cfg, **kw)
         sf.DEFAULT_SEARCH_CAP = cap
         sf.SELECT_WARPS = warps or default_warps
         sf.WIDE_CAP = default_wide if wide is None else wide
-        fsdist_utils.PDL = default_pdl and not name.endswith(" nopdl")
         try:
             graph = CapturedGraph(call, [(h,)], calls=5)
         finally:
             sf.DEFAULT_SEARCH_CAP, sf.SELECT_WARPS, sf.WIDE_CAP = default_cap, default_warps, default_wide
-            fsdist_utils.PDL = default_pdl
         t = statistics.median(time_graph(graph, warmup=3, reps=max(5, args.reps // 5), flush=flush))
         out[name] = t
         tokens[name] = graph.outputs[0].tokens.clone()
         base = name.split(" ")[0]
         # another stage-1 config, select's warps or draw width: the same candidates, the same tokens
-        if (cfg is not None or warps or wide is not None or name.endswith(" nopdl")) and base in tokens:
+        if (cfg is not None or warps or wide is not None) and base in tokens:
             same = torch.equal(tokens[name], tokens[base])
             out[f"{name} same tokens"] = same
             if not same:
@@ -260,8 +250,6 @@ def main():
                     help="select_filtered warp counts to time with each cap (default: the launcher's, 16)")
     ap.add_argument("--wide-caps", default=None,
                     help="select_filtered wide caps (min-p alone) to time with each cap (default: the launcher's)")
-    ap.add_argument("--no-pdl", action="store_true",
-                    help="graph: also time the default cases with the small kernels launched without PDL")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
     gpu = common.has_gpu()

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # One device call of the nineteenth session (docs/performance.md, v34 / v35). PARTS, any of:
-#   pdl    bench/filter_probe.py --only graph --no-pdl: whole calls (plain, top-k + top-p, min-p, bias + penalties)
-#          as CUDA-graph replays, L2 flushed, with the small kernels after stage 1 launched with programmatic
-#          dependent launch (the default) and without, same tokens checked; B = $PDL_BATCHES (default 1,16,64)
+#   pdl    (v34, at commit 9aa226d only: the PDL experiment was reverted) bench/filter_probe.py --only graph
+#          --no-pdl, B = $PDL_BATCHES
 #   pad    bench/ws_probe.py --pad: the warp-specialised stage 1 on a hidden zero-padded to whole batch tiles
 #          against the unpadded launch (same candidates checked), B = $PAD_BATCHES on 128-row tiles and
 #          $PAD_SMALL on 64-row tiles, D = 4096

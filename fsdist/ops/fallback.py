@@ -42,7 +42,7 @@ from .parity import parity_args, parity_offsets
 from .processors import apply_processors, processor_args
 from .select_filtered import REFINE_CAP, finish_rows, kept_logits, order_key, row_slot_stats, tile_reaches
 from .top_logprobs import place_pick, top_n_normaliser
-from .utils import fast_log_ok, load_row_param, pdl_ok, row_param_args, sm_count, wait_for_prior
+from .utils import fast_log_ok, load_row_param, row_param_args, sm_count
 
 # Rows resolved per round on a GPU: one round covers B <= 64, so a decode batch pays two empty
 # launches when nothing falls back (a fp32 pool of 64 x 151936 = 37.1 MiB at V = 151936, only in filtered calls).
@@ -102,13 +102,12 @@ def materialize_kernel(h_ptr, w_ptr, pool_ptr, flags_ptr, B, round_start,
                        DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
                        PEER_TABLE: tl.constexpr = False, NPEERS: tl.constexpr = 1,
                        BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False, PINNED: tl.constexpr = False,
-                       DEVICE_PARITY: tl.constexpr = False, SCAN: tl.constexpr = 128, PDL: tl.constexpr = False):
+                       DEVICE_PARITY: tl.constexpr = False, SCAN: tl.constexpr = 128):
     """Logits of this round's listed rows for the weight's vocabulary tiles (stage 1's tile: BLOCK_V
     ids; program p takes tiles p, p + programs, ...), into the pool's block of this shard: pool[shard, slot, column]
     (through a peer table: every peer's pool). Only where a row needs the tile: its need key
     is 0 (the whole row), or the tile's boundary in the candidate buffer (at ``cand_base``:
     this shard's boundary field) reaches the key. Padding ids are not written (nothing reads them)."""
-    wait_for_prior(PDL)  # launched with PDL: select_filtered's flags are complete past this (utils.PDL)
     n = flagged_count(flags_ptr, B, SCAN)
     if round_start < n:  # a round past the count (most calls) stops here
         slots = round_start + tl.arange(0, POOL)
@@ -302,12 +301,10 @@ def resolve_kernel(pool_ptr, shard_cols, flags_ptr, B, round_start, V,
                    BLOCK: tl.constexpr, TOP_N: tl.constexpr, TOP_N_POW2: tl.constexpr, MODE: tl.constexpr,
                    LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr, POOL: tl.constexpr, BLOCK_R: tl.constexpr,
                    KEEP: tl.constexpr = 4, BLOCK_U: tl.constexpr = 16, TILE_V: tl.constexpr = 128,
-                   RCAP: tl.constexpr = 4096, DEVICE_PARITY: tl.constexpr = False, SCAN: tl.constexpr = 128,
-                   PDL: tl.constexpr = False):
+                   RCAP: tl.constexpr = 4096, DEVICE_PARITY: tl.constexpr = False, SCAN: tl.constexpr = 128):
     """BLOCK_R pooled rows per program. A row with need key 0: the thresholds of select_filtered
     over every logit of its recomputed row; any other: over its logits at or above the key
     (_resolve_refined_row)."""
-    wait_for_prior(PDL)  # launched with PDL: the round's pool is complete past this (utils.PDL)
     base_f, base_i = parity_offsets(base_f, base_i, parity_ptr, parity_stride_f, parity_stride_i, DEVICE_PARITY)
     n_flagged = flagged_count(flags_ptr, B, SCAN)
     if round_start < n_flagged:  # a round past the count (most calls) stops here
@@ -526,8 +523,8 @@ def launch_materialize(hidden: torch.Tensor, weight: torch.Tensor, pool: PoolLay
         POOL=pool.rows, BLOCK_V=kept.tile_v, BLOCK_K=max(16, min(block_k, triton.next_power_of_2(D))),
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and not on_gpu, PEER_TABLE=npeers is not None,
-        NPEERS=npeers or 1, **proc_flags, DEVICE_PARITY=par_on, SCAN=SCAN, PDL=pdl_ok(hidden.device),
-        launch_pdl=pdl_ok(hidden.device), num_warps=4 if kept.tile_v <= 128 else 8, num_stages=2 if on_gpu else 1)
+        NPEERS=npeers or 1, **proc_flags, DEVICE_PARITY=par_on, SCAN=SCAN, num_warps=4 if kept.tile_v <= 128 else 8,
+        num_stages=2 if on_gpu else 1)
 
 
 def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, flags: torch.Tensor, start: int,
@@ -565,8 +562,7 @@ def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, fl
         **pflags, BLOCK=block, TOP_N=top_n, TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)),
         MODE=LOGPROBS_MODES.index(mode), LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device),
         POOL=pool.rows, BLOCK_R=block_r, KEEP=KEEP, BLOCK_U=block_u,
-        TILE_V=kept.tile_v, RCAP=rcap, DEVICE_PARITY=par_on, SCAN=SCAN, PDL=pdl_ok(device), launch_pdl=pdl_ok(device),
-        num_warps=16 if on_gpu else 4)
+        TILE_V=kept.tile_v, RCAP=rcap, DEVICE_PARITY=par_on, SCAN=SCAN, num_warps=16 if on_gpu else 4)
 
 
 def run_fallback(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, *, vocab_size: int,

@@ -34,7 +34,7 @@ from .epilogue import row_temperature
 from .layout import BufferPair, CandidateLayout
 from .parity import parity_args, parity_offsets
 from .step_check import HeaderCheck, check_headers
-from .utils import load_row_param, pdl_ok, row_param_args, wait_for_prior
+from .utils import load_row_param, row_param_args
 
 
 @triton.jit
@@ -45,9 +45,7 @@ def merge_candidates_kernel(
     me, status_ptr, fp_slot, rec_slot,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, LOGPROBS: tl.constexpr, DEVICE_PARITY: tl.constexpr,
     TEMP_PER_ROW: tl.constexpr, STATS: tl.constexpr, CHECK: tl.constexpr = False, RAW: tl.constexpr = False,
-    PDL: tl.constexpr = False,
 ):
-    wait_for_prior(PDL)  # launched with PDL: stage 1's candidates are complete past this (utils.PDL)
     buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
                                               parity_stride_i, DEVICE_PARITY)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -154,7 +152,6 @@ def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: R
         block_r, block_s = blocks or (block_r, block_s)
         par_p, par_f, par_i, par_on = parity_args(src.parity, src.i)
         temp_p, temp_v, temp_row = row_param_args(params.temperature, src.i)
-        pdl = pdl_ok(device)
         merge_candidates_kernel[(triton.cdiv(batch, block_r),)](
             src.f, src.i, tokens, lp, lse, st,
             batch, layout.n_slots, layout.n_local, src.base_f, src.base_i, layout.stride_shard,
@@ -163,8 +160,7 @@ def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: R
             check.me if check else 0, check.status if check else src.i,
             layout.fingerprint_slot, layout.record_slot,
             BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs, DEVICE_PARITY=par_on,
-            TEMP_PER_ROW=temp_row, STATS=stats, CHECK=check is not None, RAW=raw and logprobs, PDL=pdl,
-            launch_pdl=pdl, num_warps=4,
+            TEMP_PER_ROW=temp_row, STATS=stats, CHECK=check is not None, RAW=raw and logprobs, num_warps=4,
         )
     out = (tokens, (lp if logprobs else None), (lse if logprobs else None))
     return out + (st,) if stats else out

@@ -101,7 +101,7 @@ from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits
 from .parity import parity_args, parity_offsets
 from .top_logprobs import place_pick, top_n_normaliser
-from .utils import fast_log_ok, load_row_param, pdl_ok, row_param_args, wait_for_prior
+from .utils import fast_log_ok, load_row_param, row_param_args
 
 MODE_SCALED, MODE_RAW, MODE_PROCESSED = 0, 1, 2
 # Most kept logits above the boundary a row may have for the packed search (else all of U
@@ -612,9 +612,7 @@ def select_filtered_kernel(
     SMALL_CAP: tl.constexpr = 0, DREW: tl.constexpr = False, SMALL_CHUNK: tl.constexpr = 32,
     WIDE_CAP: tl.constexpr = 0, SCRATCH_LANES: tl.constexpr = 1,
     WINNERS: tl.constexpr = False, WINNERS_UNCHECKED: tl.constexpr = False, WON: tl.constexpr = False,
-    PDL: tl.constexpr = False,
 ):
-    wait_for_prior(PDL)  # launched with PDL: the merge's tokens are complete past this (utils.PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rows < B
     base_f, base_i = parity_offsets(base_f, base_i, parity_ptr, parity_stride_f, parity_stride_i, DEVICE_PARITY)
@@ -842,7 +840,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         PACK=cap > 0, CAP=max(cap, 1), SEARCHED=searched is not None, TILE_V=tile_v, REFINE_CAP=refine_cap,
         SMALL_CAP=small, WIDE_CAP=wide, SCRATCH_LANES=lanes, DREW=drew_small is not None, WINNERS=winners,
         WINNERS_UNCHECKED=bool(winners_unchecked),
-        WON=won is not None, PDL=pdl_ok(device), launch_pdl=pdl_ok(device),
+        WON=won is not None,
         # pairwise top-p in [rows, small, chunk] steps: the interpreter's many-row programs stay under
         # Triton's 2**20-element tensors
         SMALL_CHUNK=32 if on_gpu else max(1, min(32, 2 ** 20 // max(1, block_r * small))),
