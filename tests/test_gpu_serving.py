@@ -34,8 +34,9 @@ def _serving_inputs(B, D=4096, V=V_REAL, seed=0):
     return h, w, params, filters
 
 
-# B = 64: the warp-specialised 64-row tile (an sm_90 GPU); 16: the Triton kernel; 512: the 128-row ws tile
-@pytest.mark.parametrize("B,path", [(16, "fused"), (64, "fused"), (128, "chunked"), (512, "fused")])
+# B = 64: the warp-specialised 64-row tile (an sm_90 GPU); 16: the Triton kernel; 512: the 128-row ws tile;
+# 192: 128-row tiles whose last is half empty (a zero-padded hidden, configs.PAD_TILE_ROWS)
+@pytest.mark.parametrize("B,path", [(16, "fused"), (64, "fused"), (128, "chunked"), (192, "fused"), (512, "fused")])
 def test_sample_never_synchronises(B, path):
     h, w, params, filters = _serving_inputs(B)
     calls = [dict(), dict(return_logprobs=True), dict(filters, return_logprobs=True, logprobs_mode="processed"),

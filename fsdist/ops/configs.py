@@ -209,6 +209,14 @@ ONE_TILE_MIN_ROWS = 96
 FULL_TILE_ROWS = 112
 
 
+# Batch tiles of at least this many rows read a zero-padded copy of the hidden when the batch leaves the last
+# tile partly empty (``fused_sample.tile_operand``): a TMA box of the hidden that reaches past its rows is
+# zero-filled by the copy engine, and on 128-row tiles such a box made the whole stage 1 far slower (H100,
+# D = 4096, B = 192: 793 µs, 540 with the hidden padded to 256 rows, B = 256 itself 585; docs/performance.md
+# v35). The copy is [ceil(B / tile) x tile, D], a few µs; the candidates are the same bit for bit.
+PAD_TILE_ROWS = 128
+
+
 STAGE1_PATHS = ("fused", "chunked")
 # Logit bias / penalty entries past one 128-row tile: the fused call runs them on 64-row ws tiles (the
 # 128-row tile's epilogue has no room for them, launch_fused), and the chunked path (cuBLAS's GEMM, then

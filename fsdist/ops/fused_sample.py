@@ -20,7 +20,7 @@ import triton.language as tl
 from ..params import RowParams
 from ..processing import has_entries
 from ..runtime import interpreting
-from .configs import TileConfig, fit_num_stages, triton_twin
+from .configs import PAD_TILE_ROWS, TileConfig, fit_num_stages, triton_twin
 from .epilogue import perturb, raw_sum, row_temperature, tile_stats, tile_topk, write_candidates, write_kept
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
@@ -193,6 +193,18 @@ def tma_operands(hidden: torch.Tensor, weight: torch.Tensor, cfg: TileConfig):
             TensorDescriptor.from_tensor(weight, [cfg.block_v, cfg.block_k]), True)
 
 
+def tile_operand(hidden: torch.Tensor, cfg: TileConfig) -> torch.Tensor:
+    """The hidden the kernel's copy engine reads: ``hidden`` itself, or, for TMA tiles of at least
+    configs.PAD_TILE_ROWS rows whose last tile the batch leaves partly empty, a copy zero-padded to whole
+    tiles (the kernel still samples only hidden's rows, so the candidates are the same; see PAD_TILE_ROWS)."""
+    B = hidden.shape[0]
+    if not (cfg.tma and cfg.block_b >= PAD_TILE_ROWS and B % cfg.block_b and _tma_capable(hidden.device)):
+        return hidden
+    padded = hidden.new_zeros(triton.cdiv(B, cfg.block_b) * cfg.block_b, hidden.shape[1])
+    padded[:B] = hidden
+    return padded
+
+
 def _tma_capable(device: torch.device) -> bool:
     if device.type == "cpu":
         return interpreting()  # Triton's interpreter emulates descriptor loads (tests)
@@ -216,17 +228,17 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     # them beside the next tile's wgmmas (its 128-row tile spills there; the Triton twin waits for them: v26b).
     # A bitmask alone stays on the Triton twin, which loads its words before the main loop (v26c: 17% faster).
     ws_rows = 64 if cfg.block_b == WS_BLOCK_B and has_entries(params.processing) else cfg.block_b
+    B, D = hidden.shape
     if cfg.ws and _ws_tile(cfg) and ws_supported(hidden, weight, params, layout, dest, logprobs=logprobs,
                                                   extended=extended, block_v=cfg.block_v,
                                                   block_b=ws_rows) and flags is None:
         # The same tile on the warp-specialised Hopper kernel (fused_sample_ws.py): same candidates
-        # (the tile sums up to their summation order).
-        launch_fused_ws(hidden, weight, params, layout, dest, vocab_size=vocab_size, vocab_start=vocab_start,
-                        shard=shard, stages=cfg.num_stages, epilogue_warps=8 if cfg.num_warps >= 8 else 4,
-                        block_b=ws_rows, logprobs=logprobs, extended=extended, raw_sums=raw_sums,
-                        winner_logit=winner_logit)
+        # (the tile sums up to their summation order). Past B = 128 a partial last tile reads a padded hidden.
+        launch_fused_ws(tile_operand(hidden, cfg), weight, params, layout, dest, vocab_size=vocab_size,
+                        vocab_start=vocab_start, shard=shard, stages=cfg.num_stages,
+                        epilogue_warps=8 if cfg.num_warps >= 8 else 4, block_b=ws_rows, logprobs=logprobs,
+                        extended=extended, raw_sums=raw_sums, winner_logit=winner_logit, batch=B)
         return
-    B, D = hidden.shape
     cfg = triton_twin(cfg, D)  # what the Triton kernel runs of a config meant for the warp-specialised one
     V_rows = weight.shape[0]
     dummy = dest.i  # any tensor: ignored by the kernel when a parameter is a scalar
@@ -235,7 +247,8 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     temp_p, temp_v, temp_row = row_param_args(params.temperature, dummy)
     xfp_p, xfp_v, xfp_row = row_param_args(params.fingerprint, dummy)
     par_p, par_f, par_i, par_on = parity_args(dest.parity, dummy)
-    h_arg, w_arg, tma = tma_operands(hidden, weight, cfg)
+    operand = tile_operand(hidden, cfg)  # B stays hidden's rows: the kernel masks the padded ones
+    h_arg, w_arg, tma = tma_operands(operand, weight, cfg)
     proc_args, proc_flags = processor_args(params.processing, dummy)
     if proc_flags["SPARSE"]:
         proc = params.processing
@@ -248,7 +261,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
         dest.f, dest.i,
         B, D, V_rows, vocab_size, vocab_start,
-        hidden.stride(0),
+        operand.stride(0),
         dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i,
         layout.stride_field, layout.stride_slot,
         par_p, par_f, par_i,

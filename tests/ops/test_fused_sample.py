@@ -460,6 +460,43 @@ def test_tma_operands_write_the_pointer_path_candidates(device, dtype, B, D, V):
     assert torch.equal(got[0][0].nan_to_num(-9.0), got[1][0].nan_to_num(-9.0))
 
 
+def test_a_partial_128_row_tile_reads_a_padded_hidden(device, monkeypatch):
+    """A TMA tile of >= configs.PAD_TILE_ROWS rows whose last tile the batch leaves partly empty reads a copy
+    of the hidden zero-padded to whole tiles (v35); the kernel still samples only the batch's rows, so the
+    candidates are those of the unpadded launch (and of the pointer path), bit for bit."""
+    from fsdist.ops import fused_sample
+
+    B, D, V = 130, 64, 700
+    h_full, w = make_problem(B, 2 * D, V, torch.bfloat16, device, seed=21)
+    h = h_full[:, :D]  # a strided view: the padded copy is contiguous
+    w = w[:, :D].contiguous()
+    temp = torch.linspace(0, 1.5, B, device=device)
+    params = fsdist.validation.row_params(temp, torch.arange(B, device=device) + 3, 5, B, h.device)
+    tma = TileConfig(128, 128, 32, num_stages=1, tma=True)
+    padded = fused_sample.tile_operand(h, tma)
+    if fused_sample._tma_capable(h.device):
+        assert padded.shape == (256, D) and torch.equal(padded[:B], h) and not padded[B:].any()
+    whole = h[:128]
+    assert fused_sample.tile_operand(whole, tma) is whole  # whole tiles: no copy
+    for cfg in (dataclasses.replace(tma, tma=False), TileConfig(64, 128, 32, num_stages=1, tma=True)):
+        assert fused_sample.tile_operand(h, cfg) is h  # pointers, or tiles under PAD_TILE_ROWS: no copy
+
+    def candidates(cfg):
+        layout = CandidateLayout(4, -(-V // cfg.block_v), B)  # 4 fields: the logprob ones too
+        cand_f, cand_i = layout.alloc(device)
+        cand_f.fill_(-7.0)
+        cand_i.fill_(-7)
+        launch_fused(h, w, params, cfg, layout, BufferPair(cand_f, cand_i), vocab_size=V - 2, logprobs=True)
+        return cand_f.nan_to_num(-9.0), cand_i
+
+    got = candidates(tma)
+    ref = candidates(dataclasses.replace(tma, tma=False))
+    monkeypatch.setattr(fused_sample, "PAD_TILE_ROWS", 1 << 30)
+    unpadded = candidates(tma)
+    for other in (ref, unpadded):
+        assert torch.equal(got[1], other[1]) and torch.equal(got[0], other[0])
+
+
 def test_tma_falls_back_to_pointers_when_rows_are_misaligned(device):
     """TMA needs 16-byte aligned row strides: a bf16 hidden with D = 36 (72-byte rows) must
     take the pointer path, and still sample."""

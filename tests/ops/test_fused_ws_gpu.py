@@ -112,6 +112,34 @@ def test_ws_writes_the_triton_kernels_candidates(D, V, B, vocab_start, kind, dty
 
 
 @hopper
+@pytest.mark.parametrize("cfg", [WS, TRITON], ids=["ws", "triton-tma"])
+@pytest.mark.parametrize("B", [130, 192])
+def test_a_partial_last_tile_reads_a_padded_hidden(cfg, B, ws_calls, monkeypatch):
+    """Past B = 128 a batch that leaves the last 128-row tile partly empty runs on a hidden zero-padded to whole
+    tiles (configs.PAD_TILE_ROWS, docs/performance.md v35): the candidates are those of the unpadded launch, bit
+    for bit, on both kernels; the warp-specialised one is handed the padded rows and the true batch."""
+    h, w = _operands(B, 4096, 5000, torch.bfloat16, B)
+    params = _row_params(B, torch.Generator().manual_seed(B), "rows")
+    seen = []
+    real = fused_sample.launch_fused_ws
+
+    def spy(hidden, *a, **k):
+        seen.append((hidden.shape[0], k.get("batch")))
+        return real(hidden, *a, **k)
+
+    monkeypatch.setattr(fused_sample, "launch_fused_ws", spy)
+    got = _candidates(cfg, h, w, params, 4997)
+    monkeypatch.setattr(fused_sample, "PAD_TILE_ROWS", 1 << 30)  # the unpadded launch
+    ref = _candidates(cfg, h, w, params, 4997)
+    if cfg.ws:
+        assert seen == [(256, B), (B, B)]
+    else:
+        assert seen == []
+    assert torch.equal(got[1], ref[1])
+    assert torch.equal(got[0], ref[0])
+
+
+@hopper
 def test_the_comparison_resolves_one_ulp():
     """Power of the bit-for-bit check above, in part: one ulp of temperature (a last-bit change of
     T * g, as the FMA contraction caught in the v17 probe made on ~2-20% of scores) is seen. It does
