@@ -38,13 +38,19 @@ def test_never_below_two_and_cpu_untouched(hopper_smem):
     assert fit_num_stages(big, 4, cpu) == big.num_stages
 
 
-@pytest.mark.parametrize("batch, path", [
-    (1, "fused"), (64, "fused"), (65, "chunked"), (95, "chunked"), (96, "fused"), (128, "fused"), (129, "chunked"),
-    (192, "chunked"), (239, "chunked"), (240, "fused"), (256, "fused"), (320, "chunked"), (360, "chunked"),
-    (383, "fused"), (384, "fused"), (495, "chunked"), (496, "fused"), (512, "fused"), (513, "chunked"),
-    (1024, "fused")])
-def test_large_batches_of_whole_tiles_go_back_to_the_fused_kernel(batch, path):
+@pytest.mark.parametrize("batch, path, path_8192", [
+    (1, "fused", "fused"), (64, "fused", "fused"), (65, "chunked", "chunked"), (95, "chunked", "chunked"),
+    (96, "fused", "fused"), (128, "fused", "fused"), (129, "fused", "chunked"), (192, "fused", "chunked"),
+    (223, "fused", "chunked"), (224, "fused", "fused"), (239, "fused", "fused"), (256, "fused", "fused"),
+    (257, "chunked", "chunked"), (320, "chunked", "chunked"), (351, "chunked", "chunked"), (352, "fused", "fused"),
+    (384, "fused", "fused"), (479, "chunked", "chunked"), (480, "fused", "fused"), (512, "fused", "fused"),
+    (513, "chunked", "chunked"), (1024, "fused", "fused")])
+def test_large_batches_of_whole_tiles_go_back_to_the_fused_kernel(batch, path, path_8192):
+    """Past one tile the fused kernel takes batches whose last 128-row tile holds >= 96 rows and, with a hidden
+    of <= 4096 (a padded tile's wasted MMA work is small there), every batch of two tiles (v36)."""
     assert configs.choose_path(batch, 4096, "cuda") == path
+    assert configs.choose_path(batch, 2048, "cuda") == path
+    assert configs.choose_path(batch, 8192, "cuda") == path_8192
     assert configs.choose_path(batch, 4096, "cpu") == "fused"  # the interpreter has no cuBLAS path
     # fp32 operands: the fused kernel's fp32 dot is FMA math, so past B = 64 cuBLAS computes the logits
     assert configs.choose_path(batch, 4096, "cuda", elem_size=4) == ("fused" if batch <= 64 else "chunked")
