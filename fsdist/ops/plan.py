@@ -67,8 +67,8 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     tile; the field is then NaN); dtype: the operands' dtype
     (fp32 takes the chunked path past B = 64); winner_logits: stage 1 writes each tile winner's logit
     (``winner_logits_needed``; with logprobs it always does); sparse_processors: the call applies logit
-    bias or penalty entries (``choose_path``: chunked past one 128-row tile; ``fsdist.sample`` passes it, the
-    tensor-parallel head not yet: not measured there). config / path / block_v override
+    bias or penalty entries (``choose_path``: chunked past one 128-row tile; ``fsdist.sample`` and the
+    tensor-parallel heads pass it; measured on one GPU only). config / path / block_v override
     the choices (tests and benchmarks; block_v fixes a head's layout).
     """
     device = torch.device(device)

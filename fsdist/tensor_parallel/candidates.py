@@ -46,6 +46,7 @@ from ..ops.merge_candidates import launch_merge
 from ..ops.plan import launch_stage1
 from ..ops.select_filtered import launch_select_filtered
 from ..params import RowParams
+from ..processing import has_entries
 from .reduction import CallOptions, Reduction
 from .step_buffers import StepBuffers
 
@@ -98,7 +99,7 @@ class CandidatesReduction(Reduction):
         B = hidden.shape[0]
         plan = self.plan(B, hidden.shape[1], opts.logprobs, opts.path, n_shards=self.tp, n_fields=N_FIELDS,
                          checked=True, extended=opts.extended, dtype=hidden.dtype, raw_sums=opts.raw_sums,
-                         winner_logits=opts.winner_logits)
+                         winner_logits=opts.winner_logits, sparse_processors=has_entries(params.processing))
         bufs, part = self.buffers, self.partition
         self.seam.call("before_stage1", step)
         launch_stage1(plan, hidden, weight, params, bufs.dest, vocab_size=part.vocab_size,

@@ -30,6 +30,7 @@ from ..ops.layout import BufferPair
 from ..ops.merge_candidates import launch_merge
 from ..ops.plan import launch_stage1
 from ..params import RowParams
+from ..processing import has_entries
 from .reduction import CallOptions, Reduction
 from .step_buffers import StepBuffers
 
@@ -58,7 +59,8 @@ class GroupLogmassReduction(Reduction):
         B = hidden.shape[0]
         part, x, bufs = self.partition, self.exchange_layout, self.buffers
         logprobs, path = opts.logprobs, opts.path
-        plan = self.plan(B, hidden.shape[1], True, path, n_shards=1, dtype=hidden.dtype)
+        plan = self.plan(B, hidden.shape[1], True, path, n_shards=1, dtype=hidden.dtype,
+                         sparse_processors=has_entries(params.processing))
         if self.local is None:
             self.local = BufferPair.alloc(plan.layout, self.device)
         self.seam.call("before_stage1", step)

@@ -101,6 +101,34 @@ def test_group_logmass_applies_the_processors(dist_ctx, transport):
 
 
 @mpi
+@pytest.mark.parametrize("reduction", ["candidates", "group_logmass"])
+def test_the_head_plans_with_its_sparse_processors(dist_ctx, reduction, monkeypatch):
+    """Both reductions tell the plan whether the call applies bias / penalty entries, as fsdist.sample does
+    (choose_path sends such calls past one 128-row tile to the chunked path); a bitmask alone is not sparse."""
+    import fsdist.tensor_parallel.reduction as red
+
+    seen = []
+    real = red.plan_sample
+
+    def spy(**kw):
+        seen.append(kw.get("sparse_processors"))
+        return real(**kw)
+
+    monkeypatch.setattr(red, "plan_sample", spy)
+    dev = dist_ctx.device
+    W, h = problem(V, D, B, torch.float32, seed=63, scale=3.0, device=dev)
+    head = loaded_head(dist_ctx, W, "collective", reduction=reduction)
+    procs = processors(B, V, dev, seed=2)
+    kw = dict(temperature=temperatures(B, dev), seed=torch.arange(B, device=dev) + 5, offset=1)
+    head(h, logit_bias=procs["logit_bias"], **kw)
+    head(h, penalties=procs["penalties"], **kw)
+    head(h, token_bitmask=procs["token_bitmask"], **kw)
+    head(h, **kw)
+    head.close()
+    assert seen == [True, True, False, False], seen
+
+
+@mpi
 @pytest.mark.parametrize("which", ["token_bitmask", "logit_bias", "penalties"])
 def test_a_rank_with_other_processors_is_caught(dist_ctx, which):
     """The last rank flips one bit / one bias value / one output id of row 3 (in a range it
