@@ -197,20 +197,20 @@ def chunk_rows_for(batch: int, V_rows: int, block_v: int, budget_bytes: int) -> 
 # chunked). Past it choose_path weighs the 128-row tiles against the chunked path.
 CHUNKED_MIN_BATCH = 65
 # The fused kernel's 128-row TMA tiles (pick_config) against the chunked path, CUDA-graph replays
-# on an H100 and an H200, both shapes (docs/performance.md v16b): one tile of >= 96 rows is 8-17%
-# faster on the H100 and within 3% either way on the H200; from two tiles the paths are within
-# ~5% of each other (D = 4096 fused ahead, D = 8192 chunked ahead), and the fused call needs one
-# launch instead of one per chunk. A batch pays its last tile whole, so the fused kernel takes
-# B = 96-128 and, past 128, batches whose last tile holds >= FULL_TILE_ROWS rows (B % 128 == 0
-# or >= 96); with a hidden of at most PADDED_FUSED_MAX_HIDDEN, every batch of two tiles (B = 129-256);
-# the others (B = 65-95, and 257-351, ... ; at D > 4096 also 129-223) stay chunked. Since the hidden
-# is padded to whole tiles (PAD_TILE_ROWS, v35) a partial tile costs what a full one does: graph replays on
-# an H100 (docs/performance.md v36), fused / chunked µs, D = 4096: B = 144 537 / 573, 192 550 / 607,
-# 224 558 / 648, 288 787 / 760, 320 841 / 859; D = 8192: 144 913 / 867, 192 923 / 898, 224 972 / 1,012,
-# 320 1,292 / 1,199 (the padded rows' MMA work grows with D, the chunked pass's noise does not).
+# on an H100 and an H200, both shapes (docs/performance.md v16b): one full tile is 8-17% faster on
+# the H100 and within 3% either way on the H200; from two tiles the paths are within ~5% of each
+# other (D = 4096 fused ahead, D = 8192 chunked ahead), and the fused call needs one launch instead
+# of one per chunk. A batch pays its last tile whole. Since the hidden is padded to whole tiles
+# (PAD_TILE_ROWS, v35) a partial tile costs what a full one does, so the fused kernel takes every
+# batch of one tile (B = 65-128; H100 graph replays, v38: fused / chunked at B = 65-95 ~446 / 508-530 µs
+# at D = 4096, ~748 / 800-804 at D = 8192) and, past 128, batches whose last tile holds >= FULL_TILE_ROWS
+# rows (B % 128 == 0 or >= 96) and, with a hidden of at most PADDED_FUSED_MAX_HIDDEN, every batch of two
+# tiles (B = 129-256); the others (B = 257-351, ...; at D > 4096 also 129-223) stay chunked. v36, fused /
+# chunked µs, D = 4096: B = 144 537 / 573, 192 550 / 607, 224 558 / 648, 288 787 / 760, 320 841 / 859;
+# D = 8192: 144 913 / 867, 192 923 / 898, 224 972 / 1,012, 320 1,292 / 1,199 (the padded rows' MMA work
+# grows with D, the chunked pass's noise does not).
 # fp32 operands stay chunked past B = 64: the fused kernel's fp32 dot is exact FMA math, not tensor cores.
 LARGE_TILE_ROWS = 128
-ONE_TILE_MIN_ROWS = 96
 FULL_TILE_ROWS = 96
 PADDED_FUSED_MAX_HIDDEN = 4096
 PADDED_FUSED_MAX_BATCH = 2 * LARGE_TILE_ROWS
@@ -235,7 +235,7 @@ SPARSE_CHUNKED_ABOVE = LARGE_TILE_ROWS
 
 def choose_path(batch: int, hidden_size: int, device_type: str, elem_size: int = 2,
                 sparse_processors: bool = False) -> str:
-    """'fused' while the op is memory bound (B <= 64), for B = 96-128, for larger batches whose
+    """'fused' while the op is memory bound (B <= 64), for every B of one 128-row tile, for larger batches whose
     last 128-row tile holds >= FULL_TILE_ROWS rows and, with hidden_size <= PADDED_FUSED_MAX_HIDDEN, for
     every B up to two tiles; 'chunked' (cuBLAS's GEMM, then the sampling pass) otherwise,
     for every B > 64 with 4-byte (fp32) operands, and past B = SPARSE_CHUNKED_ABOVE for calls with logit
@@ -245,7 +245,7 @@ def choose_path(batch: int, hidden_size: int, device_type: str, elem_size: int =
     if elem_size >= 4 or (sparse_processors and batch > SPARSE_CHUNKED_ABOVE):
         return "chunked"
     if batch <= LARGE_TILE_ROWS:
-        return "fused" if batch >= ONE_TILE_MIN_ROWS else "chunked"
+        return "fused"
     last = batch % LARGE_TILE_ROWS
     if last == 0 or last >= FULL_TILE_ROWS:
         return "fused"
