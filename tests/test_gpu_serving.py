@@ -35,8 +35,9 @@ def _serving_inputs(B, D=4096, V=V_REAL, seed=0):
 
 
 # B = 64: the warp-specialised 64-row tile (an sm_90 GPU); 16: the Triton kernel; 512: the 128-row ws tile;
-# 192: 128-row tiles whose last is half empty (a zero-padded hidden, configs.PAD_TILE_ROWS)
-@pytest.mark.parametrize("B,path", [(16, "fused"), (64, "fused"), (128, "chunked"), (192, "fused"), (512, "fused")])
+# 80 / 192: 128-row tiles, the last partly empty (a zero-padded hidden, configs.PAD_TILE_ROWS; the dispatch's choice)
+@pytest.mark.parametrize("B,path", [(16, "fused"), (64, "fused"), (80, None), (128, "chunked"), (192, "fused"),
+                                    (512, "fused")])
 def test_sample_never_synchronises(B, path):
     h, w, params, filters = _serving_inputs(B)
     calls = [dict(), dict(return_logprobs=True), dict(filters, return_logprobs=True, logprobs_mode="processed"),
@@ -158,7 +159,8 @@ def test_filtered_call_memory_is_bounded():
     assert extra < B * V * 4 / 2, "no more than half of what materialized fp32 logits would take"
 
 
-@pytest.mark.parametrize("B", [32, 64])  # 64: the warp-specialised 64-row tile on an sm_90 GPU
+# 64: the warp-specialised 64-row tile on an sm_90 GPU; 80: a padded 128-row tile (the Triton twin)
+@pytest.mark.parametrize("B", [32, 64, 80])
 def test_cuda_graph_with_filter_tensors(B):
     D, V = 1024, 32000
     h, w, params, filters = _serving_inputs(B, D, V, seed=3)

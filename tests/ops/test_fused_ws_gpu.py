@@ -140,6 +140,27 @@ def test_a_partial_last_tile_reads_a_padded_hidden(cfg, B, ws_calls, monkeypatch
 
 
 @hopper
+def test_a_padded_partial_tile_writes_the_kept_logits_unchanged(monkeypatch):
+    """Filtered calls past B = 64 run the Triton twin's 128-row tile with the extended epilogue (kept logits,
+    boundaries, tile sums): with a partial last tile its padded launch writes every field of the unpadded one."""
+    B, V = 80, 5000
+    h, w = _operands(B, 4096, V, torch.bfloat16, 80)
+    params = _row_params(B, torch.Generator().manual_seed(80), "rows")
+    layout = CandidateLayout(CandidateLayout.fields(True, extended=True), triton.cdiv(V, 128), B, n_ifields=1 + KEEP)
+    got = []
+    for pad in (True, False):
+        if not pad:
+            monkeypatch.setattr(fused_sample, "PAD_TILE_ROWS", 1 << 30)
+        dest = BufferPair.alloc(layout, "cuda")
+        dest.f.fill_(7.0)
+        dest.i.fill_(7)
+        launch_fused(h, w, params, TRITON, layout, dest, vocab_size=V - 3, logprobs=True, extended=True)
+        got.append((dest.f.nan_to_num(-12345.0), dest.i))
+    assert torch.equal(got[0][1], got[1][1])
+    assert torch.equal(got[0][0], got[1][0])
+
+
+@hopper
 def test_the_comparison_resolves_one_ulp():
     """Power of the bit-for-bit check above, in part: one ulp of temperature (a last-bit change of
     T * g, as the FMA contraction caught in the v17 probe made on ~2-20% of scores) is seen. It does
