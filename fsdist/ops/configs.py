@@ -210,10 +210,40 @@ CHUNKED_MIN_BATCH = 65
 # D = 8192: 144 913 / 867, 192 923 / 898, 224 972 / 1,012, 320 1,292 / 1,199 (the padded rows' MMA work
 # grows with D, the chunked pass's noise does not).
 # fp32 operands stay chunked past B = 64: the fused kernel's fp32 dot is exact FMA math, not tensor cores.
+# On a GPU with faster memory (H200: v39) cuBLAS's GEMM at these B is cheaper and the chunked path wins more:
+# graph replays, fused / chunked µs, D = 4096: B = 176 495 / 452, 192 503 / 466, 208 505 / 493, 224 527 / 543,
+# 256 512 / 589; D = 8192: 192 866 / 719, 224 919 / 848, 256 875 / 922. There a last tile must hold
+# >= FAST_MEMORY_FULL_TILE_ROWS rows (the v16b rule); FAST_MEMORY_GBPS (the DRAM bandwidth the driver reports)
+# tells the GPUs apart: H100 SXM ~3,350 GB/s, H200 ~4,800.
 LARGE_TILE_ROWS = 128
 FULL_TILE_ROWS = 96
 PADDED_FUSED_MAX_HIDDEN = 4096
 PADDED_FUSED_MAX_BATCH = 2 * LARGE_TILE_ROWS
+FAST_MEMORY_FULL_TILE_ROWS = 112
+FAST_MEMORY_GBPS = 4000
+
+
+def fast_memory(device) -> bool:
+    """Whether ``device`` is a GPU whose DRAM bandwidth (from the driver's memory clock and bus width) is at least
+    FAST_MEMORY_GBPS; False on a CPU, or where the driver does not say. Every tensor-parallel rank of one GPU
+    kind gets the same answer (ranks that take different paths are caught by the step record)."""
+    if getattr(device, "type", None) != "cuda":
+        return False
+    return dram_gbps(device.index if device.index is not None else -1) >= FAST_MEMORY_GBPS
+
+
+@functools.lru_cache(maxsize=None)
+def dram_gbps(index: int) -> float:
+    """The DRAM bandwidth of CUDA device ``index`` (-1: the current one) in GB/s, as Triton's
+    ``testing.get_dram_gbps`` computes it; 0.0 where the driver does not report it."""
+    try:
+        import torch
+        from triton.runtime import driver
+
+        props = driver.active.utils.get_device_properties(torch.cuda.current_device() if index < 0 else index)
+        return props["mem_clock_rate"] * props["mem_bus_width"] * 2 / 1e6 / 8  # kHz x bits, double data rate
+    except Exception:  # pragma: no cover - depends on the driver
+        return 0.0
 
 
 # Batch tiles of at least this many rows read a zero-padded copy of the hidden when the batch leaves the last
@@ -234,12 +264,14 @@ SPARSE_CHUNKED_ABOVE = LARGE_TILE_ROWS
 
 
 def choose_path(batch: int, hidden_size: int, device_type: str, elem_size: int = 2,
-                sparse_processors: bool = False) -> str:
+                sparse_processors: bool = False, fast_memory: bool = False) -> str:
     """'fused' while the op is memory bound (B <= 64), for every B of one 128-row tile, for larger batches whose
     last 128-row tile holds >= FULL_TILE_ROWS rows and, with hidden_size <= PADDED_FUSED_MAX_HIDDEN, for
     every B up to two tiles; 'chunked' (cuBLAS's GEMM, then the sampling pass) otherwise,
     for every B > 64 with 4-byte (fp32) operands, and past B = SPARSE_CHUNKED_ABOVE for calls with logit
-    bias or penalty entries (sparse_processors). elem_size: bytes per hidden / weight element."""
+    bias or penalty entries (sparse_processors). elem_size: bytes per hidden / weight element. fast_memory
+    (configs.fast_memory of the device): past one tile only a last tile of >= FAST_MEMORY_FULL_TILE_ROWS rows
+    is fused."""
     if device_type != "cuda" or batch < CHUNKED_MIN_BATCH:
         return "fused"
     if elem_size >= 4 or (sparse_processors and batch > SPARSE_CHUNKED_ABOVE):
@@ -247,6 +279,8 @@ def choose_path(batch: int, hidden_size: int, device_type: str, elem_size: int =
     if batch <= LARGE_TILE_ROWS:
         return "fused"
     last = batch % LARGE_TILE_ROWS
+    if fast_memory:
+        return "fused" if last == 0 or last >= FAST_MEMORY_FULL_TILE_ROWS else "chunked"
     if last == 0 or last >= FULL_TILE_ROWS:
         return "fused"
     return "fused" if hidden_size <= PADDED_FUSED_MAX_HIDDEN and batch <= PADDED_FUSED_MAX_BATCH else "chunked"

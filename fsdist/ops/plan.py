@@ -14,7 +14,7 @@ import torch
 import triton
 
 from ..params import RowParams
-from .configs import STAGE1_PATHS, TileConfig, choose_path, pick_config
+from .configs import STAGE1_PATHS, TileConfig, choose_path, fast_memory, pick_config
 from .fused_sample import launch_fused
 from .layout import KEEP, BufferPair, CandidateLayout
 from .sample_logits import launch_chunked
@@ -73,7 +73,7 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     """
     device = torch.device(device)
     path = path or choose_path(batch, hidden_size, device.type, dtype.itemsize if dtype is not None else 2,
-                               sparse_processors)
+                               sparse_processors, fast_memory=fast_memory(device))
     if path not in STAGE1_PATHS:
         raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
     cfg = config or pick_config(batch, hidden_size, device.type, block_v=block_v)

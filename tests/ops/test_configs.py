@@ -2,6 +2,7 @@
 import types
 
 import pytest
+import torch
 
 from fsdist.ops import configs
 from fsdist.ops.configs import TileConfig, fit_num_stages
@@ -57,6 +58,26 @@ def test_large_batches_of_whole_tiles_go_back_to_the_fused_kernel(batch, path, p
     assert configs.choose_path(batch, 4096, "cuda", elem_size=4) == ("fused" if batch <= 64 else "chunked")
 
 
+@pytest.mark.parametrize("batch, path", [
+    (65, "fused"), (128, "fused"), (129, "chunked"), (192, "chunked"), (224, "chunked"), (239, "chunked"),
+    (240, "fused"), (256, "fused"), (320, "chunked"), (360, "chunked"), (383, "fused"), (496, "fused")])
+def test_faster_memory_fuses_only_well_filled_last_tiles(batch, path):
+    """On a GPU with faster memory (the H200: FAST_MEMORY_GBPS) the chunked path's GEMM is cheaper, so past one tile
+    only a last tile of >= 112 rows is fused, at every hidden size (v39)."""
+    for d in (2048, 4096, 8192):
+        assert configs.choose_path(batch, d, "cuda", fast_memory=True) == path
+
+
+def test_fast_memory_is_read_off_the_driver(monkeypatch):
+    assert configs.fast_memory(torch.device("cpu")) is False
+    monkeypatch.setattr(configs, "dram_gbps", lambda index: 4800.0)  # an H200's
+    assert configs.fast_memory(torch.device("cuda", 0)) is True
+    monkeypatch.setattr(configs, "dram_gbps", lambda index: 3350.0)  # an H100 SXM's
+    assert configs.fast_memory(torch.device("cuda", 0)) is False
+    monkeypatch.setattr(configs, "dram_gbps", lambda index: 0.0)  # a driver that does not say
+    assert configs.fast_memory(torch.device("cuda", 0)) is False
+
+
 def test_large_batch_config_is_tma_fed_128_row_tiles():
     cfg = configs.pick_config(512, 4096, "cuda")
     assert (cfg.block_b, cfg.block_k, cfg.num_warps, cfg.num_stages, cfg.tma) == (128, 64, 8, 5, True)
@@ -91,3 +112,15 @@ def test_bias_and_penalty_entries_go_chunked_past_one_128_row_tile(batch, path):
     128-row tile the chunked path was faster (SPARSE_CHUNKED_ABOVE), up to it the usual rule holds."""
     assert configs.choose_path(batch, 4096, "cuda", sparse_processors=True) == path
     assert configs.choose_path(batch, 4096, "cpu", sparse_processors=True) == "fused"
+
+
+def test_the_plan_asks_the_device_for_its_memory(monkeypatch):
+    """plan_sample hands choose_path the device's fast_memory: B = 192 at D = 4096 is fused on an H100-class GPU and
+    chunked on an H200-class one (no GPU is touched: the answer is patched in)."""
+    from fsdist.ops import plan
+
+    kw = dict(batch=192, hidden_size=4096, weight_rows=151936, device=torch.device("cuda", 0))
+    monkeypatch.setattr(plan, "fast_memory", lambda device: False)
+    assert plan.plan_sample(**kw).path == "fused"
+    monkeypatch.setattr(plan, "fast_memory", lambda device: True)
+    assert plan.plan_sample(**kw).path == "chunked"
