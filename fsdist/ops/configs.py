@@ -7,7 +7,8 @@ grid orders them so that programs sharing a weight tile run together (the tile
 comes from L2 the second time). From 33 rows on, an sm_90 GPU runs the tile on the
 warp-specialised kernel (its epilogue beside the next tile's main loop) where that kernel
 applies, else on the Triton kernel (``triton_twin``). Configs are a pure function of the
-shape so that every tensor-parallel rank picks the same one.
+shape so that every tensor-parallel rank picks the same one; the stage-1 path also depends on the GPU
+kind's memory speed (``fast_memory``), the same on ranks of one kind.
 """
 import dataclasses
 import functools

@@ -68,7 +68,8 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     (fp32 takes the chunked path past B = 64); winner_logits: stage 1 writes each tile winner's logit
     (``winner_logits_needed``; with logprobs it always does); sparse_processors: the call applies logit
     bias or penalty entries (``choose_path``: chunked past one 128-row tile; ``fsdist.sample`` and the
-    tensor-parallel heads pass it; measured on one GPU only). config / path / block_v override
+    tensor-parallel heads pass it; measured on one GPU only). The path also depends on the device's memory
+    speed (``configs.fast_memory``). config / path / block_v override
     the choices (tests and benchmarks; block_v fixes a head's layout).
     """
     device = torch.device(device)
