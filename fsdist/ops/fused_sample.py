@@ -179,7 +179,8 @@ def fused_sample_kernel(
 
 def tma_operands(hidden: torch.Tensor, weight: torch.Tensor, cfg: TileConfig):
     """(hidden, weight, TMA) kernel arguments: tensor descriptors when cfg.tma asks for them
-    and the hardware and layouts allow (the candidates do not depend on it), else the tensors."""
+    and the hardware and layouts allow (the candidates do not depend on it), else the tensors.
+    The hidden's descriptor covers ``tile_operand(hidden, cfg.block_b)``: whole batch tiles."""
     if not (cfg.tma and _tma_capable(hidden.device) and hidden.shape[0] > 0):
         return hidden, weight, False
     elem = hidden.element_size()
@@ -189,19 +190,21 @@ def tma_operands(hidden: torch.Tensor, weight: torch.Tensor, cfg: TileConfig):
         return hidden, weight, False
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return (TensorDescriptor.from_tensor(hidden, [cfg.block_b, cfg.block_k]),
+    return (TensorDescriptor.from_tensor(tile_operand(hidden, cfg.block_b), [cfg.block_b, cfg.block_k]),
             TensorDescriptor.from_tensor(weight, [cfg.block_v, cfg.block_k]), True)
 
 
-def tile_operand(hidden: torch.Tensor, cfg: TileConfig) -> torch.Tensor:
-    """The hidden the kernel's copy engine reads: ``hidden`` itself, or, for TMA tiles of at least
-    configs.PAD_TILE_ROWS rows whose last tile the batch leaves partly empty, a copy zero-padded to whole
-    tiles (the kernel still samples only hidden's rows, so the candidates are the same; see PAD_TILE_ROWS)."""
+def tile_operand(hidden: torch.Tensor, block_b: int) -> torch.Tensor:
+    """The hidden a TMA-fed kernel with batch tiles of ``block_b`` rows reads: ``hidden`` itself, or, for tiles of
+    at least configs.PAD_TILE_ROWS rows that the batch leaves partly empty, a contiguous copy zero-padded to whole
+    tiles (the kernels still sample only hidden's rows, so the candidates are the same; see PAD_TILE_ROWS). Callers
+    pass it only where the copy engine reads the hidden (tensor descriptors)."""
     B = hidden.shape[0]
-    if not (cfg.tma and cfg.block_b >= PAD_TILE_ROWS and B % cfg.block_b and _tma_capable(hidden.device)):
+    if block_b < PAD_TILE_ROWS or B % block_b == 0:
         return hidden
-    padded = hidden.new_zeros(triton.cdiv(B, cfg.block_b) * cfg.block_b, hidden.shape[1])
+    padded = hidden.new_empty(triton.cdiv(B, block_b) * block_b, hidden.shape[1])
     padded[:B] = hidden
+    padded[B:].zero_()  # the pad rows' logits are computed, never sampled: zeros keep them finite
     return padded
 
 
@@ -233,8 +236,8 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
                                                   extended=extended, block_v=cfg.block_v,
                                                   block_b=ws_rows) and flags is None:
         # The same tile on the warp-specialised Hopper kernel (fused_sample_ws.py): same candidates
-        # (the tile sums up to their summation order). Past B = 128 a partial last tile reads a padded hidden.
-        launch_fused_ws(tile_operand(hidden, cfg), weight, params, layout, dest, vocab_size=vocab_size,
+        # (the tile sums up to their summation order). A partial last 128-row tile reads a padded hidden.
+        launch_fused_ws(tile_operand(hidden, ws_rows), weight, params, layout, dest, vocab_size=vocab_size,
                         vocab_start=vocab_start, shard=shard, stages=cfg.num_stages,
                         epilogue_warps=8 if cfg.num_warps >= 8 else 4, block_b=ws_rows, logprobs=logprobs,
                         extended=extended, raw_sums=raw_sums, winner_logit=winner_logit, batch=B)
@@ -247,8 +250,8 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     temp_p, temp_v, temp_row = row_param_args(params.temperature, dummy)
     xfp_p, xfp_v, xfp_row = row_param_args(params.fingerprint, dummy)
     par_p, par_f, par_i, par_on = parity_args(dest.parity, dummy)
-    operand = tile_operand(hidden, cfg)  # B stays hidden's rows: the kernel masks the padded ones
-    h_arg, w_arg, tma = tma_operands(operand, weight, cfg)
+    # (with descriptors, a partial last tile of >= 128 rows reads a padded copy; B stays hidden's rows)
+    h_arg, w_arg, tma = tma_operands(hidden, weight, cfg)
     proc_args, proc_flags = processor_args(params.processing, dummy)
     if proc_flags["SPARSE"]:
         proc = params.processing
@@ -261,7 +264,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
         dest.f, dest.i,
         B, D, V_rows, vocab_size, vocab_start,
-        operand.stride(0),
+        hidden.stride(0),
         dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i,
         layout.stride_field, layout.stride_slot,
         par_p, par_f, par_i,

@@ -14,7 +14,8 @@ import torch
 import triton
 
 from ..params import RowParams
-from .configs import STAGE1_PATHS, TileConfig, choose_path, fast_memory, pick_config
+from .configs import STAGE1_PATHS, TileConfig, choose_path, pick_config
+from .configs import fast_memory as device_fast_memory
 from .fused_sample import launch_fused
 from .layout import KEEP, BufferPair, CandidateLayout
 from .sample_logits import launch_chunked
@@ -54,7 +55,8 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
                 config: Optional[TileConfig] = None, path: Optional[str] = None, block_v: Optional[int] = None,
                 n_shards: int = 1, batch_cap: Optional[int] = None, n_fields: Optional[int] = None,
                 checked: bool = False, extended: bool = False, dtype: Optional[torch.dtype] = None,
-                raw_sums: bool = True, winner_logits: bool = False, sparse_processors: bool = False) -> SamplePlan:
+                raw_sums: bool = True, winner_logits: bool = False, sparse_processors: bool = False,
+                fast_memory: Optional[bool] = None) -> SamplePlan:
     """Plan one sampling call.
 
     weight_rows: rows of the weight (one shard's, with tensor parallelism); n_shards: how
@@ -68,13 +70,15 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     (fp32 takes the chunked path past B = 64); winner_logits: stage 1 writes each tile winner's logit
     (``winner_logits_needed``; with logprobs it always does); sparse_processors: the call applies logit
     bias or penalty entries (``choose_path``: chunked past one 128-row tile; ``fsdist.sample`` and the
-    tensor-parallel heads pass it; measured on one GPU only). The path also depends on the device's memory
-    speed (``configs.fast_memory``). config / path / block_v override
+    tensor-parallel heads pass it; measured on one GPU only). fast_memory: the device's memory speed
+    (``configs.fast_memory``, asked of the device when None; a tensor-parallel head passes its group's agreed
+    answer). config / path / block_v override
     the choices (tests and benchmarks; block_v fixes a head's layout).
     """
     device = torch.device(device)
     path = path or choose_path(batch, hidden_size, device.type, dtype.itemsize if dtype is not None else 2,
-                               sparse_processors, fast_memory=fast_memory(device))
+                               sparse_processors,
+                               fast_memory=device_fast_memory(device) if fast_memory is None else fast_memory)
     if path not in STAGE1_PATHS:
         raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
     cfg = config or pick_config(batch, hidden_size, device.type, block_v=block_v)

@@ -31,7 +31,7 @@ from torch import nn
 
 from .. import rows, validation
 from ..env import apply_safe_env
-from ..ops.configs import TileConfig, default_block_v
+from ..ops.configs import TileConfig, default_block_v, fast_memory
 from ..ops.step_check import ERROR_INPUT
 from ..types import Penalties, SampleOutput, SparseLogits
 from . import agreement, head_args, transports
@@ -154,7 +154,8 @@ class ShardedFlashLMHead(nn.Module):
                  "block_v": block_v, "make_vocab_size_divisible_by": make_vocab_size_divisible_by,
                  "num_buffers": getattr(seam, "num_buffers", None), "max_batch_size": max_batch_size,
                  "device_type": dev.type if dev is not None else None,
-                 "padded_vocab_size": partition.padded_vocab_size if partition else None, "probe": probe}
+                 "padded_vocab_size": partition.padded_vocab_size if partition else None, "probe": probe,
+                 "fast_memory": fast_memory(dev) if dev is not None else False}
         gathered = agreement.gather(local, group)
         agreement.raise_local_errors(gathered, what)
         agreement.check_agreement(gathered, what)
@@ -196,6 +197,9 @@ class ShardedFlashLMHead(nn.Module):
         try:
             transport_obj = transports.make_transport(resolved, group, dev)
             reduction_obj = REDUCTIONS[reduction](transport_obj, self.partition, block_v, dev, seam)
+            # The stage-1 path depends on the GPU's memory speed (configs.fast_memory): one answer for the whole
+            # group, so that ranks of different kinds (or one whose driver did not say) take the same path.
+            reduction_obj.fast_memory = all(g["fast_memory"] for g in gathered)
         except Exception as e:
             build_error = f"{type(e).__name__}: {e}"
         agreement.raise_local_errors(agreement.gather({"error": build_error}, group), what,

@@ -85,6 +85,8 @@ class Reduction:
         self.tp = transport.world_size
         self.n_local = -(-partition.rows // block_v)  # vocabulary tiles per rank
         self.capacity = 0
+        # The group's answer to configs.fast_memory (the head sets it after construction agrees on it).
+        self.fast_memory = False
         self.buffers = None  # StepBuffers
         # Steps run on the device (eager calls and graph replays); parity = copy in use.
         # int64: never wraps in practice.
@@ -127,7 +129,7 @@ class Reduction:
                            logprobs=logprobs, path=path, block_v=self.block_v, n_shards=n_shards,
                            batch_cap=self.capacity, n_fields=n_fields, checked=checked, extended=extended,
                            dtype=dtype, raw_sums=raw_sums, winner_logits=winner_logits,
-                           sparse_processors=sparse_processors)
+                           sparse_processors=sparse_processors, fast_memory=self.fast_memory)
 
     def header_check(self) -> HeaderCheck:
         return HeaderCheck(self.rank, self.monitor.status)

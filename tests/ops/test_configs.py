@@ -69,6 +69,7 @@ def test_faster_memory_fuses_only_well_filled_last_tiles(batch, path):
 
 
 def test_fast_memory_is_read_off_the_driver(monkeypatch):
+    real = configs.dram_gbps
     assert configs.fast_memory(torch.device("cpu")) is False
     monkeypatch.setattr(configs, "dram_gbps", lambda index: 4800.0)  # an H200's
     assert configs.fast_memory(torch.device("cuda", 0)) is True
@@ -76,6 +77,9 @@ def test_fast_memory_is_read_off_the_driver(monkeypatch):
     assert configs.fast_memory(torch.device("cuda", 0)) is False
     monkeypatch.setattr(configs, "dram_gbps", lambda index: 0.0)  # a driver that does not say
     assert configs.fast_memory(torch.device("cuda", 0)) is False
+    assert configs.fast_memory("cpu") is False  # strings are devices too
+    if not torch.cuda.is_available():
+        assert real.__wrapped__(0) == 0.0  # no driver to ask: not fast, and no error
 
 
 def test_large_batch_config_is_tma_fed_128_row_tiles():
@@ -120,7 +124,9 @@ def test_the_plan_asks_the_device_for_its_memory(monkeypatch):
     from fsdist.ops import plan
 
     kw = dict(batch=192, hidden_size=4096, weight_rows=151936, device=torch.device("cuda", 0))
-    monkeypatch.setattr(plan, "fast_memory", lambda device: False)
+    monkeypatch.setattr(plan, "device_fast_memory", lambda device: False)
     assert plan.plan_sample(**kw).path == "fused"
-    monkeypatch.setattr(plan, "fast_memory", lambda device: True)
+    assert plan.plan_sample(**kw, fast_memory=True).path == "chunked"  # a TP head's agreed answer wins
+    monkeypatch.setattr(plan, "device_fast_memory", lambda device: True)
     assert plan.plan_sample(**kw).path == "chunked"
+    assert plan.plan_sample(**kw, fast_memory=False).path == "fused"

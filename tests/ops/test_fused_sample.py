@@ -473,13 +473,21 @@ def test_a_partial_128_row_tile_reads_a_padded_hidden(device, monkeypatch):
     temp = torch.linspace(0, 1.5, B, device=device)
     params = fsdist.validation.row_params(temp, torch.arange(B, device=device) + 3, 5, B, h.device)
     tma = TileConfig(128, 128, 32, num_stages=1, tma=True)
-    padded = fused_sample.tile_operand(h, tma)
-    if fused_sample._tma_capable(h.device):
-        assert padded.shape == (256, D) and torch.equal(padded[:B], h) and not padded[B:].any()
+    padded = fused_sample.tile_operand(h, 128)
+    assert padded.shape == (256, D) and torch.equal(padded[:B], h) and not padded[B:].any()
     whole = h[:128]
-    assert fused_sample.tile_operand(whole, tma) is whole  # whole tiles: no copy
-    for cfg in (dataclasses.replace(tma, tma=False), TileConfig(64, 128, 32, num_stages=1, tma=True)):
-        assert fused_sample.tile_operand(h, cfg) is h  # pointers, or tiles under PAD_TILE_ROWS: no copy
+    assert fused_sample.tile_operand(whole, 128) is whole  # whole tiles: no copy
+    assert fused_sample.tile_operand(h, 64) is h  # tiles under PAD_TILE_ROWS: no copy
+    # the launch pads exactly where the copy engine reads the hidden (tensor descriptors)
+    made = []
+    real = fused_sample.tile_operand
+
+    def spy(x, block_b):
+        out = real(x, block_b)
+        made.append(out.shape[0])
+        return out
+
+    monkeypatch.setattr(fused_sample, "tile_operand", spy)
 
     def candidates(cfg):
         layout = CandidateLayout(4, -(-V // cfg.block_v), B)  # 4 fields: the logprob ones too
@@ -490,7 +498,9 @@ def test_a_partial_128_row_tile_reads_a_padded_hidden(device, monkeypatch):
         return cand_f.nan_to_num(-9.0), cand_i
 
     got = candidates(tma)
+    assert made == ([256] if fused_sample._tma_capable(h.device) else [])
     ref = candidates(dataclasses.replace(tma, tma=False))
+    assert len(made) <= 1  # the pointer path makes no copy
     monkeypatch.setattr(fused_sample, "PAD_TILE_ROWS", 1 << 30)
     unpadded = candidates(tma)
     for other in (ref, unpadded):

@@ -120,17 +120,24 @@ def test_a_partial_last_tile_reads_a_padded_hidden(cfg, B, ws_calls, monkeypatch
     for bit, on both kernels; the warp-specialised one is handed the padded rows and the true batch."""
     h, w = _operands(B, 4096, 5000, torch.bfloat16, B)
     params = _row_params(B, torch.Generator().manual_seed(B), "rows")
-    seen = []
-    real = fused_sample.launch_fused_ws
+    seen, made = [], []
+    real, real_pad = fused_sample.launch_fused_ws, fused_sample.tile_operand
 
     def spy(hidden, *a, **k):
         seen.append((hidden.shape[0], k.get("batch")))
         return real(hidden, *a, **k)
 
+    def pad_spy(x, block_b):
+        out = real_pad(x, block_b)
+        made.append(out.shape[0])
+        return out
+
     monkeypatch.setattr(fused_sample, "launch_fused_ws", spy)
+    monkeypatch.setattr(fused_sample, "tile_operand", pad_spy)
     got = _candidates(cfg, h, w, params, 4997)
     monkeypatch.setattr(fused_sample, "PAD_TILE_ROWS", 1 << 30)  # the unpadded launch
     ref = _candidates(cfg, h, w, params, 4997)
+    assert made == [256, B]  # padded, then (PAD_TILE_ROWS patched) not
     if cfg.ws:
         assert seen == [(256, B), (B, B)]
     else:

@@ -129,6 +129,24 @@ def test_the_head_plans_with_its_sparse_processors(dist_ctx, reduction, monkeypa
 
 
 @mpi
+def test_the_group_agrees_on_the_memory_speed(dist_ctx, monkeypatch):
+    """The stage-1 path depends on the GPU's memory speed (configs.fast_memory); ranks that would answer differently
+    (mixed GPU kinds, a driver that does not say) get the group's answer, fast only if every rank is, so that they
+    take the same path instead of failing the step check."""
+    import fsdist.tensor_parallel.layers as layers
+
+    W, _ = problem(V, D, B, torch.float32, seed=64, scale=3.0, device=dist_ctx.device)
+    answers = []
+    for mine in (lambda rank: rank == 0, lambda rank: True):
+        monkeypatch.setattr(layers, "fast_memory", lambda device, mine=mine: mine(dist_ctx.rank))
+        head = loaded_head(dist_ctx, W, "collective")
+        answers.append(head._reduction.fast_memory)
+        head.close()
+    everyone = gather_objects(answers)
+    assert all(a == [False, True] for a in everyone), everyone
+
+
+@mpi
 @pytest.mark.parametrize("which", ["token_bitmask", "logit_bias", "penalties"])
 def test_a_rank_with_other_processors_is_caught(dist_ctx, which):
     """The last rank flips one bit / one bias value / one output id of row 3 (in a range it
