@@ -368,8 +368,8 @@ def _min_p_rows(device, B, V_rows, seed):
                              min_p=min_p.to(device))
 
 
-@pytest.mark.parametrize("cap", [None, sf.SEARCH_CAP])
-@pytest.mark.parametrize("winners", [False, True])
+# (without the winners after the packed search: nothing there that the other three cases do not run; CI time)
+@pytest.mark.parametrize("winners, cap", [(False, None), (True, None), (True, sf.SEARCH_CAP)])
 def test_min_p_alone_packs_wide_and_equals_the_search(device, winners, cap):
     """A program whose rows ask for min-p alone packs P (its survivors, more than SMALL_CAP here)
     into WIDE_CAP lanes for the mass and the draw (``drew`` = 2) and gives what the search over all
@@ -395,10 +395,10 @@ def test_min_p_alone_packs_wide_and_equals_the_search(device, winners, cap):
     assert 0 < int((~flagged).sum()) and (winners or 0 < int(flagged.sum())), flagged  # proven and flagged rows
     if winners:  # the winners finished rows U alone could not: the proof's branch ran
         assert int((won == 1).sum()) > 0, won
-    # the wide cap off: the same rows take the search
-    off = _select(layout, buffers, B, params, cap, wide_cap=0, **kw)
-    assert (off[6] != 2).all()
-    _assert_same_outcome(search, off)
+    if not winners:  # the wide cap off (once): the same rows take the search
+        off = _select(layout, buffers, B, params, cap, wide_cap=0, **kw)
+        assert (off[6] != 2).all()
+        _assert_same_outcome(search, off)
 
 
 def test_a_wrong_wide_pack_would_be_caught(device, monkeypatch):
