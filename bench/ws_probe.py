@@ -36,7 +36,7 @@ import triton  # noqa: E402
 
 import fsdist  # noqa: E402
 from fsdist.ops.configs import TileConfig, pick_config, triton_twin  # noqa: E402
-from fsdist.ops.fused_sample import launch_fused  # noqa: E402
+from fsdist.ops.fused_sample import launch_fused, tile_operand  # noqa: E402
 from fsdist.ops.fused_sample_ws import launch_fused_ws, ws_supported  # noqa: E402
 from fsdist.ops.layout import BufferPair, CandidateLayout  # noqa: E402
 from fsdist.params import RowParams  # noqa: E402
@@ -98,12 +98,9 @@ def processing_for(B, V, dev, g):
 def run_ws(h, W, params, layout, cand, V, stages, rows, warps=4, epilogue_only=False, block_b=128, pad=False):
     batch = None
     if pad:
-        # Zero rows up to whole batch tiles, so that no TMA box of the hidden reaches past its rows (v17 / v25:
-        # a half-empty box looked slow). The pad's allocation and copy are part of the timed call.
-        B = h.shape[0]
-        padded = h.new_zeros(triton.cdiv(B, block_b) * block_b, h.shape[1])
-        padded[:B] = h
-        h, batch = padded, B
+        # Zero rows up to whole batch tiles (the 64-row tile too), so that no TMA box of the hidden reaches past
+        # its rows (v17 / v25: a half-empty box looked slow). The pad's allocation and copy are part of the timed call.
+        h, batch = tile_operand(h, block_b, min_rows=1), h.shape[0]
     launch_fused_ws(h, W, params, layout, cand, vocab_size=V, vocab_start=0, stages=stages, row_threads=rows,
                     epilogue_warps=warps, epilogue_only=epilogue_only, block_b=block_b, batch=batch)
 

@@ -227,8 +227,8 @@ FAST_MEMORY_GBPS = 4000
 
 def fast_memory(device) -> bool:
     """Whether ``device`` is a GPU whose DRAM bandwidth (from the driver's memory clock and bus width) is at least
-    FAST_MEMORY_GBPS; False on a CPU, or where the driver does not say. Every tensor-parallel rank of one GPU
-    kind gets the same answer (ranks that take different paths are caught by the step record)."""
+    FAST_MEMORY_GBPS; False on a CPU, or where the driver does not say. A tensor-parallel head asks it once per
+    rank at construction and the group keeps one answer (fast only if every rank is)."""
     import torch
 
     device = torch.device(device)
@@ -243,13 +243,12 @@ def fast_memory(device) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def dram_gbps(index: int) -> float:
-    """The DRAM bandwidth of CUDA device ``index`` in GB/s, as Triton's ``testing.get_dram_gbps`` computes it
-    (the driver's memory clock and bus width); 0.0 where the driver does not report it."""
+    """The DRAM bandwidth of CUDA device ``index`` in GB/s (Triton's ``testing.get_dram_gbps``: the driver's memory
+    clock and bus width); 0.0 where the driver does not report it."""
     try:
-        from triton.runtime import driver
+        from triton.testing import get_dram_gbps
 
-        props = driver.active.utils.get_device_properties(index)
-        return props["mem_clock_rate"] * props["mem_bus_width"] * 2 / 1e6 / 8  # kHz x bits, double data rate
+        return float(get_dram_gbps(index))
     except Exception:  # depends on the driver (and there is none on a CPU-only machine)
         return 0.0
 

@@ -194,13 +194,13 @@ def tma_operands(hidden: torch.Tensor, weight: torch.Tensor, cfg: TileConfig):
             TensorDescriptor.from_tensor(weight, [cfg.block_v, cfg.block_k]), True)
 
 
-def tile_operand(hidden: torch.Tensor, block_b: int) -> torch.Tensor:
+def tile_operand(hidden: torch.Tensor, block_b: int, min_rows: int = None) -> torch.Tensor:
     """The hidden a TMA-fed kernel with batch tiles of ``block_b`` rows reads: ``hidden`` itself, or, for tiles of
-    at least configs.PAD_TILE_ROWS rows that the batch leaves partly empty, a contiguous copy zero-padded to whole
-    tiles (the kernels still sample only hidden's rows, so the candidates are the same; see PAD_TILE_ROWS). Callers
-    pass it only where the copy engine reads the hidden (tensor descriptors)."""
+    at least ``min_rows`` (default configs.PAD_TILE_ROWS) rows that the batch leaves partly empty, a contiguous copy
+    zero-padded to whole tiles (the kernels still sample only hidden's rows, so the candidates are the same; see
+    PAD_TILE_ROWS). Callers pass it only where the copy engine reads the hidden (tensor descriptors)."""
     B = hidden.shape[0]
-    if block_b < PAD_TILE_ROWS or B % block_b == 0:
+    if block_b < (PAD_TILE_ROWS if min_rows is None else min_rows) or B % block_b == 0:
         return hidden
     padded = hidden.new_empty(triton.cdiv(B, block_b) * block_b, hidden.shape[1])
     padded[:B] = hidden
