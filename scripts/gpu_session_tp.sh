@@ -10,8 +10,11 @@
 #   tp_sweep_console.log, tp_sweep_tp<N>.log, processors_breakdown.log
 #   tp_sweep_tp<N>_<gpu>_<date>.json, processors_breakdown_<gpu>_<date>.json (in $OUT itself)
 # Usage: bash scripts/gpu_session_tp.sh [seconds for the whole call, 560] [of which for the tests, 250]
+# BREAKDOWN=0 skips the breakdown; WS_TESTS="<pytest args>" runs single-GPU tests on GPU 0 before the TP tests
+# (WS_TESTS_TIMEOUT seconds, default 150; the TP tests' budget counts from after them).
 # nvshmem needs the nvshmem4py wheel in .whl/ (carry=[".whl"]); bench/run_gpu.sh installs it
-# for the sweep, this script for the tests. SWEEP_EXTRA="..." appends tp_sweep.py options.
+# for the sweep, this script for the tests. SWEEP_EXTRA="..." appends tp_sweep.py options; SWEEP_BATCHES="1,16,64,256"
+# (default) sets its batches.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -32,8 +35,16 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH="$PYTHONPATH:/tmp/site" || echo "warning: wheel install failed" >&2
 fi
 python3 -c 'import nvshmem.core; print("nvshmem4py importable")' || echo "nvshmem4py NOT importable: nvshmem cases skip"
-CUDA_VISIBLE_DEVICES=0 timeout 120 python3 bench/processors_breakdown.py --out "$OUT" > "$OUT/processors_breakdown.log" 2>&1
-echo "processors_breakdown rc=$?"; tail -20 "$OUT/processors_breakdown.log"
+if [ "${BREAKDOWN:-1}" != 0 ]; then
+  CUDA_VISIBLE_DEVICES=0 timeout 120 python3 bench/processors_breakdown.py --out "$OUT" > "$OUT/processors_breakdown.log" 2>&1
+  echo "processors_breakdown rc=$?"; tail -20 "$OUT/processors_breakdown.log"
+fi
+if [ -n "${WS_TESTS:-}" ]; then  # single-GPU tests first, on GPU 0 (e.g. the kernels the heads' stage 1 runs)
+  eval "CUDA_VISIBLE_DEVICES=0 timeout -k 10 ${WS_TESTS_TIMEOUT:-150} python3 -m pytest -q -p no:warnings \
+    -p no:cacheprovider -rfE --durations=5 $WS_TESTS" > "$OUT/ws_gpu_tests.log" 2>&1
+  echo "single-GPU tests rc=$?: $(grep -E ' passed| failed| error' "$OUT/ws_gpu_tests.log" | tail -1)"
+  grep -E "^(FAILED|ERROR)" "$OUT/ws_gpu_tests.log" | head -8
+fi
 # A hang must fail a test, not eat the call: the suite's watchdog kills a test after 120 s.
 export FSDIST_TEST_HARD_TIMEOUT=120 FSDIST_TEST_TIMEOUT=90
 # Rank 0's and rank 1's pytest logs apart (scripts/rank_pytest.sh), so a rank's failure stays readable.
@@ -48,7 +59,7 @@ if [ "$left" -lt 150 ]; then
   echo "only ${left}s left: no sweep"; exit 1
 fi
 echo "sweep: ${left}s"
-BENCH_TIMEOUT="$left" bash bench/run_gpu.sh tp "1 2" --shapes 4096x151936,8192x128256 --batches 1,16,64,256 \
+BENCH_TIMEOUT="$left" bash bench/run_gpu.sh tp "1 2" --shapes 4096x151936,8192x128256 --batches ${SWEEP_BATCHES:-1,16,64,256} \
   --transports nvshmem,symm_mem,collective --reductions candidates --runs 3 --iters 50 --graph ${SWEEP_EXTRA:-} \
   > "$OUT/tp_sweep_console.log" 2>&1
 echo "sweep rc=$?"; tail -45 "$OUT/tp_sweep_console.log"

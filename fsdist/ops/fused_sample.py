@@ -28,7 +28,7 @@ from .parity import parity_args, parity_offsets
 from .entry_offsets import HEAD as ENTRY_HEAD, launch_entry_offsets
 from .fused_sample_ws import WS_BLOCK_B, WS_BLOCK_K, WS_BLOCK_V, launch_fused_ws, ws_supported
 from .processors import process_tile, processor_args, row_penalties, table_slice, tile_bitmask_words
-from .step_check import call_flags, write_row_fingerprints, write_step_record
+from .step_check import call_flags, write_row_fingerprints, write_step_record, writes_header
 from .utils import fast_log_ok, load_row_param, row_param_args
 
 
@@ -234,13 +234,13 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     B, D = hidden.shape
     if cfg.ws and _ws_tile(cfg) and ws_supported(hidden, weight, params, layout, dest, logprobs=logprobs,
                                                   extended=extended, block_v=cfg.block_v,
-                                                  block_b=ws_rows) and flags is None:
+                                                  block_b=ws_rows):
         # The same tile on the warp-specialised Hopper kernel (fused_sample_ws.py): same candidates
         # (the tile sums up to their summation order). A partial last 128-row tile reads a padded hidden.
         launch_fused_ws(tile_operand(hidden, ws_rows), weight, params, layout, dest, vocab_size=vocab_size,
                         vocab_start=vocab_start, shard=shard, stages=cfg.num_stages,
                         epilogue_warps=8 if cfg.num_warps >= 8 else 4, block_b=ws_rows, logprobs=logprobs,
-                        extended=extended, raw_sums=raw_sums, winner_logit=winner_logit, batch=B)
+                        extended=extended, raw_sums=raw_sums, winner_logit=winner_logit, batch=B, flags=flags)
         return
     cfg = triton_twin(cfg, D)  # what the Triton kernel runs of a config meant for the warp-specialised one
     V_rows = weight.shape[0]
@@ -279,7 +279,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
         FAST_LOG=fast_log_ok(hidden.device),
-        DEVICE_PARITY=par_on, TMA=tma, HEADER=_header(layout, dest), EXTENDED=extended, KEEP=KEEP,
+        DEVICE_PARITY=par_on, TMA=tma, HEADER=writes_header(layout, dest), EXTENDED=extended, KEEP=KEEP,
         XFP_PER_ROW=xfp_row, **proc_flags, ENTRY_HEAD=ENTRY_HEAD, WINNER_LOGIT=logprobs or winner_logit,
         RAW_SUM=raw_sums,
         # the bitmask's words loaded before the main loop where every tile starts on a word
@@ -294,9 +294,3 @@ def _ws_tile(cfg: TileConfig) -> bool:
     return (cfg.tma and cfg.block_b in (WS_BLOCK_B, 64) and (cfg.block_v, cfg.block_k) == (WS_BLOCK_V, WS_BLOCK_K)
             and cfg.max_regs is None and 3 <= cfg.num_stages <= 5)  # 6 x 32 KB + 32 KB: at the limit
 
-
-def _header(layout: CandidateLayout, dest: BufferPair) -> bool:
-    """A checked layout gets the call's header; its step comes from the device counter."""
-    if layout.checked and dest.parity is None:
-        raise ValueError("a checked candidate layout needs the caller's device step counter (dest.parity)")
-    return layout.checked

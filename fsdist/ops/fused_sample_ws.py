@@ -26,9 +26,10 @@ sums add the halves' partial sums, so they may differ from the Triton kernel's i
 and applies the logit processors (``processors.py``: three bitmask words per row and column half,
 each row's bias / penalty slices of both halves by one 3-key search with their first 4 entries,
 all loaded before the logits are awaited; the walk past those reads the list).
-No peer fan-out or call header (the tensor-parallel candidates head always writes one;
-the group-log-mass head's stage 1 can run here); ``ws_supported`` says when it applies, and every
-other call runs the Triton kernel (``configs.triton_twin``).
+The tensor-parallel heads run here too: every store can fan out to each peer's buffer through an
+address table, the double buffer's copy comes from the device counter (``parity.py``), and a checked
+layout gets the call's header (``step_check.py``), as in the Triton kernel. ``ws_supported`` says when
+this kernel applies, and every other call runs the Triton kernel (``configs.triton_twin``).
 """
 
 import torch
@@ -38,9 +39,11 @@ from ..params import RowParams
 from .epilogue import perturb, raw_sum, row_temperature, scaled_sum
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_quad_bits
+from .parity import parity_args, parity_offsets
 from .prepare_processors import PROBES as _PROBES_INT
 from .processors import (process_tile, processor_args, row_penalties, slice_heads, span_allowed, span_words,
                          split_slices)
+from .step_check import call_flags, write_row_fingerprints, writes_header
 from .utils import fast_log_ok, load_row_param, row_param_args, sm_count
 
 try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this path is off.
@@ -220,17 +223,43 @@ if HAVE_GLUON:
         return v, c, ia + take_a.to(gl.int32), ib + (~take_a).to(gl.int32)
 
     @gluon.jit
+    def _put(base, off, val, mask, PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr):
+        """Store val at element offset off of the candidate buffer: this process's (base: its fp32 / int32
+        buffer) or, with PEER_TABLE, every tensor-parallel peer's (base: the table of their addresses; the
+        fan-out of epilogue.write_candidates)."""
+        if PEER_TABLE:
+            for p in gl.static_range(NPEERS):
+                peer = gl.load(base + p).to(gl.pointer_type(val.dtype))
+                gl.store(peer + off, val, mask=mask)
+        else:
+            gl.store(base + off, val, mask=mask)
+
+    @gluon.jit
+    def _put_record(base, off, step_ptr, batch, flags, row_layout: gl.constexpr, PEER_TABLE: gl.constexpr,
+                    NPEERS: gl.constexpr):
+        """step_check.write_step_record for a Gluon layout: the (step, batch, flags, error = 0) words at off."""
+        w = gl.arange(0, 4, row_layout)
+        step = (gl.load(step_ptr) & 0x7FFFFFFF).to(gl.int32)
+        words = gl.where(w == 0, step, gl.where(w == 1, batch, gl.where(w == 2, flags, 0)))
+        _put(base, off + w, words, w < 4, PEER_TABLE, NPEERS)
+
+    @gluon.jit
     def _epilogue_partition(acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
                             temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
                             stride_slot, n_btiles, n_tiles, stride_field, stride_ifield, bm_ptr, bm_stride, ent_ptr,
-                            val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride,
+                            val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride, parity_ptr,
+                            parity_stride_f, parity_stride_i, hdr_off_i, flags, xfp_ptr, xfp_val,
                             BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, EPI_WARPS: gl.constexpr,
                             SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr,
                             NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr,
                             LOGPROBS: gl.constexpr, EXTENDED: gl.constexpr, WINNER_LOGIT: gl.constexpr,
                             RAW_SUM: gl.constexpr, BITMASK: gl.constexpr, SPARSE: gl.constexpr,
-                            PINNED: gl.constexpr):
+                            PINNED: gl.constexpr, PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr,
+                            DEVICE_PARITY: gl.constexpr, HEADER: gl.constexpr, XFP_PER_ROW: gl.constexpr):
         HALF: gl.constexpr = BLOCK_V // 2
+        # the copy of a double buffer this call writes (parity.py), read once
+        buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
+                                                  parity_stride_i, DEVICE_PARITY)
         # Philox quads of a half tile, [BLOCK_B, HALF / 4]: a warp spans ROW_THREADS rows, so each
         # thread keeps few rows' keys and counters (the per-row state is what crowds the registers).
         quad_layout: gl.constexpr = gl.BlockedLayout([1, 1], [ROW_THREADS, 32 // ROW_THREADS], [EPI_WARPS, 1],
@@ -246,6 +275,17 @@ if HAVE_GLUON:
             seed = load_row_param(seed_ptr, seed_val, offs_b, mask_b, gl.int64, SEED_PER_ROW)
             offset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, gl.int64, OFFSET_PER_ROW)
             inv_t, noise_scale, _greedy, bad_temp = row_temperature(temp)
+            if HEADER:
+                # The call's header (step_check.py), written with the first vocabulary tile of each batch tile,
+                # as fused_sample_kernel writes it (the rows' fingerprints, one step record), before the logits
+                # are awaited, so that none of its temporaries is live beside them.
+                if pid_v == 0:
+                    xfp = load_row_param(xfp_ptr, xfp_val, offs_b, mask_b, gl.int64, XFP_PER_ROW)
+                    write_row_fingerprints(cand_i, buf_offset_i + hdr_off_i, offs_b, mask_b, seed, offset ^ xfp, temp,
+                                           PEER_TABLE, NPEERS)
+                    if pid_b == 0:
+                        _put_record(cand_i, buf_offset_i + hdr_off_i + stride_slot, parity_ptr, B, flags,
+                                    row_layout, PEER_TABLE, NPEERS)
             tile_start = pid_v * BLOCK_V
             rep, freq, pres = row_penalties(pen_ptr, pen_stride, offs_b, mask_b, SPARSE)  # (1, 0, 0) without
             # Each row's bias / penalty entries of the two column halves (one 3-key search) and their first
@@ -290,8 +330,8 @@ if HAVE_GLUON:
             poisoned = bad | bad_temp
             score = gl.where(poisoned, float("nan"), best)
             idx = gl.where(poisoned, -1, vocab_start + tile_start + at).to(gl.int32)
-            gl.store(cand_f + dst, score, mask=mask_b)
-            gl.store(cand_i + dst_i, idx, mask=mask_b)
+            _put(cand_f, dst, score, mask_b, PEER_TABLE, NPEERS)
+            _put(cand_i, dst_i, idx, mask_b, PEER_TABLE, NPEERS)
             if LOGPROBS:
                 # epilogue.tile_stats / raw_sum over both halves (held in registers until the second
                 # arrives: each exp needs the whole tile's max); the sums add the halves' partial sums.
@@ -300,15 +340,15 @@ if HAVE_GLUON:
                 tmax = gl.maximum(gl.max(l0, axis=1), gl.max(l1, axis=1))
                 it = gl.convert_layout(inv_t, gl.SliceLayout(1, lay))
                 tsum = scaled_sum(l0, True, tmax, it) + scaled_sum(l1, True, tmax, it)
-                gl.store(cand_f + 2 * stride_field + dst, gl.convert_layout(tmax, row_layout), mask=mask_b)
-                gl.store(cand_f + 3 * stride_field + dst, gl.convert_layout(tsum, row_layout), mask=mask_b)
+                _put(cand_f, 2 * stride_field + dst, gl.convert_layout(tmax, row_layout), mask_b, PEER_TABLE, NPEERS)
+                _put(cand_f, 3 * stride_field + dst, gl.convert_layout(tsum, row_layout), mask_b, PEER_TABLE, NPEERS)
                 if WINNER_LOGIT:
                     w0 = gl.max(gl.where(col0[None, :] == at0[:, None], l0, float("-inf")), axis=1)
                     w1 = gl.max(gl.where(col1[None, :] == at1[:, None], l1, float("-inf")), axis=1)
                     wl = gl.convert_layout(gl.where(best1 > best0, w1, w0), row_layout)
                 else:  # field 1 only feeds the winner's logprob, which this call does not return
                     wl = score
-                gl.store(cand_f + 1 * stride_field + dst, wl, mask=mask_b)
+                _put(cand_f, 1 * stride_field + dst, wl, mask_b, PEER_TABLE, NPEERS)
             if EXTENDED:
                 # epilogue.tile_topk: each half's 4 largest (the halves' columns never interleave), merged.
                 a0, a1, a2, a3, ac0, ac1, ac2, ac3, abnd = _half_top4(l0, col0)
@@ -319,34 +359,39 @@ if HAVE_GLUON:
                 for j in gl.static_range(4):
                     v, c, ia, ib = _merged_slot(ia, ib, a0, a1, a2, a3, ac0, ac1, ac2, ac3, b0, b1, b2, b3,
                                                 bc0, bc1, bc2, bc3)
-                    gl.store(cand_f + (5 + j) * stride_field + dst, gl.convert_layout(v, row_layout), mask=mask_b)
-                    gl.store(cand_i + (1 + j) * stride_ifield + dst_i, gl.convert_layout(id0 + c, row_layout),
-                             mask=mask_b)
+                    _put(cand_f, (5 + j) * stride_field + dst, gl.convert_layout(v, row_layout), mask_b,
+                         PEER_TABLE, NPEERS)
+                    _put(cand_i, (1 + j) * stride_ifield + dst_i, gl.convert_layout(id0 + c, row_layout), mask_b,
+                         PEER_TABLE, NPEERS)
                 # the boundary: the larger of the lists' next heads (a list used up: its own boundary)
                 na = gl.where(ia == 4, abnd, _pick4(ia, a0, a1, a2, a3))
                 nb = gl.where(ib == 4, bbnd, _pick4(ib, b0, b1, b2, b3))
-                gl.store(cand_f + 9 * stride_field + dst, gl.convert_layout(gl.maximum(na, nb), row_layout),
-                         mask=mask_b)
+                _put(cand_f, 9 * stride_field + dst, gl.convert_layout(gl.maximum(na, nb), row_layout), mask_b,
+                     PEER_TABLE, NPEERS)
                 if RAW_SUM:
                     rsum = raw_sum(l0, True, tmax) + raw_sum(l1, True, tmax)
-                    gl.store(cand_f + 4 * stride_field + dst, gl.convert_layout(rsum, row_layout), mask=mask_b)
+                    _put(cand_f, 4 * stride_field + dst, gl.convert_layout(rsum, row_layout), mask_b, PEER_TABLE,
+                         NPEERS)
                 else:  # only "raw" logprobs read it: NaN, so that a wrong reader shows
-                    gl.store(cand_f + 4 * stride_field + dst, gl.full([BLOCK_B], float("nan"), gl.float32, row_layout),
-                             mask=mask_b)
+                    _put(cand_f, 4 * stride_field + dst, gl.full([BLOCK_B], float("nan"), gl.float32, row_layout),
+                         mask_b, PEER_TABLE, NPEERS)
 
     @gluon.jit
     def fused_sample_ws_kernel(h_desc, w_desc, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
                                cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
                                stride_slot, n_btiles, n_tiles, k_steps, stride_field, stride_ifield,
                                bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr,
-                               pen_stride, STAGES: gl.constexpr, EPI_WARPS: gl.constexpr, EPI_REGS: gl.constexpr,
+                               pen_stride, parity_ptr, parity_stride_f, parity_stride_i, hdr_off_i, flags, xfp_ptr,
+                               xfp_val, STAGES: gl.constexpr, EPI_WARPS: gl.constexpr, EPI_REGS: gl.constexpr,
                                LOAD_REGS: gl.constexpr,
                                SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr,
                                NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr = 8,
                                LOGPROBS: gl.constexpr = False, EXTENDED: gl.constexpr = False,
                                WINNER_LOGIT: gl.constexpr = False, RAW_SUM: gl.constexpr = False,
                                BITMASK: gl.constexpr = False, SPARSE: gl.constexpr = False,
-                               PINNED: gl.constexpr = False):
+                               PINNED: gl.constexpr = False, PEER_TABLE: gl.constexpr = False,
+                               NPEERS: gl.constexpr = 1, DEVICE_PARITY: gl.constexpr = False,
+                               HEADER: gl.constexpr = False, XFP_PER_ROW: gl.constexpr = False):
         BLOCK_B: gl.constexpr = h_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
         BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
@@ -376,9 +421,11 @@ if HAVE_GLUON:
                                    temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
                                    buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles, stride_field,
                                    stride_ifield, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width,
-                                   search_steps, pen_ptr, pen_stride, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW,
+                                   search_steps, pen_ptr, pen_stride, parity_ptr, parity_stride_f, parity_stride_i,
+                                   hdr_off_i, flags, xfp_ptr, xfp_val, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW,
                                    OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, ROW_THREADS, LOGPROBS, EXTENDED,
-                                   WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE, PINNED)),
+                                   WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE, PINNED, PEER_TABLE, NPEERS, DEVICE_PARITY,
+                                   HEADER, XFP_PER_ROW)),
         ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
 
 
@@ -386,10 +433,11 @@ def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
                  dest: BufferPair, *, logprobs: bool = False, extended: bool = False,
                  block_v: int = WS_BLOCK_V, block_b: int = WS_BLOCK_B) -> bool:
     """Whether this call can run on the warp-specialised kernel: a Hopper GPU (sm_90: wgmma),
-    bf16 / fp16 operands TMA can read, the 128-id vocabulary tile, no peer fan-out or call header;
-    logprobs, kept logits (filters, top-N) and processors (bitmask, bias, penalties) only on the
-    64-row batch tile (the epilogue then holds a whole tile's logits, and has the registers for the
-    processors' per-row state). Everything else keeps fused_sample_kernel."""
+    bf16 / fp16 operands TMA can read, the 128-id vocabulary tile (with or without the tensor-parallel
+    fan-out, device parity and call header); logprobs, kept logits (filters, top-N) and processors
+    (bitmask, bias, penalties) only on the 64-row batch tile (the epilogue then holds a whole tile's
+    logits, and has the registers for the processors' per-row state). Everything else keeps
+    fused_sample_kernel."""
     if not HAVE_GLUON or hidden.device.type != "cuda" or torch.version.hip is not None:
         return False
     if torch.cuda.get_device_capability(hidden.device) != (9, 0):
@@ -398,9 +446,7 @@ def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         return False
     if (logprobs or extended or params.processing is not None) and (block_b != 64 or KEEP != 4):
         return False
-    if dest.peer_table or dest.parity is not None:
-        return False
-    if layout.checked or block_v != WS_BLOCK_V or hidden.shape[0] == 0:
+    if block_v != WS_BLOCK_V or hidden.shape[0] == 0:
         return False
     elem = hidden.element_size()
     return all(t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * elem) % 16 == 0
@@ -412,7 +458,8 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     stages: int = WS_STAGES, row_threads: int = WS_ROW_THREADS,
                     epilogue_warps: int = WS_EPILOGUE_WARPS, grid_cap: int = 0, epilogue_only: bool = False,
                     block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
-                    raw_sums: bool = True, winner_logit: bool = False, batch: int = None) -> None:
+                    raw_sums: bool = True, winner_logit: bool = False, batch: int = None,
+                    flags: int = None) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
@@ -426,7 +473,10 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     params.processing: the logits are processed as the Triton kernel's (ws_supported sends processors to
     64-row tiles only; on 128-row tiles the epilogue spills registers, for benchmarks).
     batch (benchmarks): the rows to sample when ``hidden`` is padded with extra rows (the operand the copy
-    engine reads; the candidates are those of ``hidden[:batch]``); default all of hidden's rows."""
+    engine reads; the candidates are those of ``hidden[:batch]``); default all of hidden's rows.
+    dest: this process's buffers or, with ``dest.npeers``, every tensor-parallel peer's (the fan-out), the copy
+    of a double buffer ``dest.parity`` picks; a checked layout gets the call's header (step_check.py) with
+    ``flags`` (default: the flags of this launch's options), as launch_fused's."""
     if block_b not in (64, 128):
         raise ValueError(f"block_b must be 64 or 128, got {block_b}")
     if extended and not layout.extended:
@@ -450,6 +500,9 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     seed_p, seed_v, seed_row = row_param_args(params.seed, dummy)
     off_p, off_v, off_row = row_param_args(params.offset, dummy)
     temp_p, temp_v, temp_row = row_param_args(params.temperature, dummy)
+    xfp_p, xfp_v, xfp_row = row_param_args(params.fingerprint, dummy)
+    par_p, par_f, par_i, par_on = parity_args(dest.parity, dummy)
+    header = writes_header(layout, dest)
     if epilogue_warps not in WS_REGISTERS:
         raise ValueError(f"epilogue_warps must be one of {sorted(WS_REGISTERS)}, got {epilogue_warps}")
     maxnreg, epi_regs = WS_REGISTERS[epilogue_warps]
@@ -464,12 +517,14 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         dest.f, dest.i, B, V_rows, vocab_size, vocab_start,
         dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i, layout.stride_slot,
         n_btiles, n_tiles, 0 if epilogue_only else triton.cdiv(D, WS_BLOCK_K), layout.stride_field,
-        layout.stride_ifield, *proc_args,
+        layout.stride_ifield, *proc_args, par_p, par_f, par_i, layout.fingerprint_slot,
+        call_flags(logprobs, chunked=False) if flags is None else flags, xfp_p, xfp_v,
         STAGES=stages, EPI_WARPS=epilogue_warps, EPI_REGS=epi_regs, LOAD_REGS=WS_LOAD_REGS,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
         NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), ROW_THREADS=row_threads,
         LOGPROBS=logprobs or extended, EXTENDED=extended, WINNER_LOGIT=logprobs or winner_logit, RAW_SUM=raw_sums,
-        **proc_flags,
+        **proc_flags, PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1, DEVICE_PARITY=par_on, HEADER=header,
+        XFP_PER_ROW=xfp_row,
         num_warps=4, maxnreg=maxnreg,
     )
 

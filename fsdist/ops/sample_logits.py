@@ -34,7 +34,7 @@ from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_quad_bits
 from .parity import parity_args, parity_offsets
 from .processors import apply_processors, processor_args
-from .step_check import call_flags, write_row_fingerprints, write_step_record
+from .step_check import call_flags, write_row_fingerprints, write_step_record, writes_header
 from .utils import fast_log_ok, load_row_param, row_param_args
 
 
@@ -211,8 +211,7 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
     B = logits.shape[0]
     if B == 0 or tiles[1] <= tiles[0]:
         return
-    if layout.checked and dest.parity is None:
-        raise ValueError("a checked candidate layout needs the caller's device step counter (dest.parity)")
+    header = writes_header(layout, dest)
     extended = layout.extended if extended is None else extended
     if extended and not layout.extended:
         raise ValueError("kept logits need an extended candidate layout")
@@ -247,7 +246,7 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
         NOISE=not params.all_greedy, LOGPROBS=logprobs or extended,
         PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1,
         FAST_LOG=fast_log_ok(logits.device),
-        DEVICE_PARITY=par_on, HEADER=layout.checked, EXTENDED=extended, KEEP=KEEP, XFP_PER_ROW=xfp_row,
+        DEVICE_PARITY=par_on, HEADER=header, EXTENDED=extended, KEEP=KEEP, XFP_PER_ROW=xfp_row,
         WINNER_LOGIT=logprobs or winner_logit, RAW_SUM=raw_sums, **proc_flags, num_warps=num_warps,
     )
 

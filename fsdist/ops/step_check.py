@@ -100,6 +100,14 @@ def describe_status(bits: int) -> str:
     return "; ".join(what) or "no mismatch"
 
 
+def writes_header(layout, dest: BufferPair) -> bool:
+    """Whether a stage-1 launch into ``dest`` with ``layout`` writes the call's header: a checked layout
+    does, and its step comes from the caller's device step counter (``dest.parity``), which it must have."""
+    if layout.checked and dest.parity is None:
+        raise ValueError("a checked candidate layout needs the caller's device step counter (dest.parity)")
+    return bool(layout.checked)
+
+
 @triton.jit
 def row_fingerprint(seed, offset, temp):
     """32 bits identifying a row's (seed, offset, temperature)."""

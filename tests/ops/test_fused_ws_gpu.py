@@ -214,8 +214,13 @@ def test_sample_uses_it_and_keeps_tokens(ws_calls):
 
 
 # ---- calls the warp-specialised kernel must leave to the Triton kernel -------------------------------------
-EXCLUSIONS = ["logprobs", "extended", "processors", "peer-table", "parity", "checked", "flags",
-              "hidden-misaligned", "hidden-row-stride", "weight-misaligned", "weight-row-stride", "fp32"]
+EXCLUSIONS = ["logprobs", "extended", "processors", "hidden-misaligned", "hidden-row-stride", "weight-misaligned",
+              "weight-row-stride", "fp32"]
+# What the tensor-parallel heads add to a call, which the kernel runs too: the peer fan-out (two local buffers
+# stand in for two ranks'), the device parity, a checked layout's header, a caller's header flags, all of them
+# at once ("tp-head": the candidates head's stage 1), and that on the 64-row tile with kept logits and logprobs
+# ("tp-head-64-extended": a filtered TP call at B = 33-64).
+TP_CASES = ["peer-table", "parity", "checked", "flags", "tp-head", "tp-head-64-extended"]
 
 
 def _shifted(t):
@@ -248,9 +253,15 @@ class _Call:
         n_tiles = triton.cdiv(V, 128)
         self.layout = CandidateLayout(1, n_tiles, B)
         self.kw = {}
-        self.parity = case in ("parity", "checked")  # a checked layout needs the device step counter
-        self.peers = case == "peer-table"
-        if case == "logprobs":
+        tp_head = case.startswith("tp-head")
+        self.parity = case in ("parity", "checked") or tp_head  # a checked layout needs the device step counter
+        self.peers = case == "peer-table" or tp_head
+        if tp_head:
+            extended = case.endswith("extended")
+            self.layout = CandidateLayout(CandidateLayout.fields(extended, extended=extended), n_tiles, B,
+                                          checked=True, n_ifields=1 + KEEP if extended else 1)
+            self.kw = dict(flags=call_flags(extended, False), logprobs=extended)
+        elif case == "logprobs":
             self.layout = CandidateLayout(CandidateLayout.fields(True), n_tiles, B)
             self.kw = dict(logprobs=True)
         elif case == "extended":  # kept logits: launch_fused reads the choice off the layout
@@ -282,21 +293,20 @@ class _Call:
     def dest(self):
         """(the BufferPair to launch into, the buffers it writes), filled with a sentinel."""
         L = self.layout
-        if self.peers:  # two local buffers stand in for two ranks' (the epilogue stores into both)
-            bufs = [BufferPair.alloc(L, "cuda") for _ in range(2)]
-            for b in bufs:
-                b.f.fill_(7.0)
-                b.i.fill_(7)
-            table_f = torch.tensor([b.f.data_ptr() for b in bufs], dtype=torch.int64, device="cuda")
-            table_i = torch.tensor([b.i.data_ptr() for b in bufs], dtype=torch.int64, device="cuda")
-            return BufferPair(table_f, table_i, npeers=2), [t for b in bufs for t in (b.f, b.i)]
         copies = 2 if self.parity else 1
-        f = torch.full((copies * L.float_numel,), 7.0, device="cuda")
-        i = torch.full((copies * L.int_numel,), 7, dtype=torch.int32, device="cuda")
+        n_bufs = 2 if self.peers else 1  # two local buffers stand in for two ranks' (the epilogue stores into both)
+        bufs = []
+        for _ in range(n_bufs):
+            bufs.append(torch.full((copies * L.float_numel,), 7.0, device="cuda"))
+            bufs.append(torch.full((copies * L.int_numel,), 7, dtype=torch.int32, device="cuda"))
         parity = None
         if self.parity:  # counter 5 (odd): the second copy
             parity = DeviceParity(torch.tensor([5], dtype=torch.int64, device="cuda"), L.float_numel, L.int_numel)
-        return BufferPair(f, i, parity=parity), [f, i]
+        if self.peers:
+            table_f = torch.tensor([b.data_ptr() for b in bufs[0::2]], dtype=torch.int64, device="cuda")
+            table_i = torch.tensor([b.data_ptr() for b in bufs[1::2]], dtype=torch.int64, device="cuda")
+            return BufferPair(table_f, table_i, npeers=2, parity=parity), bufs
+        return BufferPair(bufs[0], bufs[1], parity=parity), bufs
 
     def run(self, cfg):
         dest, bufs = self.dest()
@@ -325,15 +335,53 @@ def test_bias_past_64_rows_takes_the_64_row_ws_tile(ws_calls):
 
 
 @hopper
+@pytest.mark.parametrize("case", TP_CASES)
+def test_tensor_parallel_calls_write_the_triton_kernels_buffers(case, ws_calls):
+    """The tensor-parallel heads' stage 1 on the ws kernel: every buffer written (both peers' copies, in the
+    copy the device counter picks, the call's header: row fingerprints and step record with the caller's
+    flags; kept logits and logprob fields on the 64-row tile) is the Triton kernel's with the same tile, bit
+    for bit (the 64-row tile's two tile sums within a few ulp, as in _fields_as_the_triton_tile), and
+    the buffers the counter does not pick, or past the rows, keep their sentinel."""
+    call = _Call(case)
+    ws_cfg, triton_cfg, rows = (WS64, TRITON64, 64) if case.endswith("64-extended") else (WS, TRITON, 128)
+    assert call.supported(call.dest()[0]) if rows == 128 else ws_supported(
+        call.h, call.w, call.params, call.layout, call.dest()[0], logprobs=True, extended=True, block_b=64)
+    got = call.run(ws_cfg)
+    assert ws_calls == [rows]
+    ref = call.run(triton_cfg)
+    assert ws_calls == [rows]
+    assert len(got) == len(ref) == (4 if call.peers else 2)
+    L = call.layout
+    for n, (a, b) in enumerate(zip(got, ref)):
+        if n % 2 == 1 or not L.extended:
+            assert torch.equal(a, b), n
+            continue
+        # fp32 buffer of the 64-row tile: fields 3 and 4 (the tile sums) add the column halves' partial sums
+        copies = a.view(-1, L.float_numel)
+        for c in range(copies.shape[0]):
+            fa = copies[c].view(L.n_fields, -1)
+            fb = b.view(-1, L.float_numel)[c].view(L.n_fields, -1)
+            exact = [k for k in range(L.n_fields) if k not in (3, 4)]
+            assert torch.equal(fa[exact], fb[exact]), (n, c)
+            torch.testing.assert_close(fa[3:5], fb[3:5], rtol=2e-6, atol=0.0)
+    if call.parity:  # the even copy (counter 5 picks the odd one) is untouched
+        f = got[0].view(2, -1)
+        assert (f[0] == 7.0).all() and not (f[1] == 7.0).all()
+    if L.checked:  # the header was written: the step record holds the counter's step and the batch
+        i = got[1].view(2, -1)[1] if call.parity else got[1]
+        rec = i[L.record_slot: L.record_slot + 4]
+        assert rec.tolist()[:2] == [5, call.h.shape[0]]
+
+
+@hopper
 @pytest.mark.parametrize("case", ["plain"] + EXCLUSIONS)
 def test_calls_it_cannot_take_run_the_triton_kernel(case, ws_calls):
-    """With the ws tile, every call ws_supported excludes (and one with caller-given header flags) runs the
-    Triton kernel: the warp-specialised launcher is never reached, and every buffer written (both peers'
-    copies, the parity copy, the header, kept logits, logprob fields) is the Triton kernel's with the plain
-    tile. "plain", the same call without the exclusion, must launch it: a case that launches nothing shows
-    its exclusion, not a setup the kernel would refuse anyway."""
+    """With the ws tile, every call ws_supported excludes runs the Triton kernel: the warp-specialised
+    launcher is never reached, and every buffer written (kept logits, logprob fields) is the Triton kernel's
+    with the plain tile. "plain", the same call without the exclusion, must launch it: a case that launches
+    nothing shows its exclusion, not a setup the kernel would refuse anyway."""
     call = _Call(case)
-    assert call.supported() == (case in ("plain", "flags"))
+    assert call.supported() == (case == "plain")
     got = call.run(WS)
     assert len(ws_calls) == int(case == "plain")
     ref = call.run(TRITON)
@@ -343,14 +391,21 @@ def test_calls_it_cannot_take_run_the_triton_kernel(case, ws_calls):
         assert torch.equal(a, b)
     if case == "plain":  # an empty batch is not taken either (checked here only: nothing to launch)
         assert not ws_supported(call.h[:0], call.w, call.params, call.layout, call.dest()[0])
-    if case == "checked":
-        # The checked layout alone excludes it: without the counter the Triton route refuses the call
-        # (launched on the ws kernel it would have run, with no header and no error).
-        assert not call.supported(BufferPair.alloc(call.layout, "cuda"))
-        with pytest.raises(ValueError, match="device step counter"):
-            launch_fused(call.h, call.w, call.params, WS, call.layout, BufferPair.alloc(call.layout, "cuda"),
-                         vocab_size=call.vocab_size)
-        assert not ws_calls
+
+
+@hopper
+@pytest.mark.parametrize("cfg", [WS, TRITON], ids=["ws", "triton"])
+def test_a_checked_layout_without_the_step_counter_is_refused(cfg):
+    """A checked layout needs the device step counter on both kernels: the call raises before its launch,
+    and the buffers keep their sentinel."""
+    call = _Call("checked")
+    dest = BufferPair.alloc(call.layout, "cuda")
+    dest.f.fill_(7.0)
+    dest.i.fill_(7)
+    with pytest.raises(ValueError, match="device step counter"):
+        launch_fused(call.h, call.w, call.params, cfg, call.layout, dest, vocab_size=call.vocab_size)
+    torch.cuda.synchronize()
+    assert (dest.f == 7.0).all() and (dest.i == 7).all()
 
 
 # ---- ties, NaN and +inf logits ------------------------------------------------------------------------------

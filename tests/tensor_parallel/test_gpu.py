@@ -41,10 +41,13 @@ def _weights(V, D, B, device, seed=0, scale=1.0):
     return W, h
 
 
+@pytest.mark.parametrize("B", [64, 80, 192])
 @pytest.mark.parametrize("transport", ["nvshmem", "symm_mem", "collective"])
-def test_gpu_candidates_equal_single_gpu_at_real_shapes(dist_ctx, transport):
+def test_gpu_candidates_equal_single_gpu_at_real_shapes(dist_ctx, transport, B):
+    """B = 80 / 192 leave the last 128-row tile partly empty: each shard's stage 1 (fused on an H100,
+    configs.choose_path) reads a zero-padded hidden (fused_sample.tile_operand) with its peer fan-out on."""
     _need(transport)
-    D, B = 4096, 64
+    D = 4096
     W, h = _weights(V_REAL, D, B, dist_ctx.device, seed=1, scale=3.0)
     head = fsdist.ShardedFlashLMHead(D, V_REAL, transport=transport, device=dist_ctx.device)
     head.load_full_weight(W)
