@@ -105,8 +105,8 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
     if batch <= 64:
         # The warp-specialised kernel's 64-row tile where it runs (v25b, H100: the plain call as fast as the
         # Triton tile, a filtered one 19-20 us faster at B = 48 / 64: its epilogue runs beside the next
-        # tile's wgmmas; so do the processors', v26); wherever fused_sample_ws.ws_supported says no (TP peer
-        # tables or call header, fp32, misaligned operands, not sm_90) the Triton kernel's tile, triton_twin.
+        # tile's wgmmas; so do the processors', v26); wherever fused_sample_ws.ws_supported says no (fp32,
+        # misaligned operands, not sm_90) the Triton kernel's tile, triton_twin. The TP heads' shards run it too (v40).
         return TileConfig(64, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5, tma=True, ws=True)
     # Past one 64-row tile: 128-row tiles fed by TMA, 5 stages (bench/epilogue_bench.py, H200,
     # 2026-11-24, docs/performance.md v16): 1.2-1.4x faster than the configs used before (64-row
