@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ..params import LOGPROBS_MODES, RowParams
 from .epilogue import perturb, row_temperature
-from .layout import F_BOUNDARY, KEEP, BufferPair, CandidateLayout
+from .layout import F_BOUNDARY, KEEP, BufferPair, CandidateLayout, store_fan_out
 from .noise import gumbel_from_bits, vocab_bits
 from .parity import parity_args, parity_offsets
 from .processors import apply_processors, processor_args
@@ -79,16 +79,6 @@ def round_rows(flags_ptr, B, ranks, SCAN: tl.constexpr):
         rows += tl.sum(tl.where(hit, offs[None, :], 0), axis=1)
         total += tl.sum(f, axis=0)
     return rows
-
-
-@triton.jit
-def _store_pool(base, off, vals, mask, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr):
-    if PEER_TABLE:
-        for p in tl.static_range(NPEERS):
-            ptr = tl.load(base + p).to(tl.pointer_type(tl.float32))
-            tl.store(ptr + off, vals, mask=mask)
-    else:
-        tl.store(base + off, vals, mask=mask)
 
 
 # B (the flag count) is never specialised: Triton compiles B = 1 as a constant, and the flag scan
@@ -155,7 +145,7 @@ def _materialize_tile(h_ptr, w_ptr, pool_ptr, rows, active, pid_v, D, V_rows, vo
                                    vocab_start + pid_v * BLOCK_V, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride,
                                    ent_width, search_steps, pen_ptr, pen_stride, BITMASK, SPARSE, PINNED)
         off = shard_base + tl.arange(0, POOL)[:, None].to(tl.int64) * shard_cols + offs_v[None, :]
-        _store_pool(pool_ptr, off, acc, active[:, None] & ok[None, :], PEER_TABLE, NPEERS)
+        store_fan_out(pool_ptr, off, acc, active[:, None] & ok[None, :], tl.float32, PEER_TABLE, NPEERS)
 
 
 @triton.jit

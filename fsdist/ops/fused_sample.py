@@ -224,6 +224,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     (T = 1) sums out (NaN): only "raw" logprobs read them; the winner's logit (field 1) is written
     only with ``logprobs`` or ``winner_logit`` (select_filtered's min-p proof)."""
     n_vtiles = layout.check_fit(hidden.shape[0], weight.shape[0], cfg.block_v, shard, vocab_start)
+    header = writes_header(layout, dest)  # (raises for a checked layout without the step counter: before any launch)
     extended = layout.extended if extended is None else extended
     if extended and not layout.extended:
         raise ValueError("kept logits need an extended candidate layout")
@@ -279,7 +280,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu",
         FAST_LOG=fast_log_ok(hidden.device),
-        DEVICE_PARITY=par_on, TMA=tma, HEADER=writes_header(layout, dest), EXTENDED=extended, KEEP=KEEP,
+        DEVICE_PARITY=par_on, TMA=tma, HEADER=header, EXTENDED=extended, KEEP=KEEP,
         XFP_PER_ROW=xfp_row, **proc_flags, ENTRY_HEAD=ENTRY_HEAD, WINNER_LOGIT=logprobs or winner_logit,
         RAW_SUM=raw_sums,
         # the bitmask's words loaded before the main loop where every tile starts on a word

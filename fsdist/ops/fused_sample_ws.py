@@ -37,13 +37,13 @@ import triton
 
 from ..params import RowParams
 from .epilogue import perturb, raw_sum, row_temperature, scaled_sum
-from .layout import KEEP, BufferPair, CandidateLayout
+from .layout import KEEP, BufferPair, CandidateLayout, store_fan_out
 from .noise import gumbel_from_bits, vocab_quad_bits
 from .parity import parity_args, parity_offsets
 from .prepare_processors import PROBES as _PROBES_INT
 from .processors import (process_tile, processor_args, row_penalties, slice_heads, span_allowed, span_words,
                          split_slices)
-from .step_check import call_flags, write_row_fingerprints, writes_header
+from .step_check import call_flags, write_record_words, write_row_fingerprints, writes_header
 from .utils import fast_log_ok, load_row_param, row_param_args, sm_count
 
 try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this path is off.
@@ -223,27 +223,6 @@ if HAVE_GLUON:
         return v, c, ia + take_a.to(gl.int32), ib + (~take_a).to(gl.int32)
 
     @gluon.jit
-    def _put(base, off, val, mask, PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr):
-        """Store val at element offset off of the candidate buffer: this process's (base: its fp32 / int32
-        buffer) or, with PEER_TABLE, every tensor-parallel peer's (base: the table of their addresses; the
-        fan-out of epilogue.write_candidates)."""
-        if PEER_TABLE:
-            for p in gl.static_range(NPEERS):
-                peer = gl.load(base + p).to(gl.pointer_type(val.dtype))
-                gl.store(peer + off, val, mask=mask)
-        else:
-            gl.store(base + off, val, mask=mask)
-
-    @gluon.jit
-    def _put_record(base, off, step_ptr, batch, flags, row_layout: gl.constexpr, PEER_TABLE: gl.constexpr,
-                    NPEERS: gl.constexpr):
-        """step_check.write_step_record for a Gluon layout: the (step, batch, flags, error = 0) words at off."""
-        w = gl.arange(0, 4, row_layout)
-        step = (gl.load(step_ptr) & 0x7FFFFFFF).to(gl.int32)
-        words = gl.where(w == 0, step, gl.where(w == 1, batch, gl.where(w == 2, flags, 0)))
-        _put(base, off + w, words, w < 4, PEER_TABLE, NPEERS)
-
-    @gluon.jit
     def _epilogue_partition(acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
                             temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
                             stride_slot, n_btiles, n_tiles, stride_field, stride_ifield, bm_ptr, bm_stride, ent_ptr,
@@ -284,8 +263,8 @@ if HAVE_GLUON:
                     write_row_fingerprints(cand_i, buf_offset_i + hdr_off_i, offs_b, mask_b, seed, offset ^ xfp, temp,
                                            PEER_TABLE, NPEERS)
                     if pid_b == 0:
-                        _put_record(cand_i, buf_offset_i + hdr_off_i + stride_slot, parity_ptr, B, flags,
-                                    row_layout, PEER_TABLE, NPEERS)
+                        write_record_words(cand_i, buf_offset_i + hdr_off_i + stride_slot,
+                                           gl.arange(0, 4, row_layout), parity_ptr, B, flags, 0, PEER_TABLE, NPEERS)
             tile_start = pid_v * BLOCK_V
             rep, freq, pres = row_penalties(pen_ptr, pen_stride, offs_b, mask_b, SPARSE)  # (1, 0, 0) without
             # Each row's bias / penalty entries of the two column halves (one 3-key search) and their first
@@ -330,8 +309,8 @@ if HAVE_GLUON:
             poisoned = bad | bad_temp
             score = gl.where(poisoned, float("nan"), best)
             idx = gl.where(poisoned, -1, vocab_start + tile_start + at).to(gl.int32)
-            _put(cand_f, dst, score, mask_b, PEER_TABLE, NPEERS)
-            _put(cand_i, dst_i, idx, mask_b, PEER_TABLE, NPEERS)
+            store_fan_out(cand_f, dst, score, mask_b, gl.float32, PEER_TABLE, NPEERS)
+            store_fan_out(cand_i, dst_i, idx, mask_b, gl.int32, PEER_TABLE, NPEERS)
             if LOGPROBS:
                 # epilogue.tile_stats / raw_sum over both halves (held in registers until the second
                 # arrives: each exp needs the whole tile's max); the sums add the halves' partial sums.
@@ -340,15 +319,17 @@ if HAVE_GLUON:
                 tmax = gl.maximum(gl.max(l0, axis=1), gl.max(l1, axis=1))
                 it = gl.convert_layout(inv_t, gl.SliceLayout(1, lay))
                 tsum = scaled_sum(l0, True, tmax, it) + scaled_sum(l1, True, tmax, it)
-                _put(cand_f, 2 * stride_field + dst, gl.convert_layout(tmax, row_layout), mask_b, PEER_TABLE, NPEERS)
-                _put(cand_f, 3 * stride_field + dst, gl.convert_layout(tsum, row_layout), mask_b, PEER_TABLE, NPEERS)
+                store_fan_out(cand_f, 2 * stride_field + dst, gl.convert_layout(tmax, row_layout), mask_b,
+                              gl.float32, PEER_TABLE, NPEERS)
+                store_fan_out(cand_f, 3 * stride_field + dst, gl.convert_layout(tsum, row_layout), mask_b,
+                              gl.float32, PEER_TABLE, NPEERS)
                 if WINNER_LOGIT:
                     w0 = gl.max(gl.where(col0[None, :] == at0[:, None], l0, float("-inf")), axis=1)
                     w1 = gl.max(gl.where(col1[None, :] == at1[:, None], l1, float("-inf")), axis=1)
                     wl = gl.convert_layout(gl.where(best1 > best0, w1, w0), row_layout)
                 else:  # field 1 only feeds the winner's logprob, which this call does not return
                     wl = score
-                _put(cand_f, 1 * stride_field + dst, wl, mask_b, PEER_TABLE, NPEERS)
+                store_fan_out(cand_f, 1 * stride_field + dst, wl, mask_b, gl.float32, PEER_TABLE, NPEERS)
             if EXTENDED:
                 # epilogue.tile_topk: each half's 4 largest (the halves' columns never interleave), merged.
                 a0, a1, a2, a3, ac0, ac1, ac2, ac3, abnd = _half_top4(l0, col0)
@@ -359,22 +340,23 @@ if HAVE_GLUON:
                 for j in gl.static_range(4):
                     v, c, ia, ib = _merged_slot(ia, ib, a0, a1, a2, a3, ac0, ac1, ac2, ac3, b0, b1, b2, b3,
                                                 bc0, bc1, bc2, bc3)
-                    _put(cand_f, (5 + j) * stride_field + dst, gl.convert_layout(v, row_layout), mask_b,
-                         PEER_TABLE, NPEERS)
-                    _put(cand_i, (1 + j) * stride_ifield + dst_i, gl.convert_layout(id0 + c, row_layout), mask_b,
-                         PEER_TABLE, NPEERS)
+                    store_fan_out(cand_f, (5 + j) * stride_field + dst, gl.convert_layout(v, row_layout), mask_b,
+                                  gl.float32, PEER_TABLE, NPEERS)
+                    store_fan_out(cand_i, (1 + j) * stride_ifield + dst_i, gl.convert_layout(id0 + c, row_layout),
+                                  mask_b, gl.int32, PEER_TABLE, NPEERS)
                 # the boundary: the larger of the lists' next heads (a list used up: its own boundary)
                 na = gl.where(ia == 4, abnd, _pick4(ia, a0, a1, a2, a3))
                 nb = gl.where(ib == 4, bbnd, _pick4(ib, b0, b1, b2, b3))
-                _put(cand_f, 9 * stride_field + dst, gl.convert_layout(gl.maximum(na, nb), row_layout), mask_b,
-                     PEER_TABLE, NPEERS)
+                store_fan_out(cand_f, 9 * stride_field + dst, gl.convert_layout(gl.maximum(na, nb), row_layout),
+                              mask_b, gl.float32, PEER_TABLE, NPEERS)
                 if RAW_SUM:
                     rsum = raw_sum(l0, True, tmax) + raw_sum(l1, True, tmax)
-                    _put(cand_f, 4 * stride_field + dst, gl.convert_layout(rsum, row_layout), mask_b, PEER_TABLE,
-                         NPEERS)
+                    store_fan_out(cand_f, 4 * stride_field + dst, gl.convert_layout(rsum, row_layout), mask_b,
+                                  gl.float32, PEER_TABLE, NPEERS)
                 else:  # only "raw" logprobs read it: NaN, so that a wrong reader shows
-                    _put(cand_f, 4 * stride_field + dst, gl.full([BLOCK_B], float("nan"), gl.float32, row_layout),
-                         mask_b, PEER_TABLE, NPEERS)
+                    store_fan_out(cand_f, 4 * stride_field + dst,
+                                  gl.full([BLOCK_B], float("nan"), gl.float32, row_layout), mask_b, gl.float32,
+                                  PEER_TABLE, NPEERS)
 
     @gluon.jit
     def fused_sample_ws_kernel(h_desc, w_desc, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
@@ -437,7 +419,8 @@ def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     fan-out, device parity and call header); logprobs, kept logits (filters, top-N) and processors
     (bitmask, bias, penalties) only on the 64-row batch tile (the epilogue then holds a whole tile's
     logits, and has the registers for the processors' per-row state). Everything else keeps
-    fused_sample_kernel."""
+    fused_sample_kernel. ``layout`` and ``dest`` no longer decide anything (every candidate layout and
+    destination is supported); they stay in the signature so that a condition on them has its place."""
     if not HAVE_GLUON or hidden.device.type != "cuda" or torch.version.hip is not None:
         return False
     if torch.cuda.get_device_capability(hidden.device) != (9, 0):
@@ -472,8 +455,9 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     from the Triton kernel's in the last bits; every other field is the same bit for bit.
     params.processing: the logits are processed as the Triton kernel's (ws_supported sends processors to
     64-row tiles only; on 128-row tiles the epilogue spills registers, for benchmarks).
-    batch (benchmarks): the rows to sample when ``hidden`` is padded with extra rows (the operand the copy
-    engine reads; the candidates are those of ``hidden[:batch]``); default all of hidden's rows.
+    batch: the rows to sample when ``hidden`` is padded with extra rows (launch_fused passes the padded operand
+    the copy engine reads; the candidates, and a header's batch and fingerprints, are those of
+    ``hidden[:batch]``); default all of hidden's rows.
     dest: this process's buffers or, with ``dest.npeers``, every tensor-parallel peer's (the fan-out), the copy
     of a double buffer ``dest.parity`` picks; a checked layout gets the call's header (step_check.py) with
     ``flags`` (default: the flags of this launch's options), as launch_fused's."""

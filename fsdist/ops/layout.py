@@ -14,11 +14,16 @@ Slots are numbered shard * n_local + tile, which is vocabulary order.
 The fields are listed in ``epilogue.py``. A *checked* layout (tensor parallelism) adds
 two int32 slots per shard after its tiles for the call's header (``step_check.py``):
 the row fingerprints, then the step record.
+
+``store_fan_out`` is the one store every stage-1 kernel (and the fallback's pool) makes into
+such a buffer: locally, or through a ``BufferPair``'s peer table into every rank's copy.
 """
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
+import triton
+import triton.language as tl
 
 from .parity import DeviceParity
 
@@ -136,3 +141,17 @@ class BufferPair:
     @property
     def peer_table(self) -> bool:
         return self.npeers is not None
+
+
+@triton.jit
+def store_fan_out(base, off, val, mask, DTYPE: tl.constexpr, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr):
+    """Store ``val`` as DTYPE (the buffer's element type) at element offset ``off`` (masked) of a buffer: this
+    process's (``base`` points into it) or, with PEER_TABLE, every tensor-parallel peer's (``base``: the int64
+    table of their base addresses, a ``BufferPair`` with ``npeers``): the fan-out, the same values into each
+    rank's copy. DTYPE is explicit because a table entry carries no element type."""
+    if PEER_TABLE:
+        for p in tl.static_range(NPEERS):
+            peer = tl.load(base + p).to(tl.pointer_type(DTYPE))
+            tl.store(peer + off, val.to(DTYPE), mask=mask)
+    else:
+        tl.store(base + off, val.to(DTYPE), mask=mask)

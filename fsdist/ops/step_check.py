@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import BufferPair
+from .layout import BufferPair, store_fan_out
 from .noise import philox_bits
 from .parity import parity_args, parity_offsets
 
@@ -116,29 +116,26 @@ def row_fingerprint(seed, offset, temp):
 
 
 @triton.jit
-def _store_ints(base, off, values, mask, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr):
-    if PEER_TABLE:
-        for p in tl.static_range(NPEERS):
-            ptr = tl.load(base + p).to(tl.pointer_type(tl.int32))
-            tl.store(ptr + off, values, mask=mask)
-    else:
-        tl.store(base + off, values, mask=mask)
-
-
-@triton.jit
 def write_row_fingerprints(dst_i, off_i, rows, mask, seed, offset, temp,
                            PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr):
     """Store the rows' fingerprints at int32 offset off_i + rows (locally or into every peer)."""
-    _store_ints(dst_i, off_i + rows, row_fingerprint(seed, offset, temp), mask, PEER_TABLE, NPEERS)
+    store_fan_out(dst_i, off_i + rows, row_fingerprint(seed, offset, temp), mask, tl.int32, PEER_TABLE, NPEERS)
 
 
 @triton.jit
 def write_step_record(dst_i, off_i, step_ptr, batch, flags, error, PEER_TABLE: tl.constexpr, NPEERS: tl.constexpr):
     """Store the RECORD_WORDS-word record (step, batch, flags, error) at int32 offset off_i."""
-    w = tl.arange(0, 4)
+    write_record_words(dst_i, off_i, tl.arange(0, 4), step_ptr, batch, flags, error, PEER_TABLE, NPEERS)
+
+
+@triton.jit
+def write_record_words(dst_i, off_i, w, step_ptr, batch, flags, error, PEER_TABLE: tl.constexpr,
+                       NPEERS: tl.constexpr):
+    """write_step_record with the word indices ``w`` (0 .. 3) given by the caller: a Gluon kernel passes them in
+    its own layout (fused_sample_ws.py)."""
     step = (tl.load(step_ptr) & 0x7FFFFFFF).to(tl.int32)
     values = tl.where(w == 0, step, tl.where(w == 1, batch, tl.where(w == 2, flags, error)))
-    _store_ints(dst_i, off_i + w, values, w < 4, PEER_TABLE, NPEERS)
+    store_fan_out(dst_i, off_i + w, values, w < 4, tl.int32, PEER_TABLE, NPEERS)
 
 
 @triton.jit

@@ -218,9 +218,14 @@ EXCLUSIONS = ["logprobs", "extended", "processors", "hidden-misaligned", "hidden
               "weight-row-stride", "fp32"]
 # What the tensor-parallel heads add to a call, which the kernel runs too: the peer fan-out (two local buffers
 # stand in for two ranks'), the device parity, a checked layout's header, a caller's header flags, all of them
-# at once ("tp-head": the candidates head's stage 1), and that on the 64-row tile with kept logits and logprobs
-# ("tp-head-64-extended": a filtered TP call at B = 33-64).
-TP_CASES = ["peer-table", "parity", "checked", "flags", "tp-head", "tp-head-64-extended"]
+# at once ("tp-head": the candidates head's stage 1; "-even": the step counter even, so the first copy), on the
+# head's own layout (room for kept logits, capacity above the batch, two shards, this rank shard 1 at a vocabulary
+# offset: "-shard"), on the 64-row tile with kept logits and logprobs ("-64-extended": a filtered TP call at
+# B = 33-64) and with bias entries ("-bias": the 64-row tile past B = 64).
+TP_CASES = ["peer-table", "parity", "checked", "flags", "tp-head", "tp-head-even", "tp-head-shard",
+            "tp-head-64-extended", "tp-head-bias"]
+# The header flags the tp-head cases pass: not any launch's defaults, so that only a pass-through writes them.
+TP_FLAGS = call_flags(True, True, extended=True, top_n=3, mode=1)
 
 
 def _shifted(t):
@@ -237,6 +242,18 @@ def _padded_rows(t, cols):
     out = torch.zeros(t.shape[0], cols, dtype=t.dtype, device=t.device)[:, :t.shape[1]]
     out.copy_(t)
     return out
+
+
+def _call_processing(B, vocab_size, bias):
+    """A random token bitmask (80% allowed) and, with ``bias``, 30 bias entries per row."""
+    gen = torch.Generator().manual_seed(1)
+    allowed = torch.rand(B, vocab_size, generator=gen) < 0.8
+    entries = None
+    if bias:
+        entries = fsdist.SparseLogits(torch.randint(0, vocab_size, (B, 30), generator=gen).cuda(),
+                                      torch.randn(B, 30, generator=gen).cuda())
+    return prepare_processing(token_bitmask=bitmask_from_allowed(allowed).cuda(), logit_bias=entries, batch=B,
+                              vocab_size=vocab_size, device="cuda")
 
 
 class _Call:
@@ -256,11 +273,19 @@ class _Call:
         tp_head = case.startswith("tp-head")
         self.parity = case in ("parity", "checked") or tp_head  # a checked layout needs the device step counter
         self.peers = case == "peer-table" or tp_head
+        self.counter = 4 if case == "tp-head-even" else 5  # the step; odd picks the second copy
         if tp_head:
             extended = case.endswith("extended")
             self.layout = CandidateLayout(CandidateLayout.fields(extended, extended=extended), n_tiles, B,
                                           checked=True, n_ifields=1 + KEEP if extended else 1)
-            self.kw = dict(flags=call_flags(extended, False), logprobs=extended)
+            self.kw = dict(flags=TP_FLAGS, logprobs=extended)
+            if case == "tp-head-shard":
+                self.layout = CandidateLayout(CandidateLayout.fields(False, extended=True), n_tiles, B + 56, 2,
+                                              checked=True, n_ifields=1 + KEEP)
+                self.vocab_size += 1024
+                self.kw.update(shard=1, vocab_start=1024, extended=False)
+            elif case == "tp-head-bias":
+                self.params = dataclasses.replace(self.params, processing=_call_processing(B, self.vocab_size, True))
         elif case == "logprobs":
             self.layout = CandidateLayout(CandidateLayout.fields(True), n_tiles, B)
             self.kw = dict(logprobs=True)
@@ -268,15 +293,8 @@ class _Call:
             self.layout = CandidateLayout(CandidateLayout.fields(False, extended=True), n_tiles, B,
                                           n_ifields=1 + KEEP)
         elif case in ("processors", "bias"):  # a bitmask alone; bias entries (and the bitmask)
-            gen = torch.Generator().manual_seed(1)
-            allowed = torch.rand(B, self.vocab_size, generator=gen) < 0.8
-            bias = None
-            if case == "bias":
-                bias = fsdist.SparseLogits(torch.randint(0, self.vocab_size, (B, 30), generator=gen).cuda(),
-                                           torch.randn(B, 30, generator=gen).cuda())
-            proc = prepare_processing(token_bitmask=bitmask_from_allowed(allowed).cuda(), logit_bias=bias, batch=B,
-                                      vocab_size=self.vocab_size, device="cuda")
-            self.params = dataclasses.replace(self.params, processing=proc)
+            self.params = dataclasses.replace(self.params,
+                                              processing=_call_processing(B, self.vocab_size, case == "bias"))
         elif case == "checked":
             self.layout = CandidateLayout(1, n_tiles, B, checked=True)
         elif case == "flags":  # a caller's header flags: launch_fused's own condition, not ws_supported's
@@ -300,8 +318,9 @@ class _Call:
             bufs.append(torch.full((copies * L.float_numel,), 7.0, device="cuda"))
             bufs.append(torch.full((copies * L.int_numel,), 7, dtype=torch.int32, device="cuda"))
         parity = None
-        if self.parity:  # counter 5 (odd): the second copy
-            parity = DeviceParity(torch.tensor([5], dtype=torch.int64, device="cuda"), L.float_numel, L.int_numel)
+        if self.parity:  # the counter's parity picks the copy (5: the second)
+            parity = DeviceParity(torch.tensor([self.counter], dtype=torch.int64, device="cuda"), L.float_numel,
+                                  L.int_numel)
         if self.peers:
             table_f = torch.tensor([b.data_ptr() for b in bufs[0::2]], dtype=torch.int64, device="cuda")
             table_i = torch.tensor([b.data_ptr() for b in bufs[1::2]], dtype=torch.int64, device="cuda")
@@ -344,8 +363,12 @@ def test_tensor_parallel_calls_write_the_triton_kernels_buffers(case, ws_calls):
     the buffers the counter does not pick, or past the rows, keep their sentinel."""
     call = _Call(case)
     ws_cfg, triton_cfg, rows = (WS64, TRITON64, 64) if case.endswith("64-extended") else (WS, TRITON, 128)
-    assert call.supported(call.dest()[0]) if rows == 128 else ws_supported(
-        call.h, call.w, call.params, call.layout, call.dest()[0], logprobs=True, extended=True, block_b=64)
+    if case == "tp-head-bias":
+        rows = 64  # launch_fused sends bias entries to the 64-row ws tile (its 128-row epilogue would spill)
+    logprobs = call.kw.get("logprobs", False)
+    extended = call.kw.get("extended", call.layout.extended)
+    assert ws_supported(call.h, call.w, call.params, call.layout, call.dest()[0], logprobs=logprobs,
+                        extended=extended, block_b=rows)
     got = call.run(ws_cfg)
     assert ws_calls == [rows]
     ref = call.run(triton_cfg)
@@ -364,13 +387,18 @@ def test_tensor_parallel_calls_write_the_triton_kernels_buffers(case, ws_calls):
             exact = [k for k in range(L.n_fields) if k not in (3, 4)]
             assert torch.equal(fa[exact], fb[exact]), (n, c)
             torch.testing.assert_close(fa[3:5], fb[3:5], rtol=2e-6, atol=0.0)
-    if call.parity:  # the even copy (counter 5 picks the odd one) is untouched
-        f = got[0].view(2, -1)
-        assert (f[0] == 7.0).all() and not (f[1] == 7.0).all()
-    if L.checked:  # the header was written: the step record holds the counter's step and the batch
-        i = got[1].view(2, -1)[1] if call.parity else got[1]
-        rec = i[L.record_slot: L.record_slot + 4]
-        assert rec.tolist()[:2] == [5, call.h.shape[0]]
+    copy = call.counter & 1
+    for n in range(len(got) // 2):  # each peer's copy
+        if call.parity:  # the copy the counter does not pick is untouched, the other written
+            f = got[2 * n].view(2, -1)
+            assert (f[1 - copy] == 7.0).all() and not (f[copy] == 7.0).all()
+        if L.checked:  # the header: (step, batch, the caller's flags or the launch's own, no error)
+            i = got[2 * n + 1].view(2, -1)[copy] if call.parity else got[2 * n + 1]
+            at = call.kw.get("shard", 0) * L.stride_shard_i + L.record_slot
+            flags = call.kw.get("flags", call_flags(logprobs, False))
+            assert i[at: at + 4].tolist() == [call.counter, call.h.shape[0], flags, 0]
+            fp = i[at - L.batch_cap: at - L.batch_cap + call.h.shape[0]]  # the row fingerprints
+            assert not (fp == 7).all()
 
 
 @hopper

@@ -19,7 +19,7 @@ from fsdist.ops.plan import launch_stage1, plan_sample
 from fsdist.ops.step_check import (ERROR_INPUT, FLAG_CHUNKED, FLAG_LOGPROBS, RECORD_WORDS, STATUS_PEER_ERROR,
                                    STATUS_RECORD_MISMATCH, STATUS_ROW_MISMATCH, STREAM_CHECK, HeaderCheck,
                                    call_flags, describe_status, launch_step_record, launch_verify_step, new_status,
-                                   write_row_fingerprints)
+                                   write_row_fingerprints, writes_header)
 from fsdist.params import RowParams
 from fsdist.reference import philox_uniform_bits
 
@@ -169,6 +169,20 @@ def test_step_record_through_a_peer_table():
     assert int(local.count_nonzero()) == 3
     with pytest.raises(ValueError, match="step counter"):
         launch_step_record(BufferPair(dummy_f, local), 0, 1, 0, 0)
+
+
+def test_writes_header_asks_for_the_step_counter():
+    """writes_header: a checked layout writes the call's header and needs the device step counter (the step
+    word comes from it); an unchecked layout writes none, with or without a counter."""
+    checked = CandidateLayout(1, 2, 4, checked=True)
+    plain = CandidateLayout(1, 2, 4)
+    counter = DeviceParity(torch.zeros(1, dtype=torch.int64, device=DEV), 0, 0)
+    f, i = checked.alloc(DEV)
+    assert writes_header(checked, BufferPair(f, i, parity=counter)) is True
+    assert writes_header(plain, BufferPair(f, i)) is False
+    assert writes_header(plain, BufferPair(f, i, parity=counter)) is False
+    with pytest.raises(ValueError, match="device step counter"):
+        writes_header(checked, BufferPair(f, i))
 
 
 # ---- merging candidates: check_headers inside launch_merge ---------------------------------

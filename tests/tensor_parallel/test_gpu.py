@@ -41,13 +41,27 @@ def _weights(V, D, B, device, seed=0, scale=1.0):
     return W, h
 
 
-@pytest.mark.parametrize("B", [64, 80, 192])
+@pytest.mark.parametrize("B", [64, 80, 192, 256])
 @pytest.mark.parametrize("transport", ["nvshmem", "symm_mem", "collective"])
-def test_gpu_candidates_equal_single_gpu_at_real_shapes(dist_ctx, transport, B):
-    """B = 80 / 192 leave the last 128-row tile partly empty: each shard's stage 1 (fused on an H100,
-    configs.choose_path) reads a zero-padded hidden (fused_sample.tile_operand) with its peer fan-out on."""
+def test_gpu_candidates_equal_single_gpu_at_real_shapes(dist_ctx, transport, B, monkeypatch):
+    """The head's tokens and logprobs are fsdist.sample's on the full weight, with and without logprobs. B = 80 /
+    192 leave the last 128-row tile partly empty: each shard's stage 1 (fused on an H100, configs.choose_path)
+    reads a zero-padded hidden (fused_sample.tile_operand) with its peer fan-out on. On an sm_90 GPU the plain
+    calls of a fused path run the warp-specialised kernel with the fan-out and the call's header (checked by a
+    spy; the logprob calls past B = 64 run the Triton kernel)."""
+    from fsdist.ops import configs, fused_sample
+    from fsdist.ops.fused_sample_ws import HAVE_GLUON
+
     _need(transport)
     D = 4096
+    ws_launches = []
+    real = fused_sample.launch_fused_ws
+
+    def spy(*a, **k):
+        ws_launches.append(k.get("block_b"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(fused_sample, "launch_fused_ws", spy)
     W, h = _weights(V_REAL, D, B, dist_ctx.device, seed=1, scale=3.0)
     head = fsdist.ShardedFlashLMHead(D, V_REAL, transport=transport, device=dist_ctx.device)
     head.load_full_weight(W)
@@ -60,6 +74,14 @@ def test_gpu_candidates_equal_single_gpu_at_real_shapes(dist_ctx, transport, B):
         assert torch.equal(out.tokens, ref.tokens)
         torch.testing.assert_close(out.logprobs, ref.logprobs, atol=1e-4, rtol=0)
         torch.testing.assert_close(out.logsumexp, ref.logsumexp, atol=1e-4, rtol=0)
+        ws_launches.clear()
+        plain = head(h, temperature=temperature, seed=seeds, offset=step)
+        in_head = list(ws_launches)
+        assert torch.equal(plain.tokens, fsdist.sample(h, W, temperature=temperature, seed=seeds, offset=step,
+                                                       vocab_size=V_REAL).tokens)
+        fused = configs.choose_path(B, D, "cuda", fast_memory=head._reduction.fast_memory) == "fused"
+        if fused and HAVE_GLUON and torch.cuda.get_device_capability(dist_ctx.device) == (9, 0):
+            assert in_head == [64 if B <= 64 else 128], in_head
     head.close()
 
 
