@@ -15,8 +15,9 @@ The fields are listed in ``epilogue.py``. A *checked* layout (tensor parallelism
 two int32 slots per shard after its tiles for the call's header (``step_check.py``):
 the row fingerprints, then the step record.
 
-``store_fan_out`` is the one store every stage-1 kernel (and the fallback's pool) makes into
-such a buffer: locally, or through a ``BufferPair``'s peer table into every rank's copy.
+``store_fan_out`` stores into such a buffer locally, or through a ``BufferPair``'s peer table into every
+rank's copy: the warp-specialised epilogue, the header writers and the fallback's pool use it
+(``epilogue.write_candidates`` / ``write_kept`` load each peer's address once for their several fields).
 """
 from dataclasses import dataclass
 from typing import Optional, Tuple
