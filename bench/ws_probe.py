@@ -130,7 +130,7 @@ def check_cell(D, V, B, dev, vs, failures, W=None):
         ref.f.fill_(7.0)
         ref.i.fill_(7)
         run_triton(h, W, params, layout, ref, V)
-        if not ws_supported(h, W, params, layout, ref):
+        if not ws_supported(h, W, params):
             failures.append(f"D={D} V={V} B={B}: ws_supported said no")
             return W
         for name, s, r, e, bb in vs:

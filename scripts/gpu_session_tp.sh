@@ -10,8 +10,9 @@
 #   tp_sweep_console.log, tp_sweep_tp<N>.log, processors_breakdown.log
 #   tp_sweep_tp<N>_<gpu>_<date>.json, processors_breakdown_<gpu>_<date>.json (in $OUT itself)
 # Usage: bash scripts/gpu_session_tp.sh [seconds for the whole call, 560] [of which for the tests, 250]
-# The default selection needs ~12 min on 2 GPUs (test_gpu.py + test_divergence.py ~260 s, the filter / processor
-# files ~8 min, compile-bound): split it over two calls with TEST_SELECT. BREAKDOWN=0 skips the breakdown; WS_TESTS="<pytest args>" runs single-GPU tests on GPU 0 before the TP tests
+# The default test selection needs ~12 min on 2 GPUs (test_gpu.py + test_divergence.py ~260 s, the filter /
+# processor files ~8 min, compile-bound): split it over two calls with TEST_SELECT.
+# BREAKDOWN=0 skips the breakdown; WS_TESTS="<pytest args>" runs single-GPU tests on GPU 0 before the TP tests
 # (WS_TESTS_TIMEOUT seconds, default 150; the TP tests' budget counts from after them).
 # nvshmem needs the nvshmem4py wheel in .whl/ (carry=[".whl"]); bench/run_gpu.sh installs it
 # for the sweep, this script for the tests. SWEEP_EXTRA="..." appends tp_sweep.py options; SWEEP_BATCHES="1,16,64,256"

@@ -233,9 +233,8 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     # A bitmask alone stays on the Triton twin, which loads its words before the main loop (v26c: 17% faster).
     ws_rows = 64 if cfg.block_b == WS_BLOCK_B and has_entries(params.processing) else cfg.block_b
     B, D = hidden.shape
-    if cfg.ws and _ws_tile(cfg) and ws_supported(hidden, weight, params, layout, dest, logprobs=logprobs,
-                                                  extended=extended, block_v=cfg.block_v,
-                                                  block_b=ws_rows):
+    if cfg.ws and _ws_tile(cfg) and ws_supported(hidden, weight, params, logprobs=logprobs, extended=extended,
+                                                  block_v=cfg.block_v, block_b=ws_rows):
         # The same tile on the warp-specialised Hopper kernel (fused_sample_ws.py): same candidates
         # (the tile sums up to their summation order). A partial last 128-row tile reads a padded hidden.
         launch_fused_ws(tile_operand(hidden, ws_rows), weight, params, layout, dest, vocab_size=vocab_size,

@@ -411,16 +411,14 @@ if HAVE_GLUON:
         ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
 
 
-def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, layout: CandidateLayout,
-                 dest: BufferPair, *, logprobs: bool = False, extended: bool = False,
-                 block_v: int = WS_BLOCK_V, block_b: int = WS_BLOCK_B) -> bool:
+def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, *, logprobs: bool = False,
+                 extended: bool = False, block_v: int = WS_BLOCK_V, block_b: int = WS_BLOCK_B) -> bool:
     """Whether this call can run on the warp-specialised kernel: a Hopper GPU (sm_90: wgmma),
     bf16 / fp16 operands TMA can read, the 128-id vocabulary tile (with or without the tensor-parallel
     fan-out, device parity and call header); logprobs, kept logits (filters, top-N) and processors
     (bitmask, bias, penalties) only on the 64-row batch tile (the epilogue then holds a whole tile's
     logits, and has the registers for the processors' per-row state). Everything else keeps
-    fused_sample_kernel. ``layout`` and ``dest`` no longer decide anything (every candidate layout and
-    destination is supported); they stay in the signature so that a condition on them has its place."""
+    fused_sample_kernel. Every candidate layout and destination is supported."""
     if not HAVE_GLUON or hidden.device.type != "cuda" or torch.version.hip is not None:
         return False
     if torch.cuda.get_device_capability(hidden.device) != (9, 0):

@@ -332,9 +332,9 @@ class _Call:
         launch_fused(self.h, self.w, self.params, cfg, self.layout, dest, vocab_size=self.vocab_size, **self.kw)
         return [b.nan_to_num(-12345.0) if b.is_floating_point() else b for b in bufs]
 
-    def supported(self, dest=None):
-        return ws_supported(self.h, self.w, self.params, self.layout, dest if dest is not None else self.dest()[0],
-                            logprobs=self.kw.get("logprobs", False), extended=self.layout.extended)
+    def supported(self):
+        return ws_supported(self.h, self.w, self.params, logprobs=self.kw.get("logprobs", False),
+                            extended=self.layout.extended)
 
 
 @hopper
@@ -344,7 +344,7 @@ def test_bias_past_64_rows_takes_the_64_row_ws_tile(ws_calls):
     kernel's candidates bit for bit; a bitmask alone stays on the Triton kernel (an exclusion below)."""
     call = _Call("bias")
     assert not call.supported()  # the 128-row tile itself does not take them ...
-    assert ws_supported(call.h, call.w, call.params, call.layout, call.dest()[0], block_b=64)  # ... the 64-row does
+    assert ws_supported(call.h, call.w, call.params, block_b=64)  # ... the 64-row does
     got = call.run(WS)
     assert ws_calls == [64]
     ref = call.run(TRITON)
@@ -367,7 +367,7 @@ def test_tensor_parallel_calls_write_the_triton_kernels_buffers(case, ws_calls):
         rows = 64  # launch_fused sends bias entries to the 64-row ws tile (its 128-row epilogue would spill)
     logprobs = call.kw.get("logprobs", False)
     extended = call.kw.get("extended", call.layout.extended)
-    assert ws_supported(call.h, call.w, call.params, call.layout, call.dest()[0], logprobs=logprobs,
+    assert ws_supported(call.h, call.w, call.params, logprobs=logprobs,
                         extended=extended, block_b=rows)
     got = call.run(ws_cfg)
     assert ws_calls == [rows]
@@ -418,7 +418,7 @@ def test_calls_it_cannot_take_run_the_triton_kernel(case, ws_calls):
     for a, b in zip(got, ref):
         assert torch.equal(a, b)
     if case == "plain":  # an empty batch is not taken either (checked here only: nothing to launch)
-        assert not ws_supported(call.h[:0], call.w, call.params, call.layout, call.dest()[0])
+        assert not ws_supported(call.h[:0], call.w, call.params)
 
 
 @hopper
