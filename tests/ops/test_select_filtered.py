@@ -409,14 +409,19 @@ def test_a_wrong_wide_pack_would_be_caught(device, monkeypatch):
         pytest.skip("swapping a @triton.jit helper does not recompile a cached GPU kernel")
     B, V_rows = 6, 512 * BLOCK_V
     logits, params = _min_p_rows(device, B, V_rows, seed=5)
-    # the threshold exactly on a logit of each row: its survivors' set depends on >= vs >
-    top = logits.topk(400, dim=1).values
-    t = params.temperature.cpu()
-    params = RowParams(params.temperature, params.seed, params.offset,
-                       min_p=torch.exp((top[:, 299] - top[:, 0]) / t).to(device))
+    # The threshold exactly on the logits of each row's survivors, whatever the machine's log and
+    # exp round to: min_p = 1 puts it at the row's maximum (m + t * log(1) = m), and each row's 300
+    # largest logits are tied there, so every survivor sits on the threshold (> instead of >= drops
+    # them all). 300 survivors lie between SMALL_CAP and WIDE_CAP: the wide pack runs.
+    idx = logits.topk(300, dim=1).indices
+    logits.scatter_(1, idx, logits.max(dim=1, keepdim=True).values.expand(-1, 300).contiguous())
+    params = RowParams(params.temperature, params.seed, params.offset, min_p=torch.ones(B, device=device))
     layout, buffers = _stage1(device, logits, params)
     kw = dict(vocab_size=V_rows, top_n=0, mode="processed")
     ref = _select(layout, buffers, B, params, None, small_cap=0, **kw)
+    right = _select(layout, buffers, B, params, None, **kw)  # the true wide pack agrees on these rows
+    assert (right[6] == 2).all()
+    _assert_same_outcome(ref, right)
 
     @triton.jit
     def wrong_pack(vals, ids, keys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known, key_minp, z_full, top_p,
