@@ -296,6 +296,25 @@ def _filter_text(data, group: str) -> str:
     return ", ".join(f"{k}={vals.get(k, '?')}" for k in FILTERED[group]["params"])
 
 
+def speedup_ceiling(idx, D, V, B, bases):
+    """(best baseline's CUDA-graph replay, the empirical floor, their ratio) at one shape and B, or None.
+    The floor is the faster replay of cuBLAS's matmul alone and plain fsdist: every method here streams
+    the weight once, so a filtered or processed fsdist call that cost nothing beyond that pass would be
+    ratio x faster than the best materialized baseline, and no fused design gets further. A speed-up
+    target above the ratio is out of reach at that shape, whatever the kernels do."""
+    times = [t for t in (_med(idx, D, V, B, m, "graph") for m in bases) if t]
+    floors = [t for t in (_med(idx, D, V, B, m, "graph") for m in ("cublas", "fsdist")) if t]
+    if not times or not floors:
+        return None
+    best, floor = min(times), min(floors)
+    return best, floor, best / floor
+
+
+CEILING_NOTE = ("Ceiling: the best baseline's replay over the faster replay of cuBLAS alone and plain fsdist, the "
+                "speed-up a call costing nothing beyond one pass over the weight would reach (no fused design gets "
+                "further); replay speedup: the best baseline's replay over fsdist's.")
+
+
 def filtered_markdown(data, idx, shapes) -> list:
     """Per filter group present in the JSON, per shape: fsdist's time and fallback rate against
     the same filters materialized. Empty for JSONs without filtered methods."""
@@ -313,13 +332,13 @@ def filtered_markdown(data, idx, shapes) -> list:
                     "fallback (the kept logits could not prove the filtered set)."
                     + (" Graph: fsdist's call as a CUDA-graph replay (the serving number where eager calls are "
                        "host-bound), its ratio over the plain call's replay, and the speedup of that replay over "
-                       "the best baseline (eager calls of the baselines)." if graphs else ""), ""]
+                       "the best baseline (eager calls of the baselines). " + CEILING_NOTE if graphs else ""), ""]
             hdr = ["B", SHORT[g["fsdist"]], "fallback"]
             if graphs:
                 hdr += ["graph", "graph / plain graph"]
             hdr += [SHORT[m] for m in bases] + ["best baseline", "speedup vs best"]
             if graphs:
-                hdr += ["graph speedup vs best"]
+                hdr += ["graph speedup vs best", "replay speedup", "ceiling"]
             out += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
             for B in bs:
                 r = idx.get((D, V, B, g["fsdist"], "events")) or {}
@@ -335,9 +354,18 @@ def filtered_markdown(data, idx, shapes) -> list:
                 cells += [SHORT[best] if best else "–", f"{times[best] / fs:.2f}×" if (best and fs) else "–"]
                 if graphs:
                     cells += [f"{times[best] / fg:.2f}×" if (best and fg) else "–"]
+                    cells += _ceiling_cells(idx, D, V, B, bases, fg)
                 out.append("| " + " | ".join(cells) + " |")
             out.append("")
     return out
+
+
+def _ceiling_cells(idx, D, V, B, bases, fsdist_graph_us) -> list:
+    """The replay speedup and ceiling cells of one table row (speedup_ceiling)."""
+    c = speedup_ceiling(idx, D, V, B, bases)
+    if c is None:
+        return ["–", "–"]
+    return [f"{c[0] / fsdist_graph_us:.2f}×" if fsdist_graph_us else "–", f"{c[2]:.2f}×"]
 
 
 def processors_markdown(data, idx, shapes) -> list:
@@ -353,11 +381,15 @@ def processors_markdown(data, idx, shapes) -> list:
             continue
         for D, V in shapes:
             bs = sorted({r["B"] for r in data.get("results", []) if (r["D"], r["V"]) == (D, V)})
+            graphs = any(_med(idx, D, V, B, g["fsdist"], "graph") for B in bs)
             out += [f"#### Logit processors, {g['title']} ([B] tensors): D={D}, V={V}", "",
                     f"{what}. Ratios: over plain fsdist in the same run (eager calls, and CUDA-graph replays); "
-                    "each baseline over fsdist with the same processors.", ""]
+                    "each baseline over fsdist with the same processors."
+                    + (" " + CEILING_NOTE if graphs else ""), ""]
             hdr = ["B", "fsdist", SHORT[g["fsdist"]], "ratio", "graph ratio"] + [SHORT[m] for m in bases]
             hdr += [f"{SHORT[m]} / fsdist" for m in bases]
+            if graphs:
+                hdr += ["replay speedup", "ceiling"]
             out += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
             for B in bs:
                 fs, x = _med(idx, D, V, B, "fsdist"), _med(idx, D, V, B, g["fsdist"])
@@ -367,6 +399,8 @@ def processors_markdown(data, idx, shapes) -> list:
                          f"{xg / fg:.3f}" if (xg and fg) else "–"]
                 cells += [fmt(t) for t in times]
                 cells += [f"{t / x:.2f}×" if (t and x) else "–" for t in times]
+                if graphs:
+                    cells += _ceiling_cells(idx, D, V, B, bases, xg)
                 out.append("| " + " | ".join(cells) + " |")
             out.append("")
     return out
