@@ -15,9 +15,10 @@ inputs rotated:
   pad_<variant> with --pad: the variant on a hidden zero-padded to whole batch tiles, the pad's copy included
                 (checked first: the same candidates as the unpadded launch)
   *_proc        with --processors: a token bitmask (half the ids), 500 bias + 250 output + 250 prompt ids
-                per row and penalties: the dispatched launch (shipped_proc), the Triton twin (twin_proc, with
-                the entry-offset launch), the warp-specialised kernel on 64- and 128-row tiles (ws64_proc,
-                ws128_proc; each checked bit for bit against the twin) and its epilogue alone
+                per row and penalties (--processor-set bitmask: the bitmask alone): the dispatched launch
+                (shipped_proc), the Triton twin (twin_proc, with the entry-offset launch), the warp-specialised
+                kernel on 64- and 128-row tiles (ws64_proc, ws128_proc; each checked bit for bit against the
+                twin) and its epilogue alone
 
     python3 bench/ws_probe.py [--shapes 4096x151936,8192x128256] [--batches 128,256,512,1024]
 
@@ -59,6 +60,9 @@ def parse_args(argv=None):
                         "the pad's copy included), after checking it writes the same candidates")
     p.add_argument("--processors", action="store_true",
                    help="also time the calls with bitmask + bias + penalties (any B; see the docstring)")
+    p.add_argument("--processor-set", choices=("all", "bitmask"), default="all",
+                   help="with --processors: all three (default) or the token bitmask alone (issue 12: past 64 rows "
+                        "the dispatcher runs a bitmask alone on the Triton twin; is the ws 128-row tile faster?)")
     return p.parse_args(argv)
 
 
@@ -80,11 +84,14 @@ def run_triton(h, W, params, layout, cand, V):
     launch_fused(h, W, params, TRITON_CFG, layout, cand, vocab_size=V, vocab_start=0)
 
 
-def processing_for(B, V, dev, g):
+def processing_for(B, V, dev, g, which="all"):
     """kernel_bench's processors: a random bitmask (each id allowed with probability 1/2), 500 bias ids, 250
-    output and 250 prompt ids per row, repetition 1.1-1.3, frequency 0.1-0.4, presence 0.1-0.3."""
+    output and 250 prompt ids per row, repetition 1.1-1.3, frequency 0.1-0.4, presence 0.1-0.3; which="bitmask":
+    the bitmask alone."""
     words = -(-V // 32)
     bm = torch.randint(-2**31, 2**31 - 1, (B, words), device=dev, generator=g, dtype=torch.int64).to(torch.int32)
+    if which == "bitmask":
+        return prepare_processing(token_bitmask=bm, batch=B, vocab_size=V, device=dev)
     ids = torch.randint(0, V, (B, 1000), device=dev, generator=g)
     def lin(a, b):
         return torch.linspace(a, b, B, device=dev) if B > 1 else torch.full((1,), a, device=dev)
@@ -248,7 +255,7 @@ def main(argv=None) -> int:
                 methods["epi_" + name] = lambda h, s=s, r=r, e=e, bb=bb: run_ws(h, W, params, layout, cand, V, s, r,
                                                                                 e, epilogue_only=True, block_b=bb)
             if args.processors and shipped.ws:
-                pp = dataclasses.replace(params, processing=processing_for(B, V, dev, g))
+                pp = dataclasses.replace(params, processing=processing_for(B, V, dev, g, args.processor_set))
                 twin = triton_twin(shipped, D)
                 # What launch_fused runs for the shipped config (the ws 64-row tile wherever there are bias /
                 # penalty entries, as here), the Triton twin, and the ws kernel on 64- and 128-row tiles (the
