@@ -125,7 +125,9 @@ def _ids_tensor(x, name: str, batch: int, device: torch.device) -> torch.Tensor:
         raise ValueError(f"{name} must have shape [{batch}, K] (-1-padded), got {tuple(x.shape)}")
     if x.device != device:
         raise ValueError(f"{name} is on {x.device} but hidden is on {device}")
-    return x
+    # The kernels index ids as ptr + row * stride(0) + slot: a table whose slots are not adjacent (a transposed
+    # or column-sliced view, a column expand) is copied first, or it would read other rows' ids or past its storage.
+    return x if x.stride(1) == 1 or x.shape[1] <= 1 else x.contiguous()
 
 
 def _penalty_row(x, name: str, batch: int, device: torch.device):

@@ -169,6 +169,33 @@ def test_greedy_rows_take_the_processed_argmax(device):
     assert fsdist.sample(h, w, temperature=0.0, penalties=pen).tokens.tolist() == [1]  # 5 / 2 < 4
 
 
+def test_id_tables_of_any_strides_give_the_contiguous_tokens(device):
+    """Bias and penalty id tables that are views with non-unit slot strides (transposed, column-sliced,
+    expanded along the slots) sample what their contiguous copies sample: a kernel that indexed them as
+    contiguous would read another row's ids (or past the storage) and change greedy tokens here."""
+    h, w = problem(4, 16, 300, seed=41, device=device)
+    am = (h.float() @ w.float().T).argmax(dim=1)
+    ids = torch.stack([am, (am + 1) % 300, (am + 7) % 300], dim=1)  # [4, 3]: each row's argmax first
+    vals = torch.tensor([[-1e4, 1e4, 5e3]], device=device).expand(4, -1)
+    views = {"transposed": ids.t().contiguous().t(), "sliced": torch.stack([ids, ids], dim=2).flatten(1)[:, ::2]}
+    for name, view in views.items():
+        assert view.stride(1) != 1 and torch.equal(view, ids), name
+        want = fsdist.sample(h, w, temperature=0.0, logit_bias=fsdist.SparseLogits(ids, vals)).tokens
+        got = fsdist.sample(h, w, temperature=0.0, logit_bias=fsdist.SparseLogits(view, vals)).tokens
+        assert torch.equal(got, want) and torch.equal(want, ids[:, 1]), (name, got, want)
+        pen = fsdist.Penalties(presence=1e4, output_ids=view, prompt_ids=view)
+        want = fsdist.sample(h, w, temperature=0.0, penalties=fsdist.Penalties(presence=1e4, output_ids=ids,
+                                                                              prompt_ids=ids)).tokens
+        assert torch.equal(fsdist.sample(h, w, temperature=0.0, penalties=pen).tokens, want), name
+        assert not (want[:, None] == ids).any(), want  # the penalised ids lost
+    # the argmax repeated along the slots (stride 0): presence counts it once, the row's argmax loses
+    rep = am[:, None].expand(4, 3)
+    got = fsdist.sample(h, w, temperature=0.0, penalties=fsdist.Penalties(presence=1e4, output_ids=rep)).tokens
+    want = fsdist.sample(h, w, temperature=0.0,
+                         penalties=fsdist.Penalties(presence=1e4, output_ids=rep.contiguous())).tokens
+    assert torch.equal(got, want) and (got >= 0).all() and not torch.equal(got, am), (got, want)
+
+
 def test_repeated_output_ids_count_each_time(device):
     """Frequency 1.0: id 0 (logit 5) with three occurrences drops to 2 (below id 1's 4); with
     one occurrence it stays at 4 and wins the tie by its lower id."""
