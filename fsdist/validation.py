@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from . import runtime
-from .params import LOGPROBS_MODES, MAX_TEMPERATURE, MAX_TOP_LOGPROBS, RowParams
+from .params import GREEDY_TEMPERATURE, LOGPROBS_MODES, MAX_TEMPERATURE, MAX_TOP_LOGPROBS, RowParams
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -95,12 +95,21 @@ def row_params(temperature, seed, offset, batch: int, device: torch.device, *, t
                min_p=0.0) -> RowParams:
     """Validate shapes, dtypes and devices, and the values of scalars (never the values held in
     device tensors: that would synchronise; the kernels handle those, see check_row_values)."""
+    # A row is greedy when its temperature is below GREEDY_TEMPERATURE in the temperature's own dtype
+    # (docs/semantics.md); the kernels compare in fp32, where a value just below 1e-5 in float64 may round
+    # to fp32(1e-5) and sample. So greedy values are zeroed before the fp32 cast (float64 tensors: on the
+    # device, no sync; narrower floats convert to fp32 exactly).
     if isinstance(temperature, torch.Tensor):
-        temperature = _row_tensor(temperature, "temperature", batch, device, "float").to(torch.float32)
+        temperature = _row_tensor(temperature, "temperature", batch, device, "float")
+        if temperature.dtype == torch.float64:
+            temperature = torch.where((temperature >= 0) & (temperature < GREEDY_TEMPERATURE), 0.0, temperature)
+        temperature = temperature.to(torch.float32)
     elif isinstance(temperature, numbers.Real) and not isinstance(temperature, bool):
         temperature = float(temperature)
         if not 0 <= temperature <= MAX_TEMPERATURE:  # NaN fails too
             raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}] (finite, not NaN), got {temperature}")
+        if temperature < GREEDY_TEMPERATURE:
+            temperature = 0.0
     else:
         raise TypeError(f"temperature must be a real number or a [B] tensor, got {type(temperature).__name__}")
 
@@ -115,7 +124,10 @@ def row_params(temperature, seed, offset, batch: int, device: torch.device, *, t
         return x
 
     if isinstance(top_k, torch.Tensor):
-        top_k = _row_tensor(top_k, "top_k", batch, device, "int").to(torch.int32)
+        top_k = _row_tensor(top_k, "top_k", batch, device, "int")
+        if top_k.dtype == torch.int64:  # (on the device) past int32: off, as a scalar is; negative stays bad
+            top_k = top_k.clamp(-1, 2**31 - 1)
+        top_k = top_k.to(torch.int32)
     else:
         if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
             raise TypeError(f"top_k must be an int or a [B] int tensor, got {type(top_k).__name__}")

@@ -283,6 +283,39 @@ def test_bad_values_in_device_tensors_poison_only_their_rows(device):
         fsdist.sample(h, w, top_p=top_p, check=True)
 
 
+def test_top_k_past_int32_is_off_and_negative_stays_bad(device):
+    """An int64 top_k tensor past int32 means off (as a scalar does), not a wrapped k; a negative one
+    below int32 stays a bad row (-1), whatever the narrowing to the kernels' int32 would make of it."""
+    h, w = problem(4, 16, 300, device=device)
+    off = fsdist.sample(h, w, seed=5, config=cfg(64)).tokens
+    big = torch.tensor([2**31, 2**32 + 1, 2**62, 7], dtype=torch.int64, device=device)
+    out = fsdist.sample(h, w, seed=5, top_k=big, config=cfg(64), check=True).tokens
+    assert torch.equal(out[:3], off[:3]), (out, off)
+    neg = torch.tensor([-2**33, 0, -2**31 - 1, 0], dtype=torch.int64, device=device)
+    out = fsdist.sample(h, w, seed=5, top_k=neg, config=cfg(64)).tokens
+    assert out.tolist()[0] == -1 and out.tolist()[2] == -1 and torch.equal(out[1::2], off[1::2])
+    with pytest.raises(ValueError, match="top_k must be >= 0"):
+        fsdist.sample(h, w, top_k=neg, check=True)
+
+
+def test_greedy_is_decided_in_the_temperatures_own_dtype(device):
+    """9.9999999e-6 is below 1e-5 in float64 (greedy: docs/semantics.md) although it rounds to
+    float32(1e-5): a Python float or a float64 tensor of it gives the greedy row, logprobs and
+    logsumexp of T = 0 (filters ignored), while float32(1e-5) itself samples."""
+    h, w = problem(4, 16, 300, device=device)
+    t = 9.9999999e-6
+    assert t < 1e-5 and float(torch.tensor(t, dtype=torch.float32)) == float(torch.tensor(1e-5, dtype=torch.float32))
+    kw = dict(seed=3, top_k=5, return_logprobs=True, config=cfg(64))
+    ref = fsdist.sample(h, w, temperature=0.0, **kw)
+    for temp in (t, torch.full((4,), t, dtype=torch.float64, device=device)):
+        out = fsdist.sample(h, w, temperature=temp, **kw)
+        assert torch.equal(out.tokens, ref.tokens), temp
+        torch.testing.assert_close(out.logprobs, ref.logprobs)
+        torch.testing.assert_close(out.logsumexp, ref.logsumexp)
+    hot = fsdist.sample(h, w, temperature=torch.full((4,), 1e-5, device=device), **kw)
+    assert not torch.allclose(hot.logsumexp, ref.logsumexp)  # sampled at T = 1e-5: logsumexp of l / T
+
+
 def test_greedy_rows_ignore_bad_filter_values_whatever_the_temperature_type(device):
     """A greedy row ignores its filters, forbidden values included, both when a scalar 0 skips
     the filter kernels and when a [B] temperature tensor runs them; sampled rows still get -1."""
