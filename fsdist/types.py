@@ -47,18 +47,26 @@ class SampleOutput(NamedTuple):
 
     tokens:       int64 [B]; -1 for a row whose logits held a NaN or +inf, whose parameters
                   were out of range (a negative, NaN or > 1e30 temperature, a bad filter value in a
-                  tensor), or which had no id with a finite logit.
+                  tensor; a bias or penalty id outside [-1, vocab_size), a non-finite bias or penalty,
+                  a repetition penalty <= 0), or which had no id with a finite logit (a bitmask that
+                  allows nothing).
     logprobs:     fp32 [B] log-probability of the returned token in ``logprobs_mode``:
                   "scaled" log_softmax(logits / T) (T = 1 for greedy rows), "raw"
                   log_softmax(logits), "processed" the probability it was drawn with after
                   the filters; NaN where the token is -1. None unless return_logprobs.
-    logsumexp:    fp32 [B] logsumexp(logits / T) over ids < vocab_size (T = 1 for greedy rows).
-                  None unless return_logprobs.
-    top_ids:      int64 [B, N] the N most likely ids (lower id first among equal logits),
-                  -1 past the vocabulary. None unless top_logprobs = N > 0.
-    top_logprobs: fp32 [B, N] their logprobs in ``logprobs_mode``. None unless N > 0.
+    logsumexp:    fp32 [B] logsumexp(logits / T) over ids < vocab_size, of the processed logits
+                  (bitmask, bias and penalties applied; T = 1 for greedy rows); -inf where the
+                  bitmask allows nothing, NaN for the other rows whose token is -1. None unless
+                  return_logprobs.
+    top_ids:      int64 [B, N] the N most likely ids, lower id first among equal values; a row with
+                  fewer than N allowed ids lists the forbidden ones after them (logprob -inf), lowest
+                  id first, as vLLM's lists hold real ids; -1 past the vocabulary (N > vocab_size)
+                  and where the token is -1. None unless top_logprobs = N > 0.
+    top_logprobs: fp32 [B, N] their logprobs in ``logprobs_mode`` (NaN where the token is -1).
+                  None unless N > 0.
     fallback:     bool [B]: rows the kept logits could not prove, resolved by the exact
-                  fallback (same result, slower). None unless filters or top-N were asked for.
+                  fallback (same result, slower). None when N = 0 and no row can be filtered (no
+                  filter asked for, or a scalar greedy temperature).
     """
 
     tokens: torch.Tensor

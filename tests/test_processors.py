@@ -21,7 +21,7 @@ import torch
 
 import fsdist
 from filter_mirror import filtered_mirror
-from fsdist.reference import bitmask_from_allowed, filtered_distribution, reference_logprobs
+from fsdist.reference import bitmask_from_allowed, filtered_distribution, reference_logprobs, reference_top_logprobs
 from statcheck import P_MIN, assert_samples_match, chi2_gof, top_tokens_pvalue
 from test_filters import cfg, mixed_params, problem
 
@@ -114,6 +114,32 @@ def test_logprobs_and_top_n_are_of_the_processed_logits(device):
                   penalties=fsdist.Penalties(*(t.cpu() for t in procs["penalties"])))
         torch.testing.assert_close(out.logprobs.cpu().double(),
                                    reference_logprobs(logits, out.tokens.cpu(), mode=mode, **kw), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("path", ["fused", "chunked"])
+def test_top_n_past_the_allowed_ids_lists_the_forbidden_ones(device, path):
+    """A row whose bitmask allows fewer ids than top_logprobs lists them, then the forbidden ids
+    (logprob -inf) lowest id first, as the reference does (equal values, lower id first) and vLLM's
+    lists hold real ids: never -1. Row 0's six allowed ids share a tile, more than the kept logits
+    hold (the fallback finishes it); row 1's two are kept (select finishes it); row 2 is unmasked."""
+    B, V, N = 3, 1000, 10
+    h, w = problem(B, 16, V, seed=43, device=device)
+    allowed = torch.ones(B, V, dtype=torch.bool)
+    allowed[0] = False
+    allowed[0, 10:16] = True
+    allowed[1] = False
+    allowed[1, [2, 700]] = True
+    bm = bitmask_from_allowed(allowed).to(device)
+    logits = h.cpu().double() @ w.cpu().double().T
+    for mode in ("scaled", "processed"):
+        kw = dict(token_bitmask=bm, top_k=torch.tensor([0, 1, 5], dtype=torch.int32, device=device))
+        out = fsdist.sample(h, w, seed=1, config=cfg(64), path=path, return_logprobs=True, top_logprobs=N,
+                            logprobs_mode=mode, **kw)
+        ids, vals = reference_top_logprobs(logits, N, mode=mode, **{k: v.cpu() for k, v in kw.items()})
+        assert torch.equal(out.top_ids.cpu(), ids), (mode, out.top_ids, ids)
+        torch.testing.assert_close(out.top_logprobs.cpu().double(), vals, atol=2e-5, rtol=0)
+        assert out.top_ids[0, 6:].tolist() == [0, 1, 2, 3] and out.top_ids[1, 2:].tolist() == [0, 1, 3, 4, 5, 6, 7, 8]
+        assert bool(out.fallback[0]) and not bool(out.fallback[1]), out.fallback
 
 
 def test_same_token_whatever_tile_size_path_or_batch_position(device):

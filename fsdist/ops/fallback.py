@@ -41,7 +41,7 @@ from .noise import gumbel_from_bits, vocab_bits
 from .parity import parity_args, parity_offsets
 from .processors import apply_processors, processor_args
 from .select_filtered import REFINE_CAP, finish_rows, kept_logits, order_key, row_slot_stats, tile_reaches
-from .top_logprobs import place_pick, top_n_normaliser
+from .top_logprobs import fill_free_ids, place_pick, top_n_normaliser
 from .utils import fast_log_ok, load_row_param, row_param_args, sm_count
 
 # Rows resolved per round on a GPU: one round covers B <= 64, so a decode batch pays two empty
@@ -272,7 +272,7 @@ def _resolve_refined_row(ps, row, pool_ptr, shard_cols, n_flagged, round_start, 
         _need, _lower, _small, _pending, _topn_ok, _key_minp, _tok, _l_tok, _best = finish_rows(vals2,
                     tl.load(scratch_i + sbase[:, None] + c[None, :], mask=cm, other=-1),
                     row, go, go, filtered, no, below, no, m, msafe, z_full, log_z_raw,
-                    inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, below,
+                    inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, below, V,
                     seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
                     scratch_f, scratch_i, sbase, SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS,
                     FAST_LOG, 0)
@@ -421,6 +421,7 @@ def resolve_kernel(pool_ptr, shard_cols, flags_ptr, B, round_start, V,
                                                  kmax, key_t, MODE)
                     prev_key = tl.where(have, kmax, prev_key)
                     prev_id = tl.where(have, idsel, prev_id)
+                out_ids = fill_free_ids(out_ids, n, V, TOP_N)
                 wr = live_r[:, None] & (n < TOP_N)[None, :]
                 tl.store(top_ids_ptr + row[:, None] * TOP_N + n[None, :], out_ids, mask=wr)
                 tl.store(top_lp_ptr + row[:, None] * TOP_N + n[None, :], out_lp, mask=wr)

@@ -100,7 +100,7 @@ from .epilogue import perturb, row_temperature
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits
 from .parity import parity_args, parity_offsets
-from .top_logprobs import place_pick, top_n_normaliser
+from .top_logprobs import fill_free_ids, place_pick, top_n_normaliser
 from .utils import fast_log_ok, load_row_param, row_param_args
 
 MODE_SCALED, MODE_RAW, MODE_PROCESSED = 0, 1, 2
@@ -415,7 +415,7 @@ def _packed_rows(vals, ids, keys, live, pk, n_p, kk, any_k, any_p, use_k, use_p,
 
 @triton.jit
 def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
-                inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, floor_key,
+                inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, floor_key, vocab_size,
                 seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
                 small_f, small_i, small_base,
                 SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TOP_N: tl.constexpr,
@@ -435,7 +435,7 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
     SMALL = 0: never), then (pending, topn_ok, key_minp): the rows whose token U could not prove,
     whether each row's top-N is proven, and each row's min-p threshold key (0: no min-p), then
     (token, its logit, its score) of the draw over the elements at or above the row's threshold,
-    for select_filtered's winner proof."""
+    for select_filtered's winner proof. vocab_size: the ids a top-N list may name (fill_free_ids)."""
     BLOCK_R: tl.constexpr = vals.shape[0]
     live = vals > float("-inf")
     keys = order_key(vals)
@@ -543,6 +543,7 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
             last_key = tl.where(have, kmax, last_key)
             found_all = found_all & have
             alive = alive & ~chosen
+        out_ids = fill_free_ids(out_ids, n, vocab_size, TOP_N)  # (rows written below hold all their finite logits)
         # The N-th largest of U is the true one if U holds N logits and the N-th lies above B.
         topn_ok = (found_all & (last_key > bkey)) | complete | row_bad
         topn_key = tl.where(found_all, last_key, 0)
@@ -671,8 +672,8 @@ def select_filtered_kernel(
             need, lower, drew_small, pending, topn_ok, key_minp, tok_u, l_u, best_u = finish_rows(
                 up_vals, up_ids,
                 rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
-                inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, no_floor, seed_ptr, seed_val,
-                offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
+                inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, no_floor, vocab_size,
+                seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
                 small_f, small_i, rows.to(tl.int64) * SCRATCH_LANES,
                 SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, SMALL_CAP,
                 SMALL_CHUNK, WIDE_CAP)
@@ -680,8 +681,8 @@ def select_filtered_kernel(
             need, lower, drew_small, pending, topn_ok, key_minp, tok_u, l_u, best_u = finish_rows(
                 vals, tl.load(ids_at, mask=m2, other=-1),
                 rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
-                inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, no_floor, seed_ptr, seed_val,
-                offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
+                inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, no_floor, vocab_size,
+                seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
                 small_f, small_i, rows.to(tl.int64) * SCRATCH_LANES,
                 SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, SMALL_CAP,
                 SMALL_CHUNK, WIDE_CAP)

@@ -5,7 +5,8 @@ of every tile) and the exact fallback (``fallback.py``, from a row's recomputed 
 How each finds its t-th pick differs (the kept set is in registers; the fallback scans the
 vocabulary once per pick). What a pick becomes does not: its logprob in the requested mode
 (0 "scaled" log_softmax(l / T), 1 "raw" log_softmax(l), 2 "processed": the filtered,
-renormalised distribution, -inf for an id the filters drop), written to column t.
+renormalised distribution, -inf for an id the filters drop), written to column t; nor what fills the
+columns of a row with fewer finite logits than N (``fill_free_ids``).
 """
 import triton
 import triton.language as tl
@@ -40,3 +41,25 @@ def place_pick(out_ids, out_lp, n, t, have, idsel, vsel, m, scale, log_z, filter
     out_ids = tl.where(col, tl.where(have, idsel, -1).to(tl.int64)[:, None], out_ids)
     out_lp = tl.where(col, tl.where(have, lpv, float("-inf"))[:, None], out_lp)
     return out_ids, out_lp
+
+
+@triton.jit
+def fill_free_ids(out_ids, n, vocab_size, TOP_N: tl.constexpr):
+    """The ids of the columns past a row's last pick (-1 there: the row has fewer than TOP_N finite
+    logits, e.g. a bitmask allows fewer ids): the row's other ids below vocab_size, whose logit and
+    logprob are -inf, lowest id first, as equal values are listed (the reference's order; their values
+    stay -inf). Columns past vocab_size ids keep -1. out_ids [rows, N_POW2] int64 with the picks first;
+    n = arange(N_POW2). With c picks, ids [0, min(TOP_N, vocab_size)) hold at least min(TOP_N,
+    vocab_size) - c others: the fill never looks past TOP_N."""
+    cols = (n < TOP_N)[None, :]
+    missing = (out_ids < 0) & cols
+    if tl.max(tl.sum(missing.to(tl.int32), axis=1), axis=0) > 0:  # (rare: a call pays nothing else)
+        taken = tl.sum((out_ids[:, None, :] == n[None, :, None]).to(tl.int32), axis=2) > 0  # [rows, id]
+        free = ~taken & cols & (n < vocab_size)[None, :]
+        rank = tl.cumsum(free.to(tl.int32), axis=1) - 1  # each free id's place among the free ids
+        picks = tl.sum((~missing & cols).to(tl.int32), axis=1)
+        want = n[None, :] - picks[:, None]  # column t takes the free id of rank t - picks
+        hit = free[:, None, :] & (rank[:, None, :] == want[:, :, None])  # [rows, column, id]
+        fill = tl.max(tl.where(hit, n[None, None, :], -1), axis=2)  # -1: no such id (past the vocabulary)
+        out_ids = tl.where(missing, fill.to(tl.int64), out_ids)
+    return out_ids
