@@ -56,8 +56,8 @@ def _table(x, name: str, lead: Tuple[int, ...], n: int):
         return x.reshape(n, x.shape[-1])
     if x.dim() == 2 and x.shape[0] == n:
         return x
-    raise ValueError(f"{name} must have shape {list(lead) + ['K']} (hidden's leading shape) or [{n}, K] "
-                     f"(flattened rows), got {tuple(x.shape)}")
+    raise ValueError(f"{name} must have shape [{', '.join(map(str, lead))}, K] (hidden's leading shape) or "
+                     f"[{n}, K] (flattened rows), got {tuple(x.shape)}")
 
 
 def flatten_row_args(lead: Tuple[int, ...], **params) -> dict:

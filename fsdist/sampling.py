@@ -96,6 +96,10 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     validation.check_device_runnable(hidden.device)
     vocab_size = validation.check_vocab_size(vocab_size, weight.shape[0])
     validation.check_logprobs_options(top_logprobs, logprobs_mode)
+    return_logprobs = validation.check_flag(return_logprobs, "return_logprobs")
+    check = validation.check_flag(check, "check")
+    if config is not None and not isinstance(config, TileConfig):
+        raise TypeError(f"config must be a fsdist.TileConfig or None, got {type(config).__name__}")
     hidden, lead = rows.flatten_hidden(hidden)  # [..., D] -> [N, D]; the outputs get `lead` back
     rp = rows.flatten_row_args(lead, temperature=temperature, seed=seed, offset=offset, top_k=top_k, top_p=top_p,
                                min_p=min_p)

@@ -57,8 +57,9 @@ def check_weight(weight, hidden: torch.Tensor, name: str = "weight"):
 def check_vocab_size(vocab_size, rows: int) -> int:
     if vocab_size is None:
         return rows
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral):
         raise TypeError(f"vocab_size must be an int or None, got {type(vocab_size).__name__}")
+    vocab_size = int(vocab_size)  # (numpy integers too, as seed and top_k take them)
     if not 1 <= vocab_size <= rows:
         raise ValueError(f"vocab_size must be in [1, {rows}] (the weight's rows), got {vocab_size}")
     return vocab_size
@@ -143,6 +144,13 @@ def row_params(temperature, seed, offset, batch: int, device: torch.device, *, t
     else:
         min_p = _real(min_p, "min_p", 0.0, 1.0)
     return RowParams(temperature, as_int(seed, "seed"), as_int(offset, "offset"), top_k, top_p, min_p)
+
+
+def check_flag(x, name: str) -> bool:
+    """A bool argument (numpy's too): a string such as "no" is refused, not read as True."""
+    if x not in (True, False) or isinstance(x, str):
+        raise TypeError(f"{name} must be a bool, got {x!r}")
+    return bool(x)
 
 
 def check_logprobs_options(top_logprobs, logprobs_mode) -> None:

@@ -84,7 +84,7 @@ def test_non_contiguous_and_empty_leading_shapes():
     (dict(temperature=torch.ones(4, 3)), r"temperature tensor must have hidden's leading shape \[3, 4\] or the "
                                          r"flattened shape \[12\]"),
     (dict(seed=torch.zeros(3, 4, 1, dtype=torch.int64)), r"seed tensor must have hidden's leading shape"),
-    (dict(token_bitmask=torch.zeros(4, 3, 10, dtype=torch.int32)), r"token_bitmask must have shape \[3, 4, 'K'\]"),
+    (dict(token_bitmask=torch.zeros(4, 3, 10, dtype=torch.int32)), r"token_bitmask must have shape \[3, 4, K\]"),
     (dict(logit_bias=fsdist.SparseLogits(torch.zeros(2, 6, 1, dtype=torch.int64), torch.zeros(2, 6, 1))),
      r"logit_bias.ids must have shape"),
     (dict(penalties=fsdist.Penalties(repetition=torch.ones(12, 1))), r"penalties.repetition tensor must have"),

@@ -101,11 +101,17 @@ def generate(model, input_ids: torch.Tensor, *, max_new_tokens: int, temperature
     model's device, as in :func:`fsdist.sample`. ``constraint``: an object with
     ``fill_bitmask(bitmask int32 [B, ceil(V/32)])`` and ``accept(tokens, active)``, such as
     :class:`XGrammarConstraint`. ``sample_kwargs`` go to :func:`fsdist.sample` as they are
-    (``logit_bias``, ``config``, ...). Returns ``[B, P + T]`` int64."""
+    (``logit_bias``, ``config``, ...); ``vocab_size`` among them (default: the head's rows) keeps a padded
+    head's extra rows from ever being sampled and sizes the constraint's bitmask. ``seed`` 0 (the default)
+    is every row's and every call's seed: identical prompts sampled at T > 0 then continue identically on
+    every run (the RNG contract); pass per-row or per-call seeds for independent draws. Returns
+    ``[B, P + T]`` int64."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.int64:
         raise TypeError("input_ids must be an int64 tensor [B, P] (prompts of equal length, no padding)")
     weight = lm_head_weight(model)
-    vocab_size = weight.shape[0]
+    vocab_size = sample_kwargs.pop("vocab_size", None)
+    if vocab_size is None:
+        vocab_size = weight.shape[0]
     base = model.base_model
     batch, prompt_len = input_ids.shape
     device = input_ids.device

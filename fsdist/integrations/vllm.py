@@ -122,8 +122,10 @@ def sampling_kwargs(metadata, *, seeds: IntRows, positions: IntRows, vocab_size:
         out = fsdist.sample(hidden, weight, vocab_size=32000, **kw)   # hidden [2, D]
         out.tokens                                                    # int64 [2]
     """
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
         raise TypeError(f"vocab_size must be a positive int, got {vocab_size!r}")
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be a positive int, got {vocab_size}")
     _refuse_unsupported(metadata)
     device = torch.device(device) if device is not None else _device_of(metadata, seeds, positions)
     seed = _int_rows(seeds, "seeds", device)
@@ -206,14 +208,19 @@ def to_sampler_output(out: SampleOutput, max_num_logprobs: Optional[int]):
     exact when the sampled token is among the top N, otherwise N + 1, a lower bound
     (fsdist does not count the ids ranked above a token outside its top-N list).
     """
+    if max_num_logprobs is not None:  # (checked before vLLM's import: the mismatch is ours to name)
+        if out.logprobs is None:
+            raise ValueError("max_num_logprobs is set but the SampleOutput has no logprobs "
+                             "(call fsdist with sampling_kwargs' return_logprobs / top_logprobs)")
+        have = 0 if out.top_ids is None else out.top_ids.shape[1]
+        if have != max_num_logprobs:
+            raise ValueError(f"max_num_logprobs is {max_num_logprobs} but the SampleOutput lists {have} top ids "
+                             "(call fsdist with sampling_kwargs' top_logprobs = max_num_logprobs)")
     from vllm.v1.outputs import LogprobsTensors, SamplerOutput
 
     sampled = out.tokens.to(torch.int32).unsqueeze(-1)
     if max_num_logprobs is None:
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
-    if out.logprobs is None:
-        raise ValueError("max_num_logprobs is set but the SampleOutput has no logprobs "
-                         "(call fsdist with sampling_kwargs' return_logprobs / top_logprobs)")
     lp = out.logprobs.unsqueeze(-1)
     if max_num_logprobs:
         ids = torch.cat([out.tokens.unsqueeze(-1), out.top_ids], dim=1)
@@ -375,6 +382,10 @@ def _token_bitmask(metadata, min_tokens, grammar, batch: int, vocab_size: int, d
         allowed = bitmask_from_allowed(~banned[:batch, :vocab_size].to(device, non_blocking=True))
         bitmask = allowed if bitmask is None else bitmask & allowed
     bans = _bad_word_bans(metadata)
+    for row, tok in bans:
+        if not 0 <= tok < vocab_size:
+            raise ValueError(f"metadata.bad_words_token_ids: request {row} bans id {tok}, outside [0, {vocab_size}) "
+                             "(vocab_size)")
     stop_bans, restore = [], []
     if min_tokens is not None:
         for row, (_, _, stop_ids, structured) in min_tokens.min_toks.items():

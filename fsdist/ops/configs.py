@@ -43,10 +43,11 @@ class TileConfig:
     ws: bool = False
 
     def __post_init__(self):
-        for name in ("block_b", "block_v", "block_k"):
+        # (block_v >= 32: a tile reads whole 32-id words of the token bitmask, and keeps KEEP logits per row)
+        for name, least in (("block_b", 16), ("block_v", 32), ("block_k", 16)):
             v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"TileConfig.{name} must be a power of two >= 16, got {v}")
+            if not isinstance(v, int) or isinstance(v, bool) or v < least or v & (v - 1):
+                raise ValueError(f"TileConfig.{name} must be a power of two >= {least}, got {v!r}")
         if not isinstance(self.tma, bool):
             raise ValueError(f"TileConfig.tma must be a bool, got {self.tma!r}")
         if not isinstance(self.ws, bool):

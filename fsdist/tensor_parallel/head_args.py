@@ -108,6 +108,8 @@ def prepare_call(head, hidden, temperature, seed, offset, return_logprobs, weigh
         raise ValueError(f"batch {B} exceeds the head's max_batch_size {head.max_batch_size}: construct the "
                          "head with a larger max_batch_size, or call head.reserve(batch) on every rank")
     validation.check_logprobs_options(top_logprobs, logprobs_mode)
+    return_logprobs = validation.check_flag(return_logprobs, "return_logprobs")
+    check = validation.check_flag(check, "check")
     params, processing = prepare_call_rows(
         temperature, seed, offset, B, hidden.device, top_k=top_k, top_p=top_p, min_p=min_p,
         token_bitmask=token_bitmask, logit_bias=logit_bias, penalties=penalties, vocab_size=head.vocab_size,

@@ -84,6 +84,18 @@ def test_sampled_rows_do_not_depend_on_the_batch():
     assert not torch.equal(other[:, ids.shape[1]:], batch[:, ids.shape[1]:])
 
 
+def test_a_padded_head_never_samples_past_vocab_size():
+    """vocab_size (passed through to fsdist.sample) below the head's rows: a padding row whose logit would
+    win every greedy step is never sampled; without it, it is."""
+    m, ids = model(seed=7), prompts(batch=2, seed=8)
+    with torch.no_grad():
+        m.lm_head.weight[V - 1] = m.lm_head.weight[: V - 1].sum(dim=0) * 50  # the "padding" row dominates
+    free = generate(m, ids, max_new_tokens=3, eos_token_id=[])[:, ids.shape[1]:]
+    assert (free == V - 1).any(), free
+    capped = generate(m, ids, max_new_tokens=3, eos_token_id=[], vocab_size=V - 1)[:, ids.shape[1]:]
+    assert (capped < V - 1).all(), capped
+
+
 def test_penalties_see_the_growing_output():
     m, ids = model(seed=5), prompts(batch=2, seed=6)
     steps = 16

@@ -150,6 +150,16 @@ def test_bad_arguments():
         fsv.sampling_kwargs(meta, seeds=torch.zeros(4), positions=[1] * 4, vocab_size=V)
     with pytest.raises(fsv.UnsupportedFeatureError, match="spec_token_ids"):
         fsv.sampling_kwargs(metadata(spec_token_ids=[[3], [], [], []]), seeds=[1] * 4, positions=[1] * 4, vocab_size=V)
+    with pytest.raises(ValueError, match="vocab_size must be a positive int, got 0"):
+        fsv.sampling_kwargs(meta, seeds=[1] * 4, positions=[1] * 4, vocab_size=0)
+    with pytest.raises(ValueError, match=r"bad_words_token_ids: request 0 bans id 100, outside \[0, 100\)"):
+        fsv.sampling_kwargs(metadata(bad_words_token_ids={0: [[V]]}), seeds=[1] * 4, positions=[1] * 4, vocab_size=V)
+    # to_sampler_output names a SampleOutput that lacks what max_num_logprobs asks (before importing vLLM)
+    plain = fsdist.SampleOutput(torch.zeros(4, dtype=torch.int64), torch.zeros(4), torch.zeros(4))
+    with pytest.raises(ValueError, match="max_num_logprobs is 3 but the SampleOutput lists 0 top ids"):
+        fsv.to_sampler_output(plain, 3)
+    with pytest.raises(ValueError, match="has no logprobs"):
+        fsv.to_sampler_output(fsdist.SampleOutput(torch.zeros(4, dtype=torch.int64)), 0)
 
 
 def test_the_head_takes_the_same_arguments():

@@ -107,6 +107,11 @@ def test_large_batch_config_runs_warp_specialised_where_it_can():
     assert not configs.pick_config(32, 4096, "cuda").ws
     with pytest.raises(ValueError, match="ws must be a bool"):
         TileConfig(128, 128, 64, ws="yes")
+    # a vocabulary tile narrower than one bitmask word is refused here, not by a kernel at launch
+    with pytest.raises(ValueError, match=r"block_v must be a power of two >= 32, got 16"):
+        TileConfig(16, 16, 64)
+    with pytest.raises(ValueError, match=r"block_b must be a power of two >= 16, got 48"):
+        TileConfig(48, 128, 64)
 
 
 @pytest.mark.parametrize("batch, path", [(1, "fused"), (64, "fused"), (65, "fused"), (96, "fused"), (128, "fused"),

@@ -408,6 +408,16 @@ def test_bad_path_name(device):
     h, w = make_problem(2, 16, 64, torch.float32, device)
     with pytest.raises(ValueError, match="path must be"):
         fsdist.sample(h, w, path="magic")
+    with pytest.raises(TypeError, match="config must be a fsdist.TileConfig or None, got dict"):
+        fsdist.sample(h, w, config={"block_b": 16})
+    with pytest.raises(TypeError, match="return_logprobs must be a bool, got 'no'"):
+        fsdist.sample(h, w, return_logprobs="no")
+    with pytest.raises(TypeError, match="check must be a bool"):
+        fsdist.sample(h, w, check="yes")
+    # numpy scalars are ints and bools like any other
+    import numpy as np
+    out = fsdist.sample(h, w, vocab_size=np.int64(60), return_logprobs=np.bool_(True))
+    assert out.logprobs is not None and int(out.tokens.max()) < 60
 
 
 @pytest.mark.parametrize("blocks", [(2, 16), (4, 64), (1, 1024)])
