@@ -368,6 +368,21 @@ def _min_p_rows(device, B, V_rows, seed):
                              min_p=min_p.to(device))
 
 
+_MIN_P_SEARCH = {}
+
+
+def _min_p_search(device, B, V_rows, winners):
+    """_min_p_rows' stage 1 and the search's outcome over it (small_cap=0), once per (device, winners):
+    the cases below share them (CI time: each is a long interpreter run)."""
+    key = (str(device), B, V_rows, winners)
+    if key not in _MIN_P_SEARCH:
+        logits, params = _min_p_rows(device, B, V_rows, seed=5)
+        layout, buffers = _stage1(device, logits, params)
+        search = _select(layout, buffers, B, params, None, small_cap=0, vocab_size=V_rows, winners=winners)
+        _MIN_P_SEARCH[key] = (params, layout, buffers, search)
+    return _MIN_P_SEARCH[key]
+
+
 # (without the winners after the packed search: nothing there that the other three cases do not run; CI time)
 @pytest.mark.parametrize("winners, cap", [(False, None), (True, None), (True, sf.SEARCH_CAP)])
 def test_min_p_alone_packs_wide_and_equals_the_search(device, winners, cap):
@@ -379,10 +394,8 @@ def test_min_p_alone_packs_wide_and_equals_the_search(device, winners, cap):
     # 18 rows: among them rows whose best survivor in U lies below the boundary, so that dropping the
     # redraw after the packed search (cap = SEARCH_CAP) changes the outcome (checked by hand, 2026-11-27)
     B, V_rows = 18, 512 * BLOCK_V
-    logits, params = _min_p_rows(device, B, V_rows, seed=5)
-    layout, buffers = _stage1(device, logits, params)
+    params, layout, buffers, search = _min_p_search(device, B, V_rows, winners)
     kw = dict(vocab_size=V_rows, winners=winners)
-    search = _select(layout, buffers, B, params, None, small_cap=0, **kw)
     won = torch.full((B,), -3, dtype=torch.int32, device=device)
     wide = _select(layout, buffers, B, params, cap, won=won, **kw)
     if cap is None:
@@ -407,7 +420,7 @@ def test_a_wrong_wide_pack_would_be_caught(device, monkeypatch):
     Interpreter only (a compiled kernel keeps the helper it was first compiled with)."""
     if device.type != "cpu":
         pytest.skip("swapping a @triton.jit helper does not recompile a cached GPU kernel")
-    B, V_rows = 6, 512 * BLOCK_V
+    B, V_rows = 3, 512 * BLOCK_V
     logits, params = _min_p_rows(device, B, V_rows, seed=5)
     # The threshold exactly on the logits of each row's survivors, whatever the machine's log and
     # exp round to: min_p = 1 puts it at the row's maximum (m + t * log(1) = m), and each row's 300
