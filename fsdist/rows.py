@@ -39,7 +39,7 @@ def flatten_hidden(hidden: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, ...]]
 
 
 def _row(x, name: str, lead: Tuple[int, ...], n: int):
-    if not isinstance(x, torch.Tensor) or len(lead) == 1:
+    if not isinstance(x, torch.Tensor) or len(lead) == 1 or x.dim() == 0:  # (0-d: every row's, validation)
         return x
     if tuple(x.shape) == lead:
         return x.reshape(n)

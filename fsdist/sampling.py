@@ -44,6 +44,7 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
         every output comes back with that leading shape (tokens [...]); per-row parameters
         are then scalars, [...] tensors or the flattened [N] (row-major), and the row-indexed
         tables (token_bitmask, logit_bias, penalties' ids) [..., K] or [N, K] (fsdist/rows.py).
+        A 0-d tensor of a per-row parameter is every row's value (expanded on the device).
     weight: [V, D] (nn.Linear layout, contiguous); same dtype as hidden, bf16/fp16/fp32.
     temperature: real number or [B] float tensor; below 1e-5 (vLLM's epsilon) the row is
         greedy (argmax); at most 1e30 (finite). A negative, NaN or too large value in a

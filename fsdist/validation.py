@@ -66,6 +66,8 @@ def check_vocab_size(vocab_size, rows: int) -> int:
 
 
 def _row_tensor(x, name: str, batch: int, device: torch.device, kind: str) -> torch.Tensor:
+    if x.dim() == 0:  # one device value for every row (expanded on the device: no sync)
+        x = x.reshape(1).expand(batch)
     if x.dim() != 1 or x.shape[0] != batch:
         raise ValueError(f"{name} tensor must have shape [{batch}] (one per row), got {tuple(x.shape)}")
     if x.device != device:

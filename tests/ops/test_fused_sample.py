@@ -414,6 +414,14 @@ def test_bad_path_name(device):
         fsdist.sample(h, w, return_logprobs="no")
     with pytest.raises(TypeError, match="check must be a bool"):
         fsdist.sample(h, w, check="yes")
+    # a 0-d tensor is every row's value, on the device (as a [B] tensor of it)
+    B = h.shape[0]
+    zero_d = fsdist.sample(h, w, temperature=torch.tensor(0.7, device=device), seed=torch.tensor(3, device=device),
+                           offset=torch.tensor(5, device=device), top_p=torch.tensor(0.9, device=device))
+    rows = fsdist.sample(h, w, temperature=torch.full((B,), 0.7, device=device),
+                         seed=torch.full((B,), 3, device=device), offset=torch.full((B,), 5, device=device),
+                         top_p=torch.full((B,), 0.9, device=device))
+    assert torch.equal(zero_d.tokens, rows.tokens)
     # numpy scalars are ints and bools like any other
     import numpy as np
     out = fsdist.sample(h, w, vocab_size=np.int64(60), return_logprobs=np.bool_(True))
