@@ -23,13 +23,16 @@ Filters and top-N logprobs: every rank runs the single-GPU stage 2 for them
 same rows for the exact fallback. Those rows' logits are recomputed shard by shard into a
 pool [tp, FALLBACK_ROWS, rows per rank] that every rank sees (``Transport.write_target`` /
 ``exchange``, like the candidates) and resolved on every rank, FALLBACK_ROWS rows per
-round. Every rank must run the same number of rounds. With peer stores (nvshmem,
-symm_mem, shm) every filtered call runs ceil(B / FALLBACK_ROWS) rounds, whatever the
+round. Every rank must run the same number of rounds. With peer stores on GPUs (nvshmem,
+symm_mem) every filtered call runs ceil(B / FALLBACK_ROWS) rounds, whatever the
 count (a round past the count exits at once; one round covers B <= 64), so nothing
 synchronises with the host. The collective transport would all-gather the whole pool
 every round, so there the host reads the number of flagged rows (one device integer,
 the same on every rank) and runs only the rounds needed: a filtered call on that
-transport synchronises once (a plain call never does, and a single GPU never does).
+transport synchronises once (a plain call never does, and a single GPU never does). On CPU
+(shm, collective) the count is host memory and is always read: a step whose ranks diverged
+flags no row (its merge gave every row -1), so the ranks that called with filters run no round
+either and the group stays in step.
 
 Buffers are doubled by step parity (see step_buffers.py) so a fast rank's next
 step never overwrites a slot a slow rank is still merging. The kernels read the
@@ -124,10 +127,18 @@ class CandidatesReduction(Reduction):
 
     def _fallback(self, hidden, weight, params, opts, flags, kept, tokens, lp, top_ids, top_lp) -> None:
         pool, target, npeers = self.pool_layout, *self.transport.write_target(self.pool)
-        if self.transport.peer_stores:
+        if flags.device.type == "cpu":
+            # Host memory (the shm transport on CPU): the count costs no device sync, so only the rounds
+            # with rows run, as on the collective transport. Every rank derives the count from the same
+            # merged buffer; in a step whose ranks diverged the merge gives every row -1, so none is
+            # flagged and no rank enters a round a peer skipped (a plain or skipped step runs none).
+            n = int(flags.sum())
+        elif self.transport.peer_stores:
             # No host read: ceil(B / pool rows) rounds whatever the count (one for B <= 64); a
             # round past the count exits at once, and its exchange and settle are two barriers.
-            # Every rank runs the same rounds, and a CUDA graph can capture them.
+            # Every rank runs the same rounds, and a CUDA graph can capture them. (A step in which some
+            # ranks call with filters or top-N and others without runs these barriers on some ranks
+            # only: docs/tensor_parallel.md, "Known limits".)
             n = flags.shape[0]
         else:
             # Collective: each round all-gathers the whole pool (tens of MB at a real vocabulary),

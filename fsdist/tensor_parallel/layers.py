@@ -16,8 +16,9 @@ replay of a captured ``forward`` counts as a call: every rank replays the same n
 of times, in the same order relative to its eager calls.
 
 CUDA graphs: ``forward`` can be captured once all its host-side work is done (the
-Triton kernels are compiled and the exchange buffers are large enough: warm up with
-the largest batch first, or pass ``max_batch_size``). The buffer parity is read from
+Triton kernels are compiled, after one eager call, and the exchange buffers are large
+enough: ``max_batch_size`` at construction or :meth:`reserve`, since a forward never grows
+them). The buffer parity is read from
 a device counter (``step_counter``) that every step advances on the stream, so
 replays alternate the exchange buffers like eager calls do. See
 docs/tensor_parallel.md, "CUDA graphs".
@@ -314,9 +315,10 @@ class ShardedFlashLMHead(nn.Module):
         ``check``: also validate the values inside per-row tensors (synchronises).
         ``top_k``, ``top_p``, ``min_p``, ``top_logprobs``, ``logprobs_mode``: as in
         :func:`fsdist.sample` (``reduction="candidates"`` only; the tokens and logprobs equal
-        fsdist.sample's on the full weight). A filtered or top-N call reads one integer from the
-        device (how many rows the exact fallback must resolve), so every rank runs the same
-        exchanges; plain calls never synchronise. ``token_bitmask``, ``logit_bias``,
+        fsdist.sample's on the full weight). On the collective transport a filtered or top-N
+        call reads one integer from the device (how many rows the exact fallback must resolve),
+        so every rank runs the same exchanges; nvshmem and symm_mem run a fixed number of them
+        without asking (docs/tensor_parallel.md, section 5); plain calls never synchronise. ``token_bitmask``, ``logit_bias``,
         ``penalties``: as in :func:`fsdist.sample` (both reductions), in global vocabulary
         ids; each rank applies the bitmask words and the listed ids of its own range.
 
@@ -325,7 +327,9 @@ class ShardedFlashLMHead(nn.Module):
         of candidates), so its peers are not left waiting; they return -1 for the step and
         raise :class:`TensorParallelMismatchError` (at once on CPU, within a call or two on
         a GPU, or from :meth:`check`). Ranks that made different calls (batch size, flags,
-        step count, per-row parameters) get the same treatment.
+        step count, per-row parameters) get the same treatment. Known limits (a step with
+        filters or top-N on some ranks only hangs nvshmem / symm_mem; a rank that skips a call;
+        hidden states are not checked): docs/tensor_parallel.md, section 5.
         """
         if self.transport.closed:
             raise RuntimeError("this ShardedFlashLMHead was closed")

@@ -159,14 +159,17 @@ def tokens_ok(tokens, ref, reliable, bad_rows) -> bool:
 
 
 def run_divergence(ctx, transport, reduction, *, rank: str, change: Callable, bits: int,
-                   local_error: Optional[Tuple[str, str]] = None, bad_rows=None, batch: int = B):
+                   local_error: Optional[Tuple[str, str]] = None, bad_rows=None, batch: int = B,
+                   common: Optional[dict] = None):
     """One step where rank ``rank`` ("first" or "last") calls with ``change(h, kw)`` instead of
-    (h, kw); then a good step everywhere, close, and a call on the closed head. Asserts the
-    contract on every rank's gathered outcomes (see the module docstring)."""
+    (h, kw) (kw with ``common``'s arguments on every rank); then a good step everywhere, close,
+    and a call on the closed head. Asserts the contract on every rank's gathered outcomes (see
+    the module docstring)."""
     W, h, kw, ref, reliable = divergence_problem(reduction, ctx.world_size, batch, ctx.device)
     diverging = 0 if rank == "first" else ctx.world_size - 1
     head = Head(ctx, transport, reduction, W, max_batch_size=max(CAP, batch))
-    mine = change(h, dict(kw)) if ctx.rank == diverging else (h, kw)
+    step_kw = dict(kw, **(common or {}))
+    mine = change(h, dict(step_kw)) if ctx.rank == diverging else (h, step_kw)
     step = head.call(mine[0], **mine[1])
     checked = head.check()
     after = head.call(h, **kw)
@@ -453,6 +456,35 @@ def test_temperature_differs_in_one_row_of_a_large_batch(dist_ctx):
 
     run_divergence(dist_ctx, "collective", "candidates", rank="last", bits=ROW, change=change, bad_rows=(3,),
                    batch=130)
+
+
+# Filters and top-N on some ranks only (candidates: group_logmass refuses them with a local error, the case
+# above). Those ranks run the exact fallback's rounds, whose exchanges are barriers with peer stores.
+FILTER_DIVERGENCES = {
+    "top-k-on-one-rank": lambda h, kw: (h, dict(kw, top_k=5, top_p=0.9)),
+    "top-n-on-one-rank": lambda h, kw: (h, dict(kw, top_logprobs=3)),
+    "top-k-tensor-against-scalar-0": lambda h, kw: (h, dict(kw, top_k=torch.zeros(B, dtype=torch.int32,
+                                                                                  device=h.device))),
+}
+
+
+@mpi
+@pytest.mark.parametrize("transport", ALL_TRANSPORTS)
+@pytest.mark.parametrize("case", list(FILTER_DIVERGENCES))
+def test_filters_on_one_rank_only(dist_ctx, transport, case):
+    """Before (shm): the filtered rank entered the fallback's barriers alone: its next collective paired with a
+    peer's other call, and close() or a new head hung until the gloo timeout, which closed the group."""
+    run_divergence(dist_ctx, transport, "candidates", rank="last", bits=RECORD, change=FILTER_DIVERGENCES[case])
+
+
+@mpi
+@pytest.mark.parametrize("transport", ALL_TRANSPORTS)
+def test_local_error_in_a_filtered_call(dist_ctx, transport):
+    """Every rank asks for top-p and top-N; the first has a bad temperature (a local error: it publishes a
+    header alone). Before (shm): the others ran the fallback's rounds alone, as above."""
+    run_divergence(dist_ctx, transport, "candidates", rank="first", bits=RECORD | PEER_ERROR,
+                   change=bad_temperature, local_error=INPUT_ERRORS["negative-temperature"][1],
+                   common=dict(top_p=0.9, top_logprobs=2))
 
 
 @with_both
