@@ -35,6 +35,8 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from ..validation import check_flag
+
 log = logging.getLogger("fsdist")
 
 WHAT = "ShardedFlashLMHead.from_megatron"
@@ -125,6 +127,7 @@ def _positive_int(x, name: str) -> None:
 
 def _check_vocab(vocab_size, padded: int, tp: int, rows: int, vocab_size_is_true: bool) -> None:
     _positive_int(vocab_size, "vocab_size")
+    check_flag(vocab_size_is_true, "vocab_size_is_true")  # ("no" must not pass for True and hide the padding)
     if rows * tp != padded:
         raise ValueError(f"the output layer holds {rows} rows per rank over {tp} ranks but its output_size is "
                          f"{padded}: is tp_group the model's tensor-parallel group?")

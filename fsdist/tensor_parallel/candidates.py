@@ -94,9 +94,12 @@ class CandidatesReduction(Reduction):
         return full.stride_shard_i, full.record_slot
 
     def _release(self) -> None:
-        self.transport.free(self.pool)
-        self.buffers.free()
-        self.buffers = None
+        if getattr(self, "pool", None) is not None:
+            self.transport.free(self.pool)
+            self.pool = None
+        if self.buffers is not None:
+            self.buffers.free()
+            self.buffers = None
 
     def _sample(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, opts: CallOptions, step: int):
         B = hidden.shape[0]

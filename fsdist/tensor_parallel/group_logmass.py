@@ -51,7 +51,8 @@ class GroupLogmassReduction(Reduction):
         return self.exchange_layout.stride_rank_i, self.exchange_layout.record_slot
 
     def _release(self) -> None:
-        self.buffers.free()
+        if self.buffers is not None:
+            self.buffers.free()
         self.buffers = None
         self.local = None
 

@@ -113,6 +113,7 @@ class ShardedFlashLMHead(nn.Module):
             head_args.positive_int(hidden_size, "hidden_size")
             head_args.positive_int(vocab_size, "vocab_size")
             head_args.positive_int(make_vocab_size_divisible_by, "make_vocab_size_divisible_by")
+            validation.check_flag(vocab_size_is_true, "vocab_size_is_true")
             if not isinstance(seam, HeadTestSeam):
                 raise TypeError(f"test_seam must be a HeadTestSeam, got {type(seam).__name__}")
             if seam.num_buffers not in (1, 2):
@@ -333,6 +334,9 @@ class ShardedFlashLMHead(nn.Module):
         """
         if self.transport.closed:
             raise RuntimeError("this ShardedFlashLMHead was closed")
+        if self._reduction.buffers is None:  # (every rank alike: a failed grow is agreed, see reserve)
+            raise RuntimeError("this ShardedFlashLMHead has no exchange buffers: a reserve() failed to allocate "
+                               "them; close() it on every rank and build a new head")
         lead = None
         try:
             validation.check_hidden(hidden, hidden_size=self.hidden_size)
@@ -366,8 +370,27 @@ class ShardedFlashLMHead(nn.Module):
 
     def reserve(self, batch_size: int) -> None:
         """Grow the exchange buffers to hold ``batch_size`` rows. Collective: call on every rank
-        with the same value, outside CUDA-graph capture and before capturing."""
-        head_args.positive_int(batch_size, "batch_size")
+        with the same value, outside CUDA-graph capture and before capturing. The ranks first agree
+        (one host collective): a bad or differing ``batch_size`` on any rank raises ValueError on every
+        rank with nothing changed. If the allocation fails (on any rank: agreed too) the head keeps its
+        old capacity where that can be allocated again, else it has no buffers and its calls say so."""
+        if self.transport.closed:
+            raise RuntimeError("this ShardedFlashLMHead was closed")
+        error = None
+        try:
+            head_args.positive_int(batch_size, "batch_size")
+            self._reduction.check_reserve(batch_size)
+        except Exception as e:  # agreed below, before any rank touches its buffers
+            error = f"{type(e).__name__}: {e}"
+        asked = [None] * self.tp_size
+        dist.all_gather_object(asked, (repr(batch_size), error), group=self.tp_group)
+        bad = [f"rank {r}: {e}" for r, (_, e) in enumerate(asked) if e]
+        if bad:
+            raise ValueError("ShardedFlashLMHead.reserve: " + "; ".join(bad))
+        sizes = [a for a, _ in asked]
+        if len(set(sizes)) > 1:
+            raise ValueError(f"ShardedFlashLMHead.reserve is collective: every rank must pass the same batch_size, "
+                             f"got {', '.join(f'rank {r}: {v}' for r, v in enumerate(sizes))}")
         self._reduction.reserve(batch_size)
 
     def check(self) -> None:

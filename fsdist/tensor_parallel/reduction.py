@@ -101,6 +101,7 @@ class Reduction:
         raise NotImplementedError
 
     def _release(self) -> None:
+        """Free the buffers _allocate made, also after it failed part way (collective)."""
         raise NotImplementedError
 
     def _sample(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, opts: CallOptions,
@@ -166,9 +167,8 @@ class Reduction:
         launch_end_step(self.counter, self.monitor.status)
         self.monitor.after_step()
 
-    def reserve(self, batch: int) -> None:
-        """Make the buffers hold ``batch`` rows. Collective when it (re)allocates: every rank
-        must call it with the same value; a no-op when the batch fits."""
+    def check_reserve(self, batch: int) -> None:
+        """Raise (locally) if growing to ``batch`` rows is not allowed now."""
         if batch <= self.capacity:
             return
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -177,10 +177,35 @@ class Reduction:
             raise RuntimeError(
                 f"reserve({batch}) after a CUDA graph was captured on the current buffers: growing would free "
                 "memory the graph still uses. Reserve the largest batch before any capture.")
-        if self.capacity:
+
+    def reserve(self, batch: int) -> None:
+        """Make the buffers hold ``batch`` rows. Collective when it (re)allocates: every rank
+        must call it with the same value; a no-op when the batch fits. An allocation failure is
+        agreed by the transport (every rank raises): the old capacity is then allocated again if
+        it can be, else the reduction is left without buffers (``buffers`` None, capacity 0)."""
+        if batch <= self.capacity:
+            return
+        self.check_reserve(batch)
+        old = self.capacity
+        if old:
             self._release()
-        self.capacity = capacity_for(batch)
-        self._allocate()
+            self.capacity = 0
+        try:
+            self.capacity = capacity_for(batch)
+            self._allocate()
+        except Exception as grow_error:
+            self._release()  # whatever _allocate made before failing (every rank alike: allocations are agreed)
+            self.capacity = 0
+            if old:
+                try:
+                    self.capacity = old
+                    self._allocate()
+                except Exception:
+                    self._release()
+                    self.capacity = 0
+            kept = f"it keeps max_batch_size {self.capacity}" if self.capacity else "it has no buffers now"
+            raise RuntimeError(f"reserve({batch}) could not allocate the exchange buffers ({grow_error}); "
+                               f"{kept}") from grow_error
 
     def close(self) -> None:
         """Collective."""

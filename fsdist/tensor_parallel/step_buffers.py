@@ -55,7 +55,11 @@ class StepBuffers:
         self.parity = DeviceParity(counter, self.float_numel if two else 0, self.int_numel if two else 0)
         # Collective allocations: every rank makes them in this order.
         self.f = transport.alloc(self.num_buffers * self.float_numel, torch.float32)
-        self.i = transport.alloc(self.num_buffers * self.int_numel, torch.int32)
+        try:
+            self.i = transport.alloc(self.num_buffers * self.int_numel, torch.int32)
+        except Exception:  # (agreed on every rank by alloc) nothing of this object may stay allocated
+            transport.free(self.f)
+            raise
         (wf, npeers), (wi, _) = transport.write_target(self.f), transport.write_target(self.i)
         self.dest = BufferPair(wf, wi, npeers=npeers, parity=self.parity)
         self.src = BufferPair(self.f.local, self.i.local, parity=self.parity)

@@ -182,6 +182,8 @@ def test_from_megatron_refuses_the_padded_vocab_and_a_bare_tied_layer(megatron_t
         fsdist.ShardedFlashLMHead.from_megatron(untied, untied.vocab_size)
     with pytest.raises(ValueError, match=r"exceeds the output layer's padded vocabulary 1024"):
         fsdist.ShardedFlashLMHead.from_megatron(untied, 2000)
+    with pytest.raises((TypeError, ValueError), match=r"vocab_size_is_true must be a bool, got 'no'"):
+        fsdist.ShardedFlashLMHead.from_megatron(untied, untied.vocab_size, vocab_size_is_true="no")
     with pytest.raises(ValueError, match=r"output_layer.weight is None .*pass the GPTModel"):
         fsdist.ShardedFlashLMHead.from_megatron(tied.output_layer, V_TRUE)
     with pytest.raises(TypeError, match=r"reads hidden_size, params_dtype from the model"):

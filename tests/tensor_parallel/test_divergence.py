@@ -334,6 +334,55 @@ def test_exchange_buffer_allocation_fails_on_one_rank(dist_ctx, monkeypatch, tra
             in o["built"], everyone
 
 
+RESERVE_CASES = ["sizes-differ", "bad-value-on-one-rank", "allocation-fails-on-one-rank"]
+
+
+@mpi
+@pytest.mark.parametrize("transport", ALL_TRANSPORTS)
+@pytest.mark.parametrize("case", RESERVE_CASES)
+def test_reserve_that_fails_anywhere_fails_everywhere(dist_ctx, monkeypatch, transport, case):
+    """head.reserve agrees first: sizes that differ between ranks, or a bad one on one rank, raise ValueError on
+    every rank with the buffers untouched; an allocation that fails on one rank raises RuntimeError on every rank
+    and the head keeps its capacity. Either way the next call samples the reference tokens and close() works.
+    Before: the others grew alone (a hang until the gloo timeout on shm, a gloo abort on collective), and a
+    failed allocation left a head whose calls and close() raised AttributeError."""
+    W, h, kw, ref, reliable = divergence_problem("candidates", dist_ctx.world_size, B, dist_ctx.device)
+    head = Head(dist_ctx, transport, "candidates", W)
+    bad = dist_ctx.world_size - 1
+    size = 200
+    if case == "sizes-differ" and dist_ctx.rank == bad:
+        size = 100
+    elif case == "bad-value-on-one-rank" and dist_ctx.rank == bad:
+        size = 0
+    elif case == "allocation-fails-on-one-rank" and dist_ctx.rank == bad:
+        cls = {"collective": "collective.CollectiveTransport", "shm": "shm.ShmTransport"}[transport]
+        real = getattr(transports, cls.split(".")[0]).__dict__[cls.split(".")[1]]._reserve
+        failed = []
+
+        def no_memory(self, numel, dtype):
+            if not failed:  # the grown buffers' first allocation (the old capacity's allocate again)
+                failed.append(numel)
+                raise MemoryError(f"no memory for {numel} exchange elements (simulated)")
+            return real(self, numel, dtype)
+
+        monkeypatch.setattr(f"fsdist.tensor_parallel.transports.{cls}._reserve", no_memory)
+    reserved = outcome_of(lambda: head.head.reserve(size))
+    monkeypatch.undo()
+    capacity = head.head.max_batch_size
+    step = head.call(h, **kw)
+    closed = head.close()
+    everyone = gather_objects(dict(reserved=reserved, capacity=capacity, step=step, closed=closed))
+    want = {"sizes-differ": r"ValueError: ShardedFlashLMHead.reserve is collective: every rank must pass the same "
+                            rf"batch_size, got rank 0: 200, .*rank {bad}: 100",
+            "bad-value-on-one-rank": rf"ValueError: ShardedFlashLMHead.reserve: rank {bad}: ValueError: batch_size",
+            "allocation-fails-on-one-rank": rf"RuntimeError: reserve\(200\) could not allocate the exchange buffers "
+                                            rf".*rank {bad}: MemoryError.*it keeps max_batch_size {CAP}"}[case]
+    for o in everyone:
+        assert o["reserved"] is not None and re.search(want, o["reserved"]), everyone
+        assert o["capacity"] == CAP and o["closed"] is None, everyone
+        assert o["step"]["error"] is None and o["step"]["tokens"] == ref, everyone
+
+
 # ---- an input error on one rank ----------------------------------------------------------------
 def bad_temperature(h, kw):
     return h, dict(kw, temperature=-1.0)

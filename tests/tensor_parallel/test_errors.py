@@ -203,6 +203,8 @@ def test_vocab_size_on_a_padding_boundary_warns_unless_declared_true(dist_ctx):
         fsdist.ShardedFlashLMHead(16, 4 * unit, **kw).close()
         fsdist.ShardedFlashLMHead(16, 4 * unit, vocab_size_is_true=True, **kw).close()
         fsdist.ShardedFlashLMHead(16, 4 * unit - 3, **kw).close()
+    with pytest.raises(ValueError, match=r"vocab_size_is_true must be a bool, got 'no'"):
+        fsdist.ShardedFlashLMHead(16, 4 * unit, vocab_size_is_true="no", **kw)
     padded = [w for w in seen if "padding unit" in str(w.message)]
     if dist_ctx.rank == 0:
         assert len(padded) == 1 and "vocab_size_is_true=True" in str(padded[0].message)
