@@ -128,8 +128,8 @@ class ShardedFlashLMHead(nn.Module):
                 device = shared.device
             dev = head_args.resolve_device(device)
             validation.check_device_runnable(dev)
-            block_v = block_v or default_block_v(dev.type)
-            TileConfig(16, block_v, 16)  # validates block_v (power of two >= 16)
+            block_v = default_block_v(dev.type) if block_v is None else block_v  # (0 is refused, not the default)
+            TileConfig(16, block_v, 16)  # validates block_v (power of two >= 32)
             partition = vocab_partition(vocab_size, tp, rank, make_vocab_size_divisible_by)
             if partition.start % 4 or partition.rows % 4:
                 # The noise is drawn in Philox quads of 4 consecutive ids (fsdist.ops.noise): a

@@ -22,6 +22,7 @@ mpi = pytest.mark.mpi(min_size=2)
     (dict(transport="NVSHMEM"), "unknown transport"),
     (dict(reduction="topk"), "unknown reduction 'topk'"),
     (dict(block_v=100), "block_v"),
+    (dict(block_v=0), r"block_v must be a power of two >= 32, got 0"),
     (dict(params_dtype=torch.int32), "params_dtype"),
     (dict(make_vocab_size_divisible_by=0), "make_vocab_size_divisible_by"),
     (dict(test_seam=HeadTestSeam(num_buffers=3)), "num_buffers must be 1 or 2"),
