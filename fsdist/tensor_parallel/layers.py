@@ -319,9 +319,10 @@ class ShardedFlashLMHead(nn.Module):
         fsdist.sample's on the full weight). On the collective transport a filtered or top-N
         call reads one integer from the device (how many rows the exact fallback must resolve),
         so every rank runs the same exchanges; nvshmem and symm_mem run a fixed number of them
-        without asking (docs/tensor_parallel.md, section 5); plain calls never synchronise. ``token_bitmask``, ``logit_bias``,
-        ``penalties``: as in :func:`fsdist.sample` (both reductions), in global vocabulary
-        ids; each rank applies the bitmask words and the listed ids of its own range.
+        without asking (docs/tensor_parallel.md, section 5); plain calls never synchronise.
+        ``token_bitmask``, ``logit_bias``, ``penalties``: as in :func:`fsdist.sample` (both
+        reductions), in global vocabulary ids; each rank applies the bitmask words and the
+        listed ids of its own range.
 
         Errors never leave the group out of step. A bad argument on this rank raises here
         *after* this rank has taken part in the step (it publishes an error header instead
