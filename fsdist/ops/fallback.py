@@ -45,7 +45,7 @@ from .top_logprobs import fill_free_ids, place_pick, top_n_normaliser
 from .utils import fast_log_ok, load_row_param, row_param_args, sm_count
 
 # Rows resolved per round on a GPU: one round covers B <= 64, so a decode batch pays two empty
-# launches when nothing falls back (a fp32 pool of 64 x 151936 = 37.1 MiB at V = 151936, only in filtered calls).
+# launches when nothing falls back (a fp32 pool of 64 x 151936 = 39 MB at V = 151936, only in filtered calls).
 POOL_ROWS = 64
 POOL_ROWS_INTERPRETER = 256  # under the interpreter: fewer, bigger rounds
 

@@ -15,8 +15,8 @@ kernel epilogue then a barrier, or the local block then an all-gather.
 Every rank also writes its call's header next to its candidates (step, batch, flags, row
 fingerprints; ``fsdist.ops.step_check``) and the merge checks all of them against its
 own, so ranks that made different calls get -1 and an error instead of wrong tokens.
-The layout always has the four logprob fields, so every rank's block has the same size
-whatever the call's flags (the collective transport's all-gather needs that).
+The layout always has every field (the logprob ones and the kept logits'), so every rank's
+block has the same size whatever the call's flags (the collective transport's all-gather needs that).
 
 Filters and top-N logprobs: every rank runs the single-GPU stage 2 for them
 (``fsdist.ops.select_filtered``) on the identical merged buffer, so every rank flags the

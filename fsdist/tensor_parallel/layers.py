@@ -9,9 +9,9 @@ Composition (each piece knows only its own job):
   the single-GPU plan and kernels in ``fsdist.ops`` (which know nothing of ranks).
 
 Lock-step contract: ``forward`` is a collective. Every rank of ``tp_group`` calls it the
-same number of times, with the same batch size, the same ``return_logprobs`` and the
-same sampling parameters (temperature, seed, offset), on its own weight shard and the
-same hidden states. Every rank then returns the same SampleOutput. A CUDA graph
+same number of times, with the same batch size, the same options (``return_logprobs``,
+``path``, ``top_logprobs``, ``logprobs_mode``), the same per-row parameters (temperature,
+seed, offset, filters) and processors, on its own weight shard and the same hidden states. Every rank then returns the same SampleOutput. A CUDA graph
 replay of a captured ``forward`` counts as a call: every rank replays the same number
 of times, in the same order relative to its eager calls.
 
