@@ -23,7 +23,7 @@ layer's padded size raises unless ``vocab_size_is_true=True`` says the model has
 Checks that can fail are agreed across the TP group before anything else (one small
 all-gather), so a rank with a bad argument never leaves its peers waiting.
 
-megatron-core is an optional extra (``pip install 'fsdist[megatron]'``; megatron-core >= 0.17
+megatron-core is an optional extra (``pip install -e '.[megatron]'``; megatron-core >= 0.17
 declares Python >= 3.12, on 3.11 install the wheel with ``--no-deps --ignore-requires-python``).
 It is imported only to find the TP group through ``parallel_state`` when the objects do not
 carry one. docs/integration.md ("Megatron-Core") has the whole recipe: [s, b, h] hidden states,
@@ -42,7 +42,7 @@ log = logging.getLogger("fsdist")
 WHAT = "ShardedFlashLMHead.from_megatron"
 # Constructor arguments from_megatron reads from the model instead of taking them.
 READ_FROM_MODEL = ("hidden_size", "params_dtype", "device", "weight", "make_vocab_size_divisible_by")
-INSTALL_HINT = ("pip install 'fsdist[megatron]' (megatron-core >= 0.17 declares Python >= 3.12; on Python 3.11: "
+INSTALL_HINT = ("pip install -e '.[megatron]' (megatron-core >= 0.17 declares Python >= 3.12; on Python 3.11: "
                 "pip install --no-deps --ignore-requires-python megatron-core==0.19.2)")
 
 
