@@ -136,7 +136,9 @@ class ShardedFlashLMHead(nn.Module):
                 # rank's range must start on a quad.
                 raise ValueError(f"make_vocab_size_divisible_by must be a multiple of 4 with tensor parallelism "
                                  f"(each rank's vocabulary range must start at a multiple of 4), got "
-                                 f"{make_vocab_size_divisible_by} with tp_size {tp}")
+                                 f"{make_vocab_size_divisible_by} with tp_size {tp}: rank {rank}'s range "
+                                 f"[{partition.start}, {partition.start + partition.rows}) of the padded "
+                                 f"{partition.padded_vocab_size} ids does not")
             probe = transports.probe(transport, dev)
             if shared is None:
                 weight = torch.empty(partition.rows, hidden_size, dtype=params_dtype, device=dev)

@@ -116,7 +116,8 @@ def decide(name: str, probes: List[dict], group_size: int, world_size: int) -> T
     bad = [(r, p["why"]) for r, p in enumerate(probes) if not p["ok"]]
     if bad:
         raise ValueError(f"transport {name!r} is unavailable on rank(s) "
-                         + "; ".join(f"{r}: {why}" for r, why in bad))
+                         + "; ".join(f"{r}: {why}" for r, why in bad)
+                         + " (transport='auto' picks what every rank has; 'collective' runs anywhere)")
     sub_group = group_size != world_size
     if name == "nvshmem" and sub_group:
         return _sub_group_fallback(probes, group_size, world_size)
