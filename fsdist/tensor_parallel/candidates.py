@@ -130,13 +130,7 @@ class CandidatesReduction(Reduction):
 
     def _fallback(self, hidden, weight, params, opts, flags, kept, tokens, lp, top_ids, top_lp) -> None:
         pool, target, npeers = self.pool_layout, *self.transport.write_target(self.pool)
-        if flags.device.type == "cpu":
-            # Host memory (the shm transport on CPU): the count costs no device sync, so only the rounds
-            # with rows run, as on the collective transport. Every rank derives the count from the same
-            # merged buffer; in a step whose ranks diverged the merge gives every row -1, so none is
-            # flagged and no rank enters a round a peer skipped (a plain or skipped step runs none).
-            n = int(flags.sum())
-        elif self.transport.peer_stores:
+        if self.transport.peer_stores and flags.device.type != "cpu":
             # No host read: ceil(B / pool rows) rounds whatever the count (one for B <= 64); a
             # round past the count exits at once, and its exchange and settle are two barriers.
             # Every rank runs the same rounds, and a CUDA graph can capture them. (A step in which some
@@ -144,11 +138,13 @@ class CandidatesReduction(Reduction):
             # only: docs/tensor_parallel.md, "Known limits".)
             n = flags.shape[0]
         else:
-            # Collective: each round all-gathers the whole pool (tens of MB at a real vocabulary),
-            # too much to pay on every filtered step, so read the count (one host sync per
-            # filtered call on this transport; every rank derives the same count from the same
-            # merged buffer, so every rank runs the same number of exchanges).
-            n = int(flags.sum().item())
+            # Read the count and run only the rounds with rows. Collective: each round all-gathers the
+            # whole pool (tens of MB at a real vocabulary), too much to pay on every filtered step (one
+            # host sync per filtered call on this transport). On CPU (shm too) the count is host memory:
+            # no device sync. Every rank derives the same count from the same merged buffer; in a step
+            # whose ranks diverged the merge gives every row -1, so none is flagged and no rank enters a
+            # round a peer skipped (a plain or skipped step runs none).
+            n = int(flags.sum())
         for start in range(0, n, pool.rows):
             launch_materialize(hidden, weight, pool, target, flags=flags, start=start,
                                vocab_size=self.partition.vocab_size, vocab_start=self.partition.start,
