@@ -31,8 +31,9 @@ def raise_local_errors(gathered: List[Dict], what: str, verb: str = "invalid arg
         raise ValueError(f"{what}: {verb} {len(errors)} rank(s): {detail}")
 
 
-def check_agreement(gathered: List[Dict], what: str, fields=AGREED_FIELDS) -> None:
-    """Raise ValueError naming every field whose value differs between ranks."""
+def check_agreement(gathered: List[Dict], what: str, fields=AGREED_FIELDS,
+                    advice: str = "Every rank must construct the head with the same arguments.") -> None:
+    """Raise ValueError naming every field whose value differs between ranks (then ``advice``)."""
     bad = []
     for field in fields:
         values = [d.get(field) for d in gathered]
@@ -41,4 +42,4 @@ def check_agreement(gathered: List[Dict], what: str, fields=AGREED_FIELDS) -> No
             bad.append(f"{field} ({per_rank})")
     if bad:
         raise ValueError(f"{what}: configuration differs across tensor-parallel ranks: " + "; ".join(bad)
-                         + ". Every rank must construct the head with the same arguments.")
+                         + f". {advice}")

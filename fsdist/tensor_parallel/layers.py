@@ -385,15 +385,11 @@ class ShardedFlashLMHead(nn.Module):
             self._reduction.check_reserve(batch_size)
         except Exception as e:  # agreed below, before any rank touches its buffers
             error = f"{type(e).__name__}: {e}"
-        asked = [None] * self.tp_size
-        dist.all_gather_object(asked, (repr(batch_size), error), group=self.tp_group)
-        bad = [f"rank {r}: {e}" for r, (_, e) in enumerate(asked) if e]
-        if bad:
-            raise ValueError("ShardedFlashLMHead.reserve: " + "; ".join(bad))
-        sizes = [a for a, _ in asked]
-        if len(set(sizes)) > 1:
-            raise ValueError(f"ShardedFlashLMHead.reserve is collective: every rank must pass the same batch_size, "
-                             f"got {', '.join(f'rank {r}: {v}' for r, v in enumerate(sizes))}")
+        what = "ShardedFlashLMHead.reserve"
+        gathered = agreement.gather({"batch_size": repr(batch_size), "error": error}, self.tp_group)
+        agreement.raise_local_errors(gathered, what)
+        agreement.check_agreement(gathered, what, fields=("batch_size",),
+                                  advice="reserve is collective: every rank must pass the same batch_size.")
         self._reduction.reserve(batch_size)
 
     def check(self) -> None:

@@ -373,9 +373,11 @@ def test_reserve_that_fails_anywhere_fails_everywhere(dist_ctx, monkeypatch, tra
     step = head.call(h, **kw)
     closed = head.close()
     everyone = gather_objects(dict(reserved=reserved, capacity=capacity, step=step, closed=closed))
-    want = {"sizes-differ": r"ValueError: ShardedFlashLMHead.reserve is collective: every rank must pass the same "
-                            rf"batch_size, got rank 0: 200, .*rank {bad}: 100",
-            "bad-value-on-one-rank": rf"ValueError: ShardedFlashLMHead.reserve: rank {bad}: ValueError: batch_size",
+    want = {"sizes-differ": r"ValueError: ShardedFlashLMHead.reserve: configuration differs across tensor-parallel "
+                            rf"ranks: batch_size \(rank 0='200', .*rank {bad}='100'\)\. reserve is collective: every "
+                            r"rank must pass the same batch_size",
+            "bad-value-on-one-rank": rf"ValueError: ShardedFlashLMHead.reserve: invalid arguments on 1 rank\(s\): "
+                                     rf"rank {bad}: ValueError: batch_size",
             "allocation-fails-on-one-rank": rf"RuntimeError: reserve\(200\) could not allocate the exchange buffers "
                                             rf".*rank {bad}: MemoryError.*it keeps max_batch_size {CAP}"}[case]
     for o in everyone:
