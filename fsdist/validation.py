@@ -150,7 +150,7 @@ def row_params(temperature, seed, offset, batch: int, device: torch.device, *, t
 
 def check_flag(x, name: str) -> bool:
     """A bool argument (numpy's too): a string such as "no" is refused, not read as True."""
-    if x not in (True, False) or isinstance(x, str):
+    if x not in (True, False):  # (a string, an int other than 0 / 1, None: refused)
         raise TypeError(f"{name} must be a bool, got {x!r}")
     return bool(x)
 
