@@ -50,10 +50,11 @@ fi
 # A hang must fail a test, not eat the call: the suite's watchdog kills a test after 120 s.
 export FSDIST_TEST_HARD_TIMEOUT=120 FSDIST_TEST_TIMEOUT=90
 # Rank 0's and rank 1's pytest logs apart (scripts/rank_pytest.sh), so a rank's failure stays readable.
+# TEST_SELECT is parsed as shell words, so a quoted -k expression stays one argument.
+eval "select=(${TEST_SELECT:-tests/tensor_parallel/test_gpu.py tests/tensor_parallel/test_divergence.py \
+  tests/tensor_parallel/test_filters_tp.py tests/tensor_parallel/test_processors_tp.py})"
 TORCHRUN_ARGS=--no-python timeout -s INT -k 20 "$t_tests" launch/torchrun.sh 2 bash scripts/rank_pytest.sh tp_gpu_tests \
-  -q -p no:warnings -p no:cacheprovider -rfE --durations=15 ${TEST_SELECT:-tests/tensor_parallel/test_gpu.py \
-  tests/tensor_parallel/test_divergence.py tests/tensor_parallel/test_filters_tp.py tests/tensor_parallel/test_processors_tp.py} \
-  > "$OUT/tp_gpu_tests_launcher.log" 2>&1
+  -q -p no:warnings -p no:cacheprovider -rfE --durations=15 "${select[@]}" > "$OUT/tp_gpu_tests_launcher.log" 2>&1
 echo "TP tests rc=$? after $((SECONDS - start))s"
 for f in "$OUT"/tp_gpu_tests_rank*.log; do echo "== $f"; grep -E " passed| failed| error|^FAILED|^ERROR" "$f" | tail -12; done
 left=$((t_total - (SECONDS - start)))

@@ -23,16 +23,17 @@ Filters and top-N logprobs: every rank runs the single-GPU stage 2 for them
 same rows for the exact fallback. Those rows' logits are recomputed shard by shard into a
 pool [tp, FALLBACK_ROWS, rows per rank] that every rank sees (``Transport.write_target`` /
 ``exchange``, like the candidates) and resolved on every rank, FALLBACK_ROWS rows per
-round. Every rank must run the same number of rounds. With peer stores on GPUs (nvshmem,
-symm_mem) every filtered call runs ceil(B / FALLBACK_ROWS) rounds, whatever the
-count (a round past the count exits at once; one round covers B <= 64), so nothing
-synchronises with the host. The collective transport would all-gather the whole pool
-every round, so there the host reads the number of flagged rows (one device integer,
-the same on every rank) and runs only the rounds needed: a filtered call on that
-transport synchronises once (a plain call never does, and a single GPU never does). On CPU
-(shm, collective) the count is host memory and is always read: a step whose ranks diverged
-flags no row (its merge gave every row -1), so the ranks that called with filters run no round
-either and the group stays in step.
+round. Every rank must pass the same barriers. With peer stores (nvshmem, symm_mem, shm) every
+filtered call runs ceil(B / FALLBACK_ROWS) rounds whatever the count (a round past the count exits
+at once; one round covers B <= 64), and each round's two barriers are gated on the count
+(``Transport.gated_barrier``): on a GPU the device skips them when the round has no row, so
+nothing synchronises with the host and a CUDA graph captures the rounds. Every rank derives the
+same count from the same merged buffer; in a step whose ranks diverged (filters on some ranks
+only, a local error) the merge gives every row -1 and flags none, so the filtered ranks skip
+exactly the barriers their peers never enqueued and the group stays in step. The collective
+transport would all-gather the whole pool every round, so there the host reads the count (one
+device integer, the same on every rank) and runs only the rounds needed: a filtered call on that
+transport synchronises once (a plain call never does, and a single GPU never does).
 
 Buffers are doubled by step parity (see step_buffers.py) so a fast rank's next
 step never overwrites a slot a slow rank is still merging. The kernels read the
@@ -84,6 +85,7 @@ class CandidatesReduction(Reduction):
         rows = FALLBACK_ROWS if self.transport.peer_stores else FALLBACK_ROWS_COLLECTIVE
         self.pool_layout = PoolLayout(rows, self.partition.rows, self.tp)
         self.pool = self.transport.alloc(self.pool_layout.numel, torch.float32)
+        self.transport.prepare_gated_barrier()  # the fallback's rounds (every rank is here)
 
     def _blocks(self):
         full = self._layout()
@@ -130,27 +132,29 @@ class CandidatesReduction(Reduction):
 
     def _fallback(self, hidden, weight, params, opts, flags, kept, tokens, lp, top_ids, top_lp) -> None:
         pool, target, npeers = self.pool_layout, *self.transport.write_target(self.pool)
-        if self.transport.peer_stores and flags.device.type != "cpu":
-            # No host read: ceil(B / pool rows) rounds whatever the count (one for B <= 64); a
-            # round past the count exits at once, and its exchange and settle are two barriers.
-            # Every rank runs the same rounds, and a CUDA graph can capture them. (A step in which some
-            # ranks call with filters or top-N and others without runs these barriers on some ranks
-            # only: docs/tensor_parallel.md, "Known limits".)
-            n = flags.shape[0]
+        if self.transport.peer_stores:
+            # No host read: ceil(B / pool rows) rounds whatever the count (one for B <= 64). A round
+            # past the count exits at once, and its two barriers (the exchange and the settle) are
+            # gated on the count, which stays on the device: skipped by every rank alike when the
+            # merged buffers agree, since every rank derives the count from the same buffer. In a step
+            # whose ranks diverged (filters or top-N on some ranks only, a local error) the merge gave
+            # every row -1 and flagged none, so the ranks that called with filters skip exactly the
+            # barriers their peers never enqueued, instead of waiting in them forever. CUDA-graph
+            # capturable. (On CPU, shm, the host reads the count for the gate: no device sync.)
+            rounds, count = flags.shape[0], flags.sum(dtype=torch.int32).reshape(1)
         else:
-            # Read the count and run only the rounds with rows. Collective: each round all-gathers the
+            # Collective: read the count and run only the rounds with rows. Each round all-gathers the
             # whole pool (tens of MB at a real vocabulary), too much to pay on every filtered step (one
-            # host sync per filtered call on this transport). On CPU (shm too) the count is host memory:
-            # no device sync. Every rank derives the same count from the same merged buffer; in a step
-            # whose ranks diverged the merge gives every row -1, so none is flagged and no rank enters a
-            # round a peer skipped (a plain or skipped step runs none).
-            n = int(flags.sum())
-        for start in range(0, n, pool.rows):
+            # host sync per filtered call on this transport; free on CPU). Every rank derives the same
+            # count from the same merged buffer, and a diverged step flags none on any rank.
+            rounds, count = int(flags.sum()), None
+        for start in range(0, rounds, pool.rows):
+            gate = None if count is None else (count, start)
             launch_materialize(hidden, weight, pool, target, flags=flags, start=start,
                                vocab_size=self.partition.vocab_size, vocab_start=self.partition.start,
                                kept=kept, shard=self.rank, npeers=npeers, processing=params.processing)
-            self.transport.exchange([(self.pool, 0, pool.stride_shard)])
+            self.transport.exchange([(self.pool, 0, pool.stride_shard)], gate=gate)
             launch_resolve(pool, self.pool.local, params, flags=flags, start=start,
                            vocab_size=self.partition.vocab_size, tokens=tokens, kept=kept, logprobs=lp,
                            top_n=opts.top_n, mode=opts.mode, top_ids=top_ids, top_lp=top_lp)
-            self.transport.settle()  # every rank has read the pool before anyone refills it
+            self.transport.settle(gate=gate)  # every rank has read the pool before anyone refills it

@@ -303,3 +303,53 @@ def test_gpu_graph_capture_does_not_grow_buffers(dist_ctx):
     graph.replay()
     torch.cuda.synchronize()
     head.close()
+
+
+@pytest.mark.parametrize("transport", ["nvshmem", "symm_mem"])
+def test_gpu_filtered_calls_with_fallback_rows_replay_in_a_cuda_graph(dist_ctx, transport):
+    """The fallback's rounds on peer stores (their barriers gated on the device count of flagged rows,
+    transports/gated_barrier.py) are captured with the rest of a filtered call: every replay, with new seeds
+    written in place, equals fsdist.sample on the full weight, and some replays resolve rows in the fallback
+    (so the gated barriers opened inside the graph, not only skipped)."""
+    import torch.distributed as dist
+
+    _need(transport)
+    dev = dist_ctx.device
+    V, D, B = 1000, 64, 24
+    W, h = _weights(V, D, B, dev, seed=9, scale=3.0)
+    head = fsdist.ShardedFlashLMHead(D, V, transport=transport, device=dev, max_batch_size=B)
+    head.load_full_weight(W)
+    temp = torch.linspace(0.5, 1.5, B, device=dev)
+    temp[::6] = 0.0
+    inp = dict(temperature=temp, top_k=torch.tensor([0, 5, 40, 0, 100, 0] * 4, dtype=torch.int32, device=dev),
+               top_p=torch.tensor([0.9, 1.0, 0.8, 1.0, 0.95, 0.5] * 4, device=dev),
+               min_p=torch.tensor([0.0, 0.0, 0.05, 0.1, 0.0, 0.0] * 4, device=dev),
+               seed=torch.arange(B, device=dev) * 7 + 3, offset=torch.zeros(B, dtype=torch.int64, device=dev),
+               top_logprobs=3)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            head(h, **inp)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = head(h, **inp)
+    bad, fell_back = [], 0
+    for r in range(6):
+        inp["seed"].copy_(torch.arange(B, device=dev) * 7 + 3 + 1000 * r)
+        torch.cuda.synchronize()
+        dist.barrier()
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = fsdist.sample(h, W, vocab_size=V, **inp)
+        fell_back += int(out.fallback.sum())
+        if not (torch.equal(out.tokens, ref.tokens) and torch.equal(out.top_ids, ref.top_ids)):
+            bad.append(r)
+    head.check()
+    head.close()
+    everyone = [None] * dist_ctx.world_size
+    dist.all_gather_object(everyone, (bad, fell_back))
+    assert all(not b for b, _ in everyone), f"replays whose tokens or top ids differ, per rank: {everyone}"
+    assert all(n > 0 for _, n in everyone), f"no row fell back, per rank: {everyone}"

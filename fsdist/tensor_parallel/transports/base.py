@@ -26,6 +26,9 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+# (count, above) of a gated exchange / settle: a device int32 [1] and a host int (Transport.gated_barrier).
+Gate = Tuple[torch.Tensor, int]
+
 
 class SymmetricBuffer:
     """This rank's part of a (possibly symmetric) flat allocation.
@@ -58,6 +61,7 @@ class Transport(abc.ABC):
         self.world_size = dist.get_world_size(group)
         self._buffers: List[SymmetricBuffer] = []
         self._ag_fn = None
+        self._gate = None  # GatedBarrier, from prepare_gated_barrier()
         self.closed = False
 
     # ---- buffers -------------------------------------------------------------------
@@ -121,27 +125,38 @@ class Transport(abc.ABC):
             return buf.peer_ptrs, self.world_size
         return buf.local, None
 
-    def exchange(self, blocks: Sequence[Tuple[SymmetricBuffer, int, int]]) -> None:
+    def exchange(self, blocks: Sequence[Tuple[SymmetricBuffer, int, int]], gate: Optional[Gate] = None) -> None:
         """Publish this rank's block of each buffer and see everyone's.
 
         blocks: (buffer, element offset of the blocks, elements per rank block); rank r's
         block is ``[offset + r * n, offset + (r + 1) * n)``. Every rank has written its own
         block through :meth:`write_target`. On return every rank's buffer holds every
         block (stream ordered on GPUs). Collective.
+
+        gate: (count, above): with peer stores, the barrier is :meth:`gated_barrier` (nothing to
+        wait for, or to see, unless the device integer count > above). Collective transports
+        ignore it: they all-gather whenever called, so their callers read such counts on the host.
         """
         if self.peer_stores:
-            self.barrier()
+            self._barrier_or_gated(gate)
             return
         for buf, offset, n in blocks:
             out = buf.local[offset:offset + self.world_size * n]
             self.all_gather_into(out, out[self.rank * n:(self.rank + 1) * n])
 
-    def settle(self) -> None:
+    def settle(self, gate: Optional[Gate] = None) -> None:
         """Every rank has finished reading what its peers wrote since the last exchange, so the
         buffers may be written again: a barrier for peer stores (a peer could otherwise overwrite
-        a slot still being read), nothing for collectives (they write only inside the collective)."""
+        a slot still being read), nothing for collectives (they write only inside the collective).
+        gate: as for :meth:`exchange`."""
         if self.peer_stores:
+            self._barrier_or_gated(gate)
+
+    def _barrier_or_gated(self, gate: Optional[Gate]) -> None:
+        if gate is None:
             self.barrier()
+        else:
+            self.gated_barrier(*gate)
 
     # ---- synchronisation -----------------------------------------------------------
     def barrier(self) -> None:
@@ -151,6 +166,29 @@ class Transport(abc.ABC):
         barrier runs after every rank's work queued before it.
         """
         dist.barrier(group=self.group)
+
+    def prepare_gated_barrier(self) -> None:
+        """Collective, once (later calls do nothing): what :meth:`gated_barrier` needs on a GPU with
+        peer stores (a symmetric signal pad; ``transports/gated_barrier.py``). Call it where every
+        rank is (e.g. when the head allocates), never on the first gated call: that call may be
+        one some ranks skip."""
+        if self._gate is None and self.peer_stores and self.device.type == "cuda":
+            from .gated_barrier import GatedBarrier
+
+            self._gate = GatedBarrier(self)
+
+    def gated_barrier(self, count: torch.Tensor, above: int) -> None:
+        """:meth:`barrier` if the integer ``count`` (one int32 on this transport's device) > ``above``,
+        nothing otherwise; every rank must decide the same way (a rank that would skip may also not
+        call). On a GPU with peer stores the device decides (``transports/gated_barrier.py``): no
+        host read, CUDA-graph capturable. Elsewhere the host reads the count: free on CPU, one
+        synchronisation on a GPU (the collective transport, whose callers read it anyway)."""
+        if self._gate is not None:
+            self._gate(count, above)
+        elif self.peer_stores and self.device.type == "cuda":
+            raise RuntimeError(f"{self.name} transport: gated_barrier() before prepare_gated_barrier()")
+        elif int(count) > above:
+            self.barrier()
 
     def all_gather_into(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         """out (world_size * n elements) = concatenation of every rank's inp (n elements).
@@ -181,6 +219,7 @@ class Transport(abc.ABC):
             return
         for buf in list(self._buffers):
             self.free(buf)
+        self._gate = None  # its pad was one of the buffers
         self.closed = True
 
 
