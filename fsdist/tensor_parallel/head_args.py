@@ -4,9 +4,11 @@ logit processors, the call's options). ``layers.py`` composes the head; this mod
 transport and no reduction, only how to validate and normalise what a caller passes.
 """
 import dataclasses
+import numbers
 import warnings
 
 import torch
+import torch.distributed as dist
 
 from .. import validation
 from ..ops.configs import STAGE1_PATHS
@@ -32,11 +34,23 @@ def resolve_device(device) -> torch.device:
     return device
 
 
-def positive_int(x, name: str):
-    if isinstance(x, bool) or not isinstance(x, int):
+def positive_int(x, name: str) -> int:
+    """x as a Python int (numpy and other integral scalars accepted: configs often come from numpy
+    or JSON), or TypeError / ValueError naming the argument."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(x).__name__}")
     if x < 1:
         raise ValueError(f"{name} must be >= 1, got {x}")
+    return int(x)
+
+
+def check_group(tp_group) -> None:
+    """tp_group must be a torch.distributed ProcessGroup (or None for the whole world)."""
+    if tp_group is not None and not isinstance(tp_group, dist.ProcessGroup):
+        hint = (" (a list of ranks is not a group: build one on every rank with torch.distributed.new_group(ranks) "
+                "and pass that)" if isinstance(tp_group, (list, tuple, range)) else "")
+        raise TypeError(f"tp_group must be a torch.distributed.ProcessGroup or None, got "
+                        f"{type(tp_group).__name__}{hint}")
 
 
 def group_words(tp: int, default_group: bool) -> str:

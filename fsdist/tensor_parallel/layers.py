@@ -94,6 +94,7 @@ class ShardedFlashLMHead(nn.Module):
         what = "ShardedFlashLMHead"
         seam = test_seam if test_seam is not None else HeadTestSeam()
 
+        head_args.check_group(tp_group)  # before any use of it (every rank passing a list gets this alike)
         initialized = dist.is_available() and dist.is_initialized()
         group, rank, tp = None, 0, 1
         shared = weight
@@ -110,16 +111,17 @@ class ShardedFlashLMHead(nn.Module):
         probe = {"ok": True, "why": ""}
         max_batch_size = DEFAULT_MAX_BATCH_SIZE if max_batch_size is None else max_batch_size
         try:
-            head_args.positive_int(hidden_size, "hidden_size")
-            head_args.positive_int(vocab_size, "vocab_size")
-            head_args.positive_int(make_vocab_size_divisible_by, "make_vocab_size_divisible_by")
+            hidden_size = head_args.positive_int(hidden_size, "hidden_size")
+            vocab_size = head_args.positive_int(vocab_size, "vocab_size")
+            make_vocab_size_divisible_by = head_args.positive_int(make_vocab_size_divisible_by,
+                                                                  "make_vocab_size_divisible_by")
             validation.check_flag(vocab_size_is_true, "vocab_size_is_true")
             if not isinstance(seam, HeadTestSeam):
                 raise TypeError(f"test_seam must be a HeadTestSeam, got {type(seam).__name__}")
             if seam.num_buffers not in (1, 2):
                 raise ValueError(f"test_seam.num_buffers must be 1 or 2 (a parity picks the copy), "
                                  f"got {seam.num_buffers}")
-            head_args.positive_int(max_batch_size, "max_batch_size")
+            max_batch_size = head_args.positive_int(max_batch_size, "max_batch_size")
             if params_dtype not in validation.SUPPORTED_DTYPES:
                 raise TypeError(f"params_dtype must be one of bf16/fp16/fp32, got {params_dtype}")
             transports.check_transport_name(transport)
@@ -174,7 +176,6 @@ class ShardedFlashLMHead(nn.Module):
         # ---- build ----
         self.hidden_size = hidden_size
         self.vocab_size = vocab_size
-        self.params_dtype = params_dtype
         self.device = dev
         self.tp_group = group
         self.tp_group_words = head_args.group_words(tp, tp_group is None)  # how errors name the group
@@ -217,6 +218,12 @@ class ShardedFlashLMHead(nn.Module):
         self._reduction = reduction_obj
         seam.reduction = self._reduction
         self._step = 0
+
+    @property
+    def params_dtype(self) -> torch.dtype:
+        """The weight shard's dtype: ``params_dtype`` at construction, or what a cast of the module (e.g.
+        ``model.bfloat16()``) or of a shared weight's ``.data`` made of it since."""
+        return self.weight.dtype
 
     @classmethod
     def from_megatron(cls, model_or_output_layer, vocab_size: int, **kwargs) -> "ShardedFlashLMHead":
@@ -331,9 +338,8 @@ class ShardedFlashLMHead(nn.Module):
         of candidates), so its peers are not left waiting; they return -1 for the step and
         raise :class:`TensorParallelMismatchError` (at once on CPU, within a call or two on
         a GPU, or from :meth:`check`). Ranks that made different calls (batch size, flags,
-        step count, per-row parameters) get the same treatment. Known limits (a step with
-        filters or top-N on some ranks only hangs nvshmem / symm_mem; a rank that skips a call;
-        hidden states are not checked): docs/tensor_parallel.md, section 5.
+        step count, per-row parameters) get the same treatment. Known limits (a rank that skips a
+        call; hidden states are not checked): docs/tensor_parallel.md, section 5.
         """
         if self.transport.closed:
             raise RuntimeError("this ShardedFlashLMHead was closed")
@@ -381,7 +387,7 @@ class ShardedFlashLMHead(nn.Module):
             raise RuntimeError("this ShardedFlashLMHead was closed")
         error = None
         try:
-            head_args.positive_int(batch_size, "batch_size")
+            batch_size = head_args.positive_int(batch_size, "batch_size")
             self._reduction.check_reserve(batch_size)
         except Exception as e:  # agreed below, before any rank touches its buffers
             error = f"{type(e).__name__}: {e}"

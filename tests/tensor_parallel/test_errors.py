@@ -32,6 +32,13 @@ def test_invalid_arguments_raise_value_error(kwargs, match):
         fsdist.ShardedFlashLMHead(32, 1000, **kwargs)
 
 
+@pytest.mark.parametrize("group", [[0, 1], (0,), "tp"])
+def test_a_tp_group_that_is_not_a_process_group_is_refused(group):
+    with pytest.raises(TypeError, match="tp_group must be a torch.distributed.ProcessGroup or None") as e:
+        fsdist.ShardedFlashLMHead(32, 1000, tp_group=group)
+    assert ("new_group(ranks)" in str(e.value)) == (not isinstance(group, str))
+
+
 def test_needs_torch_distributed():
     if dist.is_initialized():
         pytest.skip("torch.distributed is initialised in this session")
@@ -211,3 +218,40 @@ def test_vocab_size_on_a_padding_boundary_warns_unless_declared_true(dist_ctx):
         assert len(padded) == 1 and "vocab_size_is_true=True" in str(padded[0].message)
     else:
         assert not padded  # one warning per group, from its rank 0
+
+
+@mpi
+def test_numpy_integers_are_accepted_where_ints_are(dist_ctx):
+    """Sizes often come from numpy or a JSON config: np.int64 / np.int32 work as ints (and agree across ranks)."""
+    import numpy as np
+
+    V, D, dev = 1000, 16, dist_ctx.device
+    W, h = problem(V, D, 4, torch.float32, seed=32, device=dev)
+    head = fsdist.ShardedFlashLMHead(np.int64(D), np.int64(V), max_batch_size=np.int32(4),
+                                     make_vocab_size_divisible_by=np.int64(64), params_dtype=torch.float32,
+                                     transport="collective", device=dev)
+    assert type(head.hidden_size) is int and type(head.vocab_size) is int
+    head.reserve(np.int64(8))  # rank-equal values, whatever their Python type
+    head.load_full_weight(W)
+    assert torch.equal(head(h, seed=2).tokens, fsdist.sample(h, W, seed=2, vocab_size=V).tokens)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        head.reserve(np.int64(0))
+    head.close()
+
+
+@mpi
+def test_params_dtype_follows_a_cast_of_the_module(dist_ctx):
+    """head.bfloat16() (as model.bfloat16() does to every submodule) casts the owned shard; params_dtype and the
+    checks that use it follow, and the head samples from the cast weight."""
+    V, D, dev = 1000, 16, dist_ctx.device
+    W, h = problem(V, D, 4, torch.float32, seed=33, device=dev)
+    head = fsdist.ShardedFlashLMHead(D, V, params_dtype=torch.float32, transport="collective", device=dev)
+    head.bfloat16()
+    assert head.params_dtype == torch.bfloat16 == head.weight.dtype
+    with pytest.raises(TypeError, match="does not match the head's params_dtype torch.bfloat16"):
+        head.load_full_weight(W)
+    Wb, hb = W.bfloat16(), h.bfloat16()
+    head.load_full_weight(Wb)
+    assert torch.equal(head(hb, seed=3).tokens, fsdist.sample(hb, Wb, seed=3, vocab_size=V).tokens)
+    assert "dtype=torch.bfloat16" in repr(head)
+    head.close()
