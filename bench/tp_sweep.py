@@ -21,6 +21,13 @@ Methods (``--transports`` x ``--reductions`` for fsdist, ``--baselines`` for the
   ag_gumbel                       shard matmul + all-gather + Gumbel argmax (torch.compile)
   ag_fi2                          shard matmul + all-gather + FlashInfer sampling_from_logits
                                   (when importable)
+  ag_filtered                     with --filters: shard matmul + all-gather + the same filters on the
+                                  logits + exponential race (fsdist.reference.baselines, torch.compile);
+                                  it replaces ag_multinomial / ag_gumbel / ag_fi2, which sample unfiltered
+
+``--filters top_k_top_p`` (top-k 50 + top-p 0.9) or ``min_p`` (0.05) passes those filters as [B]
+device tensors to every fsdist method and to ag_filtered (the serving case of issue 11); the JSON is
+then tp_sweep_<filters>_tp<N>_..., and the speedup column reads the TP=1 JSON of the same filters.
 
 Timing: every rank runs the same iterations in lock-step; each run is a barrier, then
 ``--iters`` back-to-back calls between CUDA events; a run's time per call is the
@@ -117,10 +124,11 @@ def _all_gather_fn():
 
 # --------------------------------------------------------------------------- baselines
 def make_baselines(group, world: int, V: int, has_greedy: bool):
-    """Plain functions (h, shard, temperature) -> tokens or logits; the compiled methods wrap them.
+    """Plain functions (h, shard, temperature, **filters) -> tokens or logits; the compiled methods wrap them.
 
     The sampling after the all-gather is fsdist.reference.baselines', as in kernel_bench.py;
-    has_greedy: whether the batches hold greedy rows (a serving stack knows).
+    has_greedy: whether the batches hold greedy rows (a serving stack knows). filters: top_k / top_p
+    or min_p [B] tensors (ag_filtered only; the others take no filters).
     """
     ag = _all_gather_fn()
 
@@ -140,8 +148,26 @@ def make_baselines(group, world: int, V: int, has_greedy: bool):
     def ag_gumbel(h, Ws, temperature):
         return bl.gumbel_argmax_from_logits(gather_logits(h, Ws), temperature)
 
+    def ag_filtered(h, Ws, temperature, top_k=0, top_p=1.0, min_p=None):
+        logits = gather_logits(h, Ws)
+        if min_p is not None:
+            return bl.min_p_from_logits(logits, temperature, min_p, has_greedy=has_greedy)
+        return bl.top_k_top_p_from_logits(logits, temperature, top_k, top_p, has_greedy=has_greedy)
+
     return {"ag_matmul": ag_matmul, "ag_multinomial": ag_multinomial, "ag_gumbel": ag_gumbel,
-            "gather_logits": gather_logits}
+            "ag_filtered": ag_filtered, "gather_logits": gather_logits}
+
+
+# The filters of --filters, as (name, dtype, value) per argument: every row the same value, passed as [B] tensors.
+FILTERS = {"none": [], "top_k_top_p": [("top_k", torch.int32, 50), ("top_p", torch.float32, 0.9)],
+           "min_p": [("min_p", torch.float32, 0.05)]}
+# Baselines that sample without filters: refused with --filters (they would not do the same work).
+UNFILTERED_BASELINES = ("ag_multinomial", "ag_gumbel", "ag_fi2")
+
+
+def sweep_name(filters: str) -> str:
+    """The JSON's name prefix (before _tp<N>): tp_sweep, or tp_sweep_<filters>."""
+    return "tp_sweep" if filters == "none" else f"tp_sweep_{filters}"
 
 
 # --------------------------------------------------------------------------- timing
@@ -257,6 +283,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, help="warm-up calls (GPU 10, CPU 1)")
     p.add_argument("--rotate", type=int, default=4, help="hidden-state buffers rotated over")
     p.add_argument("--logprobs", action="store_true", help="fsdist methods also return logprobs")
+    p.add_argument("--filters", default="none", choices=list(FILTERS),
+                   help="per-row filters ([B] device tensors) for fsdist and ag_filtered: top_k_top_p (50, 0.9) "
+                        "or min_p (0.05)")
     p.add_argument("--graph", action="store_true",
                    help="GPU: also time every fsdist head as a CUDA-graph replay (method fsdist_graph/...)")
     p.add_argument("--profile-breakdown", action="store_true",
@@ -276,14 +305,15 @@ def row_params_mode(d: Dict) -> str:
     return "rows" if (d.get("args") or {}).get("fsdist_row_params") else "scalar"
 
 
-def find_tp1(gpu: str, explicit: Optional[str]) -> Optional[Dict]:
-    """The TP=1 JSON for the speedup column: `explicit`, else the newest one for this GPU,
-    preferring one measured like this run (per-row [B] temperatures) over an older one."""
+def find_tp1(gpu: str, explicit: Optional[str], filters: str = "none") -> Optional[Dict]:
+    """The TP=1 JSON for the speedup column: `explicit`, else the newest one for this GPU with the
+    same --filters, preferring one measured like this run (per-row [B] temperatures) over an older one."""
     paths = [explicit] if explicit else []
     if not explicit:
-        pats = [str(C.RESULTS_DIR / f"tp_sweep_tp1_{gpu}_*.json")]
+        name = f"{sweep_name(filters)}_tp1_{gpu}_*.json"
+        pats = [str(C.RESULTS_DIR / name)]
         if os.environ.get("OUT"):
-            pats.append(os.path.join(os.environ["OUT"], f"tp_sweep_tp1_{gpu}_*.json"))
+            pats.append(os.path.join(os.environ["OUT"], name))
         found = sorted({p for pat in pats for p in glob.glob(pat)}, key=os.path.basename)
         paths = list(reversed(found))
     fallback = None
@@ -293,6 +323,8 @@ def find_tp1(gpu: str, explicit: Optional[str]) -> Optional[Dict]:
             d["_path"] = p
         except Exception as e:  # noqa: BLE001
             print(f"warning: could not read TP=1 JSON {p}: {e}", flush=True)
+            continue
+        if not explicit and (d.get("args") or {}).get("filters", "none") != filters:
             continue
         if explicit or row_params_mode(d) == "rows":
             return d
@@ -327,8 +359,9 @@ def print_table(data: Dict, world: int, tp1: Optional[Dict]):
                 # fan-out stores that outlast the kernel, the barrier / all-gather, waiting for peers
                 hs += f"exchange~{hk['stage1_plus_exchange_us'] - k1:.1f} | "
             print(f"D={b['D']} B={b['B']:<4} {b['method']:<32} {hs}{cs}")
+    filt = data["args"].get("filters", "none")
     print(f"\n== TP={world} on {gpu}: min over {data['args']['runs']} runs x {data['args']['iters']} calls, "
-          f"us per call (max over ranks) ==")
+          f"us per call (max over ranks)" + (f", filters {filt}" if filt != "none" else "") + " ==")
     src = tp1.get("_path") if tp1 else None
     if world > 1:
         print(f"TP=1 times from: {src or 'none found (run N=1 first or pass --baseline-json)'}")
@@ -339,7 +372,7 @@ def print_table(data: Dict, world: int, tp1: Optional[Dict]):
     for D, V in sorted({(r["D"], r["V"]) for r in res}):
         for B in sorted({r["B"] for r in res if (r["D"], r["V"]) == (D, V)}):
             rows = [r for r in res if (r["D"], r["V"], r["B"]) == (D, V, B)]
-            bl = [r["min_us"] for r in rows if r["method"] in ("ag_multinomial", "ag_gumbel", "ag_fi2")]
+            bl = [r["min_us"] for r in rows if r["method"] in UNFILTERED_BASELINES + ("ag_filtered",)]
             best_bl = min(bl) if bl else None
             for r in rows:
                 base = t1.get((D, V, B, r["method"]))
@@ -407,6 +440,10 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
     transports = [t for t in (args.transports or ("nvshmem,symm_mem,collective" if on_gpu else "shm,collective"))
                   .split(",") if t]
     reductions = [r for r in args.reductions.split(",") if r]
+    if args.filters != "none" and "group_logmass" in reductions:
+        if args.reductions != "candidates,group_logmass":  # asked for explicitly
+            raise SystemExit("--filters: the group_logmass reduction takes no filters; use --reductions candidates")
+        reductions = ["candidates"]
     compile_baselines = (on_gpu or args.force_compile) and not args.eager_baselines
     budget = C.Budget(60 * (args.max_minutes or (8.0 if on_gpu else 30.0)))
     skipped: Dict[str, str] = {}
@@ -418,16 +455,22 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
         args.graph = False
         skipped["fsdist_graph"] = "CUDA graphs need a GPU"
 
-    known_bl = ["matmul_shard", "ag_matmul", "ag_multinomial", "ag_gumbel", "ag_fi2", "fsdist_single"]
+    known_bl = ["matmul_shard", "ag_matmul", "ag_multinomial", "ag_gumbel", "ag_fi2", "ag_filtered", "fsdist_single"]
+    filtered = args.filters != "none"
     if args.baselines == "none":
         baselines = []
     elif args.baselines == "default":
-        baselines = list(known_bl)
+        baselines = [b for b in known_bl if (b not in UNFILTERED_BASELINES if filtered else b != "ag_filtered")]
     else:
         baselines = [b for b in args.baselines.split(",") if b]
         bad = [b for b in baselines if b not in known_bl]
         if bad:
             raise SystemExit(f"unknown baseline(s) {bad}; known: {known_bl}")
+        if filtered and any(b in UNFILTERED_BASELINES for b in baselines):
+            raise SystemExit(f"--filters {args.filters}: {', '.join(UNFILTERED_BASELINES)} sample without filters; "
+                             "use ag_filtered")
+        if not filtered and "ag_filtered" in baselines:
+            raise SystemExit("ag_filtered needs --filters")
     if "fsdist_single" in baselines and world != 1:
         baselines.remove("fsdist_single")
     fi = None
@@ -450,7 +493,7 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
         if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
             torch._dynamo.config.accumulated_cache_size_limit = 512
 
-    writer = C.ResultWriter(f"tp_sweep_tp{world}", device, args.out, enabled=(ctx.rank == 0 and not args.no_json))
+    writer = C.ResultWriter(f"{sweep_name(args.filters)}_tp{world}", device, args.out, enabled=(ctx.rank == 0 and not args.no_json))
     data = writer.data
     env = C.env_info() if ctx.rank == 0 else {}
     env["world_size"] = world
@@ -464,9 +507,10 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                       "greedy_rows": args.greedy_rows, "fsdist_row_params": True,
                       "row_temperatures": C.describe_row_temperatures(args.temperature, args.temperature_spread,
                                                                       args.greedy_rows),
-                      "logprobs": args.logprobs, "rotate": args.rotate, "graph": args.graph},
+                      "logprobs": args.logprobs, "rotate": args.rotate, "graph": args.graph,
+                      "filters": args.filters, "filter_values": {k: v for k, _, v in FILTERS[args.filters]}},
                 json_path=str(writer.path) if writer.enabled else None)
-    tp1 = find_tp1(C.gpu_slug(device), args.baseline_json) if world > 1 else None
+    tp1 = find_tp1(C.gpu_slug(device), args.baseline_json, args.filters) if world > 1 else None
     if tp1:
         data["tp1_source"] = tp1["_path"]
     log(f"tp_sweep TP={world} on {(env.get('gpu') or {}).get('name', 'cpu')} ({ctx.backend}): shapes {shapes} "
@@ -543,10 +587,13 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
         offs = {B: torch.full((B,), 3, device=device, dtype=torch.int64) for B in batches}
         temps = {B: C.row_temperatures(B, args.temperature, args.temperature_spread, args.greedy_rows, device)
                  for B in batches}
+        filt = {B: {k: torch.full((B,), v, dtype=dt, device=device) for k, dt, v in FILTERS[args.filters]}
+                for B in batches}
         if compile_baselines:
             for B in batches:
                 if B >= 2:
-                    torch._dynamo.mark_dynamic(temps[B], 0)
+                    for t in [temps[B], *filt[B].values()]:
+                        torch._dynamo.mark_dynamic(t, 0)
         log(f"shape D={D} V={V} (padded {part.padded_vocab_size}, {part.rows} rows per rank)")
 
         methods: List[tuple] = [(f"fsdist/{t}/{r}", t, r) for t in transports for r in reductions]
@@ -572,11 +619,12 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                                                      max_batch_size=max(batches), test_seam=seam)
                     head.load_full_weight(W_full)
                     fn_of = (lambda B, _h=head: (lambda x: _h(x, temperature=temps[B], seed=seeds[B],
-                                                              offset=offs[B], return_logprobs=args.logprobs)))
+                                                              offset=offs[B], return_logprobs=args.logprobs,
+                                                              **filt[B])))
                 elif name == "fsdist_single":
                     fn_of = (lambda B: (lambda x: fsdist.sample(x, shard, temperature=temps[B], seed=seeds[B],
                                                                 offset=offs[B], vocab_size=V,
-                                                                return_logprobs=args.logprobs)))
+                                                                return_logprobs=args.logprobs, **filt[B])))
                 elif name == "matmul_shard":
                     fn_of = (lambda B: (lambda x: F.linear(x, shard)))
                 elif name == "ag_fi2":
@@ -589,7 +637,10 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                         # matmul + functional all-gather + sampling in one graph (the collective
                         # traces through torch.distributed._functional_collectives)
                         f = torch.compile(f)
-                    fn_of = (lambda B, _f=f: (lambda x: _f(x, shard, temps[B])))
+                    if name == "ag_filtered":
+                        fn_of = (lambda B, _f=f: (lambda x: _f(x, shard, temps[B], **filt[B])))
+                    else:
+                        fn_of = (lambda B, _f=f: (lambda x: _f(x, shard, temps[B])))
             except Exception as e:  # noqa: BLE001
                 err = f"{type(e).__name__}: {str(e)[:300]}"
             if not comm.agree(err is None):
@@ -631,7 +682,8 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                 if name.startswith("fsdist"):
                     try:
                         check(D, V, B, f"{name} same tokens on every rank", comm.same_everywhere(tok), "")
-                        ref = fsdist.sample(hs[0], W_full, temperature=temps[B], seed=seeds[B], offset=offs[B])
+                        ref = fsdist.sample(hs[0], W_full, temperature=temps[B], seed=seeds[B], offset=offs[B],
+                                            **filt[B])
                         if name == "fsdist_single" or name.endswith("/candidates"):
                             n = int((ref.tokens != tok).sum())
                             check(D, V, B, f"{name} == fsdist.sample on the full weight", n == 0, f"{n}/{B} rows differ")
