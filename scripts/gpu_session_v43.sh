@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One device call on two GPUs (nvidia-h100-x2 or nvidia-h200-x2) for v43 (docs/performance.md): the tensor-parallel
+# head with per-row top-k 50 + top-p 0.9 ([B] device tensors) at TP = 1 and 2, and the same sweep without
+# filters, side by side on one machine. nvshmem needs the nvshmem4py wheel in .whl/ (carry=[".whl"]).
+#   PARTS, any of: filtered plain   (default both; filtered first)
+#   V43_BATCHES (default 1,16,64,128,256), V43_TIMEOUT seconds per part, TP = 1 and 2 together (default 250)
+# JSONs: tp_sweep_top_k_top_p_tp{1,2}_<gpu>_<date>.json and tp_sweep_tp{1,2}_<gpu>_<date>.json in $OUT, consoles
+# v43_<part>.log. Usage: export OUT; bash scripts/gpu_session_v43.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu_session_lib.sh
+PARTS="${PARTS:-filtered plain}"
+common=(--shapes 4096x151936,8192x128256 --batches "${V43_BATCHES:-1,16,64,128,256}" --transports nvshmem,symm_mem
+        --reductions candidates --runs 3 --iters 50 --graph)
+rc=0
+for part in filtered plain; do
+  wants "$part" || continue
+  if [ "$part" = filtered ]; then
+    extra=(--filters top_k_top_p --baselines matmul_shard,ag_matmul,ag_filtered)
+  else
+    extra=(--baselines matmul_shard,ag_matmul,ag_gumbel)
+  fi
+  BENCH_TIMEOUT="${V43_TIMEOUT:-250}" TAIL=40 run_part "$part" "$((${V43_TIMEOUT:-250} + 30))" "v43_$part.log" \
+    bash bench/run_gpu.sh tp "1 2" "${common[@]}" "${extra[@]}" || rc=1
+done
+exit $rc
