@@ -35,11 +35,12 @@ class TileConfig:
     # share an SM; None: the compiler's choice. Changes no arithmetic.
     max_regs: Optional[int] = None
     # Run the tile on the warp-specialised Hopper kernel (fused_sample_ws.py: per SM a load warp, an
-    # MMA warpgroup and 8 epilogue warps (4 when num_warps < 8), persistent) where it applies: sm_90,
-    # a 128 or 64 x 128 x 64 TMA tile, no tensor-parallel fan-out; logprobs, kept logits and processors
-    # on 64-row tiles only (a 128-row config with bias / penalties runs the 64-row ws tile: launch_fused).
-    # Elsewhere the Triton kernel runs ``triton_twin(cfg)``. Same candidates (the tile sums up to their
-    # summation order).
+    # MMA warpgroup and 8 epilogue warps (4 when num_warps < 8), persistent) where it applies
+    # (fused_sample_ws.ws_supported, decided per call from the tensors): sm_90, a 128 or 64 x 128 x 64
+    # TMA tile, with or without the tensor-parallel fan-out; logprobs, kept logits and processors on
+    # 64-row tiles only (a 128-row config with bias / penalties runs the 64-row ws tile: launch_fused).
+    # Elsewhere the Triton kernel runs ``triton_twin(cfg)``: so ws=True in a plan is a preference, not a
+    # promise of which kernel runs. Same candidates (the tile sums up to their summation order).
     ws: bool = False
 
     def __post_init__(self):
