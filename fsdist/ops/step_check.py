@@ -92,7 +92,8 @@ def describe_status(bits: int) -> str:
     """Human-readable list of what a status word says."""
     what = []
     if bits & STATUS_PEER_ERROR:
-        what.append("a rank reported an input error for a step (its exception says which)")
+        what.append("a rank reported an error for a step (a bad input, or a failure of its previous call; "
+                    "its exception says which)")
     if bits & STATUS_RECORD_MISMATCH:
         what.append("ranks made different calls (step count, batch size or flags such as return_logprobs)")
     if bits & STATUS_ROW_MISMATCH:

@@ -51,8 +51,9 @@ from ..ops.plan import launch_stage1
 from ..ops.select_filtered import launch_select_filtered
 from ..params import RowParams
 from ..processing import has_entries
-from .reduction import CallOptions, Reduction
+from .reduction import CallOptions, Reduction, StepFailedLocally
 from .step_buffers import StepBuffers
+from .transports.base import Gate
 
 # Always room for kept logits, so every rank's block has the same size whatever the call asks
 # for (the collective transport's all-gather needs that); a plain call writes only what it uses.
@@ -148,13 +149,28 @@ class CandidatesReduction(Reduction):
             # host sync per filtered call on this transport; free on CPU). Every rank derives the same
             # count from the same merged buffer, and a diverged step flags none on any rank.
             rounds, count = int(flags.sum()), None
+        # A local error in a round's kernels (say, out of memory on this rank alone) must not leave the peers in
+        # this round's barriers or shift the gated barriers' epochs: the rank passes every barrier of every
+        # round, launching nothing more, and raises StepFailedLocally after. The step then ends as on the peers
+        # (Reduction.run), and the head reports the failure to them on its next call (an error header).
+        failed = None
         for start in range(0, rounds, pool.rows):
-            gate = None if count is None else (count, start)
-            launch_materialize(hidden, weight, pool, target, flags=flags, start=start,
-                               vocab_size=self.partition.vocab_size, vocab_start=self.partition.start,
-                               kept=kept, shard=self.rank, npeers=npeers, processing=params.processing)
+            gate = None if count is None else Gate(count, start)
+            if failed is None:
+                try:
+                    launch_materialize(hidden, weight, pool, target, flags=flags, start=start,
+                                       vocab_size=self.partition.vocab_size, vocab_start=self.partition.start,
+                                       kept=kept, shard=self.rank, npeers=npeers, processing=params.processing)
+                except Exception as e:  # noqa: BLE001 (re-raised below)
+                    failed = e
             self.transport.exchange([(self.pool, 0, pool.stride_shard)], gate=gate)
-            launch_resolve(pool, self.pool.local, params, flags=flags, start=start,
-                           vocab_size=self.partition.vocab_size, tokens=tokens, kept=kept, logprobs=lp,
-                           top_n=opts.top_n, mode=opts.mode, top_ids=top_ids, top_lp=top_lp)
+            if failed is None:
+                try:
+                    launch_resolve(pool, self.pool.local, params, flags=flags, start=start,
+                                   vocab_size=self.partition.vocab_size, tokens=tokens, kept=kept, logprobs=lp,
+                                   top_n=opts.top_n, mode=opts.mode, top_ids=top_ids, top_lp=top_lp)
+                except Exception as e:  # noqa: BLE001 (re-raised below)
+                    failed = e
             self.transport.settle(gate=gate)  # every rank has read the pool before anyone refills it
+        if failed is not None:
+            raise StepFailedLocally(failed)

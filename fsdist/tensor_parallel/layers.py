@@ -346,6 +346,15 @@ class ShardedFlashLMHead(nn.Module):
         if self._reduction.buffers is None:  # (every rank alike: a failed grow is agreed, see reserve)
             raise RuntimeError("this ShardedFlashLMHead has no exchange buffers: a reserve() failed to allocate "
                                "them; close() it on every rank and build a new head")
+        if self._reduction.failed is not None:
+            # A step failed on this rank alone after its exchange (Reduction.run): the peers finished it without
+            # this rank's share, so their results for it are not to be trusted. Tell them (an error header: they
+            # raise TensorParallelMismatchError for this step) and refuse this and every later call.
+            self._reduction.skip_step(-1, 0, ERROR_INPUT, self._step)
+            self._step += 1
+            raise RuntimeError(f"an earlier call failed on this rank ({self._reduction.failed}) after the group's "
+                               "exchange; the peers' results for that call may be wrong and they have been told. "
+                               "close() this head on every rank and build a new one")
         lead = None
         try:
             validation.check_hidden(hidden, hidden_size=self.hidden_size)

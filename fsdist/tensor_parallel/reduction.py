@@ -71,6 +71,16 @@ def capacity_for(batch: int) -> int:
     return max(16, 1 << (max(1, batch) - 1).bit_length())
 
 
+class StepFailedLocally(Exception):
+    """Raised by a reduction's step for an error of this rank alone (``error``) after the step's exchange, once
+    the rank has passed every later barrier of the step (the peers then finished it without this rank's share
+    of the work; their results for that step are not to be trusted)."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+
 class Reduction:
     """Owns the exchange buffers of one head; ``run`` does one sampling step."""
 
@@ -93,6 +103,7 @@ class Reduction:
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
         self.monitor = StepMonitor(device, where=f"rank {self.rank} of {self.tp}")
         self.captured = False  # a CUDA graph holds pointers into the current buffers
+        self.failed: Optional[str] = None  # a step that failed here after the exchange (StepFailedLocally)
         # No buffers yet: the head calls reserve() on every rank once every rank has built this.
 
     # ---- subclasses ----------------------------------------------------------------
@@ -145,7 +156,14 @@ class Reduction:
         ``step`` is the host count, for the test seam only: the exchange buffer's copy and the
         header's step come from ``self.counter``."""
         self._note_capture()
-        out = self._sample(hidden, weight, params, opts, step)
+        try:
+            out = self._sample(hidden, weight, params, opts, step)
+        except StepFailedLocally as e:
+            # This rank passed every exchange and barrier of the step, so the group stays in step: end it as
+            # the peers did, and remember the failure (the head reports it to the peers on its next call).
+            self._end_step()
+            self.failed = f"{type(e.error).__name__}: {e.error}"
+            raise e.error
         self._end_step()
         return out
 

@@ -6,10 +6,12 @@ read; these tests build the device barrier on it explicitly.) On GPUs the same t
 symm_mem buffers.
 
 What must hold: (1) an open gate is a full barrier: a rank's stores before it are seen by every rank
-after it, even when that rank comes late (a test that would fail without the wait: the power case);
-(2) a closed gate costs nothing and changes nothing, on any rank; (3) a rank that skips a closed
-barrier its peers never enqueue (the diverged step) leaves the group in step for the next open one;
-(4) the count is compared with ``above`` as ``count > above``.
+after it, even when that rank comes late, and back to back, when a fast rank is already one barrier
+ahead; (2) a closed gate costs nothing and changes nothing, on any rank (the power case: without the
+wait the first check fails); (3) a rank that skips a closed barrier its peers never enqueue (the
+diverged step) leaves the group in step for the next open one; (4) the count is compared with
+``above`` as ``count > above``; (5) the head's fallback rounds through the kernel are exact and
+survive a diverged step.
 """
 import time
 
@@ -19,9 +21,10 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+import fsdist
 from fsdist.tensor_parallel.transports import make_transport
 from fsdist.tensor_parallel.transports.gated_barrier import GatedBarrier
-from tp_helpers import PEER_TRANSPORTS, gather_objects
+from tp_helpers import ALL_TRANSPORTS, PEER_TRANSPORTS, gather_objects
 
 mpi = pytest.mark.mpi(min_size=2)
 LATE = 0.5  # seconds the late rank waits before its stores: far longer than a barrier
@@ -35,9 +38,9 @@ def _store_into_peers(table, value, slot, WORLD: tl.constexpr):
         tl.store(peer + slot, value)
 
 
-def _setup(ctx, name):
+def _setup(ctx, name, slots=None):
     transport = make_transport(name, dist.group.WORLD, ctx.device)
-    data = transport.alloc(ctx.world_size, torch.int64)
+    data = transport.alloc(slots or ctx.world_size, torch.int64)
     data.local.fill_(-1)
     gate = GatedBarrier(transport)  # its own barrier also covers data's fill
     return transport, data, gate
@@ -52,19 +55,23 @@ def _sync(ctx):
         torch.cuda.synchronize(ctx.device)
 
 
-def _rounds(ctx, name, open_gate: bool, late_rank: int, rounds: int = 3):
-    """Each round every rank stores round * 10 + its rank into slot `rank` of every buffer (late_rank
-    after LATE seconds), passes the gated barrier, and reads its own buffer."""
-    transport, data, gate = _setup(ctx, name)
+def _open_rounds(ctx, name, rounds: int = 4):
+    """Back to back, no host synchronisation between rounds: in round r every rank stores r * 10 + its rank into
+    slot (r, rank) of every buffer (rank r % world after LATE seconds), passes an open gated barrier and reads
+    round r's slots of its own buffer. A fast rank is often already in the next barrier (its slot one epoch
+    ahead) while a slow one still polls: the wait must take 'at least the epoch', not 'exactly'."""
+    transport, data, gate = _setup(ctx, name, slots=rounds * ctx.world_size)
+    _store_into_peers[(1,)](data.peer_ptrs, -1, 0, WORLD=ctx.world_size)  # compile both kernels before timing
+    gate(_count(0, ctx), 0)
+    transport.barrier()
     seen = []
     for r in range(rounds):
-        if ctx.rank == late_rank:
+        if ctx.rank == r % ctx.world_size:
             _sync(ctx)
             time.sleep(LATE)
-        _store_into_peers[(1,)](data.peer_ptrs, r * 10 + ctx.rank, ctx.rank, WORLD=ctx.world_size)
-        gate(_count(1 if open_gate else 0, ctx), 0)
-        seen.append(data.local.cpu().tolist())
-        transport.barrier()  # nobody stores the next round before everyone has read this one
+        _store_into_peers[(1,)](data.peer_ptrs, r * 10 + ctx.rank, r * ctx.world_size + ctx.rank, WORLD=ctx.world_size)
+        gate(_count(1, ctx), 0)
+        seen.append(data.local[r * ctx.world_size:(r + 1) * ctx.world_size].cpu().tolist())
     epoch = int(gate.epoch.item())
     transport.close()
     return seen, epoch
@@ -72,23 +79,38 @@ def _rounds(ctx, name, open_gate: bool, late_rank: int, rounds: int = 3):
 
 @mpi
 @pytest.mark.parametrize("name", PEER_TRANSPORTS)
-def test_open_gate_waits_for_a_late_rank(dist_ctx, name):
-    late = dist_ctx.world_size - 1
-    seen, epoch = _rounds(dist_ctx, name, open_gate=True, late_rank=late)
+def test_open_gates_wait_for_late_ranks_back_to_back(dist_ctx, name):
+    seen, epoch = _open_rounds(dist_ctx, name)
     everyone = gather_objects((seen, epoch))
-    want = [[r * 10 + q for q in range(dist_ctx.world_size)] for r in range(3)]
+    want = [[r * 10 + q for q in range(dist_ctx.world_size)] for r in range(4)]
     for rank, (got, ep) in enumerate(everyone):
         assert got == want, f"rank {rank} read {got}, want {want}"
-        assert ep == 3, f"rank {rank} passed {ep} gated barriers, want 3"
+        assert ep == 4, f"rank {rank} passed {ep} gated barriers, want 4"
 
 
 @mpi
 @pytest.mark.parametrize("name", PEER_TRANSPORTS)
 def test_closed_gate_does_not_wait_so_the_check_above_can_fail(dist_ctx, name):
-    """The power case of the test above: with the gate closed nobody waits for the late rank, so the others
-    read its slot before it stored there (its previous round's value, or -1), and nobody's epoch moves."""
-    late = dist_ctx.world_size - 1
-    seen, epoch = _rounds(dist_ctx, name, open_gate=False, late_rank=late)
+    """The power case of the test above, deterministic: every rank but the last stores, passes a closed gate and
+    reads; only then (after a host barrier) does the last rank store. The others read its slot before it stored
+    there (-1, then its previous round's value), so a barrier that did not wait is caught; no epoch moves."""
+    ctx = dist_ctx
+    late = ctx.world_size - 1
+    transport, data, gate = _setup(ctx, name)
+    seen = []
+    for r in range(3):
+        if ctx.rank != late:
+            _store_into_peers[(1,)](data.peer_ptrs, r * 10 + ctx.rank, ctx.rank, WORLD=ctx.world_size)
+            gate(_count(0, ctx), 0)
+            seen.append(data.local.cpu().tolist())
+        transport.barrier()
+        if ctx.rank == late:
+            gate(_count(0, ctx), 0)
+            _store_into_peers[(1,)](data.peer_ptrs, r * 10 + ctx.rank, ctx.rank, WORLD=ctx.world_size)
+            _sync(ctx)
+        transport.barrier()
+    epoch = int(gate.epoch.item())
+    transport.close()
     everyone = gather_objects((seen, epoch))
     for rank, (got, ep) in enumerate(everyone):
         assert ep == 0, f"rank {rank}: a closed gate moved the epoch to {ep}"
@@ -133,3 +155,93 @@ def test_bad_counts_are_refused(dist_ctx, name):
         transport.close()
     with pytest.raises(RuntimeError, match="pad was freed"):
         gate(_count(1, dist_ctx), 0)
+
+
+@mpi
+@pytest.mark.parametrize("name", PEER_TRANSPORTS)
+def test_the_head_with_device_gates_samples_exactly_and_survives_a_diverged_step(dist_ctx, name):
+    """The head's fallback rounds through the device kernel (on CPU too: shm normally gates on the host, here the
+    kernel is installed): filtered calls with fallback rows equal fsdist.sample on the full weight; a step with
+    filters on the last rank only raises the mismatch on every rank instead of hanging; every rank has passed
+    the same number of gated barriers."""
+    from fsdist.tensor_parallel import TensorParallelMismatchError
+    from tp_helpers import problem
+
+    ctx, V, D, B = dist_ctx, 1000, 16, 24
+    W, h = problem(V, D, B, torch.float32, seed=51, scale=3.0, device=ctx.device)
+    head = fsdist.ShardedFlashLMHead(D, V, transport=name, params_dtype=torch.float32, device=ctx.device,
+                                     max_batch_size=B)
+    head.load_full_weight(W)
+    if head.transport._gate is None:  # shm: install the device barrier (collective)
+        head.transport._gate = GatedBarrier(head.transport)
+    g = torch.Generator().manual_seed(0)
+    kw = dict(temperature=(torch.rand(B, generator=g) + 0.4).to(ctx.device),
+              top_k=torch.tensor([0, 5, 40, 0, 100, 0] * 4, dtype=torch.int32, device=ctx.device),
+              top_p=torch.tensor([0.9, 1.0, 0.8, 1.0, 0.95, 0.5] * 4, device=ctx.device),
+              seed=torch.arange(B, device=ctx.device) * 13 + 1, offset=4, top_logprobs=2)
+    out = head(h, **kw)
+    ref = fsdist.sample(h, W, vocab_size=V, **kw)
+    exact = torch.equal(out.tokens, ref.tokens) and torch.equal(out.top_ids, ref.top_ids)
+    fell_back = int(out.fallback.sum())
+    plain = dict(seed=kw["seed"], offset=5)
+    mine = dict(plain, top_k=5) if ctx.rank == ctx.world_size - 1 else plain
+    try:
+        head(h, **mine)
+        head.check()
+        outcome = "no error"
+    except TensorParallelMismatchError:
+        outcome = "mismatch"
+    epoch = int(head.transport._gate.epoch.item())
+    head.close()
+    everyone = gather_objects((exact, fell_back, outcome, epoch))
+    assert all(o[0] for o in everyone), f"tokens / top ids differ from fsdist.sample: {everyone}"
+    assert all(o[1] > 0 for o in everyone), f"no row fell back (the gates never opened): {everyone}"
+    assert all(o[2] == "mismatch" for o in everyone), everyone
+    assert len({o[3] for o in everyone}) == 1 and everyone[0][3] > 0, f"gated barriers per rank: {everyone}"
+
+
+@mpi
+@pytest.mark.parametrize("name", ALL_TRANSPORTS)
+def test_a_local_error_inside_the_fallback_passes_the_barriers_and_is_caught_next_step(dist_ctx, name, monkeypatch):
+    """The last rank's resolve launch fails (as out of memory on that rank alone would): it still passes every
+    gated barrier of the call, so nobody waits and the epochs stay equal, then raises that error. Its next call
+    takes part with an error header and refuses: the peers raise the mismatch there, nobody hangs."""
+    import fsdist.tensor_parallel.candidates as cand
+    from fsdist.tensor_parallel import TensorParallelMismatchError
+    from tp_helpers import problem
+
+    ctx, V, D, B = dist_ctx, 1000, 16, 24
+    W, h = problem(V, D, B, torch.float32, seed=52, scale=3.0, device=ctx.device)
+    head = fsdist.ShardedFlashLMHead(D, V, transport=name, params_dtype=torch.float32, device=ctx.device,
+                                     max_batch_size=B)
+    head.load_full_weight(W)
+    if head.transport.peer_stores and head.transport._gate is None:
+        head.transport._gate = GatedBarrier(head.transport)
+    kw = dict(temperature=1.0, top_k=40, top_p=0.8, seed=torch.arange(B, device=ctx.device) + 3)
+    if ctx.rank == ctx.world_size - 1:
+        def broken(*a, **k):
+            raise RuntimeError("CUDA out of memory (simulated)")
+        monkeypatch.setattr(cand, "launch_resolve", broken)
+    outcomes = []
+    for step in range(2):
+        try:
+            out = head(h, **kw)
+            head.check()
+            outcomes.append(("ok", int(out.fallback.sum())))
+        except TensorParallelMismatchError:
+            outcomes.append(("mismatch", 0))
+        except RuntimeError as e:
+            outcomes.append(("local", str(e)))
+        monkeypatch.undo()
+    epoch = int(head.transport._gate.epoch.item()) if head.transport._gate is not None else 0
+    head.close()
+    everyone = gather_objects((outcomes, epoch))
+    last = ctx.world_size - 1
+    for rank, (got, ep) in enumerate(everyone):
+        if rank == last:
+            assert got[0] == ("local", "CUDA out of memory (simulated)"), got
+            assert got[1][0] == "local" and "an earlier call failed on this rank" in got[1][1], got
+        else:
+            assert got[0][0] == "ok" and got[0][1] > 0, got  # rows fell back: the gates were open
+            assert got[1][0] == "mismatch", (rank, got)
+    assert len({ep for _, ep in everyone}) == 1, f"gated barriers passed, per rank: {everyone}"

@@ -305,25 +305,29 @@ def test_gpu_graph_capture_does_not_grow_buffers(dist_ctx):
     head.close()
 
 
+@pytest.mark.parametrize("B", [24, 130])
 @pytest.mark.parametrize("transport", ["nvshmem", "symm_mem"])
-def test_gpu_filtered_calls_with_fallback_rows_replay_in_a_cuda_graph(dist_ctx, transport):
+def test_gpu_filtered_calls_with_fallback_rows_replay_in_a_cuda_graph(dist_ctx, transport, B):
     """The fallback's rounds on peer stores (their barriers gated on the device count of flagged rows,
     transports/gated_barrier.py) are captured with the rest of a filtered call: every replay, with new seeds
     written in place, equals fsdist.sample on the full weight, and some replays resolve rows in the fallback
-    (so the gated barriers opened inside the graph, not only skipped)."""
+    (so the gated barriers opened inside the graph, not only skipped). B = 130: three fallback rounds of 64
+    rows, the later ones gated on counts above 64 and 128; every rank passes the same number of gated barriers."""
     import torch.distributed as dist
 
     _need(transport)
     dev = dist_ctx.device
-    V, D, B = 1000, 64, 24
+    V, D = 1000, 64
     W, h = _weights(V, D, B, dev, seed=9, scale=3.0)
     head = fsdist.ShardedFlashLMHead(D, V, transport=transport, device=dev, max_batch_size=B)
     head.load_full_weight(W)
     temp = torch.linspace(0.5, 1.5, B, device=dev)
     temp[::6] = 0.0
-    inp = dict(temperature=temp, top_k=torch.tensor([0, 5, 40, 0, 100, 0] * 4, dtype=torch.int32, device=dev),
-               top_p=torch.tensor([0.9, 1.0, 0.8, 1.0, 0.95, 0.5] * 4, device=dev),
-               min_p=torch.tensor([0.0, 0.0, 0.05, 0.1, 0.0, 0.0] * 4, device=dev),
+    def cycle(values, dtype=torch.float32):
+        return torch.tensor(values * (B // len(values) + 1), dtype=dtype, device=dev)[:B]
+
+    inp = dict(temperature=temp, top_k=cycle([0, 5, 40, 0, 100, 0], torch.int32),
+               top_p=cycle([0.9, 1.0, 0.8, 1.0, 0.95, 0.5]), min_p=cycle([0.0, 0.0, 0.05, 0.1, 0.0, 0.0]),
                seed=torch.arange(B, device=dev) * 7 + 3, offset=torch.zeros(B, dtype=torch.int64, device=dev),
                top_logprobs=3)
     side = torch.cuda.Stream()
@@ -348,8 +352,10 @@ def test_gpu_filtered_calls_with_fallback_rows_replay_in_a_cuda_graph(dist_ctx, 
         if not (torch.equal(out.tokens, ref.tokens) and torch.equal(out.top_ids, ref.top_ids)):
             bad.append(r)
     head.check()
+    epoch = int(head.transport._gate.epoch.item())
     head.close()
     everyone = [None] * dist_ctx.world_size
-    dist.all_gather_object(everyone, (bad, fell_back))
-    assert all(not b for b, _ in everyone), f"replays whose tokens or top ids differ, per rank: {everyone}"
-    assert all(n > 0 for _, n in everyone), f"no row fell back, per rank: {everyone}"
+    dist.all_gather_object(everyone, (bad, fell_back, epoch))
+    assert all(not b for b, _, _ in everyone), f"replays whose tokens or top ids differ, per rank: {everyone}"
+    assert all(n > 0 for _, n, _ in everyone), f"no row fell back, per rank: {everyone}"
+    assert len({e for _, _, e in everyone}) == 1 and everyone[0][2] > 0, f"gated barriers passed, per rank: {everyone}"

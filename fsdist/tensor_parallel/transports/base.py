@@ -21,13 +21,15 @@ local buffer), then :meth:`Transport.exchange` makes every rank's block visible 
 rank (a barrier, or the all-gather).
 """
 import abc
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
-# (count, above) of a gated exchange / settle: a device int32 [1] and a host int (Transport.gated_barrier).
-Gate = Tuple[torch.Tensor, int]
+class Gate(NamedTuple):
+    """What gates an exchange / settle (Transport.gated_barrier): a barrier only when count > above."""
+    count: torch.Tensor  # int32 [1] on the transport's device
+    above: int
 
 
 class SymmetricBuffer:

@@ -10,12 +10,13 @@ Ranks whose merged candidates agree compute the same count and so make the same 
 step whose ranks diverged the merge flags no row anywhere, so the filtered ranks skip exactly the
 barriers their peers never enqueued.
 
-How it works: every rank owns a symmetric int64 *signal pad* with a slot per rank, and a local
-*epoch* (how many gated barriers it has passed). Passing one means: epoch += 1, store the new
-epoch into slot ``rank`` of every rank's pad (a system-scope release), then poll the own pad until
-every slot has reached the epoch (system-scope acquire). Slots only grow, so a fast rank that is
-already in the next barrier (epoch + 1) still releases a slow one. A skipped barrier changes
-nothing, on any rank. Everything stays on the device: CUDA-graph capturable, no host read.
+How it works: every rank owns a symmetric int64 *signal pad* with a slot per rank, plus one more slot
+for its *epoch* (how many gated barriers it has passed; only its owner writes it, so the setup's
+only fallible step is the agreed allocation). Passing one means: epoch += 1, store the new epoch
+into slot ``rank`` of every rank's pad (a system-scope release), then poll the own pad until every
+slot has reached the epoch (system-scope acquire). Slots only grow, so a fast rank that is already
+in the next barrier (epoch + 1) still releases a slow one. A skipped barrier changes nothing, on
+any rank. Everything stays on the device: CUDA-graph capturable, no host read.
 
 Like every device barrier it waits without a timeout for peers that never arrive; the gate exists
 so that they always arrive or all skip.
@@ -37,10 +38,12 @@ def _system_fence(x):
 
 
 @triton.jit
-def gated_barrier_kernel(count_ptr, above, epoch_ptr, pad_table, rank, WORLD: tl.constexpr, FENCE: tl.constexpr):
-    """One program. count_ptr: int32 [1] (the device count); epoch_ptr: int64 [1], this rank's;
-    pad_table: int64 [WORLD] base addresses of every rank's pad (int64 [WORLD] each)."""
+def gated_barrier_kernel(count_ptr, above, pad_table, rank, WORLD: tl.constexpr, FENCE: tl.constexpr):
+    """One program. count_ptr: int32 [1] (the device count); pad_table: int64 [WORLD] base addresses
+    of every rank's pad (int64 [WORLD + 1] each: a slot per rank, then the owner's epoch)."""
     if tl.load(count_ptr).to(tl.int64) > above:
+        own = tl.load(pad_table + rank).to(tl.pointer_type(tl.int64))
+        epoch_ptr = own + WORLD
         epoch = tl.load(epoch_ptr) + 1
         tl.store(epoch_ptr, epoch)
         if FENCE:
@@ -48,9 +51,9 @@ def gated_barrier_kernel(count_ptr, above, epoch_ptr, pad_table, rank, WORLD: tl
         for p in tl.static_range(WORLD):  # arrive: slot `rank` of every pad (this rank's too)
             pad = tl.load(pad_table + p).to(tl.pointer_type(tl.int64))
             tl.atomic_max(pad + rank, epoch, sem="release", scope="sys")
-        own = tl.load(pad_table + rank).to(tl.pointer_type(tl.int64))
         for p in tl.static_range(WORLD):  # wait: every rank's slot of this pad
-            # A read-modify-write that adds 0: an acquire read, never a stale cached value.
+            # Adding 0 with acquire semantics at system scope: the compiler emits ld.acquire.sys (a load that
+            # is never served from a stale cache line and orders the loads after it).
             seen = tl.atomic_add(own + p, 0, sem="acquire", scope="sys")
             while seen < epoch:
                 seen = tl.atomic_add(own + p, 0, sem="acquire", scope="sys")
@@ -71,10 +74,14 @@ class GatedBarrier:
         self.transport = transport
         self.world = transport.world_size
         self.rank = transport.rank
-        self.pad = transport.alloc(self.world, torch.int64)
+        self.pad = transport.alloc(self.world + 1, torch.int64)  # the slots, then this rank's epoch
         self.pad.local.zero_()
-        self.epoch = torch.zeros(1, dtype=torch.int64, device=transport.device)
         transport.barrier()
+
+    @property
+    def epoch(self) -> torch.Tensor:
+        """How many gated barriers this rank has passed (int64 [1], a view into the pad: on the device)."""
+        return self.pad.local[self.world:]
 
     def __call__(self, count: torch.Tensor, above: int) -> None:
         """A full barrier over the group when the device integer ``count`` (int32, one element)
@@ -82,8 +89,8 @@ class GatedBarrier:
         barriers with counts that make the same decision (a rank that skips may also not enqueue)."""
         if self.pad.freed:
             raise RuntimeError(f"{self.transport.name} transport: the gated barrier's pad was freed")
-        if count.dtype != torch.int32 or count.numel() != 1 or count.device != self.epoch.device:
-            raise ValueError(f"count must be one int32 on {self.epoch.device}, got {count.numel()} x "
+        if count.dtype != torch.int32 or count.numel() != 1 or count.device != self.pad.local.device:
+            raise ValueError(f"count must be one int32 on {self.pad.local.device}, got {count.numel()} x "
                              f"{count.dtype} on {count.device}")
-        gated_barrier_kernel[(1,)](count, int(above), self.epoch, self.pad.peer_ptrs, self.rank, WORLD=self.world,
+        gated_barrier_kernel[(1,)](count, int(above), self.pad.peer_ptrs, self.rank, WORLD=self.world,
                                    FENCE=not interpreting(), num_warps=1)
