@@ -26,6 +26,7 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+
 class Gate(NamedTuple):
     """What gates an exchange / settle (Transport.gated_barrier): a barrier only when count > above."""
     count: torch.Tensor  # int32 [1] on the transport's device
