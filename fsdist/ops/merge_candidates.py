@@ -33,7 +33,7 @@ from ..params import RowParams
 from .epilogue import row_temperature
 from .layout import BufferPair, CandidateLayout
 from .parity import parity_args, parity_offsets
-from .step_check import HeaderCheck, check_headers
+from .step_check import HeaderCheck, check_headers, last_program_finishes_step
 from .utils import load_row_param, row_param_args
 
 
@@ -42,9 +42,10 @@ def merge_candidates_kernel(
     cand_f, cand_i, tokens_ptr, logprob_ptr, lse_ptr, stats_ptr,
     B, n_slots, n_local, buf_offset, buf_offset_i, stride_shard, stride_shard_i, stride_field, stride_slot,
     parity_ptr, parity_stride_f, parity_stride_i, temp_ptr, temp_val,
-    me, status_ptr, fp_slot, rec_slot,
+    me, status_ptr, fp_slot, rec_slot, ticket_ptr,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, LOGPROBS: tl.constexpr, DEVICE_PARITY: tl.constexpr,
     TEMP_PER_ROW: tl.constexpr, STATS: tl.constexpr, CHECK: tl.constexpr = False, RAW: tl.constexpr = False,
+    END_STEP: tl.constexpr = False,
 ):
     buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
                                               parity_stride_i, DEVICE_PARITY)
@@ -114,11 +115,17 @@ def merge_candidates_kernel(
         if STATS:
             tl.store(stats_ptr + rows, tl.where(poisoned > 0, float("nan"), run_max), mask=mask_r)
             tl.store(stats_ptr + B + rows, tl.where(poisoned > 0, float("nan"), log_sum), mask=mask_r)
+    if END_STEP:
+        # This merge is the step's last reader of the buffer copy: its last program ends the step
+        # (the counter, read above by every program, moves on; the findings join the sticky word),
+        # which saves the separate end_step launch of a plain tensor-parallel call.
+        last_program_finishes_step(ticket_ptr, parity_ptr, status_ptr)
 
 
 def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: RowParams, *,
                  logprobs: bool = False, stats: bool = False, blocks: Optional[Tuple[int, int]] = None,
-                 check: Optional[HeaderCheck] = None, raw: bool = False):
+                 check: Optional[HeaderCheck] = None, raw: bool = False,
+                 end_step: Optional[torch.Tensor] = None):
     """Stage 2 over the local buffers ``src``: (tokens int64 [B], logprobs fp32 [B] or None,
     logsumexp fp32 [B] or None), plus, with ``stats``, fp32 [2, B] = (max raw logit M, log S)
     per row, S = sum exp((logit - M) / T) (the group-log-mass reduction publishes them).
@@ -127,7 +134,10 @@ def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: R
     per program, slots per chunk) override, for tests. raw: logprobs of log_softmax(logits)
     instead of log_softmax(logits / T) (needs an extended layout). check: a checked layout's header
     check (step_check.py): rows whose shards' headers disagree with shard ``check.me``'s
-    return -1 and the check's status word records why.
+    return -1 and the check's status word records why. end_step: a ticket (``step_check.new_ticket``):
+    this merge is the step's last reader, and its last program ends the step (``step_check.finish_step``:
+    the device counter ``src.parity`` advances, the check's findings join its sticky word) instead of a
+    separate ``launch_end_step``. Needs ``check`` and a device counter.
     """
     if src.peer_table:
         raise ValueError("stage 2 reads this process's buffers, not a peer table")
@@ -135,6 +145,8 @@ def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: R
         raise ValueError("a checked layout needs a HeaderCheck, and only a checked layout takes one")
     if raw and not layout.extended:
         raise ValueError("raw logprobs need an extended candidate layout")
+    if end_step is not None and (check is None or src.parity is None or batch == 0):
+        raise ValueError("a merge ends the step only with a header check, a device counter and rows to merge")
     device = src.f.device
     stats = stats and logprobs
     tokens = torch.empty(batch, dtype=torch.int64, device=device)
@@ -158,9 +170,10 @@ def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: R
             layout.stride_shard_i, layout.stride_field, layout.stride_slot, par_p, par_f, par_i,
             temp_p, float(temp_v),
             check.me if check else 0, check.status if check else src.i,
-            layout.fingerprint_slot, layout.record_slot,
+            layout.fingerprint_slot, layout.record_slot, end_step if end_step is not None else src.i,
             BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs, DEVICE_PARITY=par_on,
-            TEMP_PER_ROW=temp_row, STATS=stats, CHECK=check is not None, RAW=raw and logprobs, num_warps=4,
+            TEMP_PER_ROW=temp_row, STATS=stats, CHECK=check is not None, RAW=raw and logprobs,
+            END_STEP=end_step is not None, num_warps=4,
         )
     out = (tokens, (lp if logprobs else None), (lse if logprobs else None))
     return out + (st,) if stats else out

@@ -220,17 +220,38 @@ def launch_verify_step(src: BufferPair, me: int, n_writers: int, stride_writer_i
 
 
 @triton.jit
-def end_step_kernel(counter_ptr, status_ptr):
-    """The end of a step, in one launch: the step counter advances and the step's findings
-    (status word 1) join the sticky word 0."""
+def finish_step(counter_ptr, status_ptr):
+    """The end of a step: the step counter advances and the step's findings (status word 1) join the
+    sticky word 0. Run by one program, after every reader of this step's buffer copy: its own kernel
+    (end_step_kernel), or the last program of a merge that is the step's last reader (a ticket)."""
     tl.store(counter_ptr, tl.load(counter_ptr) + 1)
-    found = tl.load(status_ptr + 1)
-    tl.store(status_ptr, tl.load(status_ptr) | found)
-    tl.store(status_ptr + 1, 0)
+    found = tl.atomic_xchg(status_ptr + 1, 0)  # read and clear, after every program's atomic OR
+    tl.atomic_or(status_ptr, found)
+
+
+@triton.jit
+def last_program_finishes_step(ticket_ptr, counter_ptr, status_ptr):
+    """Every program of a grid takes a ticket when it is done; the last one (it sees every other
+    program's writes: the ticket is acquire-release) ends the step and resets the ticket for the next."""
+    done = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+    if done == tl.num_programs(0) - 1:
+        tl.store(ticket_ptr, 0)
+        finish_step(counter_ptr, status_ptr)
+
+
+@triton.jit
+def end_step_kernel(counter_ptr, status_ptr):
+    """The end of a step, in one launch (steps whose last reader is not a merge that ends it)."""
+    finish_step(counter_ptr, status_ptr)
 
 
 def launch_end_step(counter: torch.Tensor, status: torch.Tensor) -> None:
     end_step_kernel[(1,)](counter, status, num_warps=1)
+
+
+def new_ticket(device) -> torch.Tensor:
+    """A zeroed int32 ticket for last_program_finishes_step (each use leaves it zeroed again)."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
 
 
 def new_status(device) -> torch.Tensor:
@@ -240,4 +261,5 @@ def new_status(device) -> torch.Tensor:
 
 __all__ = ["HeaderCheck", "call_flags", "filter_fingerprint", "FLAG_EXTENDED", "RECORD_WORDS", "FLAG_LOGPROBS", "FLAG_CHUNKED", "ERROR_INPUT", "STATUS_RECORD_MISMATCH",
            "STATUS_PEER_ERROR", "STATUS_ROW_MISMATCH", "describe_status", "row_fingerprint", "write_row_fingerprints",
-           "write_step_record", "check_headers", "launch_step_record", "launch_verify_step", "launch_end_step", "new_status"]
+           "write_step_record", "check_headers", "launch_step_record", "launch_verify_step", "launch_end_step", "new_status",
+           "finish_step", "last_program_finishes_step", "new_ticket"]

@@ -115,8 +115,12 @@ class CandidatesReduction(Reduction):
                       vocab_start=part.start, shard=self.rank, flags=opts.flags(plan))
         bufs.exchange(plan.layout.stride_shard, plan.layout.stride_shard_i)
         self.seam.call("before_stage2", step)
+        # A plain call's merge is the step's last reader of this copy: it ends the step itself. A filtered
+        # or top-N call reads the copy again (select_filtered, the fallback), so its step ends after those.
+        last = not (opts.filtered or opts.top_n)
         tokens, lp, lse = launch_merge(plan.layout, bufs.src, B, params, logprobs=opts.logprobs, raw=opts.raw,
-                                       check=self.header_check())
+                                       check=self.header_check(), end_step=self.ticket if last else None)
+        self.merge_ended_step = last
         top_ids = top_lp = fallback = None
         if opts.filtered or opts.top_n:
             if opts.top_n:

@@ -22,7 +22,8 @@ from typing import Optional, Tuple
 import torch
 
 from ..ops.plan import SamplePlan, plan_sample, raw_sums_needed, winner_logits_needed
-from ..ops.step_check import HeaderCheck, call_flags, launch_end_step, launch_step_record, launch_verify_step
+from ..ops.step_check import (HeaderCheck, call_flags, launch_end_step, launch_step_record, launch_verify_step,
+                              new_ticket)
 from ..params import LOGPROBS_MODES, RowParams
 from .health import StepMonitor
 from .testing import HeadTestSeam
@@ -104,6 +105,10 @@ class Reduction:
         self.monitor = StepMonitor(device, where=f"rank {self.rank} of {self.tp}")
         self.captured = False  # a CUDA graph holds pointers into the current buffers
         self.failed: Optional[str] = None  # a step that failed here after the exchange (StepFailedLocally)
+        # A plain step's merge is its last reader: its last program ends the step (step_check.finish_step),
+        # counted with this ticket; _sample sets merge_ended_step when it asked the merge to.
+        self.ticket = new_ticket(device)
+        self.merge_ended_step = False
         # No buffers yet: the head calls reserve() on every rank once every rank has built this.
 
     # ---- subclasses ----------------------------------------------------------------
@@ -156,6 +161,7 @@ class Reduction:
         ``step`` is the host count, for the test seam only: the exchange buffer's copy and the
         header's step come from ``self.counter``."""
         self._note_capture()
+        self.merge_ended_step = False
         try:
             out = self._sample(hidden, weight, params, opts, step)
         except StepFailedLocally as e:
@@ -164,7 +170,7 @@ class Reduction:
             self._end_step()
             self.failed = f"{type(e.error).__name__}: {e.error}"
             raise e.error
-        self._end_step()
+        self._end_step(launch=not self.merge_ended_step)
         return out
 
     def skip_step(self, batch: int, flags: int, error: int, step: int) -> None:
@@ -179,10 +185,12 @@ class Reduction:
         launch_verify_step(self.buffers.src, self.rank, self.tp, stride_i, record, self.monitor.status)
         self._end_step()
 
-    def _end_step(self) -> None:
-        # Stream ordered after this step's merge has read its copy, and captured by a graph,
-        # so every replay advances it too; the step's header findings join the sticky word.
-        launch_end_step(self.counter, self.monitor.status)
+    def _end_step(self, launch: bool = True) -> None:
+        # Stream ordered after this step's last reader of its copy, and captured by a graph, so every
+        # replay advances it too; the step's header findings join the sticky word. launch=False: the
+        # merge's last program has done it (merge_ended_step).
+        if launch:
+            launch_end_step(self.counter, self.monitor.status)
         self.monitor.after_step()
 
     def check_reserve(self, batch: int) -> None:

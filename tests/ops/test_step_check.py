@@ -19,7 +19,7 @@ from fsdist.ops.plan import launch_stage1, plan_sample
 from fsdist.ops.step_check import (ERROR_INPUT, FLAG_CHUNKED, FLAG_LOGPROBS, RECORD_WORDS, STATUS_PEER_ERROR,
                                    STATUS_RECORD_MISMATCH, STATUS_ROW_MISMATCH, STREAM_CHECK, HeaderCheck,
                                    call_flags, describe_status, launch_step_record, launch_verify_step, new_status,
-                                   write_row_fingerprints, writes_header)
+                                   new_ticket, write_row_fingerprints, writes_header)
 from fsdist.params import RowParams
 from fsdist.reference import philox_uniform_bits
 
@@ -256,7 +256,7 @@ def test_peer_error_record(me):
     tokens, status = c.merge(me)
     assert status == STATUS_RECORD_MISMATCH | STATUS_PEER_ERROR
     assert tokens.tolist() == [-1] * c.B
-    assert "input error" in describe_status(status) and "different calls" in describe_status(status)
+    assert "reported an error" in describe_status(status) and "different calls" in describe_status(status)
 
 
 def test_identical_error_records_set_nothing():
@@ -466,3 +466,29 @@ def test_group_select_with_a_set_status_word_and_the_unchecked_layout():
     with pytest.raises(ValueError, match="needs params"):
         launch_group_publish(torch.zeros(B, dtype=torch.int64, device=DEV), torch.zeros(B, device=DEV),
                              torch.zeros(2, B, device=DEV), layout, BufferPair(src.f, src.i), rank=0)
+
+
+@pytest.mark.parametrize("blocks", [None, (1, 4)], ids=["one-program", "a-program-per-row"])
+def test_a_merge_that_ends_the_step(blocks):
+    """With a ticket the merge's last program does end_step's work: the device counter advances by exactly
+    one per merge however many programs ran, the step's findings join the sticky word and word 1 is cleared,
+    and the ticket is back at zero for the next step."""
+    c = Candidates()
+    counter = torch.tensor([41], dtype=torch.int64, device=DEV)
+    ticket, status = new_ticket(DEV), new_status(DEV)
+    pair = BufferPair(c.f, c.i, parity=DeviceParity(counter, 0, 0))
+
+    def merge():
+        return launch_merge(c.layout, pair, c.B, RowParams(1.0, 0, 0), check=HeaderCheck(0, status), blocks=blocks,
+                            end_step=ticket)[0].cpu()
+
+    assert torch.equal(merge(), c.expected)
+    assert (int(counter.item()), int(ticket.item()), status.tolist()) == (42, 0, [0, 0])
+    c.record(1)[1] += 1  # a batch mismatch: this step's finding must reach the sticky word
+    assert merge().tolist() == [-1] * c.B
+    assert (int(counter.item()), int(ticket.item()), status.tolist()) == (43, 0, [STATUS_RECORD_MISMATCH, 0])
+    with pytest.raises(ValueError, match="ends the step only with a header check"):  # no rows: no last program
+        launch_merge(c.layout, pair, 0, RowParams(1.0, 0, 0), check=HeaderCheck(0, status), end_step=ticket)
+    with pytest.raises(ValueError, match="ends the step only with a header check"):
+        launch_merge(c.layout, BufferPair(c.f, c.i), c.B, RowParams(1.0, 0, 0), check=HeaderCheck(0, status),
+                     end_step=ticket)
