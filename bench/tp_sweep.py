@@ -15,6 +15,9 @@ Methods (``--transports`` x ``--reductions`` for fsdist, ``--baselines`` for the
   fsdist/single                   fsdist.sample on the whole weight (TP=1 only)
   fsdist_graph/<transport>/<red>  with --graph (GPU): the same head call captured once in a CUDA
                                   graph, the timed loop replays it (same hidden state every replay)
+  fsdist/<transport>/candidates_endk  with --ab-merge-end-step: the head with a separate end_step launch
+                                  after the merge (HeadTestSeam(merge_ends_step=False)), the A/B of the merge
+                                  that ends a plain step itself
   matmul_shard                    this rank's shard matmul alone (cuBLAS): the per-rank floor
   ag_matmul                       shard matmul + all-gather of the logits (no sampling)
   ag_multinomial                  shard matmul + all-gather + softmax + multinomial (torch.compile)
@@ -288,6 +291,8 @@ def parse_args(argv=None):
                         "or min_p (0.05)")
     p.add_argument("--graph", action="store_true",
                    help="GPU: also time every fsdist head as a CUDA-graph replay (method fsdist_graph/...)")
+    p.add_argument("--ab-merge-end-step", action="store_true",
+                   help="also time each candidates head with a separate end_step launch (method suffix _endk)")
     p.add_argument("--profile-breakdown", action="store_true",
                    help="also time stage 1 + exchange / stage 2 and per-kernel device time")
     p.add_argument("--breakdown-iters", type=int, default=20)
@@ -508,7 +513,8 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                       "row_temperatures": C.describe_row_temperatures(args.temperature, args.temperature_spread,
                                                                       args.greedy_rows),
                       "logprobs": args.logprobs, "rotate": args.rotate, "graph": args.graph,
-                      "filters": args.filters, "filter_values": {k: v for k, _, v in FILTERS[args.filters]}},
+                      "filters": args.filters, "filter_values": {k: v for k, _, v in FILTERS[args.filters]},
+                      "ab_merge_end_step": args.ab_merge_end_step},
                 json_path=str(writer.path) if writer.enabled else None)
     tp1 = find_tp1(C.gpu_slug(device), args.baseline_json, args.filters) if world > 1 else None
     if tp1:
@@ -597,6 +603,9 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
         log(f"shape D={D} V={V} (padded {part.padded_vocab_size}, {part.rows} rows per rank)")
 
         methods: List[tuple] = [(f"fsdist/{t}/{r}", t, r) for t in transports for r in reductions]
+        if args.ab_merge_end_step:
+            methods += [(f"fsdist/{t}/candidates_endk", t, "candidates") for t in transports
+                        if "candidates" in reductions]
         methods += [(b, None, None) for b in baselines]
         has_greedy = args.greedy_rows > 0
         plain = make_baselines(group, world, V, has_greedy)
@@ -613,7 +622,8 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
             try:
                 if name.startswith("fsdist/"):
                     # the seam's hook stamps stage 1 / stage 2 for --profile-breakdown; no seam otherwise
-                    seam = HeadTestSeam() if args.profile_breakdown else None
+                    endk = name.endswith("_endk")
+                    seam = HeadTestSeam(merge_ends_step=not endk) if (args.profile_breakdown or endk) else None
                     head = fsdist.ShardedFlashLMHead(D, V, tp_group=group, transport=transport, reduction=reduction,
                                                      params_dtype=dtype, device=device,
                                                      max_batch_size=max(batches), test_seam=seam)
@@ -684,7 +694,7 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                         check(D, V, B, f"{name} same tokens on every rank", comm.same_everywhere(tok), "")
                         ref = fsdist.sample(hs[0], W_full, temperature=temps[B], seed=seeds[B], offset=offs[B],
                                             **filt[B])
-                        if name == "fsdist_single" or name.endswith("/candidates"):
+                        if name == "fsdist_single" or "/candidates" in name:
                             n = int((ref.tokens != tok).sum())
                             check(D, V, B, f"{name} == fsdist.sample on the full weight", n == 0, f"{n}/{B} rows differ")
                         if name != "fsdist_single":

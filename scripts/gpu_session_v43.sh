@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call on two GPUs (nvidia-h100-x2 or nvidia-h200-x2) for v43 (docs/performance.md): the tensor-parallel
 # head with per-row top-k 50 + top-p 0.9 ([B] device tensors) at TP = 1 and 2, and the same sweep without
-# filters, side by side on one machine. nvshmem needs the nvshmem4py wheel in .whl/ (carry=[".whl"]).
+# filters, side by side on one machine; the plain sweep also times each head with the separate end_step
+# launch (v44's A/B: methods ..._endk). nvshmem needs the nvshmem4py wheel in .whl/ (carry=[".whl"]).
 #   PARTS, any of: filtered plain   (default both; filtered first)
 #   V43_BATCHES (default 1,16,64,128,256), V43_TIMEOUT seconds per part, TP = 1 and 2 together (default 250)
 # JSONs: tp_sweep_top_k_top_p_tp{1,2}_<gpu>_<date>.json and tp_sweep_tp{1,2}_<gpu>_<date>.json in $OUT, consoles
@@ -18,7 +19,7 @@ for part in filtered plain; do
   if [ "$part" = filtered ]; then
     extra=(--filters top_k_top_p --baselines matmul_shard,ag_matmul,ag_filtered)
   else
-    extra=(--baselines matmul_shard,ag_matmul,ag_gumbel)
+    extra=(--baselines matmul_shard,ag_matmul,ag_gumbel --ab-merge-end-step)  # v44's A/B too
   fi
   BENCH_TIMEOUT="${V43_TIMEOUT:-250}" TAIL=40 run_part "$part" "$((${V43_TIMEOUT:-250} + 30))" "v43_$part.log" \
     bash bench/run_gpu.sh tp "1 2" "${common[@]}" "${extra[@]}" || rc=1

@@ -117,7 +117,7 @@ class CandidatesReduction(Reduction):
         self.seam.call("before_stage2", step)
         # A plain call's merge is the step's last reader of this copy: it ends the step itself. A filtered
         # or top-N call reads the copy again (select_filtered, the fallback), so its step ends after those.
-        last = not (opts.filtered or opts.top_n)
+        last = not (opts.filtered or opts.top_n) and self.seam.merge_ends_step
         tokens, lp, lse = launch_merge(plan.layout, bufs.src, B, params, logprobs=opts.logprobs, raw=opts.raw,
                                        check=self.header_check(), end_step=self.ticket if last else None)
         self.merge_ended_step = last

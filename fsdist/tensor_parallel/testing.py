@@ -9,6 +9,9 @@ Production code never needs it. Pass a :class:`HeadTestSeam` to
   ``"before_stage2"`` of every step, ``step`` being the host-side count (delay a rank,
   time the pieces of a step).
 * ``step_buffers()``: the live exchange buffers (``StepBuffers``), to look at copies.
+* ``merge_ends_step``: True (the default) lets a plain step's merge end the step (its last
+  program advances the device counter); False launches end_step after it, as every step did
+  before 2026-11-27: the A/B of ``bench/tp_sweep.py --ab-merge-end-step``.
 """
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -18,6 +21,7 @@ from typing import Callable, Optional
 class HeadTestSeam:
     num_buffers: int = 2
     hook: Optional[Callable[[str, int], None]] = None
+    merge_ends_step: bool = True
     reduction: Optional[object] = field(default=None, repr=False)  # set by the head
 
     def step_buffers(self):
