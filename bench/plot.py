@@ -709,7 +709,8 @@ def tp_merge(datas):
     """{(gpu, D, V): {(method, B): {tp: row}}} from several tp_sweep JSONs (min over duplicates).
 
     Where JSONs with per-row [B] temperatures and older scalar-temperature ones meet in one
-    (gpu, D, V), the older ones' fsdist methods get SCALAR_TAG so that the two are not mixed.
+    (gpu, D, V), the older ones' fsdist methods get SCALAR_TAG so that the two are not mixed; the fsdist
+    methods of a ``tp_sweep --filters`` run carry the filters' name in brackets.
     """
     merged = defaultdict(lambda: defaultdict(dict))
     meta = {}
@@ -721,6 +722,9 @@ def tp_merge(datas):
         for key, r in _results_by_key(d):
             tagged = len(modes[key]) > 1 and row_params_mode(d) == "scalar" and r["method"].startswith("fsdist")
             method = r["method"] + (SCALAR_TAG if tagged else "")
+            filters = (d.get("args") or {}).get("filters", "none")
+            if filters != "none" and r["method"].startswith("fsdist"):
+                method += f" [{filters}]"  # tp_sweep --filters: the same head doing more work; never merged with plain
             cell = merged[key][(method, r["B"])]
             tp = r["tp"]
             if tp not in cell or r["min_us"] < cell[tp]["min_us"]:
