@@ -98,9 +98,9 @@ CASES = {
         types=dict(cand_f="*fp32", cand_i="*i32", tokens_ptr="*i64", logprob_ptr="*fp32", lse_ptr="*fp32",
                    stats_ptr="*fp32", B="i32", n_slots="i32", n_local="i32", buf_offset="i32", buf_offset_i="i32",
                    stride_shard="i32", stride_shard_i="i32", stride_field="i32", stride_slot="i32", temp_ptr="*fp32",
-                   temp_val="fp32", **PARITY, **CHECK),
+                   temp_val="fp32", **PARITY, **CHECK, ticket_ptr="*i32"),
         constexprs=dict(BLOCK_R=2, BLOCK_S=1024, LOGPROBS=True, DEVICE_PARITY=True, TEMP_PER_ROW=True, STATS=True,
-                        CHECK=True, RAW=True)),
+                        CHECK=True, RAW=True, END_STEP=True)),
     "select_filtered": dict(
         module="fsdist.ops.select_filtered", kernel="select_filtered_kernel",
         types=dict(cand_f="*fp32", cand_i="*i32", base_f="i32", base_i="i32", B="i32", n_slots="i32", n_local="i32",

@@ -440,9 +440,13 @@ def test_a_wrong_wide_pack_would_be_caught(device, monkeypatch):
     def wrong_pack(vals, ids, keys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known, key_minp, z_full, top_p,
                    floor_key, msafe, inv_t, noise_scale, seed, offset, lanes_f, lanes_i, lanes_base,
                    LANES: tl.constexpr, CHUNK: tl.constexpr, PAIRWISE: tl.constexpr, FAST_LOG: tl.constexpr):
-        return _PACKED_ROWS(vals, ids, keys, live & (keys != pk[:, None]), pk, n_p, kk, any_k, any_p, use_k, use_p,
-                       k_known, key_minp, z_full, top_p, floor_key, msafe, inv_t, noise_scale, seed, offset, lanes_f,
-                       lanes_i, lanes_base, LANES, CHUNK, PAIRWISE, FAST_LOG)
+        # > instead of >=, consistently: the threshold's own key leaves the pack and its count. (Dropping it from
+        # the mask alone would leave n_p lanes to read, the last ones stale scratch: in a long run the allocator
+        # hands back the previous call's scratch, holding the right pack, and the defect would not show.)
+        on_key = live & (keys == pk[:, None])
+        return _PACKED_ROWS(vals, ids, keys, live & ~on_key, pk, n_p - tl.sum(on_key.to(tl.int32), axis=1), kk, any_k,
+                            any_p, use_k, use_p, k_known, key_minp, z_full, top_p, floor_key, msafe, inv_t, noise_scale,
+                            seed, offset, lanes_f, lanes_i, lanes_base, LANES, CHUNK, PAIRWISE, FAST_LOG)
 
     monkeypatch.setattr(sf, "_packed_rows", wrong_pack)
     wrong = _select(layout, buffers, B, params, None, **kw)
