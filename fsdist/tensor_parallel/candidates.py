@@ -115,12 +115,9 @@ class CandidatesReduction(Reduction):
                       vocab_start=part.start, shard=self.rank, flags=opts.flags(plan))
         bufs.exchange(plan.layout.stride_shard, plan.layout.stride_shard_i)
         self.seam.call("before_stage2", step)
-        # A plain call's merge is the step's last reader of this copy: it ends the step itself. A filtered
-        # or top-N call reads the copy again (select_filtered, the fallback), so its step ends after those.
-        last = not (opts.filtered or opts.top_n) and self.seam.merge_ends_step
         tokens, lp, lse = launch_merge(plan.layout, bufs.src, B, params, logprobs=opts.logprobs, raw=opts.raw,
-                                       check=self.header_check(), end_step=self.ticket if last else None)
-        self.merge_ended_step = last
+                                       check=self.header_check(),
+                                       end_step=self.ticket if self.merge_ends_step(opts) else None)
         top_ids = top_lp = fallback = None
         if opts.filtered or opts.top_n:
             if opts.top_n:
@@ -134,6 +131,11 @@ class CandidatesReduction(Reduction):
                                               need_key=kept.need_key, winners=plan.winner_logits)
             self._fallback(hidden, weight, params, opts, fallback, kept, tokens, lp, top_ids, top_lp)
         return tokens, lp, lse, top_ids, top_lp, fallback
+
+    def merge_ends_step(self, opts: CallOptions) -> bool:
+        # A plain call's merge is the step's last reader of this copy. A filtered or top-N call reads the copy
+        # again (select_filtered, the fallback), so its step ends after those.
+        return not (opts.filtered or opts.top_n) and self.seam.merge_ends_step
 
     def _fallback(self, hidden, weight, params, opts, flags, kept, tokens, lp, top_ids, top_lp) -> None:
         pool, target, npeers = self.pool_layout, *self.transport.write_target(self.pool)

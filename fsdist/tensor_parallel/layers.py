@@ -346,17 +346,15 @@ class ShardedFlashLMHead(nn.Module):
         if self._reduction.buffers is None:  # (every rank alike: a failed grow is agreed, see reserve)
             raise RuntimeError("this ShardedFlashLMHead has no exchange buffers: a reserve() failed to allocate "
                                "them; close() it on every rank and build a new head")
-        if self._reduction.failed is not None:
-            # A step failed on this rank alone after its exchange (Reduction.run): the peers finished it without
-            # this rank's share, so their results for it are not to be trusted. Tell them (an error header: they
-            # raise TensorParallelMismatchError for this step) and refuse this and every later call.
-            self._reduction.skip_step(-1, 0, ERROR_INPUT, self._step)
-            self._step += 1
-            raise RuntimeError(f"an earlier call failed on this rank ({self._reduction.failed}) after the group's "
-                               "exchange; the peers' results for that call may be wrong and they have been told. "
-                               "close() this head on every rank and build a new one")
         lead = None
         try:
+            if self._reduction.failed is not None:
+                # A step failed on this rank alone after its exchange (Reduction.run): the peers finished it
+                # without this rank's share, so their results for it are not to be trusted. Refuse this and every
+                # later call; the error header below tells the peers (they raise TensorParallelMismatchError).
+                raise RuntimeError(f"an earlier call failed on this rank ({self._reduction.failed}) after the "
+                                   "group's exchange; the peers' results for that call may be wrong and they have "
+                                   "been told. close() this head on every rank and build a new one")
             validation.check_hidden(hidden, hidden_size=self.hidden_size)
             hidden, lead = rows.flatten_hidden(hidden)  # [..., D] -> [N, D]; outputs get `lead` back
             rp = rows.flatten_row_args(lead, temperature=temperature, seed=seed, offset=offset, top_k=top_k,
@@ -368,7 +366,8 @@ class ShardedFlashLMHead(nn.Module):
                                                     check, top_k, top_p, min_p, top_logprobs, logprobs_mode,
                                                     token_bitmask, logit_bias, penalties)
         except Exception:
-            # Take part in the step anyway, with an error header and no candidates.
+            # Take part in the step anyway, with an error header and no candidates (a bad input, or a rank
+            # whose earlier call failed).
             self._reduction.skip_step(-1, 0, ERROR_INPUT, self._step)
             self._step += 1
             raise

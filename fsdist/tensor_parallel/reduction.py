@@ -105,10 +105,9 @@ class Reduction:
         self.monitor = StepMonitor(device, where=f"rank {self.rank} of {self.tp}")
         self.captured = False  # a CUDA graph holds pointers into the current buffers
         self.failed: Optional[str] = None  # a step that failed here after the exchange (StepFailedLocally)
-        # A plain step's merge is its last reader: its last program ends the step (step_check.finish_step),
-        # counted with this ticket; _sample sets merge_ended_step when it asked the merge to.
+        # A step whose merge is its last reader lets the merge's last program end it (step_check.finish_step),
+        # counted with this ticket (merge_ends_step says which steps).
         self.ticket = new_ticket(device)
-        self.merge_ended_step = False
         # No buffers yet: the head calls reserve() on every rank once every rank has built this.
 
     # ---- subclasses ----------------------------------------------------------------
@@ -124,6 +123,11 @@ class Reduction:
                 step: int) -> Tuple:
         """One step: (tokens, logprobs, lse, top_ids, top_logprobs, fallback), None where not asked."""
         raise NotImplementedError
+
+    def merge_ends_step(self, opts: CallOptions) -> bool:
+        """Whether this call's merge is the step's last reader of its buffer copy and so ends the step itself
+        (launch_merge(end_step=ticket)); otherwise run() launches end_step after _sample. Default: never."""
+        return False
 
     def _blocks(self) -> Tuple[int, int]:
         """(fp32, int32) elements of one rank's block of the exchange buffers."""
@@ -161,7 +165,6 @@ class Reduction:
         ``step`` is the host count, for the test seam only: the exchange buffer's copy and the
         header's step come from ``self.counter``."""
         self._note_capture()
-        self.merge_ended_step = False
         try:
             out = self._sample(hidden, weight, params, opts, step)
         except StepFailedLocally as e:
@@ -170,7 +173,7 @@ class Reduction:
             self._end_step()
             self.failed = f"{type(e.error).__name__}: {e.error}"
             raise e.error
-        self._end_step(launch=not self.merge_ended_step)
+        self._end_step(launch=not self.merge_ends_step(opts))
         return out
 
     def skip_step(self, batch: int, flags: int, error: int, step: int) -> None:
@@ -188,7 +191,7 @@ class Reduction:
     def _end_step(self, launch: bool = True) -> None:
         # Stream ordered after this step's last reader of its copy, and captured by a graph, so every
         # replay advances it too; the step's header findings join the sticky word. launch=False: the
-        # merge's last program has done it (merge_ended_step).
+        # merge's last program has done it (merge_ends_step).
         if launch:
             launch_end_step(self.counter, self.monitor.status)
         self.monitor.after_step()
