@@ -5,7 +5,8 @@
 # launch (v44's A/B: methods ..._endk). nvshmem needs the nvshmem4py wheel in .whl/ (carry=[".whl"]).
 #   PARTS, any of: filtered plain tests   (default "filtered plain"; run "tests" as a second call: the TP GPU tests
 #          of the code the twenty-second session could not GPU-run: the gated barrier's revisions, the graph test's
-#          three-round case, the merge that ends a plain step; logs $OUT/tp_gpu_tests_rank<r>.log, TESTS_TIMEOUT s)
+#          three-round case, the merge that ends a plain step; logs $OUT/tp_gpu_tests_rank<r>.log, TESTS_TIMEOUT s;
+#          TP_TESTS: other pytest paths / node ids, split on spaces; -v, so a killed run still names its last test)
 #   V43_BATCHES (default 1,16,64,128,256), V43_TIMEOUT seconds per part, TP = 1 and 2 together (default 250)
 # JSONs: tp_sweep_top_k_top_p_tp{1,2}_<gpu>_<date>.json and tp_sweep_tp{1,2}_<gpu>_<date>.json in $OUT, consoles
 # v43_<part>.log. Usage: export OUT; bash scripts/gpu_session_v43.sh
@@ -33,8 +34,8 @@ if wants tests; then
   fi
   export FSDIST_TEST_HARD_TIMEOUT=120 FSDIST_TEST_TIMEOUT=90  # a hang fails its test
   TORCHRUN_ARGS=--no-python timeout -s INT -k 20 "${TESTS_TIMEOUT:-540}" launch/torchrun.sh 2 bash scripts/rank_pytest.sh \
-    tp_gpu_tests -q -p no:warnings -p no:cacheprovider -rfE --durations=15 tests/tensor_parallel/test_gated_barrier.py \
-    tests/tensor_parallel/test_gpu.py tests/tensor_parallel/test_divergence.py > "$OUT/tp_gpu_tests_launcher.log" 2>&1 || rc=1
+    tp_gpu_tests -v -p no:warnings -p no:cacheprovider -rfE --durations=15 ${TP_TESTS:-tests/tensor_parallel/test_gated_barrier.py \
+    tests/tensor_parallel/test_gpu.py tests/tensor_parallel/test_divergence.py} > "$OUT/tp_gpu_tests_launcher.log" 2>&1 || rc=1
   for f in "$OUT"/tp_gpu_tests_rank*.log; do echo "== $f"; grep -E " passed| failed|^FAILED|^ERROR" "$f" | tail -8; done
 fi
 exit $rc

@@ -393,6 +393,11 @@ class ShardedFlashLMHead(nn.Module):
         old capacity where that can be allocated again, else it has no buffers and its calls say so."""
         if self.transport.closed:
             raise RuntimeError("this ShardedFlashLMHead was closed")
+        if self._reduction.capturing():
+            # Decided here, without the agreement below: a host collective inside a capture would break it.
+            # Growing is refused (check_reserve raises); a batch that fits is a no-op, as on every path.
+            self._reduction.check_reserve(head_args.positive_int(batch_size, "batch_size"))
+            return
         error = None
         try:
             batch_size = head_args.positive_int(batch_size, "batch_size")

@@ -155,8 +155,12 @@ class Reduction:
     def header_check(self) -> HeaderCheck:
         return HeaderCheck(self.rank, self.monitor.status)
 
+    def capturing(self) -> bool:
+        """Whether the current stream of this reduction's device is capturing a CUDA graph."""
+        return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
     def _note_capture(self) -> None:
-        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if self.capturing():
             self.captured = True
 
     def run(self, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, opts: CallOptions,
@@ -200,7 +204,7 @@ class Reduction:
         """Raise (locally) if growing to ``batch`` rows is not allowed now."""
         if batch <= self.capacity:
             return
-        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if self.capturing():
             raise RuntimeError(f"reserve({batch}) during CUDA-graph capture: growing needs a collective allocation")
         if self.captured:
             raise RuntimeError(

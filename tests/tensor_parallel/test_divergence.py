@@ -336,6 +336,10 @@ def test_exchange_buffer_allocation_fails_on_one_rank(dist_ctx, monkeypatch, tra
 
 
 RESERVE_CASES = ["sizes-differ", "bad-value-on-one-rank", "allocation-fails-on-one-rank"]
+# Every transport the parametrisations can name (shm on CPU; nvshmem and symm_mem on GPUs): a name missing here
+# failed on the bad rank alone, before any collective, and left its peer waiting in reserve's agreement.
+TRANSPORT_CLASSES = {"collective": "collective.CollectiveTransport", "shm": "shm.ShmTransport",
+                     "nvshmem": "nvshmem.NvshmemTransport", "symm_mem": "symm_mem.SymmMemTransport"}
 
 
 @mpi
@@ -356,7 +360,7 @@ def test_reserve_that_fails_anywhere_fails_everywhere(dist_ctx, monkeypatch, tra
     elif case == "bad-value-on-one-rank" and dist_ctx.rank == bad:
         size = 0
     elif case == "allocation-fails-on-one-rank" and dist_ctx.rank == bad:
-        cls = {"collective": "collective.CollectiveTransport", "shm": "shm.ShmTransport"}[transport]
+        cls = TRANSPORT_CLASSES[transport]
         real = getattr(transports, cls.split(".")[0]).__dict__[cls.split(".")[1]]._reserve
         failed = []
 
@@ -382,6 +386,38 @@ def test_reserve_that_fails_anywhere_fails_everywhere(dist_ctx, monkeypatch, tra
                                             rf".*rank {bad}: MemoryError.*it keeps max_batch_size {CAP}"}[case]
     for o in everyone:
         assert o["reserved"] is not None and re.search(want, o["reserved"]), everyone
+        assert o["capacity"] == CAP and o["closed"] is None, everyone
+        assert o["step"]["error"] is None and o["step"]["tokens"] == ref, everyone
+
+
+@mpi
+def test_reserve_while_capturing_decides_locally(dist_ctx, monkeypatch):
+    """Inside a CUDA-graph capture, reserve cannot agree with its peers (a host collective would break the
+    capture): growing raises RuntimeError at once and a batch that fits is a no-op, neither communicating.
+    Before: the agreement ran first, inside the capture (on 2xH200 the graph test failed on every rank).
+    Capture is stood in for by the reduction's ``capturing`` (no graph on CPU); gather raises if reached."""
+    from fsdist.tensor_parallel import agreement, reduction
+
+    W, h, kw, ref, reliable = divergence_problem("candidates", dist_ctx.world_size, B, dist_ctx.device)
+    head = Head(dist_ctx, "collective", "candidates", W)
+
+    def no_collective(*args, **kw):
+        raise AssertionError("reserve communicated while capturing")
+
+    monkeypatch.setattr(reduction.Reduction, "capturing", lambda self: True)
+    monkeypatch.setattr(agreement, "gather", no_collective)
+    grown = outcome_of(lambda: head.head.reserve(CAP + 100))
+    fits = outcome_of(lambda: head.head.reserve(CAP))
+    bad = outcome_of(lambda: head.head.reserve(0))
+    monkeypatch.undo()
+    capacity = head.head.max_batch_size
+    step = head.call(h, **kw)
+    closed = head.close()
+    everyone = gather_objects(dict(grown=grown, fits=fits, bad=bad, capacity=capacity, step=step, closed=closed))
+    for o in everyone:
+        assert o["grown"] is not None and o["grown"].startswith("RuntimeError") and "during CUDA-graph capture" \
+            in o["grown"], everyone
+        assert o["fits"] is None and o["bad"] is not None and o["bad"].startswith("ValueError"), everyone
         assert o["capacity"] == CAP and o["closed"] is None, everyone
         assert o["step"]["error"] is None and o["step"]["tokens"] == ref, everyone
 
