@@ -151,14 +151,16 @@ def make_baselines(group, world: int, V: int, has_greedy: bool):
     def ag_gumbel(h, Ws, temperature):
         return bl.gumbel_argmax_from_logits(gather_logits(h, Ws), temperature)
 
-    def ag_filtered(h, Ws, temperature, top_k=0, top_p=1.0, min_p=None):
-        logits = gather_logits(h, Ws)
+    def filtered(logits, temperature, top_k=0, top_p=1.0, min_p=None):
         if min_p is not None:
             return bl.min_p_from_logits(logits, temperature, min_p, has_greedy=has_greedy)
         return bl.top_k_top_p_from_logits(logits, temperature, top_k, top_p, has_greedy=has_greedy)
 
+    def ag_filtered(h, Ws, temperature, top_k=0, top_p=1.0, min_p=None):
+        return filtered(gather_logits(h, Ws), temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+
     return {"ag_matmul": ag_matmul, "ag_multinomial": ag_multinomial, "ag_gumbel": ag_gumbel,
-            "ag_filtered": ag_filtered, "gather_logits": gather_logits}
+            "ag_filtered": ag_filtered, "gather_logits": gather_logits, "filtered": filtered}
 
 
 # The filters of --filters, as (name, dtype, value) per argument: every row the same value, passed as [B] tensors.
@@ -643,7 +645,14 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                                                                         has_greedy=has_greedy, dtype=torch.float32)))
                 else:
                     f = plain[name]
-                    if compile_baselines and name != "ag_matmul":
+                    if compile_baselines and name == "ag_filtered":
+                        # The filters compiled apart from the gather, one static graph per batch size: compiling
+                        # the collective with the sort-based filters failed in Inductor at B >= 16 on 2xH200
+                        # ("list indices must be integers or slices, not NoneType", torch 2.11); a collective is
+                        # never fused with the ops around it anyway.
+                        gl, ff = plain["gather_logits"], torch.compile(plain["filtered"], dynamic=False)
+                        f = (lambda h, Ws, temperature, _gl=gl, _ff=ff, **kw: _ff(_gl(h, Ws), temperature, **kw))
+                    elif compile_baselines and name != "ag_matmul":
                         # matmul + functional all-gather + sampling in one graph (the collective
                         # traces through torch.distributed._functional_collectives)
                         f = torch.compile(f)

@@ -24,11 +24,13 @@ def gather(local: Dict, group) -> List[Dict]:
     return out
 
 
-def raise_local_errors(gathered: List[Dict], what: str, verb: str = "invalid arguments on") -> None:
-    errors = [(r, d.get("error")) for r, d in enumerate(gathered) if d.get("error")]
+def raise_local_errors(gathered: List[Dict], what: str, verb: str = "invalid arguments on", key: str = "error",
+                       error: type = ValueError) -> None:
+    """Raise ``error`` on every rank if any rank's ``gathered[rank][key]`` holds one, naming each such rank."""
+    errors = [(r, d.get(key)) for r, d in enumerate(gathered) if d.get(key)]
     if errors:
         detail = "; ".join(f"rank {r}: {e}" for r, e in errors)
-        raise ValueError(f"{what}: {verb} {len(errors)} rank(s): {detail}")
+        raise error(f"{what}: {verb} {len(errors)} rank(s): {detail}")
 
 
 def check_agreement(gathered: List[Dict], what: str, fields=AGREED_FIELDS,

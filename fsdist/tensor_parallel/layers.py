@@ -389,8 +389,10 @@ class ShardedFlashLMHead(nn.Module):
         """Grow the exchange buffers to hold ``batch_size`` rows. Collective: call on every rank
         with the same value, outside CUDA-graph capture and before capturing. The ranks first agree
         (one host collective): a bad or differing ``batch_size`` on any rank raises ValueError on every
-        rank with nothing changed. If the allocation fails (on any rank: agreed too) the head keeps its
-        old capacity where that can be allocated again, else it has no buffers and its calls say so."""
+        rank with nothing changed; growing after a CUDA graph was captured on any rank raises RuntimeError on
+        every rank. Inside a capture nothing can be agreed: growing raises RuntimeError at once, locally. If the
+        allocation fails (on any rank: agreed too) the head keeps its old capacity where that can be allocated
+        again, else it has no buffers and its calls say so."""
         if self.transport.closed:
             raise RuntimeError("this ShardedFlashLMHead was closed")
         if self._reduction.capturing():
@@ -398,15 +400,21 @@ class ShardedFlashLMHead(nn.Module):
             # Growing is refused (check_reserve raises); a batch that fits is a no-op, as on every path.
             self._reduction.check_reserve(head_args.positive_int(batch_size, "batch_size"))
             return
-        error = None
+        error = refused = None  # agreed below, before any rank touches its buffers
         try:
             batch_size = head_args.positive_int(batch_size, "batch_size")
-            self._reduction.check_reserve(batch_size)
-        except Exception as e:  # agreed below, before any rank touches its buffers
+        except Exception as e:
             error = f"{type(e).__name__}: {e}"
+        else:
+            try:
+                self._reduction.check_reserve(batch_size)
+            except RuntimeError as e:  # the head's state refuses to grow (after a capture)
+                refused = f"{e}"
         what = "ShardedFlashLMHead.reserve"
-        gathered = agreement.gather({"batch_size": repr(batch_size), "error": error}, self.tp_group)
+        gathered = agreement.gather({"batch_size": repr(batch_size), "error": error, "refused": refused},
+                                    self.tp_group)
         agreement.raise_local_errors(gathered, what)
+        agreement.raise_local_errors(gathered, what, verb="refused on", key="refused", error=RuntimeError)
         agreement.check_agreement(gathered, what, fields=("batch_size",),
                                   advice="reserve is collective: every rank must pass the same batch_size.")
         self._reduction.reserve(batch_size)

@@ -422,6 +422,27 @@ def test_reserve_while_capturing_decides_locally(dist_ctx, monkeypatch):
         assert o["step"]["error"] is None and o["step"]["tokens"] == ref, everyone
 
 
+@mpi
+def test_reserve_after_a_capture_on_one_rank_is_refused_everywhere(dist_ctx):
+    """A rank that captured a graph on its buffers cannot grow them: reserve raises RuntimeError on every rank
+    (agreed, naming that rank), nothing changes, and the next call samples the reference tokens."""
+    W, h, kw, ref, reliable = divergence_problem("candidates", dist_ctx.world_size, B, dist_ctx.device)
+    head = Head(dist_ctx, "collective", "candidates", W)
+    bad = dist_ctx.world_size - 1
+    head.head._reduction.captured = dist_ctx.rank == bad  # what a capture on this rank leaves behind
+    reserved = outcome_of(lambda: head.head.reserve(CAP + 100))
+    capacity = head.head.max_batch_size
+    step = head.call(h, **kw)
+    closed = head.close()
+    everyone = gather_objects(dict(reserved=reserved, capacity=capacity, step=step, closed=closed))
+    for o in everyone:
+        assert o["reserved"] is not None and re.search(rf"^RuntimeError: .*refused on 1 rank\(s\): rank {bad}: "
+                                                       r"reserve\(\d+\) after a CUDA graph was captured",
+                                                       o["reserved"]), everyone
+        assert o["capacity"] == CAP and o["closed"] is None, everyone
+        assert o["step"]["error"] is None and o["step"]["tokens"] == ref, everyone
+
+
 # ---- an input error on one rank ----------------------------------------------------------------
 def bad_temperature(h, kw):
     return h, dict(kw, temperature=-1.0)
