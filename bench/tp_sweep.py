@@ -366,6 +366,9 @@ def print_table(data: Dict, world: int, tp1: Optional[Dict]):
                 # fan-out stores that outlast the kernel, the barrier / all-gather, waiting for peers
                 hs += f"exchange~{hk['stage1_plus_exchange_us'] - k1:.1f} | "
             print(f"D={b['D']} B={b['B']:<4} {b['method']:<32} {hs}{cs}")
+            top = (b.get("profile") or {}).get("top_kernels_us", {})
+            if top:  # which kernels, not only their categories: where a filtered call's extra time goes
+                print("    " + "; ".join(f"{k[:44]}={v:.1f}" for k, v in list(top.items())[:8]))
     filt = data["args"].get("filters", "none")
     print(f"\n== TP={world} on {gpu}: min over {data['args']['runs']} runs x {data['args']['iters']} calls, "
           f"us per call (max over ranks)" + (f", filters {filt}" if filt != "none" else "") + " ==")
