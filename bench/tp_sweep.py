@@ -25,7 +25,8 @@ Methods (``--transports`` x ``--reductions`` for fsdist, ``--baselines`` for the
   ag_fi2                          shard matmul + all-gather + FlashInfer sampling_from_logits
                                   (when importable)
   ag_filtered                     with --filters: shard matmul + all-gather + the same filters on the
-                                  logits + exponential race (fsdist.reference.baselines, torch.compile);
+                                  logits + exponential race (fsdist.reference.baselines, torch.compile,
+                                  the top-p cumsum eager as in kernel_bench's torch_topk_topp_compiled_es);
                                   it replaces ag_multinomial / ag_gumbel / ag_fi2, which sample unfiltered
 
 ``--filters top_k_top_p`` (top-k 50 + top-p 0.9) or ``min_p`` (0.05) passes those filters as [B]
@@ -154,7 +155,10 @@ def make_baselines(group, world: int, V: int, has_greedy: bool):
     def filtered(logits, temperature, top_k=0, top_p=1.0, min_p=None):
         if min_p is not None:
             return bl.min_p_from_logits(logits, temperature, min_p, has_greedy=has_greedy)
-        return bl.top_k_top_p_from_logits(logits, temperature, top_k, top_p, has_greedy=has_greedy)
+        # the top-p cumsum stays eager, as in kernel_bench's torch_topk_topp_compiled_es: torch 2.11's Inductor
+        # fails on its split scan over a 150k-wide row at B >= 16 (bl.eager_row_cumsum)
+        return bl.top_k_top_p_from_logits(logits, temperature, top_k, top_p, has_greedy=has_greedy,
+                                          cumsum=bl.eager_row_cumsum)
 
     def ag_filtered(h, Ws, temperature, top_k=0, top_p=1.0, min_p=None):
         return filtered(gather_logits(h, Ws), temperature, top_k=top_k, top_p=top_p, min_p=min_p)
@@ -649,10 +653,8 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                 else:
                     f = plain[name]
                     if compile_baselines and name == "ag_filtered":
-                        # The filters compiled apart from the gather, one static graph per batch size: compiling
-                        # the collective with the sort-based filters failed in Inductor at B >= 16 on 2xH200
-                        # ("list indices must be integers or slices, not NoneType", torch 2.11); a collective is
-                        # never fused with the ops around it anyway.
+                        # The filters compiled apart from the gather (a collective is never fused with the ops
+                        # around it anyway), one static graph per batch size; their top-p cumsum stays eager.
                         gl, ff = plain["gather_logits"], torch.compile(plain["filtered"], dynamic=False)
                         f = (lambda h, Ws, temperature, _gl=gl, _ff=ff, **kw: _ff(_gl(h, Ws), temperature, **kw))
                     elif compile_baselines and name != "ag_matmul":

@@ -65,27 +65,80 @@ def call_flags(logprobs: bool, chunked: bool, extended: bool = False, top_n: int
             | (FLAG_EXTENDED if extended else 0) | (top_n << 8) | (mode << 16))
 
 
-def filter_fingerprint(top_k, top_p, min_p):
-    """Per-row bits of (top_k, top_p, min_p) for the row fingerprint (``RowParams.fingerprint``):
-    an int for scalars, an int64 [B] tensor (device ops, no sync) if any filter is a tensor.
-    0 when every filter is off and a scalar, so plain calls keep their fingerprints."""
+# Odd multipliers of the filter fingerprint (golden-ratio and murmur-style constants: the three
+# filters' bits land far apart). The host and the kernel compute the same int64 sums.
+FP_TOP_K, FP_TOP_P, FP_MIN_P = 0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D
+_FP_TOP_K, _FP_TOP_P, _FP_MIN_P = tl.constexpr(FP_TOP_K), tl.constexpr(FP_TOP_P), tl.constexpr(FP_MIN_P)  # for the kernel
+FINGERPRINT_BLOCK = 128
+
+
+def _filter_bits(x, is_int: bool) -> int:
+    """A scalar filter's bits: the int itself, or the float32 pattern as a signed int32."""
     import struct
 
-    if not any(isinstance(x, torch.Tensor) for x in (top_k, top_p, min_p)):
+    return int(x) if is_int else struct.unpack("<i", struct.pack("<f", float(x)))[0]
+
+
+@triton.jit
+def _row_bits(ptr, bits, rows, mask, PER_ROW: tl.constexpr, IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr):
+    if PER_ROW:
+        if IS_FLOAT:
+            v = tl.load(ptr + rows, mask=mask, other=0.0).to(tl.float32).to(tl.int32, bitcast=True).to(tl.int64)
+        else:
+            v = tl.load(ptr + rows, mask=mask, other=0).to(tl.int64)
+    else:
+        v = tl.zeros((BLOCK,), tl.int64) + bits
+    return v
+
+
+@triton.jit
+def filter_fingerprint_kernel(out_ptr, k_ptr, k_bits, p_ptr, p_bits, m_ptr, m_bits, B,
+                              K_ROW: tl.constexpr, P_ROW: tl.constexpr, M_ROW: tl.constexpr, BLOCK: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = rows < B
+    k = _row_bits(k_ptr, k_bits, rows, mask, K_ROW, False, BLOCK)
+    p = _row_bits(p_ptr, p_bits, rows, mask, P_ROW, True, BLOCK)
+    m = _row_bits(m_ptr, m_bits, rows, mask, M_ROW, True, BLOCK)
+    # int64 products that wrap as the host's masked sum would not: the host path masks to 63 bits, and
+    # both set bit 0, so a fingerprint is never 0 (0 = "no filter" for a scalar call).
+    c_k = tl.full((BLOCK,), _FP_TOP_K, tl.int64)
+    c_p = tl.full((BLOCK,), _FP_TOP_P, tl.int64)
+    c_m = tl.full((BLOCK,), _FP_MIN_P, tl.int64)
+    mixed = k * c_k + p * c_p + m * c_m
+    tl.store(out_ptr + rows, mixed | 1, mask=mask)
+
+
+def filter_fingerprint(top_k, top_p, min_p):
+    """Per-row bits of (top_k, top_p, min_p) for the row fingerprint (``RowParams.fingerprint``):
+    an int for scalars, an int64 [B] tensor if any filter is a tensor (one kernel launch, no
+    sync: in a CUDA graph a chain of small torch ops here cost ~20 µs of launches per call).
+    0 when every filter is off and a scalar, so plain calls keep their fingerprints.
+
+    top_k: int or integer [B]; top_p, min_p: float or floating [B] (the float32 bits count).
+    """
+    tensors = [x for x in (top_k, top_p, min_p) if isinstance(x, torch.Tensor)]
+    if not tensors:
         if top_k == 0 and top_p == 1.0 and min_p == 0.0:
             return 0
-        pbits, mbits = (struct.unpack("<i", struct.pack("<f", float(x)))[0] for x in (top_p, min_p))
-        return ((int(top_k) * 0x9E3779B1 + pbits * 0x85EBCA77 + mbits * 0xC2B2AE3D) & 0x7FFFFFFFFFFFFFFF) | 1
-    device = next(x.device for x in (top_k, top_p, min_p) if isinstance(x, torch.Tensor))
-
-    def as_bits(x, is_int):
-        if not isinstance(x, torch.Tensor):
-            # a fill, not torch.tensor(x, device=...): a host-to-device copy would synchronise
-            x = torch.full((), x, dtype=torch.int64 if is_int else torch.float32, device=device)
-        return x.to(torch.int64) if is_int else x.to(torch.float32).view(torch.int32).to(torch.int64)
-
-    mixed = as_bits(top_k, True) * 0x9E3779B1 + as_bits(top_p, False) * 0x85EBCA77 + as_bits(min_p, False) * 0xC2B2AE3D
-    return mixed | 1
+        mixed = (_filter_bits(top_k, True) * FP_TOP_K + _filter_bits(top_p, False) * FP_TOP_P
+                 + _filter_bits(min_p, False) * FP_MIN_P)
+        return (mixed & 0x7FFFFFFFFFFFFFFF) | 1
+    device, B = tensors[0].device, tensors[0].numel()
+    out = torch.empty(B, dtype=torch.int64, device=device)
+    args = []
+    for x, is_int in ((top_k, True), (top_p, False), (min_p, False)):
+        if isinstance(x, torch.Tensor):
+            if x.numel() != B:
+                raise ValueError(f"filter_fingerprint: per-row filters of different lengths ({x.numel()} and {B})")
+            args.append((x.reshape(-1), 0))
+        else:
+            args.append((out, _filter_bits(x, is_int)))  # out: a pointer the kernel never reads
+    (kp, kb), (pp, pb), (mp, mb) = args
+    grid = (triton.cdiv(max(B, 1), FINGERPRINT_BLOCK),)
+    filter_fingerprint_kernel[grid](out, kp, kb, pp, pb, mp, mb, B,
+                                    K_ROW=isinstance(top_k, torch.Tensor), P_ROW=isinstance(top_p, torch.Tensor),
+                                    M_ROW=isinstance(min_p, torch.Tensor), BLOCK=FINGERPRINT_BLOCK)
+    return out
 
 
 def describe_status(bits: int) -> str:

@@ -18,7 +18,7 @@ from fsdist.ops.parity import DeviceParity
 from fsdist.ops.plan import launch_stage1, plan_sample
 from fsdist.ops.step_check import (ERROR_INPUT, FLAG_CHUNKED, FLAG_LOGPROBS, RECORD_WORDS, STATUS_PEER_ERROR,
                                    STATUS_RECORD_MISMATCH, STATUS_ROW_MISMATCH, STREAM_CHECK, HeaderCheck,
-                                   call_flags, describe_status, launch_step_record, launch_verify_step, new_status,
+                                   call_flags, describe_status, filter_fingerprint, launch_step_record, launch_verify_step, new_status,
                                    new_ticket, write_row_fingerprints, writes_header)
 from fsdist.params import RowParams
 from fsdist.reference import philox_uniform_bits
@@ -70,6 +70,52 @@ def test_fingerprint_matches_its_torch_mirror():
     got = fingerprints(s, o, t)
     assert torch.equal(got, mirror_fingerprints(s, o, t))
     assert got.unique().numel() == got.numel(), "distinct rows should have distinct fingerprints"
+
+
+def mirror_filter_fingerprint(top_k, top_p, min_p, B):
+    """The filter fingerprint as int64 torch ops (what step_check computed before its kernel)."""
+    def bits(x, is_int):
+        x = x if isinstance(x, torch.Tensor) else torch.full((B,), x, dtype=torch.int64 if is_int else torch.float32)
+        return x.cpu().to(torch.int64) if is_int else x.cpu().to(torch.float32).view(torch.int32).to(torch.int64)
+
+    return (bits(top_k, True) * 0x9E3779B1 + bits(top_p, False) * 0x85EBCA77 + bits(min_p, False) * 0xC2B2AE3D) | 1
+
+
+@pytest.mark.parametrize("B", [1, 130])
+@pytest.mark.parametrize("which", ["all", "top_k", "top_p", "min_p", "k_and_p"])
+def test_filter_fingerprint_kernel_matches_its_mirror_and_the_scalar_path(B, which):
+    """The one-launch filter fingerprint equals the int64 torch formula for per-row tensors (any mix with
+    scalars, B past one 128-row block), and a rank passing scalars gets the same bits as a rank passing the
+    same values as [B] tensors. Distinct rows get distinct fingerprints; one changed filter value changes
+    exactly its row's (the check's power)."""
+    g = torch.Generator().manual_seed(B)
+    k = torch.randint(0, 200000, (B,), generator=g, dtype=torch.int32)
+    p = torch.rand(B, generator=g).clamp_min(1e-3)
+    m = torch.rand(B, generator=g) * 0.5
+    if B > 2:
+        k[:3], p[:3], m[:3] = torch.tensor([0, 1, 151936]), torch.tensor([1.0, 0.9, 1e-7]), torch.tensor([0.0, 1.0, 0.05])
+    scal = dict(top_k=50, top_p=0.9, min_p=0.05)
+    args = dict(top_k=k.to(DEV), top_p=p.to(DEV), min_p=m.to(DEV))
+    keep = {"all": "top_k top_p min_p", "k_and_p": "top_k top_p"}.get(which, which).split()
+    call = {n: (args[n] if n in keep else scal[n]) for n in args}
+    got = filter_fingerprint(**call)
+    assert got.dtype == torch.int64 and got.shape == (B,) and got.device.type == DEV.type
+    assert torch.equal(got.cpu(), mirror_filter_fingerprint(*call.values(), B))
+    if which == "all":
+        assert got.unique().numel() == B, "distinct rows should have distinct fingerprints"
+        r = B - 1
+        for name, bumped in (("top_k", k[r] + 1), ("top_p", torch.nextafter(p[r], torch.tensor(2.0))),
+                             ("min_p", torch.nextafter(m[r], torch.tensor(2.0)))):
+            changed = dict(call)
+            changed[name] = call[name].clone()
+            changed[name][r] = bumped.item()
+            diff = (filter_fingerprint(**changed) != got).nonzero().flatten().tolist()
+            assert diff == [r], (name, diff)
+    # a scalar rank and a [B] rank with the same values agree
+    same = {n: torch.full((B,), v, dtype=torch.int32 if n == "top_k" else torch.float32, device=DEV)
+            for n, v in scal.items()}
+    assert (filter_fingerprint(**same).cpu() == filter_fingerprint(**scal)).all()
+    assert filter_fingerprint(0, 1.0, 0.0) == 0
 
 
 @pytest.mark.parametrize("what", ["seed", "offset", "temperature"])
