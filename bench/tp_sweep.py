@@ -655,8 +655,11 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                     if compile_baselines and name == "ag_filtered":
                         # The filters compiled apart from the gather (a collective is never fused with the ops
                         # around it anyway), one static graph per batch size; their top-p cumsum stays eager.
+                        # Views drop the dynamic marks put on the shared inputs above (a static compile refuses
+                        # marked inputs: ConstraintViolationError on 2xH200), as kernel_bench's filtered baselines.
                         gl, ff = plain["gather_logits"], torch.compile(plain["filtered"], dynamic=False)
-                        f = (lambda h, Ws, temperature, _gl=gl, _ff=ff, **kw: _ff(_gl(h, Ws), temperature, **kw))
+                        f = (lambda h, Ws, temperature, _gl=gl, _ff=ff, **kw: _ff(
+                            _gl(h, Ws), temperature.view(temperature.shape), **{k: v.view(v.shape) for k, v in kw.items()}))
                     elif compile_baselines and name != "ag_matmul":
                         # matmul + functional all-gather + sampling in one graph (the collective
                         # traces through torch.distributed._functional_collectives)
