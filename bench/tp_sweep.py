@@ -16,6 +16,9 @@ Methods (``--transports`` x ``--reductions`` for fsdist, ``--baselines`` for the
   fsdist_graph/<transport>/<red>  with --graph (GPU): the same head call captured once in a CUDA
                                   graph, the timed loop replays it (same hidden state every replay)
   fsdist/<transport>/candidates_endk  with --ab-merge-end-step: the head with a separate end_step launch
+  fsdist/<transport>/candidates_devbar  with --ab-device-barrier (nvshmem, symm_mem): the head with
+                                  FSDIST_DEVICE_BARRIER=1 (its step barriers are fsdist's signal-pad
+                                  barrier with a timeout, not the library's)
                                   after the merge (HeadTestSeam(merge_ends_step=False)), the A/B of the merge
                                   that ends a plain step itself
   matmul_shard                    this rank's shard matmul alone (cuBLAS): the per-rank floor
@@ -297,6 +300,9 @@ def parse_args(argv=None):
                         "or min_p (0.05)")
     p.add_argument("--graph", action="store_true",
                    help="GPU: also time every fsdist head as a CUDA-graph replay (method fsdist_graph/...)")
+    p.add_argument("--ab-device-barrier", action="store_true",
+                   help="also time each nvshmem / symm_mem candidates head with FSDIST_DEVICE_BARRIER=1 (suffix "
+                        "_devbar)")
     p.add_argument("--ab-merge-end-step", action="store_true",
                    help="also time each candidates head with a separate end_step launch (method suffix _endk)")
     p.add_argument("--profile-breakdown", action="store_true",
@@ -523,7 +529,7 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                                                                       args.greedy_rows),
                       "logprobs": args.logprobs, "rotate": args.rotate, "graph": args.graph,
                       "filters": args.filters, "filter_values": {k: v for k, _, v in FILTERS[args.filters]},
-                      "ab_merge_end_step": args.ab_merge_end_step},
+                      "ab_merge_end_step": args.ab_merge_end_step, "ab_device_barrier": args.ab_device_barrier},
                 json_path=str(writer.path) if writer.enabled else None)
     tp1 = find_tp1(C.gpu_slug(device), args.baseline_json, args.filters) if world > 1 else None
     if tp1:
@@ -612,6 +618,9 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
         log(f"shape D={D} V={V} (padded {part.padded_vocab_size}, {part.rows} rows per rank)")
 
         methods: List[tuple] = [(f"fsdist/{t}/{r}", t, r) for t in transports for r in reductions]
+        if args.ab_device_barrier:
+            methods += [(f"fsdist/{t}/candidates_devbar", t, "candidates") for t in transports
+                        if t in ("nvshmem", "symm_mem", "shm") and "candidates" in reductions]
         if args.ab_merge_end_step:
             methods += [(f"fsdist/{t}/candidates_endk", t, "candidates") for t in transports
                         if "candidates" in reductions]
@@ -633,9 +642,18 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                     # the seam's hook stamps stage 1 / stage 2 for --profile-breakdown; no seam otherwise
                     endk = name.endswith("_endk")
                     seam = HeadTestSeam(merge_ends_step=not endk) if (args.profile_breakdown or endk) else None
-                    head = fsdist.ShardedFlashLMHead(D, V, tp_group=group, transport=transport, reduction=reduction,
-                                                     params_dtype=dtype, device=device,
-                                                     max_batch_size=max(batches), test_seam=seam)
+                    devbar = name.endswith("_devbar")
+                    if devbar:
+                        os.environ["FSDIST_DEVICE_BARRIER"] = "1"  # read by the transport the head builds
+                    try:
+                        head = fsdist.ShardedFlashLMHead(D, V, tp_group=group, transport=transport,
+                                                         reduction=reduction, params_dtype=dtype, device=device,
+                                                         max_batch_size=max(batches), test_seam=seam)
+                    finally:
+                        if devbar:
+                            os.environ.pop("FSDIST_DEVICE_BARRIER", None)
+                    if devbar and not head.transport.device_barrier:
+                        raise RuntimeError("the head's transport did not take FSDIST_DEVICE_BARRIER=1")
                     head.load_full_weight(W_full)
                     fn_of = (lambda B, _h=head: (lambda x: _h(x, temperature=temps[B], seed=seeds[B],
                                                               offset=offs[B], return_logprobs=args.logprobs,

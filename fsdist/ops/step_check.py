@@ -48,6 +48,7 @@ ERROR_INPUT = 1
 STATUS_RECORD_MISMATCH = 1  # steps, batch sizes or flags differ between writers
 STATUS_PEER_ERROR = 2  # a writer reported a local error for this step
 STATUS_ROW_MISMATCH = 4  # some row's (seed, offset, temperature) differs between writers
+STATUS_PEER_TIMEOUT = 8  # a device barrier of the step gave up waiting for a peer (set by the transport)
 
 STREAM_CHECK = tl.constexpr(2)  # noise stream of the fingerprints (0, 1: the sampler's)
 
@@ -151,6 +152,9 @@ def describe_status(bits: int) -> str:
         what.append("ranks made different calls (step count, batch size or flags such as return_logprobs)")
     if bits & STATUS_ROW_MISMATCH:
         what.append("ranks passed different per-row parameters (seed, offset, temperature, filters or logit processors)")
+    if bits & STATUS_PEER_TIMEOUT:
+        what.append("a peer did not reach a step's barrier within FSDIST_PEER_TIMEOUT_S (a rank skipped a call, or "
+                    "stalled); the group is out of step: close the heads and rebuild them")
     return "; ".join(what) or "no mismatch"
 
 
@@ -312,7 +316,7 @@ def new_status(device) -> torch.Tensor:
     return torch.zeros(2, dtype=torch.int32, device=device)
 
 
-__all__ = ["HeaderCheck", "call_flags", "filter_fingerprint", "FLAG_EXTENDED", "RECORD_WORDS", "FLAG_LOGPROBS", "FLAG_CHUNKED", "ERROR_INPUT", "STATUS_RECORD_MISMATCH",
+__all__ = ["HeaderCheck", "call_flags", "filter_fingerprint", "FLAG_EXTENDED", "STATUS_PEER_TIMEOUT", "RECORD_WORDS", "FLAG_LOGPROBS", "FLAG_CHUNKED", "ERROR_INPUT", "STATUS_RECORD_MISMATCH",
            "STATUS_PEER_ERROR", "STATUS_ROW_MISMATCH", "describe_status", "row_fingerprint", "write_row_fingerprints",
            "write_step_record", "check_headers", "launch_step_record", "launch_verify_step", "launch_end_step", "new_status",
            "finish_step", "last_program_finishes_step", "new_ticket"]

@@ -49,6 +49,7 @@ from ..ops.layout import CandidateLayout
 from ..ops.merge_candidates import launch_merge
 from ..ops.plan import launch_stage1
 from ..ops.select_filtered import launch_select_filtered
+from ..ops.step_check import STATUS_PEER_TIMEOUT
 from ..params import RowParams
 from ..processing import has_entries
 from .reduction import CallOptions, Reduction, StepFailedLocally
@@ -87,6 +88,8 @@ class CandidatesReduction(Reduction):
         self.pool_layout = PoolLayout(rows, self.partition.rows, self.tp)
         self.pool = self.transport.alloc(self.pool_layout.numel, torch.float32)
         self.transport.prepare_gated_barrier()  # the fallback's rounds (every rank is here)
+        # A device barrier that waits too long for a peer reports it in this head's status word.
+        self.transport.report_timeouts(self.monitor.status, STATUS_PEER_TIMEOUT)
 
     def _blocks(self):
         full = self._layout()
@@ -147,8 +150,9 @@ class CandidatesReduction(Reduction):
             # whose ranks diverged (filters or top-N on some ranks only, a local error) the merge gave
             # every row -1 and flagged none, so the ranks that called with filters skip exactly the
             # barriers their peers never enqueued, instead of waiting in them forever. CUDA-graph
-            # capturable. (On CPU, shm, the host reads the count for the gate: no device sync.)
-            rounds, count = flags.shape[0], flags.sum(dtype=torch.int32).reshape(1)
+            # capturable. (On CPU, shm, the host reads the count for the gate: no device sync.) The gate
+            # counts the flags itself, in the barrier kernel: no reduction launched per call.
+            rounds, count = flags.shape[0], flags
         else:
             # Collective: read the count and run only the rounds with rows. Each round all-gathers the
             # whole pool (tens of MB at a real vocabulary), too much to pay on every filtered step (one

@@ -50,12 +50,20 @@ def _count(n, ctx):
     return torch.tensor([n], dtype=torch.int32, device=ctx.device)
 
 
+def _flags(n, ctx, length=300):
+    """A bool vector with n set entries, the last ones past the kernel's first 256-entry block."""
+    f = torch.zeros(length, dtype=torch.bool)
+    f[torch.linspace(0, length - 1, n).long()] = True if n else False
+    assert int(f.sum()) == n
+    return f.to(ctx.device)
+
+
 def _sync(ctx):
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
 
 
-def _open_rounds(ctx, name, rounds: int = 4):
+def _open_rounds(ctx, name, rounds: int = 4, always: bool = False):
     """Back to back, no host synchronisation between rounds: in round r every rank stores r * 10 + its rank into
     slot (r, rank) of every buffer (rank r % world after LATE seconds), passes an open gated barrier and reads
     round r's slots of its own buffer. A fast rank is often already in the next barrier (its slot one epoch
@@ -70,7 +78,10 @@ def _open_rounds(ctx, name, rounds: int = 4):
             _sync(ctx)
             time.sleep(LATE)
         _store_into_peers[(1,)](data.peer_ptrs, r * 10 + ctx.rank, r * ctx.world_size + ctx.rank, WORLD=ctx.world_size)
-        gate(_count(1, ctx), 0)
+        if always:
+            gate.open()  # the step barrier of Transport.device_barrier: no count
+        else:
+            gate(_count(1, ctx), 0)
         seen.append(data.local[r * ctx.world_size:(r + 1) * ctx.world_size].cpu().tolist())
     epoch = int(gate.epoch.item())
     transport.close()
@@ -78,9 +89,10 @@ def _open_rounds(ctx, name, rounds: int = 4):
 
 
 @mpi
+@pytest.mark.parametrize("always", [False, True], ids=["gated-open", "always"])
 @pytest.mark.parametrize("name", PEER_TRANSPORTS)
-def test_open_gates_wait_for_late_ranks_back_to_back(dist_ctx, name):
-    seen, epoch = _open_rounds(dist_ctx, name)
+def test_open_gates_wait_for_late_ranks_back_to_back(dist_ctx, name, always):
+    seen, epoch = _open_rounds(dist_ctx, name, always=always)
     everyone = gather_objects((seen, epoch))
     want = [[r * 10 + q for q in range(dist_ctx.world_size)] for r in range(4)]
     for rank, (got, ep) in enumerate(everyone):
@@ -129,12 +141,14 @@ def test_a_closed_gate_on_some_ranks_only_keeps_the_group_in_step(dist_ctx, name
     if ctx.rank == 0:
         gate(_count(0, ctx), 0)
         gate(_count(3, ctx), 3)  # count > above is false at equality
+        gate(_flags(0, ctx), 0)  # the same with row flags counted in the kernel
+        gate(_flags(3, ctx), 3)
     late = ctx.world_size - 1
     if ctx.rank == late:
         _sync(ctx)
         time.sleep(LATE)
     _store_into_peers[(1,)](data.peer_ptrs, 7, ctx.rank, WORLD=ctx.world_size)
-    gate(_count(4, ctx), 3)
+    gate(_flags(4, ctx), 3)  # open: the fourth flag sits past the first 256 entries
     got = (data.local.cpu().tolist(), int(gate.epoch.item()))
     transport.close()
     everyone = gather_objects(got)
@@ -148,9 +162,13 @@ def test_bad_counts_are_refused(dist_ctx, name):
     transport, data, gate = _setup(dist_ctx, name)
     try:
         for bad in (torch.zeros(1, dtype=torch.int64, device=dist_ctx.device),
-                    torch.zeros(2, dtype=torch.int32, device=dist_ctx.device)):
-            with pytest.raises(ValueError, match="count must be one int32"):
+                    torch.zeros(2, dtype=torch.int32, device=dist_ctx.device),
+                    torch.zeros(2, 3, dtype=torch.bool, device=dist_ctx.device),
+                    torch.zeros(3, dtype=torch.float32, device=dist_ctx.device), 3):
+            with pytest.raises(ValueError, match="count must be one int32 or a 1-D bool tensor"):
                 gate(bad, 0)
+            with pytest.raises(ValueError, match="count must be one int32 or a 1-D bool tensor"):
+                transport.gated_barrier(bad, 0)  # the host-read path (CPU) checks the same
     finally:
         transport.close()
     with pytest.raises(RuntimeError, match="pad was freed"):
@@ -198,6 +216,73 @@ def test_the_head_with_device_gates_samples_exactly_and_survives_a_diverged_step
     assert all(o[1] > 0 for o in everyone), f"no row fell back (the gates never opened): {everyone}"
     assert all(o[2] == "mismatch" for o in everyone), everyone
     assert len({o[3] for o in everyone}) == 1 and everyone[0][3] > 0, f"gated barriers per rank: {everyone}"
+
+
+@mpi
+@pytest.mark.parametrize("name", PEER_TRANSPORTS)
+def test_the_head_with_device_step_barriers_samples_exactly(dist_ctx, name, monkeypatch):
+    """FSDIST_DEVICE_BARRIER=1: every step barrier of the head (the exchange, the fallback's rounds) is the
+    signal-pad barrier, with the head's status word attached for timeouts (on GPUs). Plain, logprob and filtered
+    calls with fallback rows equal fsdist.sample on the full weight; every rank passes the same number of
+    device barriers, at least one per call; the status stays clean."""
+    from tp_helpers import problem
+
+    ctx, V, D, B = dist_ctx, 1000, 16, 24
+    W, h = problem(V, D, B, torch.float32, seed=53, scale=3.0, device=ctx.device)
+    monkeypatch.setenv("FSDIST_DEVICE_BARRIER", "1")
+    head = fsdist.ShardedFlashLMHead(D, V, transport=name, params_dtype=torch.float32, device=ctx.device,
+                                     max_batch_size=B)
+    monkeypatch.delenv("FSDIST_DEVICE_BARRIER")
+    head.load_full_weight(W)
+    installed = head.transport.device_barrier and head.transport._gate is not None
+    attached = getattr(head.transport._gate, "_status", None) is head._reduction.monitor.status
+    seeds = torch.arange(B, device=ctx.device) * 7 + 2
+    calls = [dict(temperature=0.8, seed=seeds, offset=1),
+             dict(temperature=torch.linspace(0.0, 1.5, B, device=ctx.device), seed=seeds, offset=2,
+                  return_logprobs=True),
+             dict(temperature=1.0, top_k=40, top_p=0.8, seed=seeds, offset=3, top_logprobs=2)]
+    exact, fell_back = [], 0
+    for kw in calls:
+        out, ref = head(h, **kw), fsdist.sample(h, W, vocab_size=V, **kw)
+        same = torch.equal(out.tokens, ref.tokens)
+        if kw.get("return_logprobs"):
+            same = same and torch.allclose(out.logprobs, ref.logprobs, atol=1e-5)
+        if out.fallback is not None:
+            fell_back += int(out.fallback.sum())
+        exact.append(same)
+    head.check()
+    epoch = int(head.transport._gate.epoch.item()) if installed else -1
+    head.close()
+    everyone = gather_objects((installed, attached, exact, fell_back, epoch))
+    for rank, (inst, att, ex, fb, ep) in enumerate(everyone):
+        assert inst and att, f"rank {rank}: device barrier installed {inst}, status attached {att}"
+        assert all(ex), f"rank {rank}: calls equal fsdist.sample: {ex}"
+        assert fb > 0, f"rank {rank}: no row fell back (the fallback's barriers never opened)"
+        assert ep >= len(calls) and ep == everyone[0][4], f"device barriers per rank: {[o[4] for o in everyone]}"
+
+
+def test_attach_status_and_the_timeout_setting_are_checked(monkeypatch):
+    """Single process: the status word and the timeout a device barrier reports into are validated, and
+    FSDIST_PEER_TIMEOUT_S is read with a clear error."""
+    from fsdist.tensor_parallel.transports import base
+
+    gate = GatedBarrier.__new__(GatedBarrier)
+    gate.pad = type("Pad", (), {"local": torch.zeros(3, dtype=torch.int64)})()
+    for bad in (torch.zeros(2, dtype=torch.int64), torch.zeros(1, dtype=torch.int32)):
+        with pytest.raises(ValueError, match=r"status must be int32 \[2\]"):
+            gate.attach_status(bad, 8, 1.0)
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        gate.attach_status(torch.zeros(2, dtype=torch.int32), 8, 0.0)
+    gate.attach_status(torch.zeros(2, dtype=torch.int32), 8, 2.5)
+    assert gate._timeout_ns == 2_500_000_000 and gate._bit == 8
+    monkeypatch.delenv("FSDIST_PEER_TIMEOUT_S", raising=False)
+    assert base.peer_timeout_s() == base.DEFAULT_PEER_TIMEOUT_S
+    monkeypatch.setenv("FSDIST_PEER_TIMEOUT_S", "12.5")
+    assert base.peer_timeout_s() == 12.5
+    for bad in ("soon", "0", "-3"):
+        monkeypatch.setenv("FSDIST_PEER_TIMEOUT_S", bad)
+        with pytest.raises(ValueError, match="FSDIST_PEER_TIMEOUT_S"):
+            base.peer_timeout_s()
 
 
 @mpi

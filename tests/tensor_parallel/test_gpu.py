@@ -359,3 +359,74 @@ def test_gpu_filtered_calls_with_fallback_rows_replay_in_a_cuda_graph(dist_ctx, 
     assert all(not b for b, _, _ in everyone), f"replays whose tokens or top ids differ, per rank: {everyone}"
     assert all(n > 0 for _, n, _ in everyone), f"no row fell back, per rank: {everyone}"
     assert len({e for _, _, e in everyone}) == 1 and everyone[0][2] > 0, f"gated barriers passed, per rank: {everyone}"
+
+
+@pytest.mark.parametrize("transport", ["nvshmem", "symm_mem"])
+def test_gpu_device_step_barriers_equal_the_library_barriers_and_time_out_on_a_skipped_call(dist_ctx, transport,
+                                                                                            monkeypatch):
+    """FSDIST_DEVICE_BARRIER=1 (fsdist's signal-pad step barriers, a 2 s timeout here): plain, filtered and
+    graph-replayed calls give the tokens of a head with the library's barriers; then the last rank skips a
+    call. Before (and with the library's barriers): its peers waited in the step's device barrier forever.
+    Now they give up after the timeout, their call returns, and check() raises the mismatch naming the
+    timeout on them; the head of the rank that skipped, calling again, is out of step and raises too."""
+    import time
+
+    import torch.distributed as dist
+    from fsdist.tensor_parallel import TensorParallelMismatchError
+
+    _need(transport)
+    dev = dist_ctx.device
+    V, D, B = 5000, 128, 24
+    W, h = _weights(V, D, B, dev, seed=11, scale=3.0)
+    seeds = torch.arange(B, device=dev) * 5 + 1
+    heads = {}
+    for devbar in (False, True):
+        if devbar:
+            monkeypatch.setenv("FSDIST_DEVICE_BARRIER", "1")
+            monkeypatch.setenv("FSDIST_PEER_TIMEOUT_S", "2")
+        heads[devbar] = fsdist.ShardedFlashLMHead(D, V, transport=transport, device=dev, max_batch_size=B)
+        monkeypatch.delenv("FSDIST_DEVICE_BARRIER", raising=False)
+        monkeypatch.delenv("FSDIST_PEER_TIMEOUT_S", raising=False)
+        heads[devbar].load_full_weight(W)
+    calls = [dict(temperature=0.8, seed=seeds, offset=1), dict(temperature=1.0, top_k=40, top_p=0.8, seed=seeds,
+                                                               offset=2, top_logprobs=2)]
+    same = [bool(torch.equal(heads[False](h, **kw).tokens, heads[True](h, **kw).tokens)) for kw in calls]
+    temp = torch.full((B,), 0.9, device=dev)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = heads[True](h, temperature=temp, seed=seeds, offset=3)
+    graph.replay()
+    ref = heads[False](h, temperature=temp, seed=seeds, offset=3)
+    same.append(bool(torch.equal(out.tokens, ref.tokens)))
+    heads[True].check()
+    torch.cuda.synchronize()
+    dist.barrier()
+    # the last rank skips one call; the others must come back (after ~2 s) and report it
+    skipper = dist_ctx.world_size - 1
+    t0 = time.perf_counter()
+    outcome = "skipped"
+    if dist_ctx.rank != skipper:
+        try:
+            heads[True](h, temperature=0.8, seed=seeds, offset=4)
+            heads[True].check()
+            outcome = "no error"
+        except TensorParallelMismatchError as e:
+            outcome = "timeout" if "did not reach" in str(e) else f"other mismatch: {e}"
+    waited = time.perf_counter() - t0
+    dist.barrier()
+    try:  # the skipper's next call meets peers that are a step ahead: out of step, so it raises too
+        heads[True](h, temperature=0.8, seed=seeds, offset=5)
+        heads[True].check()
+        after = "no error"
+    except TensorParallelMismatchError:
+        after = "mismatch"
+    torch.cuda.synchronize()
+    for head in heads.values():
+        head.close()
+    everyone = [None] * dist_ctx.world_size
+    dist.all_gather_object(everyone, dict(same=same, outcome=outcome, waited=waited, after=after))
+    for r, o in enumerate(everyone):
+        assert all(o["same"]), (r, o)
+        assert o["after"] == "mismatch", (r, o)
+        if r != skipper:
+            assert o["outcome"] == "timeout" and 1.5 < o["waited"] < 60, (r, o)

@@ -21,15 +21,33 @@ local buffer), then :meth:`Transport.exchange` makes every rank's block visible 
 rank (a barrier, or the all-gather).
 """
 import abc
+import os
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 
+#: Seconds a step barrier of fsdist's own (``Transport.device_barrier``) waits for a peer on a GPU before it
+#: gives up and reports the step (a rank that skipped a call, or stalls). Generous: a peer compiling its
+#: kernels on a first call can take tens of seconds. Environment: FSDIST_PEER_TIMEOUT_S.
+DEFAULT_PEER_TIMEOUT_S = 300.0
+
+
+def peer_timeout_s() -> float:
+    raw = os.environ.get("FSDIST_PEER_TIMEOUT_S", "")
+    try:
+        value = float(raw) if raw else DEFAULT_PEER_TIMEOUT_S
+    except ValueError:
+        raise ValueError(f"FSDIST_PEER_TIMEOUT_S must be a number of seconds, got {raw!r}") from None
+    if not value > 0:
+        raise ValueError(f"FSDIST_PEER_TIMEOUT_S must be > 0, got {raw!r}")
+    return value
+
+
 class Gate(NamedTuple):
     """What gates an exchange / settle (Transport.gated_barrier): a barrier only when count > above."""
-    count: torch.Tensor  # int32 [1] on the transport's device
+    count: torch.Tensor  # int32 [1], or bool [n] whose set entries are the count, on the transport's device
     above: int
 
 
@@ -65,6 +83,12 @@ class Transport(abc.ABC):
         self._buffers: List[SymmetricBuffer] = []
         self._ag_fn = None
         self._gate = None  # GatedBarrier, from prepare_gated_barrier()
+        #: Peer-store transports: run every step barrier (exchange, settle) as fsdist's own device barrier
+        #: (transports/gated_barrier.py: a signal pad, with a timeout on GPUs once a status word is attached by
+        #: report_timeouts) instead of the library's (nvshmem barrier_all, symm_mem's handle barrier, a host
+        #: barrier for shm). Set before the head allocates (prepare_gated_barrier). Environment:
+        #: FSDIST_DEVICE_BARRIER=1. Off by default until measured on GPUs (docs/performance.md v47).
+        self.device_barrier = self.peer_stores and os.environ.get("FSDIST_DEVICE_BARRIER", "0") not in ("", "0")
         self.closed = False
 
     # ---- buffers -------------------------------------------------------------------
@@ -156,10 +180,12 @@ class Transport(abc.ABC):
             self._barrier_or_gated(gate)
 
     def _barrier_or_gated(self, gate: Optional[Gate]) -> None:
-        if gate is None:
-            self.barrier()
-        else:
+        if gate is not None:
             self.gated_barrier(*gate)
+        elif self._gate is not None and self.device_barrier:
+            self._gate.open()
+        else:
+            self.barrier()
 
     # ---- synchronisation -----------------------------------------------------------
     def barrier(self) -> None:
@@ -175,23 +201,36 @@ class Transport(abc.ABC):
         peer stores (a symmetric signal pad; ``transports/gated_barrier.py``). Call it where every
         rank is (e.g. when the head allocates), never on the first gated call: that call may be
         one some ranks skip."""
-        if self._gate is None and self.peer_stores and self.device.type == "cuda":
+        if self._gate is None and self.peer_stores and (self.device.type == "cuda" or self.device_barrier):
             from .gated_barrier import GatedBarrier
 
             self._gate = GatedBarrier(self)
 
+    def report_timeouts(self, status: torch.Tensor, bit: int, timeout_s: Optional[float] = None) -> None:
+        """Let this transport's device barriers give up on a peer after ``timeout_s`` (default
+        FSDIST_PEER_TIMEOUT_S, else DEFAULT_PEER_TIMEOUT_S) and OR ``bit`` into ``status[1]`` (the caller's
+        int32 [2] status word) instead of waiting forever. After prepare_gated_barrier; no-op without a
+        device barrier (other transports' barriers time out as their library does, or not at all)."""
+        if self._gate is not None:
+            self._gate.attach_status(status, bit, peer_timeout_s() if timeout_s is None else timeout_s)
+
     def gated_barrier(self, count: torch.Tensor, above: int) -> None:
-        """:meth:`barrier` if the integer ``count`` (one int32 on this transport's device) > ``above``,
-        nothing otherwise; every rank must decide the same way (a rank that would skip may also not
-        call). On a GPU with peer stores the device decides (``transports/gated_barrier.py``): no
-        host read, CUDA-graph capturable. Elsewhere the host reads the count: free on CPU, one
-        synchronisation on a GPU (the collective transport, whose callers read it anyway)."""
+        """:meth:`barrier` if the count > ``above``, nothing otherwise; every rank must decide the same
+        way (a rank that would skip may also not call). ``count``: one int32 on this transport's
+        device, or a 1-D bool tensor there whose set entries are counted. On a GPU with peer stores
+        the device decides (``transports/gated_barrier.py``): no host read, CUDA-graph capturable.
+        Elsewhere the host reads the count: free on CPU, one synchronisation on a GPU (the
+        collective transport, whose callers read it anyway)."""
+        from .gated_barrier import check_count, host_count
+
         if self._gate is not None:
             self._gate(count, above)
         elif self.peer_stores and self.device.type == "cuda":
             raise RuntimeError(f"{self.name} transport: gated_barrier() before prepare_gated_barrier()")
-        elif int(count) > above:
-            self.barrier()
+        else:
+            check_count(count, self.device)
+            if host_count(count) > above:
+                self.barrier()
 
     def all_gather_into(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         """out (world_size * n elements) = concatenation of every rank's inp (n elements).

@@ -38,27 +38,76 @@ def _system_fence(x):
 
 
 @triton.jit
-def gated_barrier_kernel(count_ptr, above, pad_table, rank, WORLD: tl.constexpr, FENCE: tl.constexpr):
-    """One program. count_ptr: int32 [1] (the device count); pad_table: int64 [WORLD] base addresses
-    of every rank's pad (int64 [WORLD + 1] each: a slot per rank, then the owner's epoch)."""
-    if tl.load(count_ptr).to(tl.int64) > above:
-        own = tl.load(pad_table + rank).to(tl.pointer_type(tl.int64))
-        epoch_ptr = own + WORLD
-        epoch = tl.load(epoch_ptr) + 1
-        tl.store(epoch_ptr, epoch)
-        if FENCE:
-            _system_fence(rank)
-        for p in tl.static_range(WORLD):  # arrive: slot `rank` of every pad (this rank's too)
-            pad = tl.load(pad_table + p).to(tl.pointer_type(tl.int64))
-            tl.atomic_max(pad + rank, epoch, sem="release", scope="sys")
-        for p in tl.static_range(WORLD):  # wait: every rank's slot of this pad
-            # Adding 0 with acquire semantics at system scope: the compiler emits ld.acquire.sys (a load that
-            # is never served from a stale cache line and orders the loads after it).
-            seen = tl.atomic_add(own + p, 0, sem="acquire", scope="sys")
+def _device_count(count_ptr, n, FLAGS: tl.constexpr, BLOCK: tl.constexpr):
+    """The count: the int32 at count_ptr, or (FLAGS) how many of the n bools there are set."""
+    if FLAGS:
+        total = tl.zeros([], tl.int64)
+        for start in range(0, n, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            total += tl.sum(tl.load(count_ptr + offs, mask=offs < n, other=0).to(tl.int64), axis=0)
+    else:
+        total = tl.load(count_ptr).to(tl.int64)
+    return total
+
+
+@triton.jit
+def _globaltimer(x):
+    """%globaltimer: the device's nanosecond clock (x: a dummy operand, as for the fence)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=tl.int64, is_pure=False,
+                                     pack=1)
+
+
+@triton.jit
+def _pass_barrier(pad_table, rank, status_ptr, timeout_ns, status_bit, WORLD: tl.constexpr, FENCE: tl.constexpr,
+                  TIMEOUT: tl.constexpr):
+    """Arrive (epoch + 1 into slot ``rank`` of every pad), then wait for every rank's slot of the own pad to
+    reach the epoch. TIMEOUT: give up once ``timeout_ns`` have passed since the arrival, and OR ``status_bit``
+    into ``status_ptr[1]`` (the caller's status word for this step): a peer that never comes (it skipped a
+    call, or stalls) then costs an error, not a hang."""
+    own = tl.load(pad_table + rank).to(tl.pointer_type(tl.int64))
+    epoch_ptr = own + WORLD
+    epoch = tl.load(epoch_ptr) + 1
+    tl.store(epoch_ptr, epoch)
+    if FENCE:
+        _system_fence(rank)
+    for p in tl.static_range(WORLD):  # arrive: slot `rank` of every pad (this rank's too)
+        pad = tl.load(pad_table + p).to(tl.pointer_type(tl.int64))
+        tl.atomic_max(pad + rank, epoch, sem="release", scope="sys")
+    if TIMEOUT:
+        t0 = _globaltimer(rank)
+    missing = tl.zeros([], tl.int32)
+    for p in tl.static_range(WORLD):  # wait: every rank's slot of this pad
+        # Adding 0 with acquire semantics at system scope: the compiler emits ld.acquire.sys (a load that
+        # is never served from a stale cache line and orders the loads after it).
+        seen = tl.atomic_add(own + p, 0, sem="acquire", scope="sys")
+        if TIMEOUT:
+            waiting = (seen < epoch) & (_globaltimer(rank) - t0 <= timeout_ns)
+            while waiting:
+                seen = tl.atomic_add(own + p, 0, sem="acquire", scope="sys")
+                waiting = (seen < epoch) & (_globaltimer(rank) - t0 <= timeout_ns)
+        else:
             while seen < epoch:
                 seen = tl.atomic_add(own + p, 0, sem="acquire", scope="sys")
-        if FENCE:
-            _system_fence(rank)
+        missing += (seen < epoch).to(tl.int32)
+    if TIMEOUT:
+        if missing > 0:
+            tl.atomic_or(status_ptr + 1, status_bit)
+    if FENCE:
+        _system_fence(rank)
+
+
+@triton.jit
+def gated_barrier_kernel(count_ptr, n, above, pad_table, rank, status_ptr, timeout_ns, status_bit,
+                         WORLD: tl.constexpr, FENCE: tl.constexpr, FLAGS: tl.constexpr = False,
+                         OPEN: tl.constexpr = False, TIMEOUT: tl.constexpr = False, BLOCK: tl.constexpr = 256):
+    """One program. count_ptr: int32 [1] (the device count), or (FLAGS) bool [n] whose set entries are
+    the count; OPEN: no count, always a barrier. pad_table: int64 [WORLD] base addresses of every rank's
+    pad (int64 [WORLD + 1] each: a slot per rank, then the owner's epoch). TIMEOUT: see _pass_barrier."""
+    if OPEN:
+        _pass_barrier(pad_table, rank, status_ptr, timeout_ns, status_bit, WORLD, FENCE, TIMEOUT)
+    else:
+        if _device_count(count_ptr, n, FLAGS, BLOCK) > above:
+            _pass_barrier(pad_table, rank, status_ptr, timeout_ns, status_bit, WORLD, FENCE, TIMEOUT)
 
 
 class GatedBarrier:
@@ -83,14 +132,56 @@ class GatedBarrier:
         """How many gated barriers this rank has passed (int64 [1], a view into the pad: on the device)."""
         return self.pad.local[self.world:]
 
+    def attach_status(self, status: torch.Tensor, bit: int, timeout_s: float) -> None:
+        """From now on a barrier that waits more than ``timeout_s`` for a peer gives up and ORs ``bit`` into
+        ``status[1]`` (int32 [2] on the pad's device: a step's status word, see ops/step_check.py). On a GPU
+        only (the interpreter has no device clock; there the wait has no limit)."""
+        if status.dtype != torch.int32 or status.numel() < 2 or status.device != self.pad.local.device:
+            raise ValueError(f"status must be int32 [2] on {self.pad.local.device}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self._status, self._bit, self._timeout_ns = status, int(bit), int(timeout_s * 1e9)
+
     def __call__(self, count: torch.Tensor, above: int) -> None:
-        """A full barrier over the group when the device integer ``count`` (int32, one element)
-        exceeds ``above``; nothing otherwise. Every rank must enqueue the same sequence of gated
-        barriers with counts that make the same decision (a rank that skips may also not enqueue)."""
+        """A full barrier over the group when the device count exceeds ``above``; nothing otherwise.
+        ``count``: one int32, or a bool vector whose set entries are counted (in the kernel: e.g. the
+        fallback's row flags, with no reduction launched before). Every rank must enqueue the same
+        sequence of gated barriers with counts that make the same decision (a rank that skips may
+        also not enqueue)."""
+        self._check_pad()
+        check_count(count, self.pad.local.device)
+        self._launch(count, count.numel(), int(above), flags=count.dtype == torch.bool, open_=False)
+
+    def open(self) -> None:
+        """A full barrier over the group, always (the step's exchange and settle when the transport's
+        ``device_barrier`` is on): stream ordered, graph-capturable, with the attached timeout."""
+        self._launch(self.pad.local, 0, 0, flags=False, open_=True)
+
+    def _check_pad(self):
         if self.pad.freed:
             raise RuntimeError(f"{self.transport.name} transport: the gated barrier's pad was freed")
-        if count.dtype != torch.int32 or count.numel() != 1 or count.device != self.pad.local.device:
-            raise ValueError(f"count must be one int32 on {self.pad.local.device}, got {count.numel()} x "
-                             f"{count.dtype} on {count.device}")
-        gated_barrier_kernel[(1,)](count, int(above), self.pad.peer_ptrs, self.rank, WORLD=self.world,
-                                   FENCE=not interpreting(), num_warps=1)
+
+    def _launch(self, count, n, above, flags, open_):
+        self._check_pad()
+        status = getattr(self, "_status", None)
+        timeout = status is not None and not interpreting()
+        gated_barrier_kernel[(1,)](count, n, above, self.pad.peer_ptrs, self.rank,
+                                   status if status is not None else self.pad.local,
+                                   self._timeout_ns if timeout else 0, self._bit if timeout else 0,
+                                   WORLD=self.world, FENCE=not interpreting(), FLAGS=flags, OPEN=open_,
+                                   TIMEOUT=timeout, num_warps=1)
+
+
+def check_count(count: torch.Tensor, device: torch.device) -> None:
+    """Raise ValueError unless ``count`` is a gate's count on ``device``: one int32, or a 1-D bool vector."""
+    ok = isinstance(count, torch.Tensor) and count.device == device and (
+        (count.dtype == torch.int32 and count.numel() == 1) or (count.dtype == torch.bool and count.dim() == 1))
+    if not ok:
+        what = (f"{count.numel()} x {count.dtype} on {count.device}" if isinstance(count, torch.Tensor)
+                else type(count).__name__)
+        raise ValueError(f"count must be one int32 or a 1-D bool tensor on {device}, got {what}")
+
+
+def host_count(count: torch.Tensor) -> int:
+    """The count on the host (a read: a synchronisation on a GPU): the int32, or how many bools are set."""
+    return int(count.sum()) if count.dtype == torch.bool else int(count)
