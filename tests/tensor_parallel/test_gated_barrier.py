@@ -168,7 +168,7 @@ def test_bad_counts_are_refused(dist_ctx, name):
             with pytest.raises(ValueError, match="count must be one int32 or a 1-D bool tensor"):
                 gate(bad, 0)
             with pytest.raises(ValueError, match="count must be one int32 or a 1-D bool tensor"):
-                transport.gated_barrier(bad, 0)  # the host-read path (CPU) checks the same
+                transport.gated_barrier(bad, 0)  # the transport's entry checks first, whatever path follows
     finally:
         transport.close()
     with pytest.raises(RuntimeError, match="pad was freed"):

@@ -223,14 +223,13 @@ class Transport(abc.ABC):
         collective transport, whose callers read it anyway)."""
         from .gated_barrier import check_count, host_count
 
+        check_count(count, self.device)
         if self._gate is not None:
             self._gate(count, above)
         elif self.peer_stores and self.device.type == "cuda":
             raise RuntimeError(f"{self.name} transport: gated_barrier() before prepare_gated_barrier()")
-        else:
-            check_count(count, self.device)
-            if host_count(count) > above:
-                self.barrier()
+        elif host_count(count) > above:
+            self.barrier()
 
     def all_gather_into(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         """out (world_size * n elements) = concatenation of every rank's inp (n elements).

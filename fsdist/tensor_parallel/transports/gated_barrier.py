@@ -18,8 +18,12 @@ slot has reached the epoch (system-scope acquire). Slots only grow, so a fast ra
 in the next barrier (epoch + 1) still releases a slow one. A skipped barrier changes nothing, on
 any rank. Everything stays on the device: CUDA-graph capturable, no host read.
 
-Like every device barrier it waits without a timeout for peers that never arrive; the gate exists
-so that they always arrive or all skip.
+The gate exists so that peers always arrive or all skip. For a peer that never arrives anyway (it
+skipped a call, or stalls), a barrier with a status word attached (``attach_status``, on a GPU: the
+interpreter has no device clock) gives up after a timeout and ORs a status bit into the caller's
+step status instead of waiting forever. ``open()`` is the same barrier without a count: with
+``Transport.device_barrier`` (FSDIST_DEVICE_BARRIER=1) every step barrier of a peer-store head is
+this one, so a skipped call costs the peers an error, not a hang (docs/tensor_parallel.md, section 5).
 """
 import torch
 import triton
