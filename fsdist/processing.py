@@ -32,6 +32,7 @@ from typing import Optional, Tuple
 import torch
 
 from .ops.prepare_processors import KIND_BIAS, KIND_OUTPUT, KIND_PROMPT, SENTINEL, launch_prepare, search_rounds
+from .ops.step_check import processor_fingerprint
 from . import validation
 from .params import RowParams
 from .types import Penalties, SparseLogits
@@ -91,23 +92,12 @@ class LogitProcessing:
         return RowParams(t, params.seed, params.offset, params.top_k, params.top_p, params.min_p,
                          params.fingerprint, self)
 
-    def row_fingerprint(self) -> torch.Tensor:
-        """int64 [B]: a cheap hash of each row's processor inputs, for the tensor-parallel call
-        header (ranks that disagree on a bitmask word, an entry or a penalty are caught, up
-        to sums that happen to agree)."""
-        fp = 0
-        if self.bad_rows is not None:
-            fp = self.bad_rows.to(torch.int64)
-        if self.bitmask is not None:
-            fp = fp * 1000003 + self.bitmask.sum(dim=1, dtype=torch.int64)
-        if self.entries is not None:
-            fp = fp * 1000033 + self.entries.sum(dim=1, dtype=torch.int64)
-            fp = fp * 1000037 + self.values.view(torch.int32).sum(dim=1, dtype=torch.int64)
-        if self.penalties is not None:
-            # no torch.tensor(list, device=...): a host-to-device copy would sync (and break capture)
-            rep, freq, pres = self.penalties.view(torch.int32).to(torch.int64).unbind(0)
-            fp = fp * 1000039 + rep + freq * 7919 + pres * 104729
-        return fp
+    def row_fingerprint(self, xor=0):
+        """int64 [B]: a cheap hash of each row's processor inputs, XOR ``xor`` (an int or int64 [B]: the
+        filters' fingerprint), for the tensor-parallel call header (ranks that disagree on a bitmask word,
+        an entry or a penalty are caught, up to sums that happen to agree). One launch
+        (``ops.step_check.processor_fingerprint``); ``xor`` itself when no processor is present."""
+        return processor_fingerprint(self.bitmask, self.entries, self.values, self.penalties, self.bad_rows, xor)
 
 
 def has_entries(processing: Optional[LogitProcessing]) -> bool:

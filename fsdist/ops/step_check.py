@@ -142,6 +142,81 @@ def filter_fingerprint(top_k, top_p, min_p):
     return out
 
 
+# Multipliers of the processor fingerprint (primes near 10**6), in the order its terms are folded.
+FP_BITMASK, FP_ENTRIES, FP_VALUES, FP_PENALTIES = 1000003, 1000033, 1000037, 1000039
+FP_FREQUENCY, FP_PRESENCE = 7919, 104729
+_FP_BITMASK, _FP_ENTRIES, _FP_VALUES = tl.constexpr(FP_BITMASK), tl.constexpr(FP_ENTRIES), tl.constexpr(FP_VALUES)
+_FP_PENALTIES, _FP_FREQUENCY, _FP_PRESENCE = tl.constexpr(FP_PENALTIES), tl.constexpr(FP_FREQUENCY), tl.constexpr(FP_PRESENCE)
+
+
+@triton.jit
+def _row_sum(ptr, stride_c, n, IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr):
+    """int64 sum of a row's n int32 entries (IS_FLOAT: the fp32 entries' bit patterns as int32)."""
+    acc = tl.zeros([], tl.int64)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        if IS_FLOAT:
+            x = tl.load(ptr + offs * stride_c, mask=offs < n, other=0.0).to(tl.int32, bitcast=True)
+        else:
+            x = tl.load(ptr + offs * stride_c, mask=offs < n, other=0)
+        acc += tl.sum(x.to(tl.int64), axis=0)
+    return acc
+
+
+@triton.jit
+def processor_fingerprint_kernel(out_ptr, bad_ptr, bm_ptr, bm_stride_r, bm_stride_c, W, ent_ptr, ent_stride_r,
+                                 ent_stride_c, val_ptr, val_stride_r, val_stride_c, S, pen_ptr, pen_stride,
+                                 xor_ptr, xor_val, BAD: tl.constexpr, BITMASK: tl.constexpr,
+                                 ENTRIES: tl.constexpr, PENALTIES: tl.constexpr, XOR_ROW: tl.constexpr,
+                                 BLOCK: tl.constexpr):
+    """One program per row: the processors' fingerprint (bad flag, then the bitmask's, entries' and bias
+    values' sums, then the penalties' bits, each folded in with its multiplier), XOR the filters'."""
+    row = tl.program_id(0).to(tl.int64)
+    fp = tl.zeros([], tl.int64)
+    if BAD:
+        fp = tl.load(bad_ptr + row).to(tl.int64)
+    if BITMASK:
+        fp = fp * _FP_BITMASK + _row_sum(bm_ptr + row * bm_stride_r, bm_stride_c, W, False, BLOCK)
+    if ENTRIES:
+        fp = fp * _FP_ENTRIES + _row_sum(ent_ptr + row * ent_stride_r, ent_stride_c, S, False, BLOCK)
+        fp = fp * _FP_VALUES + _row_sum(val_ptr + row * val_stride_r, val_stride_c, S, True, BLOCK)
+    if PENALTIES:
+        rep = tl.load(pen_ptr + row).to(tl.int32, bitcast=True).to(tl.int64)
+        freq = tl.load(pen_ptr + pen_stride + row).to(tl.int32, bitcast=True).to(tl.int64)
+        pres = tl.load(pen_ptr + 2 * pen_stride + row).to(tl.int32, bitcast=True).to(tl.int64)
+        fp = fp * _FP_PENALTIES + rep + freq * _FP_FREQUENCY + pres * _FP_PRESENCE
+    if XOR_ROW:
+        fp = fp ^ tl.load(xor_ptr + row)
+    else:
+        fp = fp ^ xor_val
+    tl.store(out_ptr + row, fp)
+
+
+def processor_fingerprint(bitmask, entries, values, penalties, bad_rows, xor=0):
+    """int64 [B]: a hash of each row's processor inputs XOR ``xor`` (an int, or int64 [B]: the filters'
+    fingerprint), for the tensor-parallel call header, in one launch (the torch ops it replaces cost a
+    dozen launches per call). bitmask int32 [B, W], entries int32 [B, S] with values fp32 [B, S],
+    penalties fp32 [3, B], bad_rows bool [B]: each may be None; all None gives ``xor`` back unchanged."""
+    present = [t for t in (bad_rows, bitmask, entries, penalties) if t is not None]
+    if not present:
+        return xor
+    B, device = (present[0].shape[1] if present[0] is penalties else present[0].shape[0]), present[0].device
+    out = torch.empty(B, dtype=torch.int64, device=device)
+    bm = bitmask if bitmask is not None else out.view(B, 1)
+    ent = entries if entries is not None else out.view(B, 1)
+    val = values if entries is not None else out.view(B, 1)
+    pen = penalties if penalties is not None else out.view(1, B)
+    xor_row = isinstance(xor, torch.Tensor)
+    if B:
+        processor_fingerprint_kernel[(B,)](
+            out, bad_rows if bad_rows is not None else out, bm, bm.stride(0), bm.stride(1), bm.shape[1],
+            ent, ent.stride(0), ent.stride(1), val, val.stride(0), val.stride(1), ent.shape[1],
+            pen, pen.stride(0), xor if xor_row else out, 0 if xor_row else int(xor),
+            BAD=bad_rows is not None, BITMASK=bitmask is not None, ENTRIES=entries is not None,
+            PENALTIES=penalties is not None, XOR_ROW=xor_row, BLOCK=1024, num_warps=4)
+    return out
+
+
 def describe_status(bits: int) -> str:
     """Human-readable list of what a status word says."""
     what = []
@@ -316,7 +391,8 @@ def new_status(device) -> torch.Tensor:
     return torch.zeros(2, dtype=torch.int32, device=device)
 
 
-__all__ = ["HeaderCheck", "call_flags", "filter_fingerprint", "FLAG_EXTENDED", "STATUS_PEER_TIMEOUT", "RECORD_WORDS", "FLAG_LOGPROBS", "FLAG_CHUNKED", "ERROR_INPUT", "STATUS_RECORD_MISMATCH",
+__all__ = ["HeaderCheck", "call_flags", "filter_fingerprint", "processor_fingerprint", "FLAG_EXTENDED",
+           "STATUS_PEER_TIMEOUT", "RECORD_WORDS", "FLAG_LOGPROBS", "FLAG_CHUNKED", "ERROR_INPUT", "STATUS_RECORD_MISMATCH",
            "STATUS_PEER_ERROR", "STATUS_ROW_MISMATCH", "describe_status", "row_fingerprint", "write_row_fingerprints",
            "write_step_record", "check_headers", "launch_step_record", "launch_verify_step", "launch_end_step", "new_status",
            "finish_step", "last_program_finishes_step", "new_ticket"]

@@ -143,7 +143,7 @@ def prepare_call(head, hidden, temperature, seed, offset, return_logprobs, weigh
         # Poisoned rows get a NaN temperature; the processors' hash joins the row fingerprint
         # so ranks given different bitmasks, biases or penalties are caught (step_check.py).
         params = processing.apply_to(params)
-        params = dataclasses.replace(params, fingerprint=processing.row_fingerprint() ^ params.fingerprint)
+        params = dataclasses.replace(params, fingerprint=processing.row_fingerprint(xor=params.fingerprint))
     if hidden.stride(1) != 1:
         hidden = hidden.contiguous()
     return hidden, w.detach(), params, opts

@@ -18,7 +18,7 @@ from fsdist.ops.parity import DeviceParity
 from fsdist.ops.plan import launch_stage1, plan_sample
 from fsdist.ops.step_check import (ERROR_INPUT, FLAG_CHUNKED, FLAG_LOGPROBS, RECORD_WORDS, STATUS_PEER_ERROR,
                                    STATUS_RECORD_MISMATCH, STATUS_ROW_MISMATCH, STREAM_CHECK, HeaderCheck,
-                                   call_flags, describe_status, filter_fingerprint, launch_step_record, launch_verify_step, new_status,
+                                   call_flags, describe_status, filter_fingerprint, launch_step_record, processor_fingerprint, launch_verify_step, new_status,
                                    new_ticket, write_row_fingerprints, writes_header)
 from fsdist.params import RowParams
 from fsdist.reference import philox_uniform_bits
@@ -116,6 +116,52 @@ def test_filter_fingerprint_kernel_matches_its_mirror_and_the_scalar_path(B, whi
             for n, v in scal.items()}
     assert (filter_fingerprint(**same).cpu() == filter_fingerprint(**scal)).all()
     assert filter_fingerprint(0, 1.0, 0.0) == 0
+
+
+def mirror_processor_fingerprint(bitmask, entries, values, penalties, bad_rows):
+    """The processor fingerprint as int64 torch ops (what LogitProcessing.row_fingerprint computed before its
+    kernel)."""
+    fp = 0
+    if bad_rows is not None:
+        fp = bad_rows.cpu().to(torch.int64)
+    if bitmask is not None:
+        fp = fp * 1000003 + bitmask.cpu().sum(dim=1, dtype=torch.int64)
+    if entries is not None:
+        fp = fp * 1000033 + entries.cpu().sum(dim=1, dtype=torch.int64)
+        fp = fp * 1000037 + values.cpu().view(torch.int32).sum(dim=1, dtype=torch.int64)
+    if penalties is not None:
+        rep, freq, pres = penalties.cpu().view(torch.int32).to(torch.int64).unbind(0)
+        fp = fp * 1000039 + rep + freq * 7919 + pres * 104729
+    return fp
+
+
+@pytest.mark.parametrize("parts", ["all", "bitmask", "entries", "penalties", "bad+bitmask", "bitmask+penalties"])
+@pytest.mark.parametrize("xor", ["none", "int", "tensor"])
+def test_processor_fingerprint_kernel_matches_its_mirror(parts, xor):
+    """The one-launch processor fingerprint equals the int64 torch formula (rows past one 1,024-word block, a
+    non-contiguous bitmask view, negative words, bias values' float bits), XOR the filters' fingerprint (an int
+    or [B]); nothing present gives the xor back; one changed word changes exactly its row (the check's power)."""
+    g = torch.Generator().manual_seed(len(parts) * 7 + len(xor))
+    B, W, S = 5, 2100, 37
+    full = torch.randint(-2**31, 2**31 - 1, (B, W + 3), generator=g, dtype=torch.int64).to(torch.int32)
+    have = set({"all": "bad bitmask entries penalties"}.get(parts, parts.replace("+", " ")).split())
+    bitmask = full[:, 1:W + 1] if "bitmask" in have else None  # a view with a row stride of W + 3
+    entries = torch.randint(0, 2**29, (B, S), generator=g, dtype=torch.int32) if "entries" in have else None
+    values = torch.randn(B, S, generator=g) if "entries" in have else None
+    penalties = torch.rand(3, B, generator=g) * 2 if "penalties" in have else None
+    bad = torch.tensor([False, True, False, False, True]) if "bad" in have else None
+    x = {"none": 0, "int": 0x1234567890AB, "tensor": torch.randint(-2**62, 2**62, (B,), generator=g)}[xor]
+    dev = [t.to(DEV) if t is not None else None for t in (bitmask, entries, values, penalties, bad)]
+    xd = x.to(DEV) if isinstance(x, torch.Tensor) else x
+    got = processor_fingerprint(*dev, xd)
+    want = mirror_processor_fingerprint(bitmask, entries, values, penalties, bad) ^ x
+    assert torch.equal(got.cpu(), want)
+    if bitmask is not None:
+        changed = dev[0].clone()
+        changed[3, W - 1] ^= 1 << 7
+        diff = (processor_fingerprint(changed, *dev[1:], xd) != got).nonzero().flatten().tolist()
+        assert diff == [3], diff
+    assert processor_fingerprint(None, None, None, None, None, xd) is xd
 
 
 @pytest.mark.parametrize("what", ["seed", "offset", "temperature"])
