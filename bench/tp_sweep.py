@@ -35,6 +35,9 @@ Methods (``--transports`` x ``--reductions`` for fsdist, ``--baselines`` for the
 ``--filters top_k_top_p`` (top-k 50 + top-p 0.9) or ``min_p`` (0.05) passes those filters as [B]
 device tensors to every fsdist method and to ag_filtered (the serving case of issue 11); the JSON is
 then tp_sweep_<filters>_tp<N>_..., and the speedup column reads the TP=1 JSON of the same filters.
+``--filters bitmask``, ``bias_pen`` or ``processors_all`` passes logit processors instead (kernel_bench's
+sets: the token bitmask, logit bias + penalties on 1,000 ids per row, or all; issue 12 across TP), the same
+tensors on every rank; ag_filtered then applies them in torch after the all-gather.
 
 Timing: every rank runs the same iterations in lock-step; each run is a barrier, then
 ``--iters`` back-to-back calls between CUDA events; a run's time per call is the
@@ -155,7 +158,11 @@ def make_baselines(group, world: int, V: int, has_greedy: bool):
     def ag_gumbel(h, Ws, temperature):
         return bl.gumbel_argmax_from_logits(gather_logits(h, Ws), temperature)
 
-    def filtered(logits, temperature, top_k=0, top_p=1.0, min_p=None):
+    def filtered(logits, temperature, top_k=0, top_p=1.0, min_p=None, **processors):
+        if processors:  # --filters bitmask / bias_pen: the processors in torch, then the Gumbel argmax
+            from kernel_bench import torch_processed_logits
+
+            return bl.gumbel_argmax_from_logits(torch_processed_logits(logits, **processors), temperature)
         if min_p is not None:
             return bl.min_p_from_logits(logits, temperature, min_p, has_greedy=has_greedy)
         # the top-p cumsum stays eager, as in kernel_bench's torch_topk_topp_compiled_es: torch 2.11's Inductor
@@ -163,8 +170,8 @@ def make_baselines(group, world: int, V: int, has_greedy: bool):
         return bl.top_k_top_p_from_logits(logits, temperature, top_k, top_p, has_greedy=has_greedy,
                                           cumsum=bl.eager_row_cumsum)
 
-    def ag_filtered(h, Ws, temperature, top_k=0, top_p=1.0, min_p=None):
-        return filtered(gather_logits(h, Ws), temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    def ag_filtered(h, Ws, temperature, top_k=0, top_p=1.0, min_p=None, **processors):
+        return filtered(gather_logits(h, Ws), temperature, top_k=top_k, top_p=top_p, min_p=min_p, **processors)
 
     return {"ag_matmul": ag_matmul, "ag_multinomial": ag_multinomial, "ag_gumbel": ag_gumbel,
             "ag_filtered": ag_filtered, "gather_logits": gather_logits, "filtered": filtered}
@@ -173,8 +180,36 @@ def make_baselines(group, world: int, V: int, has_greedy: bool):
 # The filters of --filters, as (name, dtype, value) per argument: every row the same value, passed as [B] tensors.
 FILTERS = {"none": [], "top_k_top_p": [("top_k", torch.int32, 50), ("top_p", torch.float32, 0.9)],
            "min_p": [("min_p", torch.float32, 0.05)]}
+# Logit processors as --filters sets (issue 12 across TP): kernel_bench's processor groups, built by its
+# ShapeCtx.set_processors (bitmask density 0.5 with row 0 all ones; 500 bias + 250 output + 250 prompt ids per
+# row on GPUs, 20 + 10 + 10 on CPU), the same tensors on every rank (a seeded generator).
+PROCESSOR_SETS = {"bitmask": "bitmask", "bias_pen": "bias_pen", "processors_all": "all"}
 # Baselines that sample without filters: refused with --filters (they would not do the same work).
 UNFILTERED_BASELINES = ("ag_multinomial", "ag_gumbel", "ag_fi2")
+
+
+def processor_rows(name: str, batches, D: int, V: int, dtype, device, on_gpu: bool):
+    """Per batch size: (the head's / fsdist.sample's processor arguments, ag_filtered's tensors)."""
+    from kernel_bench import ShapeCtx
+
+    ctx = ShapeCtx(D=D, V=V, dtype=dtype, device=device, T=1.0,
+                   proc_cfg={"density": 0.5, "n_bias": 500 if on_gpu else 20, "n_output": 250 if on_gpu else 10,
+                             "n_prompt": 250 if on_gpu else 10})
+    group, head_kw, bl_kw = PROCESSOR_SETS[name], {}, {}
+    for B in batches:
+        gen = torch.Generator(device=device).manual_seed(1000 + B)  # the same on every rank
+        ctx.set_processors(B, gen)
+        head_kw[B] = ctx.processor_kwargs(group)
+        kw = {}
+        if "token_bitmask" in head_kw[B]:
+            kw["token_bitmask"] = ctx.bitmask_t
+        if "logit_bias" in head_kw[B]:
+            kw.update(bias_ids=ctx.bias_ids_t, bias_vals=ctx.bias_vals_t)
+        if "penalties" in head_kw[B]:
+            kw.update(rep=ctx.rep_t, freq=ctx.freq_t, pres=ctx.pres_t, output_ids=ctx.out_ids_t,
+                      prompt_ids=ctx.prompt_ids_t)
+        bl_kw[B] = kw
+    return head_kw, bl_kw
 
 
 def sweep_name(filters: str) -> str:
@@ -295,9 +330,10 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, help="warm-up calls (GPU 10, CPU 1)")
     p.add_argument("--rotate", type=int, default=4, help="hidden-state buffers rotated over")
     p.add_argument("--logprobs", action="store_true", help="fsdist methods also return logprobs")
-    p.add_argument("--filters", default="none", choices=list(FILTERS),
+    p.add_argument("--filters", default="none", choices=list(FILTERS) + list(PROCESSOR_SETS),
                    help="per-row filters ([B] device tensors) for fsdist and ag_filtered: top_k_top_p (50, 0.9) "
-                        "or min_p (0.05)")
+                        "or min_p (0.05); or logit processors: bitmask, bias_pen (logit bias + penalties on 1,000 "
+                        "ids per row) or processors_all (ag_filtered then applies them in torch)")
     p.add_argument("--graph", action="store_true",
                    help="GPU: also time every fsdist head as a CUDA-graph replay (method fsdist_graph/...)")
     p.add_argument("--ab-device-barrier", action="store_true",
@@ -460,7 +496,7 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
     transports = [t for t in (args.transports or ("nvshmem,symm_mem,collective" if on_gpu else "shm,collective"))
                   .split(",") if t]
     reductions = [r for r in args.reductions.split(",") if r]
-    if args.filters != "none" and "group_logmass" in reductions:
+    if args.filters in FILTERS and args.filters != "none" and "group_logmass" in reductions:
         if args.reductions != "candidates,group_logmass":  # asked for explicitly
             raise SystemExit("--filters: the group_logmass reduction takes no filters; use --reductions candidates")
         reductions = ["candidates"]
@@ -528,7 +564,7 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                       "row_temperatures": C.describe_row_temperatures(args.temperature, args.temperature_spread,
                                                                       args.greedy_rows),
                       "logprobs": args.logprobs, "rotate": args.rotate, "graph": args.graph,
-                      "filters": args.filters, "filter_values": {k: v for k, _, v in FILTERS[args.filters]},
+                      "filters": args.filters, "filter_values": {k: v for k, _, v in FILTERS.get(args.filters, ())},
                       "ab_merge_end_step": args.ab_merge_end_step, "ab_device_barrier": args.ab_device_barrier},
                 json_path=str(writer.path) if writer.enabled else None)
     tp1 = find_tp1(C.gpu_slug(device), args.baseline_json, args.filters) if world > 1 else None
@@ -608,13 +644,17 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
         offs = {B: torch.full((B,), 3, device=device, dtype=torch.int64) for B in batches}
         temps = {B: C.row_temperatures(B, args.temperature, args.temperature_spread, args.greedy_rows, device)
                  for B in batches}
-        filt = {B: {k: torch.full((B,), v, dtype=dt, device=device) for k, dt, v in FILTERS[args.filters]}
+        filt = {B: {k: torch.full((B,), v, dtype=dt, device=device) for k, dt, v in FILTERS.get(args.filters, ())}
                 for B in batches}
+        bl_filt = dict(filt)  # ag_filtered's keyword tensors (the processors unpacked)
+        if args.filters in PROCESSOR_SETS:
+            filt, bl_filt = processor_rows(args.filters, batches, D, V, dtype, device, on_gpu)
         if compile_baselines:
             for B in batches:
                 if B >= 2:
                     for t in [temps[B], *filt[B].values()]:
-                        torch._dynamo.mark_dynamic(t, 0)
+                        if isinstance(t, torch.Tensor):
+                            torch._dynamo.mark_dynamic(t, 0)
         log(f"shape D={D} V={V} (padded {part.padded_vocab_size}, {part.rows} rows per rank)")
 
         methods: List[tuple] = [(f"fsdist/{t}/{r}", t, r) for t in transports for r in reductions]
@@ -683,7 +723,7 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                         # traces through torch.distributed._functional_collectives)
                         f = torch.compile(f)
                     if name == "ag_filtered":
-                        fn_of = (lambda B, _f=f: (lambda x: _f(x, shard, temps[B], **filt[B])))
+                        fn_of = (lambda B, _f=f: (lambda x: _f(x, shard, temps[B], **bl_filt[B])))
                     else:
                         fn_of = (lambda B, _f=f: (lambda x: _f(x, shard, temps[B])))
             except Exception as e:  # noqa: BLE001
