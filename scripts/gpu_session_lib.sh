@@ -2,6 +2,8 @@
 # gpu_tests_parallel.sh): the safe environment (gpu_env.sh), $OUT (default bench/results) created, the GPU,
 # driver and versions printed first (so every log says what it ran on), $start for elapsed times, and
 #   wants PART                      true when PART is one of the words of $PARTS
+#   carried_wheels                  installs the wheels a call carried in .whl/ (e.g. nvshmem4py for the nvshmem
+#                                   cases; carry=[".whl"]) into /tmp/site and puts it on PYTHONPATH; none: nothing
 #   run_part NAME SECONDS LOG CMD.. CMD under a hard timeout, output to $OUT/LOG; prints NAME's exit status,
 #                                   the elapsed time and the log's last $TAIL lines (default 15)
 start=$SECONDS  # first: callers budget their parts against the whole call
@@ -21,4 +23,11 @@ run_part() {
   echo "$name rc=$rc after $((SECONDS - start))s"
   tail -"${TAIL:-15}" "$OUT/$log"
   return $rc
+}
+
+carried_wheels() {
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH="$PYTHONPATH:/tmp/site" || echo "warning: installing the carried wheels failed" >&2
+  fi
 }

@@ -10,10 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_session_lib.sh
 PARTS="${PARTS:-filtered plain tests}"
-if ls .whl/*.whl >/dev/null 2>&1; then  # nvshmem4py for the nvshmem cases
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
+carried_wheels  # nvshmem4py for the nvshmem cases
 common=(--shapes "${TPF_SHAPES:-4096x151936}" --batches "${TPF_BATCHES:-1,16,64}" --transports nvshmem
         --reductions candidates --runs 3 --iters 50 --graph --profile-breakdown)
 rc=0

@@ -28,10 +28,7 @@ for part in filtered plain; do
     bash bench/run_gpu.sh tp "1 2" "${common[@]}" "${extra[@]}" || rc=1
 done
 if wants tests; then
-  if ls .whl/*.whl >/dev/null 2>&1; then  # nvshmem4py for the nvshmem cases
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-      && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-  fi
+  carried_wheels  # nvshmem4py for the nvshmem cases
   export FSDIST_TEST_HARD_TIMEOUT=120 FSDIST_TEST_TIMEOUT=90  # a hang fails its test
   TORCHRUN_ARGS=--no-python timeout -s INT -k 20 "${TESTS_TIMEOUT:-540}" launch/torchrun.sh 2 bash scripts/rank_pytest.sh \
     tp_gpu_tests -v -p no:warnings -p no:cacheprovider -rfE --durations=15 ${TP_TESTS:-tests/tensor_parallel/test_gated_barrier.py \

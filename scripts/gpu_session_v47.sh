@@ -12,10 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_session_lib.sh
 PARTS="${PARTS:-tests sweep}"
-if ls .whl/*.whl >/dev/null 2>&1; then  # nvshmem4py for the nvshmem cases
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
+carried_wheels  # nvshmem4py for the nvshmem cases
 rc=0
 if wants tests; then
   export FSDIST_TEST_HARD_TIMEOUT=90 FSDIST_TEST_TIMEOUT=60
