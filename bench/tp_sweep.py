@@ -682,16 +682,21 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                     # the seam's hook stamps stage 1 / stage 2 for --profile-breakdown; no seam otherwise
                     endk = name.endswith("_endk")
                     seam = HeadTestSeam(merge_ends_step=not endk) if (args.profile_breakdown or endk) else None
+                    # The A/B pair differs in FSDIST_DEVICE_BARRIER alone (read by the transport the head builds):
+                    # set for _devbar heads, cleared for the others, the caller's value restored after.
                     devbar = name.endswith("_devbar")
-                    if devbar:
-                        os.environ["FSDIST_DEVICE_BARRIER"] = "1"  # read by the transport the head builds
+                    before = os.environ.get("FSDIST_DEVICE_BARRIER")
+                    if args.ab_device_barrier:
+                        os.environ["FSDIST_DEVICE_BARRIER"] = "1" if devbar else "0"
                     try:
                         head = fsdist.ShardedFlashLMHead(D, V, tp_group=group, transport=transport,
                                                          reduction=reduction, params_dtype=dtype, device=device,
                                                          max_batch_size=max(batches), test_seam=seam)
                     finally:
-                        if devbar:
+                        if before is None:
                             os.environ.pop("FSDIST_DEVICE_BARRIER", None)
+                        else:
+                            os.environ["FSDIST_DEVICE_BARRIER"] = before
                     if devbar and not head.transport.device_barrier:
                         raise RuntimeError("the head's transport did not take FSDIST_DEVICE_BARRIER=1")
                     head.load_full_weight(W_full)

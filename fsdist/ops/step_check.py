@@ -124,14 +124,15 @@ def filter_fingerprint(top_k, top_p, min_p):
         mixed = (_filter_bits(top_k, True) * FP_TOP_K + _filter_bits(top_p, False) * FP_TOP_P
                  + _filter_bits(min_p, False) * FP_MIN_P)
         return (mixed & 0x7FFFFFFFFFFFFFFF) | 1
-    device, B = tensors[0].device, tensors[0].numel()
+    device, B = tensors[0].device, max(t.numel() for t in tensors)
     out = torch.empty(B, dtype=torch.int64, device=device)
     args = []
     for x, is_int in ((top_k, True), (top_p, False), (min_p, False)):
         if isinstance(x, torch.Tensor):
-            if x.numel() != B:
+            if x.numel() not in (1, B):
                 raise ValueError(f"filter_fingerprint: per-row filters of different lengths ({x.numel()} and {B})")
-            args.append((x.reshape(-1), 0))
+            # dense [B] (the kernel reads rows at unit stride; a one-element tensor stands for every row)
+            args.append((x.reshape(-1).expand(B).contiguous(), 0))
         else:
             args.append((out, _filter_bits(x, is_int)))  # out: a pointer the kernel never reads
     (kp, kb), (pp, pb), (mp, mb) = args
@@ -202,6 +203,10 @@ def processor_fingerprint(bitmask, entries, values, penalties, bad_rows, xor=0):
         return xor
     B, device = (present[0].shape[1] if present[0] is penalties else present[0].shape[0]), present[0].device
     out = torch.empty(B, dtype=torch.int64, device=device)
+    # the kernel reads these rows at unit stride (the 2-D ones take their strides): no-ops for the head's tensors
+    bad_rows = bad_rows.contiguous() if bad_rows is not None else None
+    penalties = penalties.contiguous() if penalties is not None else None
+    xor = xor.reshape(-1).contiguous() if isinstance(xor, torch.Tensor) else xor
     bm = bitmask if bitmask is not None else out.view(B, 1)
     ent = entries if entries is not None else out.view(B, 1)
     val = values if entries is not None else out.view(B, 1)

@@ -49,7 +49,6 @@ from ..ops.layout import CandidateLayout
 from ..ops.merge_candidates import launch_merge
 from ..ops.plan import launch_stage1
 from ..ops.select_filtered import launch_select_filtered
-from ..ops.step_check import STATUS_PEER_TIMEOUT
 from ..params import RowParams
 from ..processing import has_entries
 from .reduction import CallOptions, Reduction, StepFailedLocally
@@ -87,9 +86,7 @@ class CandidatesReduction(Reduction):
         rows = FALLBACK_ROWS if self.transport.peer_stores else FALLBACK_ROWS_COLLECTIVE
         self.pool_layout = PoolLayout(rows, self.partition.rows, self.tp)
         self.pool = self.transport.alloc(self.pool_layout.numel, torch.float32)
-        self.transport.prepare_gated_barrier()  # the fallback's rounds (every rank is here)
-        # A device barrier that waits too long for a peer reports it in this head's status word.
-        self.transport.report_timeouts(self.monitor.status, STATUS_PEER_TIMEOUT)
+        self._prepare_barriers()  # the fallback's rounds, and the step's with device_barrier
 
     def _blocks(self):
         full = self._layout()

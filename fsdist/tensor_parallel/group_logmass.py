@@ -43,6 +43,7 @@ class GroupLogmassReduction(Reduction):
         self.exchange_layout = ExchangeLayout(self.tp, self.capacity, checked=True)
         self.buffers = StepBuffers(self.transport, self.exchange_layout.float_numel, self.exchange_layout.int_numel,
                                    self.counter, self.seam.num_buffers)
+        self._prepare_barriers()  # the step's barrier, with device_barrier on
 
     def _blocks(self):
         return self.exchange_layout.stride_rank, self.exchange_layout.stride_rank_i

@@ -23,7 +23,7 @@ import torch
 
 from ..ops.plan import SamplePlan, plan_sample, raw_sums_needed, winner_logits_needed
 from ..ops.step_check import (HeaderCheck, call_flags, launch_end_step, launch_step_record, launch_verify_step,
-                              new_ticket)
+                              new_ticket, STATUS_PEER_TIMEOUT)
 from ..params import LOGPROBS_MODES, RowParams
 from .health import StepMonitor
 from .testing import HeadTestSeam
@@ -154,6 +154,12 @@ class Reduction:
 
     def header_check(self) -> HeaderCheck:
         return HeaderCheck(self.rank, self.monitor.status)
+
+    def _prepare_barriers(self) -> None:
+        """Collective (every rank allocates here): the transport's device barrier (the fallback's gated rounds;
+        every step barrier with ``device_barrier`` on), whose timeouts report into this head's status word."""
+        self.transport.prepare_gated_barrier()
+        self.transport.report_timeouts(self.monitor.status, STATUS_PEER_TIMEOUT)
 
     def capturing(self) -> bool:
         """Whether the current stream of this reduction's device is capturing a CUDA graph."""

@@ -164,6 +164,23 @@ def test_processor_fingerprint_kernel_matches_its_mirror(parts, xor):
     assert processor_fingerprint(None, None, None, None, None, xd) is xd
 
 
+def test_fingerprints_read_strided_views_and_one_element_filters_like_dense_rows():
+    """The kernels read rows at unit stride: strided views (every other row, a transposed penalty table, a strided
+    bad-row or xor vector) and a one-element filter tensor (standing for every row) give the dense rows' bits."""
+    k = torch.arange(12, dtype=torch.int32, device=DEV)[::2]
+    assert torch.equal(filter_fingerprint(k, 0.9, 0.0), filter_fingerprint(k.contiguous(), 0.9, 0.0))
+    p4 = torch.full((4,), 0.9, device=DEV)
+    assert torch.equal(filter_fingerprint(torch.tensor(50, dtype=torch.int32, device=DEV), p4, 0.0),
+                       filter_fingerprint(torch.full((4,), 50, dtype=torch.int32, device=DEV), p4, 0.0))
+    g = torch.Generator().manual_seed(3)
+    pen = torch.rand(4, 3, generator=g).to(DEV).t()  # [3, 4] with stride (1, 3)
+    bad = torch.tensor([True, False, False, True, True, False, False, False], device=DEV)[::2]
+    xor = torch.arange(8, device=DEV)[::2]
+    got = processor_fingerprint(None, None, None, pen, bad, xor)
+    assert torch.equal(got.cpu(), mirror_processor_fingerprint(None, None, None, pen.contiguous(), bad.contiguous())
+                       ^ xor.cpu().contiguous())
+
+
 @pytest.mark.parametrize("what", ["seed", "offset", "temperature"])
 def test_fingerprint_changes_with_every_bit_of_its_inputs(what):
     """Flipping any single bit of seed, offset or temperature changes every row's fingerprint."""

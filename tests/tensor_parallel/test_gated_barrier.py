@@ -158,16 +158,51 @@ def test_a_closed_gate_on_some_ranks_only_keeps_the_group_in_step(dist_ctx, name
 
 @mpi
 @pytest.mark.parametrize("name", PEER_TRANSPORTS)
+def test_a_poisoned_slot_is_reported_by_every_later_barrier(dist_ctx, name):
+    """What a rank that timed out leaves behind (POISON in its slot of every pad, written here by hand: the
+    interpreter has no device clock to time out with) makes every later barrier of every rank pass and report
+    the timeout in both status words, so ranks whose epochs drifted apart cannot pass a barrier silently; before
+    the poison the same barriers report nothing (the check's power)."""
+    from fsdist.tensor_parallel.transports.gated_barrier import POISON
+
+    ctx = dist_ctx
+    transport, data, gate = _setup(ctx, name)
+    status = torch.zeros(2, dtype=torch.int32, device=ctx.device)
+    gate.attach_status(status, 8, 5.0)
+    gate.open()
+    gate(_flags(2, ctx), 1)
+    clean = status.cpu().tolist()
+    _sync(ctx)
+    transport.barrier()
+    if ctx.rank == ctx.world_size - 1:
+        _store_into_peers[(1,)](gate.pad.peer_ptrs, POISON.value, ctx.rank, WORLD=ctx.world_size)
+        _sync(ctx)
+    transport.barrier()
+    gate.open()
+    after_open = status.cpu().tolist()
+    status.zero_()
+    gate(_flags(2, ctx), 1)
+    after_gated = status.cpu().tolist()
+    transport.close()
+    everyone = gather_objects((clean, after_open, after_gated))
+    for rank, (c, o, g) in enumerate(everyone):
+        assert c == [0, 0], f"rank {rank}: a clean barrier reported {c}"
+        assert o == [8, 8] and g == [8, 8], f"rank {rank}: after the poison, open {o}, gated {g}"
+
+
+@mpi
+@pytest.mark.parametrize("name", PEER_TRANSPORTS)
 def test_bad_counts_are_refused(dist_ctx, name):
     transport, data, gate = _setup(dist_ctx, name)
     try:
         for bad in (torch.zeros(1, dtype=torch.int64, device=dist_ctx.device),
                     torch.zeros(2, dtype=torch.int32, device=dist_ctx.device),
                     torch.zeros(2, 3, dtype=torch.bool, device=dist_ctx.device),
-                    torch.zeros(3, dtype=torch.float32, device=dist_ctx.device), 3):
-            with pytest.raises(ValueError, match="count must be one int32 or a 1-D bool tensor"):
+                    torch.zeros(3, dtype=torch.float32, device=dist_ctx.device), 3,
+                    torch.zeros(6, dtype=torch.bool, device=dist_ctx.device)[::2]):  # strided: the kernel reads densely
+            with pytest.raises(ValueError, match="count must be one int32 or a contiguous 1-D bool tensor"):
                 gate(bad, 0)
-            with pytest.raises(ValueError, match="count must be one int32 or a 1-D bool tensor"):
+            with pytest.raises(ValueError, match="count must be one int32 or a contiguous 1-D bool tensor"):
                 transport.gated_barrier(bad, 0)  # the transport's entry checks first, whatever path follows
     finally:
         transport.close()
@@ -261,6 +296,38 @@ def test_the_head_with_device_step_barriers_samples_exactly(dist_ctx, name, monk
         assert ep >= len(calls) and ep == everyone[0][4], f"device barriers per rank: {[o[4] for o in everyone]}"
 
 
+@mpi
+@pytest.mark.parametrize("name", PEER_TRANSPORTS)
+def test_group_logmass_heads_take_the_device_step_barrier_too(dist_ctx, name, monkeypatch):
+    """FSDIST_DEVICE_BARRIER=1 reaches reduction="group_logmass" as well: its step barrier runs on the kernel
+    (the epoch advances per call), the status word is attached, and the tokens equal a head built without it."""
+    from tp_helpers import problem
+
+    ctx, V, D, B = dist_ctx, 1000, 16, 8
+    W, h = problem(V, D, B, torch.float32, seed=54, device=ctx.device)
+    heads = []
+    for on in ("0", "1"):
+        monkeypatch.setenv("FSDIST_DEVICE_BARRIER", on)
+        heads.append(fsdist.ShardedFlashLMHead(D, V, transport=name, reduction="group_logmass",
+                                               params_dtype=torch.float32, device=ctx.device, max_batch_size=B))
+        heads[-1].load_full_weight(W)
+    monkeypatch.delenv("FSDIST_DEVICE_BARRIER")
+    kw = dict(temperature=0.9, seed=torch.arange(B, device=ctx.device) + 11, offset=2)
+    same = [torch.equal(heads[0](h, **kw).tokens, heads[1](h, **kw).tokens)]
+    gate = heads[1].transport._gate
+    installed = heads[1].transport.device_barrier and gate is not None
+    attached = installed and getattr(gate, "_status", None) is heads[1]._reduction.monitor.status
+    before = int(gate.epoch.item()) if installed else -1
+    heads[1](h, **kw)
+    advanced = (int(gate.epoch.item()) - before) if installed else -1
+    for head in heads:
+        head.close()
+    everyone = gather_objects((same, installed, attached, advanced))
+    for rank, (sm, inst, att, adv) in enumerate(everyone):
+        assert all(sm) and inst and att and adv >= 1, f"rank {rank}: same {sm}, installed {inst}, attached {att}, " \
+                                                       f"barriers per call {adv}"
+
+
 def test_attach_status_and_the_timeout_setting_are_checked(monkeypatch):
     """Single process: the status word and the timeout a device barrier reports into are validated, and
     FSDIST_PEER_TIMEOUT_S is read with a clear error."""
@@ -271,15 +338,16 @@ def test_attach_status_and_the_timeout_setting_are_checked(monkeypatch):
     for bad in (torch.zeros(2, dtype=torch.int64), torch.zeros(1, dtype=torch.int32)):
         with pytest.raises(ValueError, match=r"status must be int32 \[2\]"):
             gate.attach_status(bad, 8, 1.0)
-    with pytest.raises(ValueError, match="timeout_s must be > 0"):
-        gate.attach_status(torch.zeros(2, dtype=torch.int32), 8, 0.0)
+    for bad in (0.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="timeout_s must be a finite number of seconds > 0"):
+            gate.attach_status(torch.zeros(2, dtype=torch.int32), 8, bad)
     gate.attach_status(torch.zeros(2, dtype=torch.int32), 8, 2.5)
     assert gate._timeout_ns == 2_500_000_000 and gate._bit == 8
     monkeypatch.delenv("FSDIST_PEER_TIMEOUT_S", raising=False)
     assert base.peer_timeout_s() == base.DEFAULT_PEER_TIMEOUT_S
     monkeypatch.setenv("FSDIST_PEER_TIMEOUT_S", "12.5")
     assert base.peer_timeout_s() == 12.5
-    for bad in ("soon", "0", "-3"):
+    for bad in ("soon", "0", "-3", "inf", "nan"):
         monkeypatch.setenv("FSDIST_PEER_TIMEOUT_S", bad)
         with pytest.raises(ValueError, match="FSDIST_PEER_TIMEOUT_S"):
             base.peer_timeout_s()

@@ -21,6 +21,7 @@ local buffer), then :meth:`Transport.exchange` makes every rank's block visible 
 rank (a barrier, or the all-gather).
 """
 import abc
+import math
 import os
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -40,8 +41,8 @@ def peer_timeout_s() -> float:
         value = float(raw) if raw else DEFAULT_PEER_TIMEOUT_S
     except ValueError:
         raise ValueError(f"FSDIST_PEER_TIMEOUT_S must be a number of seconds, got {raw!r}") from None
-    if not value > 0:
-        raise ValueError(f"FSDIST_PEER_TIMEOUT_S must be > 0, got {raw!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"FSDIST_PEER_TIMEOUT_S must be a finite number of seconds > 0, got {raw!r}")
     return value
 
 

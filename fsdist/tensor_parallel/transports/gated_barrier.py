@@ -25,6 +25,8 @@ step status instead of waiting forever. ``open()`` is the same barrier without a
 ``Transport.device_barrier`` (FSDIST_DEVICE_BARRIER=1) every step barrier of a peer-store head is
 this one, so a skipped call costs the peers an error, not a hang (docs/tensor_parallel.md, section 5).
 """
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -61,13 +63,23 @@ def _globaltimer(x):
                                      pack=1)
 
 
+# A slot value no epoch reaches: a rank that gave up waiting (timeout) stores it into its slot of every pad, so
+# that every later barrier of every rank passes at once *and reports the timeout*, instead of the group going on
+# with the ranks' epochs out of step (a lagging rank's next barrier would otherwise be satisfied by the peer's
+# earlier arrival, with no sync and no error).
+POISON = tl.constexpr(1 << 62)
+
+
 @triton.jit
 def _pass_barrier(pad_table, rank, status_ptr, timeout_ns, status_bit, WORLD: tl.constexpr, FENCE: tl.constexpr,
-                  TIMEOUT: tl.constexpr):
+                  TIMEOUT: tl.constexpr, REPORT: tl.constexpr):
     """Arrive (epoch + 1 into slot ``rank`` of every pad), then wait for every rank's slot of the own pad to
-    reach the epoch. TIMEOUT: give up once ``timeout_ns`` have passed since the arrival, and OR ``status_bit``
-    into ``status_ptr[1]`` (the caller's status word for this step): a peer that never comes (it skipped a
-    call, or stalls) then costs an error, not a hang."""
+    reach the epoch. TIMEOUT: give up once ``timeout_ns`` have passed since the arrival, OR ``status_bit`` into
+    both words of ``status_ptr`` (the caller's status: [0] sticky, read by the merge that follows, so the rows
+    of this step come back -1; [1] this step's) and poison this rank's slot everywhere (POISON): a peer that
+    never comes (it skipped a call, or stalls) then costs an error on every rank, not a hang. A poisoned slot
+    seen later reports the timeout the same way. REPORT: a status word is attached (TIMEOUT needs the device
+    clock besides, so the interpreter reports poisoned slots without ever timing out)."""
     own = tl.load(pad_table + rank).to(tl.pointer_type(tl.int64))
     epoch_ptr = own + WORLD
     epoch = tl.load(epoch_ptr) + 1
@@ -92,10 +104,14 @@ def _pass_barrier(pad_table, rank, status_ptr, timeout_ns, status_bit, WORLD: tl
         else:
             while seen < epoch:
                 seen = tl.atomic_add(own + p, 0, sem="acquire", scope="sys")
-        missing += (seen < epoch).to(tl.int32)
-    if TIMEOUT:
+        missing += ((seen < epoch) | (seen >= POISON)).to(tl.int32)
+    if REPORT:
         if missing > 0:
+            tl.atomic_or(status_ptr, status_bit)
             tl.atomic_or(status_ptr + 1, status_bit)
+            for p in tl.static_range(WORLD):
+                pad = tl.load(pad_table + p).to(tl.pointer_type(tl.int64))
+                tl.atomic_max(pad + rank, POISON, sem="release", scope="sys")
     if FENCE:
         _system_fence(rank)
 
@@ -103,15 +119,16 @@ def _pass_barrier(pad_table, rank, status_ptr, timeout_ns, status_bit, WORLD: tl
 @triton.jit
 def gated_barrier_kernel(count_ptr, n, above, pad_table, rank, status_ptr, timeout_ns, status_bit,
                          WORLD: tl.constexpr, FENCE: tl.constexpr, FLAGS: tl.constexpr = False,
-                         OPEN: tl.constexpr = False, TIMEOUT: tl.constexpr = False, BLOCK: tl.constexpr = 256):
+                         OPEN: tl.constexpr = False, TIMEOUT: tl.constexpr = False, REPORT: tl.constexpr = False,
+                         BLOCK: tl.constexpr = 256):
     """One program. count_ptr: int32 [1] (the device count), or (FLAGS) bool [n] whose set entries are
     the count; OPEN: no count, always a barrier. pad_table: int64 [WORLD] base addresses of every rank's
     pad (int64 [WORLD + 1] each: a slot per rank, then the owner's epoch). TIMEOUT: see _pass_barrier."""
     if OPEN:
-        _pass_barrier(pad_table, rank, status_ptr, timeout_ns, status_bit, WORLD, FENCE, TIMEOUT)
+        _pass_barrier(pad_table, rank, status_ptr, timeout_ns, status_bit, WORLD, FENCE, TIMEOUT, REPORT)
     else:
         if _device_count(count_ptr, n, FLAGS, BLOCK) > above:
-            _pass_barrier(pad_table, rank, status_ptr, timeout_ns, status_bit, WORLD, FENCE, TIMEOUT)
+            _pass_barrier(pad_table, rank, status_ptr, timeout_ns, status_bit, WORLD, FENCE, TIMEOUT, REPORT)
 
 
 class GatedBarrier:
@@ -142,8 +159,8 @@ class GatedBarrier:
         only (the interpreter has no device clock; there the wait has no limit)."""
         if status.dtype != torch.int32 or status.numel() < 2 or status.device != self.pad.local.device:
             raise ValueError(f"status must be int32 [2] on {self.pad.local.device}")
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if not (timeout_s > 0 and math.isfinite(timeout_s)):
+            raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s}")
         self._status, self._bit, self._timeout_ns = status, int(bit), int(timeout_s * 1e9)
 
     def __call__(self, count: torch.Tensor, above: int) -> None:
@@ -168,22 +185,24 @@ class GatedBarrier:
     def _launch(self, count, n, above, flags, open_):
         self._check_pad()
         status = getattr(self, "_status", None)
-        timeout = status is not None and not interpreting()
+        report = status is not None
+        timeout = report and not interpreting()  # the interpreter has no device clock
         gated_barrier_kernel[(1,)](count, n, above, self.pad.peer_ptrs, self.rank,
-                                   status if status is not None else self.pad.local,
-                                   self._timeout_ns if timeout else 0, self._bit if timeout else 0,
+                                   status if report else self.pad.local,
+                                   self._timeout_ns if timeout else 0, self._bit if report else 0,
                                    WORLD=self.world, FENCE=not interpreting(), FLAGS=flags, OPEN=open_,
-                                   TIMEOUT=timeout, num_warps=1)
+                                   TIMEOUT=timeout, REPORT=report, num_warps=1)
 
 
 def check_count(count: torch.Tensor, device: torch.device) -> None:
-    """Raise ValueError unless ``count`` is a gate's count on ``device``: one int32, or a 1-D bool vector."""
+    """Raise ValueError unless ``count`` is a gate's count on ``device``: one int32, or a contiguous 1-D bool vector."""
     ok = isinstance(count, torch.Tensor) and count.device == device and (
-        (count.dtype == torch.int32 and count.numel() == 1) or (count.dtype == torch.bool and count.dim() == 1))
+        (count.dtype == torch.int32 and count.numel() == 1)
+        or (count.dtype == torch.bool and count.dim() == 1 and count.is_contiguous()))  # the kernel reads it densely
     if not ok:
         what = (f"{count.numel()} x {count.dtype} on {count.device}" if isinstance(count, torch.Tensor)
                 else type(count).__name__)
-        raise ValueError(f"count must be one int32 or a 1-D bool tensor on {device}, got {what}")
+        raise ValueError(f"count must be one int32 or a contiguous 1-D bool tensor on {device}, got {what}")
 
 
 def host_count(count: torch.Tensor) -> int:
