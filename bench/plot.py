@@ -762,6 +762,15 @@ def tp_markdown(datas, sources) -> str:
     return "\n".join(out)
 
 
+def tp_plotted(methods) -> set:
+    """The methods a TP plot draws: not the A/B variants (``..._endk``, ``..._devbar``: the tables keep them), and
+    not an eager fsdist method whose CUDA-graph twin (``fsdist_graph/...``, same transport and filters) is there:
+    eager calls are host-bound on these machines, and the plot should read at a glance."""
+    ab = re.compile(r"_(endk|devbar)( \[|$)")
+    keep = {m for m in methods if not ab.search(m)}
+    return {m for m in keep if not (m.startswith("fsdist/") and m.replace("fsdist/", "fsdist_graph/", 1) in keep)}
+
+
 def tp_plots(datas, plots_dir: Path):
     import matplotlib
 
@@ -772,15 +781,18 @@ def tp_plots(datas, plots_dir: Path):
     files = []
     for (gpu, D, V), cells in sorted(merged.items()):
         bs = sorted({B for (_, B) in cells})
+        drawn = tp_plotted({m for (m, _) in cells})
         fig, axes = plt.subplots(1, len(bs), figsize=(4.8 * len(bs), 4.2), squeeze=False)
         for ax, B in zip(axes[0], bs):
             ideal_done = False
             for (method, b), c in sorted(cells.items()):
-                if b != B:
+                if b != B or method not in drawn:
                     continue
                 pts = sorted((tp, r["min_us"]) for tp, r in c.items())
-                ax.plot(*zip(*pts), "-o", ms=3, label=method, lw=2 if method.startswith("fsdist") else 1)
-                if not ideal_done and method.startswith("fsdist/") and method.endswith("/candidates") and 1 in c:
+                fs = method.startswith("fsdist")  # fsdist solid and thick, the baselines dashed
+                ax.plot(*zip(*pts), "-o" if fs else "--s", ms=3, label=method, lw=2 if fs else 1)
+                if not ideal_done and method.startswith(("fsdist/", "fsdist_graph/")) and method.endswith("/candidates") \
+                        and 1 in c:
                     ideal_done = True  # the dotted line: TP=1 time / N of the first fsdist candidates method
                     t1 = c[1]["min_us"]
                     ax.plot([tp for tp, _ in pts], [t1 / tp for tp, _ in pts], "k:", lw=1,
@@ -791,10 +803,11 @@ def tp_plots(datas, plots_dir: Path):
             ax.set_ylabel("µs per step (min)")
             ax.set_title(f"{gpu.upper()} D={D} V={V} B={B}")
             ax.grid(True, which="both", alpha=0.3)
-        axes[0][0].legend(fontsize=6)
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
         fig.tight_layout()
         f = plots_dir / f"tp_{gpu}_{D}x{V}.png"
-        fig.savefig(f, dpi=120)
+        fig.savefig(f, dpi=120, bbox_inches="tight")
         plt.close(fig)
         files.append(f)
     return files
