@@ -42,7 +42,7 @@ from .parity import parity_args, parity_offsets
 from .processors import apply_processors, processor_args
 from .select_filtered import REFINE_CAP, finish_rows, kept_logits, order_key, row_slot_stats, tile_reaches
 from .top_logprobs import fill_free_ids, place_pick, top_n_normaliser
-from .utils import fast_log_ok, load_row_param, row_param_args, sm_count
+from .utils import fast_log_ok, flagged_count, load_row_param, row_param_args, sm_count
 
 # Rows resolved per round on a GPU: one round covers B <= 64, so a decode batch pays two empty
 # launches when nothing falls back (a fp32 pool of 64 x 151936 = 39 MB at V = 151936, only in filtered calls).
@@ -52,16 +52,6 @@ POOL_ROWS_INTERPRETER = 256  # under the interpreter: fewer, bigger rounds
 
 # Flags scanned per step by the kernels that list a round's rows (a [slots, SCAN] match per step).
 SCAN = 128
-
-
-@triton.jit
-def flagged_count(flags_ptr, B, SCAN: tl.constexpr):
-    """How many of the B flags (bool or int8) are set."""
-    n = tl.zeros([], tl.int32)
-    for start in range(0, B, SCAN):
-        offs = start + tl.arange(0, SCAN)
-        n += tl.sum(tl.load(flags_ptr + offs, mask=offs < B, other=0).to(tl.int32), axis=0)
-    return n
 
 
 @triton.jit

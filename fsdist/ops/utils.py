@@ -16,6 +16,17 @@ def load_row_param(ptr, scalar, offs, mask, DTYPE: tl.constexpr, PER_ROW: tl.con
         return (offs * 0).to(DTYPE) + scalar
 
 
+@triton.jit
+def flagged_count(flags_ptr, B, SCAN: tl.constexpr):
+    """How many of the B flags (bool or int8, dense) are set: the fallback's kernels list a round's rows
+    from it, and the tensor-parallel gated barrier decides from it whether to wait."""
+    n = tl.zeros([], tl.int32)
+    for start in range(0, B, SCAN):
+        offs = start + tl.arange(0, SCAN)
+        n += tl.sum(tl.load(flags_ptr + offs, mask=offs < B, other=0).to(tl.int32), axis=0)
+    return n
+
+
 def row_param_args(x, dummy: torch.Tensor):
     """(pointer, scalar, per_row) kernel arguments for a scalar-or-[B]-tensor row parameter.
 

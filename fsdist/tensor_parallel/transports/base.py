@@ -224,12 +224,13 @@ class Transport(abc.ABC):
         collective transport, whose callers read it anyway)."""
         from .gated_barrier import check_count, host_count
 
-        check_count(count, self.device)
         if self._gate is not None:
-            self._gate(count, above)
-        elif self.peer_stores and self.device.type == "cuda":
+            self._gate(count, above)  # checks the count
+            return
+        check_count(count, self.device)  # before the error below: a bad count is the caller's first mistake
+        if self.peer_stores and self.device.type == "cuda":
             raise RuntimeError(f"{self.name} transport: gated_barrier() before prepare_gated_barrier()")
-        elif host_count(count) > above:
+        if host_count(count) > above:
             self.barrier()
 
     def all_gather_into(self, out: torch.Tensor, inp: torch.Tensor) -> None:

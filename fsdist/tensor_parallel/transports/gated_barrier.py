@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...ops.utils import flagged_count
 from ...runtime import interpreting
 
 
@@ -47,12 +48,9 @@ def _system_fence(x):
 def _device_count(count_ptr, n, FLAGS: tl.constexpr, BLOCK: tl.constexpr):
     """The count: the int32 at count_ptr, or (FLAGS) how many of the n bools there are set."""
     if FLAGS:
-        total = tl.zeros([], tl.int64)
-        for start in range(0, n, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            total += tl.sum(tl.load(count_ptr + offs, mask=offs < n, other=0).to(tl.int64), axis=0)
+        total = flagged_count(count_ptr, n, BLOCK)
     else:
-        total = tl.load(count_ptr).to(tl.int64)
+        total = tl.load(count_ptr)
     return total
 
 
