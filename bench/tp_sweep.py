@@ -15,6 +15,10 @@ Methods (``--transports`` x ``--reductions`` for fsdist, ``--baselines`` for the
   fsdist/single                   fsdist.sample on the whole weight (TP=1 only)
   fsdist_graph/<transport>/<red>  with --graph (GPU): the same head call captured once in a CUDA
                                   graph, the timed loop replays it (same hidden state every replay)
+  <baseline>_graph                with --graph-baselines (GPU): each baseline captured in a CUDA graph too
+                                  (its all-gather, compiled kernels and RNG included) and replayed, so the
+                                  comparison with fsdist_graph is device time against device time (eager
+                                  baselines with torch ops around a collective are often host-bound here)
   fsdist/<transport>/candidates_endk  with --ab-merge-end-step: the head with a separate end_step launch
   fsdist/<transport>/candidates_devbar  with --ab-device-barrier (nvshmem, symm_mem): the head with
                                   FSDIST_DEVICE_BARRIER=1 (its step barriers are fsdist's signal-pad
@@ -336,6 +340,9 @@ def parse_args(argv=None):
                         "ids per row) or processors_all (ag_filtered then applies them in torch)")
     p.add_argument("--graph", action="store_true",
                    help="GPU: also time every fsdist head as a CUDA-graph replay (method fsdist_graph/...)")
+    p.add_argument("--graph-baselines", action="store_true",
+                   help="GPU: with --graph, also time every baseline as a CUDA-graph replay (method <name>_graph); "
+                        "run it in its own invocation: a capture the collective refuses can spoil the process")
     p.add_argument("--ab-device-barrier", action="store_true",
                    help="also time each nvshmem / symm_mem candidates head with FSDIST_DEVICE_BARRIER=1 (suffix "
                         "_devbar)")
@@ -428,7 +435,9 @@ def print_table(data: Dict, world: int, tp1: Optional[Dict]):
     for D, V in sorted({(r["D"], r["V"]) for r in res}):
         for B in sorted({r["B"] for r in res if (r["D"], r["V"]) == (D, V)}):
             rows = [r for r in res if (r["D"], r["V"], r["B"]) == (D, V, B)]
-            bl = [r["min_us"] for r in rows if r["method"] in UNFILTERED_BASELINES + ("ag_filtered",)]
+            # the best sampling baseline, eager or (--graph-baselines) replayed
+            bl = [r["min_us"] for r in rows if r["min_us"] and r["method"].removesuffix("_graph")
+                  in UNFILTERED_BASELINES + ("ag_filtered",)]
             best_bl = min(bl) if bl else None
             for r in rows:
                 base = t1.get((D, V, B, r["method"]))
@@ -507,6 +516,8 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
         raise SystemExit("--temperature must be > 0 (greedy decoding is not what is benchmarked)")
     if not 0 <= args.temperature_spread < 1:
         raise SystemExit("--temperature-spread must be in [0, 1): every sampled row keeps T > 0")
+    if args.graph_baselines and not args.graph:
+        raise SystemExit("--graph-baselines needs --graph")
     if args.graph and not on_gpu:
         args.graph = False
         skipped["fsdist_graph"] = "CUDA graphs need a GPU"
@@ -564,6 +575,7 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                       "row_temperatures": C.describe_row_temperatures(args.temperature, args.temperature_spread,
                                                                       args.greedy_rows),
                       "logprobs": args.logprobs, "rotate": args.rotate, "graph": args.graph,
+                      "graph_baselines": args.graph_baselines,
                       "filters": args.filters, "filter_values": {k: v for k, _, v in FILTERS.get(args.filters, ())},
                       "ab_merge_end_step": args.ab_merge_end_step, "ab_device_barrier": args.ab_device_barrier},
                 json_path=str(writer.path) if writer.enabled else None)
@@ -585,8 +597,10 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
         writer.flush()
 
     def graph_row(D, V, B, name, fn, hs):
-        """Capture one call of the (already warm) head, check a replay against an eager call, time replays."""
-        gname = "fsdist_graph/" + name[len("fsdist/"):]
+        """Capture one call of the (already warm) head or baseline, time replays; a head's replay must give the
+        tokens of an eager call with the same inputs (a baseline draws from torch's RNG: nothing to compare)."""
+        is_head = name.startswith("fsdist/")
+        gname = ("fsdist_graph/" + name[len("fsdist/"):]) if is_head else name + "_graph"
         row = {"D": D, "V": V, "B": B, "method": gname, "min_us": None, "median_us": None, "error": None}
         err, graph = None, None
         try:
@@ -595,10 +609,18 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
             with torch.cuda.graph(graph):
                 out = fn(hs[0])
             graph.replay()
-            eager = fn(hs[0])  # the next buffer copy, same inputs: same tokens
-            C.sync(device)
-            check(D, V, B, f"{gname} replay == eager call", torch.equal(out.tokens, eager.tokens),
-                  f"{int((out.tokens != eager.tokens).sum())}/{B} rows differ")
+            if is_head:
+                eager = fn(hs[0])  # the next buffer copy, same inputs: same tokens
+                C.sync(device)
+                check(D, V, B, f"{gname} replay == eager call", torch.equal(out.tokens, eager.tokens),
+                      f"{int((out.tokens != eager.tokens).sum())}/{B} rows differ")
+            else:
+                C.sync(device)
+                tok = (out.tokens if hasattr(out, "tokens")
+                       else (None if name in ("matmul_shard", "ag_matmul") else out.reshape(-1)))
+                if tok is not None:
+                    ok = tok.numel() == B and bool(((tok >= 0) & (tok < V)).all())
+                    check(D, V, B, f"{gname} tokens in [0, V)", ok, f"n={tok.numel()}")
         except Exception as e:  # noqa: BLE001
             err = f"{type(e).__name__}: {str(e)[:300]}"
         if comm.agree(err is None):
@@ -805,7 +827,7 @@ def run(args, ctx, comm: Comm, group, device, world: int, on_gpu: bool) -> int:
                     f"{C.fmt_us(row['median_us']):>9} us  host {C.fmt_us(row.get('host_us')):>9} us"
                     + (f"  ERROR {row['error']}" if row["error"] else ""))
                 record(row)
-                if args.graph and head is not None and row["min_us"] is not None:
+                if args.graph and (head is not None or args.graph_baselines) and row["min_us"] is not None:
                     graph_row(D, V, B, name, fn, hs)
                 if args.profile_breakdown and row["min_us"] is not None:
                     bd = {"D": D, "V": V, "B": B, "method": name, "tp": world}

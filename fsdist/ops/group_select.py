@@ -43,7 +43,8 @@ from .epilogue import row_temperature
 from .layout import BufferPair
 from .noise import STREAM_GROUP, gumbel
 from .parity import parity_args, parity_offsets
-from .step_check import HeaderCheck, check_headers, write_row_fingerprints, write_step_record
+from .step_check import (HeaderCheck, judge_headers, load_headers, write_row_fingerprints, write_step_record,
+                         writers_block)
 from .utils import load_row_param, row_param_args
 
 # fp32 fields per rank and row: 0 the log-probability of the rank's local sample within its
@@ -147,11 +148,14 @@ def group_select_kernel(
     me, status_ptr, fp_slot, rec_slot,
     BLOCK_R: tl.constexpr, SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr,
     TEMP_PER_ROW: tl.constexpr, NOISE: tl.constexpr, STREAM: tl.constexpr, DEVICE_PARITY: tl.constexpr,
-    CHECK: tl.constexpr = False,
+    CHECK: tl.constexpr = False, NW: tl.constexpr = 2,
 ):
     base_f, base_i = parity_offsets(base_f, base_i, parity_ptr, parity_stride_f, parity_stride_i, DEVICE_PARITY)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask = rows < B
+    if CHECK:  # the headers' loads first, judged after the loop over the ranks (their latency overlaps)
+        records, prints, sticky = load_headers(ex_i, base_i, n_ranks, stride_rank_i, fp_slot, rec_slot, rows, mask,
+                                               status_ptr, NW)
     temp = load_row_param(temp_ptr, temp_val, rows, mask, tl.float32, TEMP_PER_ROW)
     inv_t, noise_scale, _greedy, _bad = row_temperature(temp)
     if NOISE:
@@ -192,7 +196,7 @@ def group_select_kernel(
         run_max = new_max
     if CHECK:
         # Every rank's header must match this rank's (step_check.py); a mismatch poisons rows.
-        mismatch = check_headers(ex_i, base_i, me, n_ranks, stride_rank_i, fp_slot, rec_slot, rows, mask, status_ptr)
+        mismatch = judge_headers(records, prints, sticky, me, n_ranks, mask, status_ptr, NW)
         poisoned = poisoned | mismatch.to(tl.int32)
     bad = poisoned > 0
     failed = bad | (best_key == float("-inf"))
@@ -273,6 +277,6 @@ def launch_group_select(layout: ExchangeLayout, src: BufferPair, batch: int, par
             check.me if check else 0, check.status if check else dummy, layout.fingerprint_slot, layout.record_slot,
             BLOCK_R=block, SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
             NOISE=not params.all_greedy, STREAM=_STREAM_GROUP, DEVICE_PARITY=par_on, CHECK=check is not None,
-            num_warps=4,
+            NW=writers_block(layout.n_ranks), num_warps=4,
         )
     return tokens, lp, lse

@@ -33,7 +33,7 @@ from ..params import RowParams
 from .epilogue import row_temperature
 from .layout import BufferPair, CandidateLayout
 from .parity import parity_args, parity_offsets
-from .step_check import HeaderCheck, check_headers, last_program_finishes_step
+from .step_check import HeaderCheck, judge_headers, last_program_finishes_step, load_headers, writers_block
 from .utils import load_row_param, row_param_args
 
 
@@ -45,12 +45,18 @@ def merge_candidates_kernel(
     me, status_ptr, fp_slot, rec_slot, ticket_ptr,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, LOGPROBS: tl.constexpr, DEVICE_PARITY: tl.constexpr,
     TEMP_PER_ROW: tl.constexpr, STATS: tl.constexpr, CHECK: tl.constexpr = False, RAW: tl.constexpr = False,
-    END_STEP: tl.constexpr = False,
+    END_STEP: tl.constexpr = False, NW: tl.constexpr = 2,
 ):
     buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
                                               parity_stride_i, DEVICE_PARITY)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rows < B
+    if CHECK:
+        # The headers' loads go first and are judged after the loop: their latency hides behind the slots'.
+        records, prints, sticky = load_headers(cand_i, buf_offset_i, n_slots // n_local, stride_shard_i, fp_slot,
+                                               rec_slot, rows, mask_r, status_ptr, NW)
+    if END_STEP:
+        step = tl.load(parity_ptr)  # only the end of a step moves the counter: the last program stores step + 1
     if LOGPROBS:
         inv_t, _scale, _greedy, _bad = row_temperature(
             load_row_param(temp_ptr, temp_val, rows, mask_r, tl.float32, TEMP_PER_ROW))
@@ -92,8 +98,7 @@ def merge_candidates_kernel(
             run_max = new_max
     if CHECK:
         # Every shard's header must match this rank's (step_check.py); a mismatch poisons rows.
-        mismatch = check_headers(cand_i, buf_offset_i, me, n_slots // n_local, stride_shard_i, fp_slot, rec_slot,
-                                 rows, mask_r, status_ptr)
+        mismatch = judge_headers(records, prints, sticky, me, n_slots // n_local, mask_r, status_ptr, NW)
         poisoned = poisoned | mismatch.to(tl.int32)
     failed = (poisoned > 0) | (best == float("-inf"))
     shard = best_slot // n_local
@@ -119,7 +124,7 @@ def merge_candidates_kernel(
         # This merge is the step's last reader of the buffer copy: its last program ends the step
         # (the counter, read above by every program, moves on; the findings join the sticky word),
         # which saves the separate end_step launch of a plain tensor-parallel call.
-        last_program_finishes_step(ticket_ptr, parity_ptr, status_ptr)
+        last_program_finishes_step(ticket_ptr, parity_ptr, step, status_ptr)
 
 
 def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: RowParams, *,
@@ -173,7 +178,7 @@ def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: R
             layout.fingerprint_slot, layout.record_slot, end_step if end_step is not None else src.i,
             BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs, DEVICE_PARITY=par_on,
             TEMP_PER_ROW=temp_row, STATS=stats, CHECK=check is not None, RAW=raw and logprobs,
-            END_STEP=end_step is not None, num_warps=4,
+            END_STEP=end_step is not None, NW=writers_block(layout.n_shards), num_warps=4,
         )
     out = (tokens, (lp if logprobs else None), (lse if logprobs else None))
     return out + (st,) if stats else out

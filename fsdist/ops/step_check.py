@@ -298,26 +298,49 @@ def status_bits(differ, err):
 
 
 @triton.jit
-def check_headers(src_i, base_i, me, n_writers, stride_writer_i, fp_slot, rec_slot, rows, mask, status_ptr):
-    """Compare every writer's header with writer ``me``'s; returns whether each row is bad.
-
-    fp_slot / rec_slot: int32 offsets of the fingerprints / the record inside a writer's
-    block (stride_writer_i apart). The status word is read first: a set word poisons every
-    row. New findings are ORed into it (STATUS_* bits).
-    """
+def load_headers(src_i, base_i, n_writers, stride_writer_i, fp_slot, rec_slot, rows, mask, status_ptr,
+                 NW: tl.constexpr):
+    """Issue every load a header check needs, at once: every writer's record [NW, RECORD_WORDS] and row
+    fingerprints [NW, rows] (NW: a power of two >= n_writers; writers past n_writers read 0), and the sticky
+    status word. A merge calls this before its loop over the candidates and ``judge_headers`` after it, so
+    the loads' latency hides behind the loop's instead of adding a chain of round trips at its end."""
+    w = tl.arange(0, NW)
+    live = w < n_writers
+    words = tl.arange(0, 4)
+    block = src_i + base_i + w[:, None] * stride_writer_i
+    records = tl.load(block + rec_slot + words[None, :], mask=live[:, None], other=0)
+    prints = tl.load(block + fp_slot + rows[None, :], mask=live[:, None] & mask[None, :], other=0)
     sticky = tl.load(status_ptr)  # earlier steps only: this step's findings go to word 1
-    differ, err = compare_records(src_i, base_i, me, n_writers, stride_writer_i, rec_slot)
-    fp_mine = tl.load(src_i + base_i + me * stride_writer_i + fp_slot + rows, mask=mask, other=0)
-    row_bad = tl.zeros(rows.shape, tl.int32)
-    for k in range(0, n_writers):
-        fp = tl.load(src_i + base_i + k * stride_writer_i + fp_slot + rows, mask=mask, other=0)
-        row_bad = row_bad | (fp != fp_mine).to(tl.int32)
+    return records, prints, sticky
+
+
+@triton.jit
+def judge_headers(records, prints, sticky, me, n_writers, mask, status_ptr, NW: tl.constexpr):
+    """Compare the headers ``load_headers`` read with writer ``me``'s; returns whether each row is bad and
+    ORs the findings (STATUS_* bits) into word 1 of the status. A set sticky word poisons every row."""
+    w = tl.arange(0, NW)
+    live = (w < n_writers)[:, None]
+    is_me = (w == me)[:, None]
+    words = tl.arange(0, 4)[None, :]
+    mine = tl.sum(tl.where(is_me, records, 0), axis=0)  # one writer is me: a select, not a sum
+    differ = tl.max(tl.max(((records != mine[None, :]) & live).to(tl.int32), axis=1), axis=0) != 0
+    err = tl.max(tl.max(((words == 3) & (records != 0) & live).to(tl.int32), axis=1), axis=0) != 0
+    fp_mine = tl.sum(tl.where(is_me, prints, 0), axis=0)
+    row_bad = tl.max(((prints != fp_mine[None, :]) & live).to(tl.int32), axis=0) != 0
     # A step whose records differ is poisoned whole; fingerprints only mean something otherwise.
-    row_bad = (row_bad != 0) & ~differ & mask
+    row_bad = row_bad & ~differ & mask
     any_row = tl.max(row_bad.to(tl.int32), axis=0) != 0
     bits = status_bits(differ, err) | tl.where(any_row, 4, 0)  # STATUS_ROW_MISMATCH
-    tl.atomic_or(status_ptr + 1, bits)
+    # Relaxed: whoever folds word 1 reads it after this kernel ends, or (a merge that ends the step) after
+    # the last program's acquire-release ticket, which orders this OR before it; an acq_rel atomic would add
+    # a fence per program for nothing.
+    tl.atomic_or(status_ptr + 1, bits, sem="relaxed")
     return row_bad | differ | (sticky != 0)
+
+
+def writers_block(n_writers: int) -> int:
+    """The NW of load_headers / judge_headers for ``n_writers`` writers (a power of two, at least 2)."""
+    return max(2, triton.next_power_of_2(int(n_writers)))
 
 
 @triton.jit
@@ -361,19 +384,29 @@ def finish_step(counter_ptr, status_ptr):
     """The end of a step: the step counter advances and the step's findings (status word 1) join the
     sticky word 0. Run by one program, after every reader of this step's buffer copy: its own kernel
     (end_step_kernel), or the last program of a merge that is the step's last reader (a ticket)."""
-    tl.store(counter_ptr, tl.load(counter_ptr) + 1)
-    found = tl.atomic_xchg(status_ptr + 1, 0)  # read and clear, after every program's atomic OR
-    tl.atomic_or(status_ptr, found)
+    finish_step_from(counter_ptr, tl.load(counter_ptr), status_ptr)
 
 
 @triton.jit
-def last_program_finishes_step(ticket_ptr, counter_ptr, status_ptr):
+def finish_step_from(counter_ptr, step, status_ptr):
+    """finish_step with the counter's value ``step`` already read (by a program of this step: only a step's
+    end moves the counter), which spares the last program of a merge one dependent load."""
+    tl.store(counter_ptr, step + 1)
+    # Relaxed: one program, after the ticket's acquire (or alone in its kernel); the kernels after it read
+    # both words once it has ended.
+    found = tl.atomic_xchg(status_ptr + 1, 0, sem="relaxed")  # read and clear, after every program's atomic OR
+    tl.atomic_or(status_ptr, found, sem="relaxed")
+
+
+@triton.jit
+def last_program_finishes_step(ticket_ptr, counter_ptr, step, status_ptr):
     """Every program of a grid takes a ticket when it is done; the last one (it sees every other
-    program's writes: the ticket is acquire-release) ends the step and resets the ticket for the next."""
+    program's writes: the ticket is acquire-release) ends the step and resets the ticket for the next.
+    step: the counter's value, read by the program at its start."""
     done = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
     if done == tl.num_programs(0) - 1:
         tl.store(ticket_ptr, 0)
-        finish_step(counter_ptr, status_ptr)
+        finish_step_from(counter_ptr, step, status_ptr)
 
 
 @triton.jit
@@ -399,5 +432,6 @@ def new_status(device) -> torch.Tensor:
 __all__ = ["HeaderCheck", "call_flags", "filter_fingerprint", "processor_fingerprint", "FLAG_EXTENDED",
            "STATUS_PEER_TIMEOUT", "RECORD_WORDS", "FLAG_LOGPROBS", "FLAG_CHUNKED", "ERROR_INPUT", "STATUS_RECORD_MISMATCH",
            "STATUS_PEER_ERROR", "STATUS_ROW_MISMATCH", "describe_status", "row_fingerprint", "write_row_fingerprints",
-           "write_step_record", "check_headers", "launch_step_record", "launch_verify_step", "launch_end_step", "new_status",
-           "finish_step", "last_program_finishes_step", "new_ticket"]
+           "write_step_record", "load_headers", "judge_headers", "writers_block", "launch_step_record",
+           "launch_verify_step", "launch_end_step", "new_status", "finish_step", "finish_step_from",
+           "last_program_finishes_step", "new_ticket"]

@@ -60,7 +60,7 @@ CASES = {
                    stride_rank_i="i32", n_ranks="i32", tokens_ptr="*i64", logprob_ptr="*fp32", lse_ptr="*fp32",
                    B="i32", **ROW_PARAMS, **PARITY, **CHECK),
         constexprs=dict(BLOCK_R=128, SEED_PER_ROW=True, OFFSET_PER_ROW=False, TEMP_PER_ROW=True, NOISE=True,
-                        STREAM=1, DEVICE_PARITY=True, CHECK=True)),
+                        STREAM=1, DEVICE_PARITY=True, CHECK=True, NW=4)),
     "group_publish_peers": dict(
         module="fsdist.ops.group_select", kernel="group_publish_kernel",
         types=dict(tok_ptr="*i64", lp_ptr="*fp32", stats_ptr="*fp32", dst_f="*i64", dst_i="*i64", off_f="i32",
@@ -100,7 +100,7 @@ CASES = {
                    stride_shard="i32", stride_shard_i="i32", stride_field="i32", stride_slot="i32", temp_ptr="*fp32",
                    temp_val="fp32", **PARITY, **CHECK, ticket_ptr="*i32"),
         constexprs=dict(BLOCK_R=2, BLOCK_S=1024, LOGPROBS=True, DEVICE_PARITY=True, TEMP_PER_ROW=True, STATS=True,
-                        CHECK=True, RAW=True, END_STEP=True)),
+                        CHECK=True, RAW=True, END_STEP=True, NW=4)),
     "select_filtered": dict(
         module="fsdist.ops.select_filtered", kernel="select_filtered_kernel",
         types=dict(cand_f="*fp32", cand_i="*i32", base_f="i32", base_i="i32", B="i32", n_slots="i32", n_local="i32",

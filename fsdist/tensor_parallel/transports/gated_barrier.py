@@ -82,26 +82,30 @@ def _pass_barrier(pad_table, rank, status_ptr, timeout_ns, status_bit, WORLD: tl
     epoch_ptr = own + WORLD
     epoch = tl.load(epoch_ptr) + 1
     tl.store(epoch_ptr, epoch)
+    # One system-scope fence, then relaxed (strong) atomics: a fence followed by a strong write is a release
+    # pattern in PTX's memory model, so the arrivals need no release of their own (each would be a fence
+    # more: WORLD of them per barrier). Likewise the polls below are relaxed and the fence after the wait
+    # makes them an acquire pattern.
     if FENCE:
         _system_fence(rank)
     for p in tl.static_range(WORLD):  # arrive: slot `rank` of every pad (this rank's too)
         pad = tl.load(pad_table + p).to(tl.pointer_type(tl.int64))
-        tl.atomic_max(pad + rank, epoch, sem="release", scope="sys")
+        tl.atomic_max(pad + rank, epoch, sem="relaxed", scope="sys")
     if TIMEOUT:
         t0 = _globaltimer(rank)
     missing = tl.zeros([], tl.int32)
     for p in tl.static_range(WORLD):  # wait: every rank's slot of this pad
-        # Adding 0 with acquire semantics at system scope: the compiler emits ld.acquire.sys (a load that
-        # is never served from a stale cache line and orders the loads after it).
-        seen = tl.atomic_add(own + p, 0, sem="acquire", scope="sys")
+        # Adding 0 at system scope: a strong read, never served from a stale cache line (the fence after
+        # the wait orders the loads that follow).
+        seen = tl.atomic_add(own + p, 0, sem="relaxed", scope="sys")
         if TIMEOUT:
             waiting = (seen < epoch) & (_globaltimer(rank) - t0 <= timeout_ns)
             while waiting:
-                seen = tl.atomic_add(own + p, 0, sem="acquire", scope="sys")
+                seen = tl.atomic_add(own + p, 0, sem="relaxed", scope="sys")
                 waiting = (seen < epoch) & (_globaltimer(rank) - t0 <= timeout_ns)
         else:
             while seen < epoch:
-                seen = tl.atomic_add(own + p, 0, sem="acquire", scope="sys")
+                seen = tl.atomic_add(own + p, 0, sem="relaxed", scope="sys")
         missing += ((seen < epoch) | (seen >= POISON)).to(tl.int32)
     if REPORT:
         if missing > 0:
