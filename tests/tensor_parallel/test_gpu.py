@@ -364,8 +364,9 @@ def test_gpu_filtered_calls_with_fallback_rows_replay_in_a_cuda_graph(dist_ctx, 
 @pytest.mark.parametrize("transport", ["nvshmem", "symm_mem"])
 def test_gpu_device_step_barriers_equal_the_library_barriers_and_time_out_on_a_skipped_call(dist_ctx, transport,
                                                                                             monkeypatch):
-    """FSDIST_DEVICE_BARRIER=1 (fsdist's signal-pad step barriers, a 2 s timeout here): plain, filtered and
-    graph-replayed calls give the tokens of a head with the library's barriers; then the last rank skips a
+    """The device barrier (fsdist's signal-pad step barriers, the GPU default; a 2 s timeout here): plain, filtered
+    and graph-replayed calls give the tokens of a head with the library's barriers (FSDIST_DEVICE_BARRIER=0);
+    then the last rank skips a
     call. Before (and with the library's barriers): its peers waited in the step's device barrier forever.
     Now they give up after the timeout, their call returns, and check() raises the mismatch naming the
     timeout on them. The skipper's next call has the very parameters of the call it skipped (only the hidden
@@ -383,8 +384,8 @@ def test_gpu_device_step_barriers_equal_the_library_barriers_and_time_out_on_a_s
     seeds = torch.arange(B, device=dev) * 5 + 1
     heads = {}
     for devbar in (False, True):
+        monkeypatch.setenv("FSDIST_DEVICE_BARRIER", "1" if devbar else "0")  # on by default on GPUs
         if devbar:
-            monkeypatch.setenv("FSDIST_DEVICE_BARRIER", "1")
             monkeypatch.setenv("FSDIST_PEER_TIMEOUT_S", "2")
         heads[devbar] = fsdist.ShardedFlashLMHead(D, V, transport=transport, device=dev, max_batch_size=B)
         monkeypatch.delenv("FSDIST_DEVICE_BARRIER", raising=False)

@@ -31,8 +31,24 @@ import torch.distributed as dist
 
 #: Seconds a step barrier of fsdist's own (``Transport.device_barrier``) waits for a peer on a GPU before it
 #: gives up and reports the step (a rank that skipped a call, or stalls). Generous: a peer compiling its
-#: kernels on a first call can take tens of seconds. Environment: FSDIST_PEER_TIMEOUT_S.
-DEFAULT_PEER_TIMEOUT_S = 300.0
+#: kernels on a first call can take tens of seconds; 600 s is also torch's default NCCL timeout, past which
+#: any collective of the job would have failed too. Environment: FSDIST_PEER_TIMEOUT_S.
+DEFAULT_PEER_TIMEOUT_S = 600.0
+
+
+def device_barrier_wanted(peer_stores: bool, device: torch.device, environ=None) -> bool:
+    """Whether a transport runs its step barriers as fsdist's own device barrier (``Transport.device_barrier``).
+
+    On by default for peer-store transports on a GPU (nvshmem, symm_mem), where it is the only step barrier with a
+    timeout (the libraries' barriers wait forever for a rank that skipped a call) and costs about what they cost
+    (docs/performance.md v47, v49); off on CPU (shm under the interpreter: there is no device clock, so no timeout
+    to gain). FSDIST_DEVICE_BARRIER=0 turns it off, any other non-empty value on (shm included)."""
+    if not peer_stores:
+        return False
+    raw = (os.environ if environ is None else environ).get("FSDIST_DEVICE_BARRIER")
+    if raw is None:
+        return torch.device(device).type == "cuda"
+    return raw not in ("", "0")
 
 
 def peer_timeout_s() -> float:
@@ -87,9 +103,9 @@ class Transport(abc.ABC):
         #: Peer-store transports: run every step barrier (exchange, settle) as fsdist's own device barrier
         #: (transports/gated_barrier.py: a signal pad, with a timeout on GPUs once a status word is attached by
         #: report_timeouts) instead of the library's (nvshmem barrier_all, symm_mem's handle barrier, a host
-        #: barrier for shm). Set before the head allocates (prepare_gated_barrier). Environment:
-        #: FSDIST_DEVICE_BARRIER=1. Off by default until measured on GPUs (docs/performance.md v47).
-        self.device_barrier = self.peer_stores and os.environ.get("FSDIST_DEVICE_BARRIER", "0") not in ("", "0")
+        #: barrier for shm). Set before the head allocates (prepare_gated_barrier). On by default on GPUs since
+        #: 2026-11-27 (device_barrier_wanted; FSDIST_DEVICE_BARRIER=0 turns it off).
+        self.device_barrier = device_barrier_wanted(self.peer_stores, self.device)
         self.closed = False
 
     # ---- buffers -------------------------------------------------------------------
