@@ -20,11 +20,13 @@ Methods (``--transports`` x ``--reductions`` for fsdist, ``--baselines`` for the
                                   comparison with fsdist_graph is device time against device time (eager
                                   baselines with torch ops around a collective are often host-bound here)
   fsdist/<transport>/candidates_endk  with --ab-merge-end-step: the head with a separate end_step launch
-  fsdist/<transport>/candidates_devbar  with --ab-device-barrier (nvshmem, symm_mem): the head with
-                                  FSDIST_DEVICE_BARRIER=1 (its step barriers are fsdist's signal-pad
-                                  barrier with a timeout, not the library's)
                                   after the merge (HeadTestSeam(merge_ends_step=False)), the A/B of the merge
                                   that ends a plain step itself
+  fsdist/<transport>/candidates_devbar  with --ab-device-barrier (nvshmem, symm_mem): the head with
+                                  FSDIST_DEVICE_BARRIER=1 (its step barriers are fsdist's signal-pad
+                                  barrier with a timeout), the unsuffixed head then with FSDIST_DEVICE_BARRIER=0
+                                  (the libraries' barriers); without the flag every head takes the default
+                                  (the device barrier on GPUs since v49)
   matmul_shard                    this rank's shard matmul alone (cuBLAS): the per-rank floor
   ag_matmul                       shard matmul + all-gather of the logits (no sampling)
   ag_multinomial                  shard matmul + all-gather + softmax + multinomial (torch.compile)

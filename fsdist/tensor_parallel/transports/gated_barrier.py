@@ -22,8 +22,9 @@ The gate exists so that peers always arrive or all skip. For a peer that never a
 skipped a call, or stalls), a barrier with a status word attached (``attach_status``, on a GPU: the
 interpreter has no device clock) gives up after a timeout and ORs a status bit into the caller's
 step status instead of waiting forever. ``open()`` is the same barrier without a count: with
-``Transport.device_barrier`` (FSDIST_DEVICE_BARRIER=1) every step barrier of a peer-store head is
-this one, so a skipped call costs the peers an error, not a hang (docs/tensor_parallel.md, section 5).
+``Transport.device_barrier`` (the default on GPUs; FSDIST_DEVICE_BARRIER=0 turns it off) every step
+barrier of a peer-store head is this one, so a skipped call costs the peers an error, not a hang
+(docs/tensor_parallel.md, section 5).
 """
 import math
 
