@@ -356,17 +356,18 @@ def test_attach_status_and_the_timeout_setting_are_checked(monkeypatch):
 
 def test_the_device_barrier_is_on_by_default_on_gpus_only():
     """Transport.device_barrier's default: on for peer-store transports on a GPU (the step barrier with a timeout),
-    off on CPU (no device clock there) and for transports without peer stores; FSDIST_DEVICE_BARRIER=0 turns it
-    off, 1 on (also on CPU), an empty value is off."""
+    off on CPU (no device clock there) and for transports without peer stores; FSDIST_DEVICE_BARRIER=0 (false,
+    off, no, empty) turns it off, 1 (any other value) on, also on CPU."""
     from fsdist.tensor_parallel.transports.base import device_barrier_wanted
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert device_barrier_wanted(True, cuda, {}) and not device_barrier_wanted(True, cpu, {})
     assert not device_barrier_wanted(False, cuda, {})
     assert not device_barrier_wanted(False, cuda, {"FSDIST_DEVICE_BARRIER": "1"})
-    assert not device_barrier_wanted(True, cuda, {"FSDIST_DEVICE_BARRIER": "0"})
-    assert not device_barrier_wanted(True, cuda, {"FSDIST_DEVICE_BARRIER": ""})
-    assert device_barrier_wanted(True, cpu, {"FSDIST_DEVICE_BARRIER": "1"})
+    for off in ("0", "", "false", "Off", " no "):
+        assert not device_barrier_wanted(True, cuda, {"FSDIST_DEVICE_BARRIER": off}), off
+    for on in ("1", "true", "yes"):
+        assert device_barrier_wanted(True, cpu, {"FSDIST_DEVICE_BARRIER": on}), on
 
 @mpi
 @pytest.mark.parametrize("name", ALL_TRANSPORTS)

@@ -42,13 +42,14 @@ def device_barrier_wanted(peer_stores: bool, device: torch.device, environ=None)
     On by default for peer-store transports on a GPU (nvshmem, symm_mem), where it is the only step barrier with a
     timeout (the libraries' barriers wait forever for a rank that skipped a call) and costs about what they cost
     (docs/performance.md v47, v49); off on CPU (shm under the interpreter: there is no device clock, so no timeout
-    to gain). FSDIST_DEVICE_BARRIER=0 turns it off, any other non-empty value on (shm included)."""
+    to gain). FSDIST_DEVICE_BARRIER=0 (or false / off / no, or empty) turns it off, any other value on (shm
+    included)."""
     if not peer_stores:
         return False
     raw = (os.environ if environ is None else environ).get("FSDIST_DEVICE_BARRIER")
     if raw is None:
         return torch.device(device).type == "cuda"
-    return raw not in ("", "0")
+    return raw.strip().lower() not in ("", "0", "false", "off", "no")
 
 
 def peer_timeout_s() -> float:
