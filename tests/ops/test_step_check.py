@@ -4,7 +4,8 @@ Single process. The headers are written by hand (or by the real writers: stage 1
 group-log-mass publish, the step-record kernel) into checked buffers laid out as the
 tensor-parallel head lays them out, as if several ranks had published into them; then
 ``launch_merge`` / ``launch_group_select`` / ``launch_verify_step`` must poison exactly the
-rows ``check_headers`` promises and set exactly the STATUS_* bits that say why.
+rows the header check (``load_headers`` / ``judge_headers``) promises and set exactly the STATUS_* bits that
+say why.
 """
 import pytest
 import torch
@@ -294,7 +295,7 @@ def test_writes_header_asks_for_the_step_counter():
         writes_header(checked, BufferPair(f, i))
 
 
-# ---- merging candidates: check_headers inside launch_merge ---------------------------------
+# ---- merging candidates: the header check inside launch_merge ---------------------------------
 class Candidates:
     """A checked candidate buffer of R shards with distinct scores and ids, and agreeing headers."""
 
@@ -395,6 +396,47 @@ def test_record_mismatch_outranks_row_mismatch():
     c.record(2)[1] = c.B + 1
     tokens, status = c.merge(1)
     assert status == STATUS_RECORD_MISMATCH and tokens.tolist() == [-1] * c.B
+
+
+@pytest.mark.parametrize("R", [1, 2, 3, 5])
+def test_random_headers_against_a_python_reference(R):
+    """The merge's header check (load_headers before its loop, judge_headers after) on random disagreements,
+    any number of writers (a power of two or not: the [NW, ...] loads mask the writers past R) and any ``me``:
+    status bits and poisoned rows equal a plain Python reading of the rules. Over the cases every outcome
+    occurs (nothing, a row mismatch, a record mismatch, a peer error), so a check that ignored one kind of
+    disagreement would fail here."""
+    g = torch.Generator().manual_seed(100 + R)
+    seen = set()
+    for case in range(24):
+        c = Candidates(R=R, seed=case)
+        kind = case % 4
+        for _ in range(int(torch.randint(1, 3, (1,), generator=g))):
+            k = int(torch.randint(0, R, (1,), generator=g))
+            if kind == 1:  # a row's fingerprint
+                c.fingerprints(k)[int(torch.randint(0, c.B, (1,), generator=g))] ^= 1 << 7
+            elif kind == 2:  # a record word (step, batch or flags)
+                c.record(k)[int(torch.randint(0, 3, (1,), generator=g))] += 1
+            elif kind == 3:  # a writer's error
+                c.record(k)[3] = ERROR_INPUT
+        me = int(torch.randint(0, R, (1,), generator=g))
+        tokens, status = c.merge(me)
+        recs = [c.record(k).tolist() for k in range(R)]
+        fps = [c.fingerprints(k)[:c.B].tolist() for k in range(R)]
+        differ = any(r != recs[me] for r in recs)
+        err = any(r[3] != 0 for r in recs)
+        bad_rows = [] if differ else [b for b in range(c.B) if any(f[b] != fps[me][b] for f in fps)]
+        want_status = ((STATUS_RECORD_MISMATCH if differ else 0) | (STATUS_PEER_ERROR if differ and err else 0)
+                       | (STATUS_ROW_MISMATCH if bad_rows else 0))
+        want = c.expected.clone()
+        if differ:
+            want[:] = -1
+        want[bad_rows] = -1
+        assert status == want_status, (case, me, recs)
+        assert torch.equal(tokens, want), (case, me)
+        seen.add(want_status)
+    if R > 1:
+        assert {0, STATUS_ROW_MISMATCH, STATUS_RECORD_MISMATCH,
+                STATUS_RECORD_MISMATCH | STATUS_PEER_ERROR} <= seen, seen
 
 
 @pytest.mark.parametrize("bit", [STATUS_RECORD_MISMATCH, STATUS_PEER_ERROR, STATUS_ROW_MISMATCH])
