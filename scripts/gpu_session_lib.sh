@@ -4,6 +4,9 @@
 #   wants PART                      true when PART is one of the words of $PARTS
 #   carried_wheels                  installs the wheels a call carried in .whl/ (e.g. nvshmem4py for the nvshmem
 #                                   cases; carry=[".whl"]) into /tmp/site and puts it on PYTHONPATH; none: nothing
+#   pack_on_exit NAME               for calls that bring back few files: logs go to $OUT/NAME_work (OUT is moved
+#                                   there), and on exit the JSONs are copied to the caller's $OUT and the logs
+#                                   packed into $OUT/NAME_logs.tgz
 #   run_part NAME SECONDS LOG CMD.. CMD under a hard timeout, output to $OUT/LOG; prints NAME's exit status,
 #                                   the elapsed time and the log's last $TAIL lines (default 15)
 start=$SECONDS  # first: callers budget their parts against the whole call
@@ -23,6 +26,19 @@ run_part() {
   echo "$name rc=$rc after $((SECONDS - start))s"
   tail -"${TAIL:-15}" "$OUT/$log"
   return $rc
+}
+
+pack_on_exit() {
+  PACK_FINAL="$OUT" PACK_NAME="$1"
+  export OUT="$PACK_FINAL/${1}_work"
+  mkdir -p "$OUT"
+  trap _pack EXIT
+}
+
+_pack() {
+  cp "$OUT"/*.json "$PACK_FINAL"/ 2>/dev/null
+  tar czf "$PACK_FINAL/${PACK_NAME}_logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log 2>/dev/null) 2>/dev/null
+  rm -rf "$OUT"
 }
 
 carried_wheels() {

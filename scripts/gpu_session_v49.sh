@@ -20,15 +20,8 @@
 # Usage: export OUT; bash scripts/gpu_session_v49.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-FINAL="${OUT:-bench/results}"
-export OUT="$FINAL/v49_work"
 source scripts/gpu_session_lib.sh
-pack() {
-  cp "$OUT"/*.json "$FINAL"/ 2>/dev/null
-  tar czf "$FINAL/v49_logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log 2>/dev/null) 2>/dev/null
-  rm -rf "$OUT"
-}
-trap pack EXIT
+pack_on_exit v49
 PARTS="${PARTS:-ab base div}"
 carried_wheels
 SWEEP=(env PYTHON=python3 launch/torchrun.sh 2 bench/tp_sweep.py --max-minutes 1.8 --shapes 4096x151936

@@ -10,15 +10,8 @@
 # Usage: export OUT; bash scripts/gpu_session_v50.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-FINAL="${OUT:-bench/results}"
-export OUT="$FINAL/v50_work"
 source scripts/gpu_session_lib.sh
-pack() {
-  cp "$OUT"/*.json "$FINAL"/ 2>/dev/null
-  tar czf "$FINAL/v50_logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log 2>/dev/null) 2>/dev/null
-  rm -rf "$OUT"
-}
-trap pack EXIT
+pack_on_exit v50
 PARTS="${PARTS:-tp1 tp2}"
 carried_wheels
 ARGS=(bench/tp_sweep.py --max-minutes 2 --shapes 4096x151936 --batches "${V50_BATCHES:-64,128,256}"
