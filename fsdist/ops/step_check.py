@@ -277,17 +277,25 @@ def write_record_words(dst_i, off_i, w, step_ptr, batch, flags, error, PEER_TABL
 
 
 @triton.jit
-def compare_records(src_i, base_i, me, n_writers, stride_writer_i, rec_slot):
-    """(records differ, some writer reported an error) over all writers, against writer ``me``."""
-    w = tl.arange(0, 4)
-    mine = tl.load(src_i + base_i + me * stride_writer_i + rec_slot + w)
-    differ = tl.max(tl.zeros_like(w), axis=0)
-    err = tl.max(tl.zeros_like(w), axis=0)
-    for k in range(0, n_writers):
-        other = tl.load(src_i + base_i + k * stride_writer_i + rec_slot + w)
-        differ = differ | tl.max((other != mine).to(tl.int32), axis=0)
-        err = err | tl.max(((w == 3) & (other != 0)).to(tl.int32), axis=0)
-    return differ != 0, err != 0
+def load_records(src_i, base_i, n_writers, stride_writer_i, rec_slot, NW: tl.constexpr):
+    """Every writer's step record, [NW, RECORD_WORDS] int32 in one load (writers past n_writers read 0)."""
+    w = tl.arange(0, NW)
+    words = tl.arange(0, 4)
+    return tl.load(src_i + base_i + w[:, None] * stride_writer_i + rec_slot + words[None, :],
+                   mask=(w < n_writers)[:, None], other=0)
+
+
+@triton.jit
+def judge_records(records, me, n_writers, NW: tl.constexpr):
+    """(records differ, some writer reported an error) over the writers of ``records`` (load_records),
+    against writer ``me``'s."""
+    w = tl.arange(0, NW)
+    live = (w < n_writers)[:, None]
+    words = tl.arange(0, 4)[None, :]
+    mine = tl.sum(tl.where((w == me)[:, None], records, 0), axis=0)  # one writer is me: a select, not a sum
+    differ = tl.max(tl.max(((records != mine[None, :]) & live).to(tl.int32), axis=1), axis=0) != 0
+    err = tl.max(tl.max(((words == 3) & (records != 0) & live).to(tl.int32), axis=1), axis=0) != 0
+    return differ, err
 
 
 @triton.jit
@@ -305,11 +313,9 @@ def load_headers(src_i, base_i, n_writers, stride_writer_i, fp_slot, rec_slot, r
     status word. A merge calls this before its loop over the candidates and ``judge_headers`` after it, so
     the loads' latency hides behind the loop's instead of adding a chain of round trips at its end."""
     w = tl.arange(0, NW)
-    live = w < n_writers
-    words = tl.arange(0, 4)
-    block = src_i + base_i + w[:, None] * stride_writer_i
-    records = tl.load(block + rec_slot + words[None, :], mask=live[:, None], other=0)
-    prints = tl.load(block + fp_slot + rows[None, :], mask=live[:, None] & mask[None, :], other=0)
+    records = load_records(src_i, base_i, n_writers, stride_writer_i, rec_slot, NW)
+    prints = tl.load(src_i + base_i + w[:, None] * stride_writer_i + fp_slot + rows[None, :],
+                     mask=(w < n_writers)[:, None] & mask[None, :], other=0)
     sticky = tl.load(status_ptr)  # earlier steps only: this step's findings go to word 1
     return records, prints, sticky
 
@@ -320,12 +326,8 @@ def judge_headers(records, prints, sticky, me, n_writers, mask, status_ptr, NW: 
     ORs the findings (STATUS_* bits) into word 1 of the status. A set sticky word poisons every row."""
     w = tl.arange(0, NW)
     live = (w < n_writers)[:, None]
-    is_me = (w == me)[:, None]
-    words = tl.arange(0, 4)[None, :]
-    mine = tl.sum(tl.where(is_me, records, 0), axis=0)  # one writer is me: a select, not a sum
-    differ = tl.max(tl.max(((records != mine[None, :]) & live).to(tl.int32), axis=1), axis=0) != 0
-    err = tl.max(tl.max(((words == 3) & (records != 0) & live).to(tl.int32), axis=1), axis=0) != 0
-    fp_mine = tl.sum(tl.where(is_me, prints, 0), axis=0)
+    differ, err = judge_records(records, me, n_writers, NW)
+    fp_mine = tl.sum(tl.where((w == me)[:, None], prints, 0), axis=0)
     row_bad = tl.max(((prints != fp_mine[None, :]) & live).to(tl.int32), axis=0) != 0
     # A step whose records differ is poisoned whole; fingerprints only mean something otherwise.
     row_bad = row_bad & ~differ & mask
@@ -345,10 +347,11 @@ def writers_block(n_writers: int) -> int:
 
 @triton.jit
 def verify_step_kernel(src_i, base_i, parity_ptr, parity_stride_f, parity_stride_i, me, n_writers,
-                       stride_writer_i, rec_slot, status_ptr):
+                       stride_writer_i, rec_slot, status_ptr, NW: tl.constexpr = 2):
     """The record check alone, for a step without rows to merge (a local error, an empty batch)."""
     _off_f, base_i = parity_offsets(0, base_i, parity_ptr, parity_stride_f, parity_stride_i, True)
-    differ, err = compare_records(src_i, base_i, me, n_writers, stride_writer_i, rec_slot)
+    records = load_records(src_i, base_i, n_writers, stride_writer_i, rec_slot, NW)
+    differ, err = judge_records(records, me, n_writers, NW)
     tl.atomic_or(status_ptr + 1, status_bits(differ, err))
 
 
@@ -376,7 +379,7 @@ def launch_verify_step(src: BufferPair, me: int, n_writers: int, stride_writer_i
     """Compare the step records in ``src`` (after the exchange) and OR what differs into ``status``."""
     par_p, par_f, par_i, _ = parity_args(src.parity, src.i)
     verify_step_kernel[(1,)](src.i, src.base_i, par_p, par_f, par_i, me, n_writers, stride_writer_i, record_slot,
-                             status, num_warps=1)
+                             status, NW=writers_block(n_writers), num_warps=1)
 
 
 @triton.jit
@@ -432,6 +435,6 @@ def new_status(device) -> torch.Tensor:
 __all__ = ["HeaderCheck", "call_flags", "filter_fingerprint", "processor_fingerprint", "FLAG_EXTENDED",
            "STATUS_PEER_TIMEOUT", "RECORD_WORDS", "FLAG_LOGPROBS", "FLAG_CHUNKED", "ERROR_INPUT", "STATUS_RECORD_MISMATCH",
            "STATUS_PEER_ERROR", "STATUS_ROW_MISMATCH", "describe_status", "row_fingerprint", "write_row_fingerprints",
-           "write_step_record", "load_headers", "judge_headers", "writers_block", "launch_step_record",
+           "write_step_record", "load_records", "judge_records", "load_headers", "judge_headers", "writers_block", "launch_step_record",
            "launch_verify_step", "launch_end_step", "new_status", "finish_step", "finish_step_from",
            "last_program_finishes_step", "new_ticket"]

@@ -175,7 +175,7 @@ CASES = {
         module="fsdist.ops.step_check", kernel="verify_step_kernel",
         types=dict(src_i="*i32", base_i="i32", me="i32", n_writers="i32", stride_writer_i="i32", rec_slot="i32",
                    status_ptr="*i32", **PARITY),
-        constexprs=dict()),
+        constexprs=dict(NW=4)),
 }
 # select_filtered's other branch alone: the search over all kept logits (no packing, no instrumentation).
 CASES["select_filtered_full_search"] = dict(

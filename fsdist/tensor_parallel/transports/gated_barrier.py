@@ -179,6 +179,7 @@ class GatedBarrier:
     def open(self) -> None:
         """A full barrier over the group, always (the step's exchange and settle when the transport's
         ``device_barrier`` is on): stream ordered, graph-capturable, with the attached timeout."""
+        self._check_pad()
         self._launch(self.pad.local, 0, 0, flags=False, open_=True)
 
     def _check_pad(self):
@@ -186,7 +187,6 @@ class GatedBarrier:
             raise RuntimeError(f"{self.transport.name} transport: the gated barrier's pad was freed")
 
     def _launch(self, count, n, above, flags, open_):
-        self._check_pad()
         status = getattr(self, "_status", None)
         report = status is not None
         timeout = report and not interpreting()  # the interpreter has no device clock
