@@ -125,19 +125,24 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
                        sparse_processors=proc.has_entries(params.processing))
     buffers = BufferPair.alloc(plan.layout, hidden.device)
     launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size)
-    tokens, lp, lse = launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs, raw=raw)
     top_ids = top_lp = fallback = None
     if filtered or top_logprobs:
+        # select_filtered does the merge's work too (merge=True): one launch less than merge + select.
+        dev = hidden.device
+        tokens = torch.empty(B, dtype=torch.int64, device=dev)
+        lp = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else None
+        lse = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else None
         if top_logprobs:
-            top_ids = torch.empty(B, top_logprobs, dtype=torch.int64, device=hidden.device)
-            top_lp = torch.empty(B, top_logprobs, dtype=torch.float32, device=hidden.device)
-        kept = KeptLogits(plan.layout, buffers, plan.config.block_v,
-                          torch.empty(B, dtype=torch.int64, device=hidden.device))
+            top_ids = torch.empty(B, top_logprobs, dtype=torch.int64, device=dev)
+            top_lp = torch.empty(B, top_logprobs, dtype=torch.float32, device=dev)
+        kept = KeptLogits(plan.layout, buffers, plan.config.block_v, torch.empty(B, dtype=torch.int64, device=dev))
         fallback = launch_select_filtered(
             plan.layout, buffers, B, params, vocab_size=vocab_size, tokens=tokens, logprobs=lp,
             top_n=top_logprobs, mode=logprobs_mode, top_ids=top_ids, top_lp=top_lp, tile_v=kept.tile_v,
-            need_key=kept.need_key, winners=plan.winner_logits)
+            need_key=kept.need_key, winners=plan.winner_logits, merge=True, lse=lse, raw=raw)
         run_fallback(hidden, weight, params, vocab_size=vocab_size, flags=fallback,
                      tokens=tokens, kept=kept, logprobs=lp, top_n=top_logprobs, mode=logprobs_mode,
                      top_ids=top_ids, top_lp=top_lp, block_k=triton_twin(plan.config, D).block_k)
+    else:
+        tokens, lp, lse = launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs, raw=raw)
     return rows.unflatten_output(SampleOutput(tokens, lp, lse, top_ids, top_lp, fallback), lead)

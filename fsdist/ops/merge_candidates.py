@@ -38,6 +38,45 @@ from .utils import load_row_param, row_param_args
 
 
 @triton.jit
+def slot_winner(score, AXIS: tl.constexpr):
+    """(best score, its index along AXIS (the lowest among equal scores), 1 where a score is NaN) of a
+    chunk of per-slot scores (-inf where masked): one chunk's part of stage 2's argmax. select_filtered's
+    folded merge takes a row's slots in one chunk along axis 1, this kernel in chunks along axis 0."""
+    return (tl.max(score, axis=AXIS), tl.argmax(score, axis=AXIS),
+            tl.max((score != score).to(tl.int32), axis=AXIS))
+
+
+@triton.jit
+def store_merged(cand_f, cand_i, buf_offset, buf_offset_i, tokens_ptr, logprob_ptr, lse_ptr, rows, mask_r,
+                 best_slot, failed, poisoned, run_max, run_sum, log_raw, inv_t,
+                 n_local, stride_shard, stride_shard_i, stride_field, stride_slot,
+                 LOGPROBS: tl.constexpr, RAW: tl.constexpr):
+    """Stage 2's outputs of each row from its winning slot and its log-sum-exp state: the token (-1 where
+    ``failed``), and with LOGPROBS the logsumexp of logits / T (NaN where ``poisoned``) and the token's
+    log-probability (NaN where failed): log_softmax(logits / T), or with RAW log_softmax(logits) from
+    ``log_raw`` = log sum exp(logit - run_max). run_sum = sum exp((logit - run_max) / T) (0: no finite
+    logit). Returns log run_sum (-inf without mass). One definition for the merge kernel and the merge
+    select_filtered folds in (``MERGE``)."""
+    shard = best_slot // n_local
+    t = best_slot % n_local
+    win = buf_offset + shard * stride_shard + t * stride_slot + rows
+    idx = tl.load(cand_i + buf_offset_i + shard * stride_shard_i + t * stride_slot + rows, mask=mask_r, other=-1)
+    tl.store(tokens_ptr + rows, tl.where(failed, -1, idx).to(tl.int64), mask=mask_r)
+    # No finite logit anywhere: M = -inf, S = 0, log S = -inf, lse = -inf (no log(0) evaluated).
+    log_sum = tl.where(run_sum > 0.0, tl.log(tl.where(run_sum > 0.0, run_sum, 1.0)), float("-inf"))
+    if LOGPROBS:
+        lse = tl.where(run_sum > 0.0, run_max * inv_t + log_sum, float("-inf"))
+        logit = tl.load(cand_f + stride_field + win, mask=mask_r, other=0.0)
+        tl.store(lse_ptr + rows, tl.where(poisoned, float("nan"), lse), mask=mask_r)
+        if RAW:  # log_softmax(logits) of the token, whatever the temperature
+            lp = (logit - run_max) - log_raw
+        else:
+            lp = (logit - run_max) * inv_t - log_sum
+        tl.store(logprob_ptr + rows, tl.where(failed, float("nan"), lp), mask=mask_r)
+    return log_sum
+
+
+@triton.jit
 def merge_candidates_kernel(
     cand_f, cand_i, tokens_ptr, logprob_ptr, lse_ptr, stats_ptr,
     B, n_slots, n_local, buf_offset, buf_offset_i, stride_shard, stride_shard_i, stride_field, stride_slot,
@@ -73,9 +112,9 @@ def merge_candidates_kernel(
         offs = (buf_offset + (slots // n_local) * stride_shard + (slots % n_local) * stride_slot)[:, None] \
             + rows[None, :]
         score = tl.load(cand_f + offs, mask=mask, other=float("-inf"))
-        poisoned = poisoned | tl.max((score != score).to(tl.int32), axis=0)
-        c_best = tl.max(score, axis=0)
-        c_slot = s0 + tl.argmax(score, axis=0)
+        c_best, c_slot, c_nan = slot_winner(score, 0)
+        poisoned = poisoned | c_nan
+        c_slot += s0
         # Strictly greater: an earlier chunk keeps ties (lowest vocabulary id wins).
         take = c_best > best
         best = tl.where(take, c_best, best)
@@ -101,22 +140,15 @@ def merge_candidates_kernel(
         mismatch = judge_headers(records, prints, sticky, me, n_slots // n_local, mask_r, status_ptr, NW)
         poisoned = poisoned | mismatch.to(tl.int32)
     failed = (poisoned > 0) | (best == float("-inf"))
-    shard = best_slot // n_local
-    t = best_slot % n_local
-    win = buf_offset + shard * stride_shard + t * stride_slot + rows
-    idx = tl.load(cand_i + buf_offset_i + shard * stride_shard_i + t * stride_slot + rows, mask=mask_r, other=-1)
-    tl.store(tokens_ptr + rows, tl.where(failed, -1, idx).to(tl.int64), mask=mask_r)
     if LOGPROBS:
-        # No finite logit anywhere: M = -inf, S = 0, log S = -inf, lse = -inf (no log(0) evaluated).
-        log_sum = tl.where(run_sum > 0.0, tl.log(tl.where(run_sum > 0.0, run_sum, 1.0)), float("-inf"))
-        lse = tl.where(run_sum > 0.0, run_max * inv_t + log_sum, float("-inf"))
-        logit = tl.load(cand_f + stride_field + win, mask=mask_r, other=0.0)
-        tl.store(lse_ptr + rows, tl.where(poisoned > 0, float("nan"), lse), mask=mask_r)
-        if RAW:  # log_softmax(logits) of the token, whatever the temperature
-            lp = (logit - run_max) - tl.log(tl.where(run_raw > 0.0, run_raw, 1.0))
-        else:
-            lp = (logit - run_max) * inv_t - log_sum
-        tl.store(logprob_ptr + rows, tl.where(failed, float("nan"), lp), mask=mask_r)
+        inv_t_out = inv_t
+    else:
+        inv_t_out = tl.full([BLOCK_R], 1.0, tl.float32)
+    log_sum = store_merged(cand_f, cand_i, buf_offset, buf_offset_i, tokens_ptr, logprob_ptr, lse_ptr, rows, mask_r,
+                           best_slot, failed, poisoned > 0, run_max, run_sum,
+                           tl.log(tl.where(run_raw > 0.0, run_raw, 1.0)), inv_t_out, n_local, stride_shard,
+                           stride_shard_i, stride_field, stride_slot, LOGPROBS, RAW)
+    if LOGPROBS:
         if STATS:
             tl.store(stats_ptr + rows, tl.where(poisoned > 0, float("nan"), run_max), mask=mask_r)
             tl.store(stats_ptr + B + rows, tl.where(poisoned > 0, float("nan"), log_sum), mask=mask_r)

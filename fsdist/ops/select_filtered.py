@@ -99,6 +99,7 @@ from ..params import LOGPROBS_MODES, RowParams
 from .epilogue import perturb, row_temperature
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits
+from .merge_candidates import slot_winner, store_merged
 from .parity import parity_args, parity_offsets
 from .top_logprobs import fill_free_ids, place_pick, top_n_normaliser
 from .utils import fast_log_ok, load_row_param, row_param_args
@@ -603,7 +604,7 @@ def select_filtered_kernel(
     topk_ptr, topk_val, topp_ptr, topp_val, minp_ptr, minp_val,
     vocab_size,
     tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr, fallback_ptr, need_key_ptr, scratch_f, scratch_i, searched_ptr,
-    small_f, small_i, drew_ptr, won_ptr,
+    small_f, small_i, drew_ptr, won_ptr, lse_ptr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
     TOPK_PER_ROW: tl.constexpr, TOPP_PER_ROW: tl.constexpr, MINP_PER_ROW: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_U: tl.constexpr, KEEP: tl.constexpr, TOP_N: tl.constexpr,
@@ -613,15 +614,36 @@ def select_filtered_kernel(
     SMALL_CAP: tl.constexpr = 0, DREW: tl.constexpr = False, SMALL_CHUNK: tl.constexpr = 32,
     WIDE_CAP: tl.constexpr = 0, SCRATCH_LANES: tl.constexpr = 1,
     WINNERS: tl.constexpr = False, WINNERS_UNCHECKED: tl.constexpr = False, WON: tl.constexpr = False,
+    MERGE: tl.constexpr = False, RAW: tl.constexpr = False,
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rows < B
     base_f, base_i = parity_offsets(base_f, base_i, parity_ptr, parity_stride_f, parity_stride_i, DEVICE_PARITY)
-    # Stage 2 (merge_candidates) ran first and wrote -1 for rows without a valid token
-    # (NaN / +inf logits, bad temperature, no finite logit, a tensor-parallel mismatch).
-    dead = tl.load(tokens_ptr + rows, mask=mask_r, other=-1) < 0
     temp = load_row_param(temp_ptr, temp_val, rows, mask_r, tl.float32, TEMP_PER_ROW)
     inv_t, noise_scale, greedy, _bad = row_temperature(temp)
+    BLOCK_S: tl.constexpr = BLOCK_U // KEEP  # the per-slot fields on their own slot axis, a quarter of U's width
+    if MERGE:
+        # Stage 2's merge folded in (one launch less a call): every row's unfiltered token, logprob and
+        # logsumexp, as merge_candidates writes them, from its slots in one chunk, and the per-slot
+        # statistics the filtered rows reuse below.
+        bnd, bound, m, msafe, z_full, log_z_raw = row_slot_stats(
+            cand_f, base_f, rows, mask_r, n_slots, n_local, stride_shard, stride_field, stride_slot, inv_t,
+            BLOCK_S, KEEP, MODE)
+        sl = tl.arange(0, BLOCK_S)
+        slot_off = (sl // n_local) * stride_shard + (sl % n_local) * stride_slot
+        score = tl.load(cand_f + base_f + slot_off[None, :] + rows[:, None],
+                        mask=mask_r[:, None] & (sl < n_slots)[None, :], other=float("-inf"))
+        best, best_slot, poisoned = slot_winner(score, 1)
+        dead = (poisoned > 0) | (best == float("-inf"))
+        store_merged(cand_f, cand_i, base_f, base_i, tokens_ptr, logprob_ptr, lse_ptr, rows, mask_r, best_slot,
+                     dead, poisoned > 0, m, z_full, log_z_raw, inv_t, n_local, stride_shard, stride_shard_i,
+                     stride_field, stride_slot, LOGPROBS, RAW)
+        # The rows finished below overwrite these stores, maybe from other threads: order them.
+        tl.debug_barrier()
+    else:
+        # Stage 2 (merge_candidates) ran first and wrote -1 for rows without a valid token
+        # (NaN / +inf logits, bad temperature, no finite logit, a tensor-parallel mismatch).
+        dead = tl.load(tokens_ptr + rows, mask=mask_r, other=-1) < 0
     top_k = load_row_param(topk_ptr, topk_val, rows, mask_r, tl.int32, TOPK_PER_ROW)
     top_p = load_row_param(topp_ptr, topp_val, rows, mask_r, tl.float32, TOPP_PER_ROW)
     min_p = load_row_param(minp_ptr, minp_val, rows, mask_r, tl.float32, MINP_PER_ROW)
@@ -647,11 +669,11 @@ def select_filtered_kernel(
         vals, ids_at, _bnd_at, m2 = kept_logits(cand_f, cand_i, base_f, base_i, rows, active, n_slots, n_local,
                                                 stride_shard, stride_shard_i, stride_field, stride_ifield,
                                                 stride_slot, BLOCK_U, KEEP)
-        # Per-slot fields (boundary, tile max and sums) on their own slot axis, a quarter of U's width.
-        BLOCK_S: tl.constexpr = BLOCK_U // KEEP
-        bnd, bound, m, msafe, z_full, log_z_raw = row_slot_stats(
-            cand_f, base_f, rows, active, n_slots, n_local, stride_shard, stride_field, stride_slot, inv_t,
-            BLOCK_S, KEEP, MODE)
+        if not MERGE:  # (the folded merge computed them for every row)
+            # Per-slot fields (boundary, tile max and sums).
+            bnd, bound, m, msafe, z_full, log_z_raw = row_slot_stats(
+                cand_f, base_f, rows, active, n_slots, n_local, stride_shard, stride_field, stride_slot, inv_t,
+                BLOCK_S, KEEP, MODE)
         bkey = order_key(bound)
         complete = bound == float("-inf")  # every logit of the row is in U
         # Only the kept logits above the boundary B can decide a proven row (module docstring):
@@ -740,9 +762,13 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
                            mode: str = "scaled", top_ids=None, top_lp=None, cap: int = None, searched=None,
                            tile_v: int = 128, need_key=None, refine_cap: int = None, small_cap: int = None,
                            drew_small=None, winners: bool = False, won=None, winners_unchecked: bool = False,
-                           num_warps: int = None, wide_cap: int = None):
+                           num_warps: int = None, wide_cap: int = None, merge: bool = False, lse=None,
+                           raw: bool = False):
     """Finish filtered rows and top-N logprobs from an extended candidate buffer ``src``, after
-    launch_merge wrote ``tokens`` (and ``logprobs``) for every row.
+    launch_merge wrote ``tokens`` (and ``logprobs``) for every row; or, with ``merge``, in place of
+    launch_merge: the kernel then first writes what the merge would (``tokens``, and with ``logprobs``
+    the logprobs, the logsumexp into ``lse`` and, with ``raw``, raw logprobs; launch_merge's meanings),
+    one launch less a call. Not for a checked layout (tensor parallelism: the merge checks the headers).
 
     Overwrites the tokens / logprobs of filtered rows it proves, fills ``top_ids`` /
     ``top_lp`` [B, top_n], and returns the rows the fallback must finish: bool [B] flags
@@ -769,6 +795,10 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     """
     if not layout.extended:
         raise ValueError("filters and top-N logprobs need an extended candidate layout (layout.fields(extended=True))")
+    if merge and (layout.checked or src.peer_table):
+        raise ValueError("the merge folds into select_filtered only on an unchecked local buffer (no header check)")
+    if merge and logprobs is not None and (lse is None or (raw and mode != "raw")):
+        raise ValueError("a folded merge with logprobs needs an lse tensor, and raw logprobs need mode='raw'")
     device = src.f.device
     fallback = torch.empty(batch, dtype=torch.bool, device=device)
     if batch == 0:
@@ -834,6 +864,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         top_ids if top_ids is not None else dummy, top_lp if top_lp is not None else dummy,
         fallback, need_key, scratch_f, scratch_i, searched if searched is not None else dummy, small_f, small_i,
         drew_small if drew_small is not None else dummy, won if won is not None else dummy,
+        lse if lse is not None else dummy,
         **flags,
         BLOCK_R=block_r, BLOCK_U=block_u, KEEP=KEEP, TOP_N=top_n,
         TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)), MODE=LOGPROBS_MODES.index(mode),
@@ -841,7 +872,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         PACK=cap > 0, CAP=max(cap, 1), SEARCHED=searched is not None, TILE_V=tile_v, REFINE_CAP=refine_cap,
         SMALL_CAP=small, WIDE_CAP=wide, SCRATCH_LANES=lanes, DREW=drew_small is not None, WINNERS=winners,
         WINNERS_UNCHECKED=bool(winners_unchecked),
-        WON=won is not None,
+        WON=won is not None, MERGE=bool(merge), RAW=bool(raw) and logprobs is not None,
         # pairwise top-p in [rows, small, chunk] steps: the interpreter's many-row programs stay under
         # Triton's 2**20-element tensors
         SMALL_CHUNK=32 if on_gpu else max(1, min(32, 2 ** 20 // max(1, block_r * small))),

@@ -109,12 +109,13 @@ CASES = {
                    minp_ptr="*fp32", minp_val="fp32", vocab_size="i32", tokens_ptr="*i64", logprob_ptr="*fp32",
                    top_ids_ptr="*i64", top_lp_ptr="*fp32", fallback_ptr="*i1", need_key_ptr="*i64",
                    scratch_f="*fp32", scratch_i="*i32", searched_ptr="*i32", small_f="*fp32", small_i="*i32",
-                   drew_ptr="*i32", won_ptr="*i32", **ROW_PARAMS, **PARITY),
+                   drew_ptr="*i32", won_ptr="*i32", lse_ptr="*fp32", **ROW_PARAMS, **PARITY),
         constexprs=dict(SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True, TOPK_PER_ROW=True,
                         TOPP_PER_ROW=True, MINP_PER_ROW=False, BLOCK_R=1, BLOCK_U=8192, KEEP=4, TOP_N=5,
                         TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True, PACK=True, CAP=2048,
                         SEARCHED=True, TILE_V=128, REFINE_CAP=4096, SMALL_CAP=128, DREW=True, SMALL_CHUNK=32,
-                        WIDE_CAP=1024, SCRATCH_LANES=1024, WINNERS=False, WINNERS_UNCHECKED=False, WON=False),
+                        WIDE_CAP=1024, SCRATCH_LANES=1024, WINNERS=False, WINNERS_UNCHECKED=False, WON=False,
+                        MERGE=False, RAW=False),
         num_warps=16),  # select_filtered.SELECT_WARPS
     "entry_offsets": dict(
         module="fsdist.ops.entry_offsets", kernel="entry_offsets_kernel",
@@ -191,6 +192,11 @@ CASES["select_filtered_wide_off"] = dict(
 CASES["select_filtered_winners"] = dict(
     CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], MODE=0, MINP_PER_ROW=True,
                                               WINNERS=True, WON=True))
+
+# ... with the merge folded in (fsdist.sample's filtered calls: no merge launch), "raw" logprobs, no instrumentation.
+CASES["select_filtered_merge"] = dict(
+    CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], MODE=1, MERGE=True, RAW=True,
+                                              PACK=False, CAP=1, SEARCHED=False, DREW=False))
 
 
 @pytest.fixture(scope="module")

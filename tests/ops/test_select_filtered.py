@@ -453,3 +453,83 @@ def test_a_wrong_wide_pack_would_be_caught(device, monkeypatch):
     assert (wrong[6] == 2).all()
     with pytest.raises(AssertionError):
         _assert_same_outcome(ref, wrong)
+
+
+def _fold_rows(device):
+    """_mixed_rows plus the rows stage 2 must fail or leave unfiltered: a NaN logit, a bad temperature, a bad
+    filter value, no finite logit, greedy and unfiltered rows."""
+    B, V_rows = 14, 4096 + 77  # V not a multiple of the tile
+    logits, params = _mixed_rows(device, B, V_rows, [6.0, 3.0, 1.0], seed=23)
+    logits[6, 999] = float("nan")  # a poisoned row (NaN score in one tile)
+    logits[8] = float("-inf")  # no finite logit: token -1
+    temps, top_p = params.temperature.clone(), params.top_p.clone()
+    temps[7] = -1.0  # a bad temperature: every tile poisons the row
+    top_p[9] = 0.0  # a bad filter value: select's own -1
+    temps[10] = 0.0  # a greedy row with filters (ignored)
+    params = RowParams(temps, params.seed, params.offset, top_k=params.top_k, top_p=top_p, min_p=params.min_p)
+    return B, logits, params
+
+
+def _merged_select(layout, buffers, B, params, mode, top_n, logprobs, fold):
+    """(tokens, logprobs, lse, top ids, top logprobs, flags, need keys): launch_merge then select_filtered, or
+    select_filtered with the merge folded in (``fold``) on outputs that start as sentinels."""
+    dev = buffers.f.device
+    raw = logprobs and mode == "raw"
+    if fold is None:
+        tokens, lp, lse = launch_merge(layout, buffers, B, params, logprobs=logprobs, raw=raw)
+    else:
+        tokens = torch.full((B,), -5, dtype=torch.int64, device=dev)
+        lp = torch.full((B,), -5.0, device=dev) if logprobs else None
+        lse = torch.full((B,), -5.0, device=dev) if logprobs else None
+    top_ids = torch.full((B, top_n), -5, dtype=torch.int64, device=dev)
+    top_lp = torch.full((B, top_n), -5.0, device=dev)
+    need_key = torch.full((B,), -9, dtype=torch.int64, device=dev)
+    fb = sf.launch_select_filtered(layout, buffers, B, params, vocab_size=layout.n_local * BLOCK_V, tokens=tokens,
+                                   logprobs=lp, top_n=top_n, mode=mode, top_ids=top_ids, top_lp=top_lp,
+                                   need_key=need_key, merge=bool(fold), lse=lse, raw=raw)
+    cpu = (lambda t: None if t is None else t.cpu())
+    return (tokens.cpu(), cpu(lp), cpu(lse), top_ids.cpu(), top_lp.cpu(), fb.cpu(), need_key.cpu())
+
+
+@pytest.mark.parametrize("mode, top_n, logprobs", [("scaled", 0, True), ("raw", 3, True), ("processed", 2, True),
+                                                   ("scaled", 0, False), ("raw", 4, False)])
+def test_the_folded_merge_equals_merge_then_select(device, mode, top_n, logprobs):
+    """fsdist.sample's filtered calls fold the merge into select_filtered (one launch less): every output must be
+    what the merge followed by select_filtered gives, on filtered, unfiltered, greedy and failed rows."""
+    B, logits, params = _fold_rows(device)
+    layout, buffers = _stage1(device, logits, params)
+    two = _merged_select(layout, buffers, B, params, mode, top_n, logprobs, fold=None)
+    one = _merged_select(layout, buffers, B, params, mode, top_n, logprobs, fold=True)
+    assert torch.equal(one[0], two[0])  # tokens, -1 on the failed rows and where the fallback will write
+    assert (two[0][[6, 7, 8, 9]] == -1).all() and (two[0] >= 0).sum() >= 8  # the failures are there, and rows
+    assert torch.equal(one[5], two[5]) and torch.equal(one[6][two[5]], two[6][two[5]])  # same flags, need keys
+    assert torch.equal(one[3], two[3])
+    for a, b in ((one[1], two[1]), (one[2], two[2]), (one[4], two[4])):
+        if b is not None:  # one chunk of slots against the merge's chunks: fp32 rounding only
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, equal_nan=True)
+    if logprobs:
+        assert torch.isnan(two[2][[6, 7]]).all() and two[2][8] == float("-inf")  # lse of poisoned / empty rows
+
+
+def test_a_missing_merge_would_be_caught(device):
+    """Power: select_filtered without the merge on sentinel outputs (what a fold that stored nothing would leave)
+    fails the comparison above."""
+    B, logits, params = _fold_rows(device)
+    layout, buffers = _stage1(device, logits, params)
+    two = _merged_select(layout, buffers, B, params, "scaled", 0, True, fold=None)
+    none = _merged_select(layout, buffers, B, params, "scaled", 0, True, fold=False)
+    assert not torch.equal(none[0], two[0])
+    assert not torch.allclose(none[2], two[2], equal_nan=True)
+
+
+def test_a_folded_merge_is_refused_where_it_cannot_run(device):
+    B, logits, params = _fold_rows(device)
+    layout, buffers = _stage1(device, logits, params)
+    tokens = torch.empty(B, dtype=torch.int64, device=buffers.f.device)
+    lp = torch.empty(B, device=buffers.f.device)
+    with pytest.raises(ValueError, match="lse"):
+        sf.launch_select_filtered(layout, buffers, B, params, vocab_size=4096, tokens=tokens, logprobs=lp, merge=True)
+    checked = CandidateLayout(layout.n_fields, layout.n_local, B, checked=True, n_ifields=1 + KEEP)
+    with pytest.raises(ValueError, match="unchecked"):
+        sf.launch_select_filtered(checked, BufferPair.alloc(checked, buffers.f.device), B, params, vocab_size=4096,
+                                  tokens=tokens, merge=True)
