@@ -17,7 +17,7 @@ from .ops.fallback import KeptLogits, run_fallback
 from .ops.layout import BufferPair
 from .ops.merge_candidates import launch_merge
 from .ops.plan import launch_stage1, plan_sample, raw_sums_needed, winner_logits_needed
-from .ops.select_filtered import launch_select_filtered
+from .ops.select_filtered import launch_select_filtered, merge_folds
 from .types import Penalties, SampleOutput, SparseLogits
 
 
@@ -127,11 +127,15 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size)
     top_ids = top_lp = fallback = None
     if filtered or top_logprobs:
-        # select_filtered does the merge's work too (merge=True): one launch less than merge + select.
         dev = hidden.device
-        tokens = torch.empty(B, dtype=torch.int64, device=dev)
-        lp = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else None
-        lse = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else None
+        # select_filtered does the merge's work too (merge=True): one launch less than merge + select.
+        fold = merge_folds(plan.layout, dev)
+        if fold:
+            tokens = torch.empty(B, dtype=torch.int64, device=dev)
+            lp = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else None
+            lse = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else None
+        else:
+            tokens, lp, lse = launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs, raw=raw)
         if top_logprobs:
             top_ids = torch.empty(B, top_logprobs, dtype=torch.int64, device=dev)
             top_lp = torch.empty(B, top_logprobs, dtype=torch.float32, device=dev)
@@ -139,7 +143,7 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
         fallback = launch_select_filtered(
             plan.layout, buffers, B, params, vocab_size=vocab_size, tokens=tokens, logprobs=lp,
             top_n=top_logprobs, mode=logprobs_mode, top_ids=top_ids, top_lp=top_lp, tile_v=kept.tile_v,
-            need_key=kept.need_key, winners=plan.winner_logits, merge=True, lse=lse, raw=raw)
+            need_key=kept.need_key, winners=plan.winner_logits, merge=fold, lse=lse, raw=raw)
         run_fallback(hidden, weight, params, vocab_size=vocab_size, flags=fallback,
                      tokens=tokens, kept=kept, logprobs=lp, top_n=top_logprobs, mode=logprobs_mode,
                      top_ids=top_ids, top_lp=top_lp, block_k=triton_twin(plan.config, D).block_k)

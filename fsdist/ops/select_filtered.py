@@ -757,6 +757,15 @@ def select_filtered_kernel(
         tl.store(fallback_ptr + rows, tl.zeros([BLOCK_R], tl.int1), mask=mask_r)
 
 
+def merge_folds(layout: CandidateLayout, device: torch.device) -> bool:
+    """Whether fsdist.sample folds stage 2's merge into select_filtered (``merge=True``) for this layout. Always
+    under the interpreter; on a GPU where a row keeps at least 256 logits (V >= ~8,000 in 128-id tiles): a small
+    vocabulary keeps the separate merge launch, since Triton 3.6 failed to compile the folded kernel's 16 warps
+    over [1, 32] kept logits (V = 1,024, H200, 2026-11-27), and the fold is only measured and GPU-tested on larger
+    rows (256 lanes in tests/ops/test_select_filtered.py, 8,192 at V = 151936)."""
+    return torch.device(device).type != "cuda" or layout.n_slots * KEEP >= 256
+
+
 def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int, params: RowParams, *,
                            vocab_size: int, tokens: torch.Tensor, logprobs=None, top_n: int = 0,
                            mode: str = "scaled", top_ids=None, top_lp=None, cap: int = None, searched=None,
@@ -815,6 +824,10 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     on_gpu = device.type == "cuda"
     # GPU: one row per program, a decode batch spreads over the SMs. Interpreter: big blocks.
     block_u = triton.next_power_of_2(layout.n_slots * KEEP)
+    if on_gpu and merge:
+        # At least 512 lanes (the extra ones masked): Triton 3.6 fails to compile the folded merge for sm_90 over
+        # a small vocabulary's [1, 32] kept logits on 16 warps (TritonGPU layout inference; lowering case).
+        block_u = max(512, block_u)
     block_r = 1 if on_gpu else max(1, min(1024, triton.next_power_of_2(batch), 2 ** 16 // block_u))
     cap = DEFAULT_SEARCH_CAP if cap is None else cap
     if cap < 0 or cap & (cap - 1):

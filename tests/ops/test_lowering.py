@@ -198,6 +198,19 @@ CASES["select_filtered_merge"] = dict(
     CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], MODE=1, MERGE=True, RAW=True,
                                               PACK=False, CAP=1, SEARCHED=False, DREW=False))
 
+# ... and with the min-p proof from the winners (fsdist.sample's min-p calls; Triton 3.6 once failed to compile it).
+CASES["select_filtered_merge_winners"] = dict(
+    CASES["select_filtered_merge"], constexprs=dict(CASES["select_filtered_merge"]["constexprs"], MODE=0, RAW=False,
+                                                    MINP_PER_ROW=True, WINNERS=True, TOP_N=0, TOP_N_POW2=1,
+                                                    LOGPROBS=False, TOPK_PER_ROW=False, TOPP_PER_ROW=False))
+
+# ... over a small vocabulary (V = 1024: 32 kept logits a row, floored to 512 lanes by the launcher with the merge
+# folded in; 32 lanes failed to compile on 16 warps), min-p calls without logprobs, the winners off.
+CASES["select_filtered_merge_small"] = dict(
+    CASES["select_filtered_merge"], constexprs=dict(CASES["select_filtered_merge"]["constexprs"], BLOCK_U=512, MODE=0,
+                                                    RAW=False, LOGPROBS=False, TOP_N=0, TOP_N_POW2=1,
+                                                    TOPK_PER_ROW=False, TOPP_PER_ROW=False, DEVICE_PARITY=False))
+
 
 @pytest.fixture(scope="module")
 def lowering_available():

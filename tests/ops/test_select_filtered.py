@@ -533,3 +533,14 @@ def test_a_folded_merge_is_refused_where_it_cannot_run(device):
     with pytest.raises(ValueError, match="unchecked"):
         sf.launch_select_filtered(checked, BufferPair.alloc(checked, buffers.f.device), B, params, vocab_size=4096,
                                   tokens=tokens, merge=True)
+
+
+def test_which_calls_fold_the_merge():
+    """fsdist.sample folds the merge into select_filtered under the interpreter always, on a GPU only where a row
+    keeps >= 256 logits (the fold's compiled variants measured and GPU-tested there; V = 1,024 failed to compile)."""
+    def lay(V):
+        return CandidateLayout(CandidateLayout.fields(True, extended=True), -(-V // BLOCK_V), 8, n_ifields=1 + KEEP)
+    assert sf.merge_folds(lay(1024), torch.device("cpu"))
+    assert not sf.merge_folds(lay(1024), torch.device("cuda"))
+    assert not sf.merge_folds(lay(7000), torch.device("cuda"))  # 55 tiles: 220 kept logits
+    assert sf.merge_folds(lay(8192), torch.device("cuda")) and sf.merge_folds(lay(151936), torch.device("cuda"))
