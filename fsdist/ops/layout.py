@@ -156,3 +156,15 @@ def store_fan_out(base, off, val, mask, DTYPE: tl.constexpr, PEER_TABLE: tl.cons
             tl.store(peer + off, val.to(DTYPE), mask=mask)
     else:
         tl.store(base + off, val.to(DTYPE), mask=mask)
+
+
+@triton.jit
+def slot_offset(slots, n_local, stride_shard, stride_slot, ONE_SHARD: tl.constexpr = False):
+    """Element offset of the slots ``slots`` (shard * n_local + tile, any shape) within one field of a candidate
+    buffer whose shards are blocks of ``stride_shard`` elements (pass stride_shard_i for the int32 buffer).
+    ONE_SHARD (a buffer of one shard: a single GPU) skips the division by the runtime n_local, ~10 instructions
+    a lane in kernels that address a whole row's slots."""
+    if ONE_SHARD:
+        return slots * stride_slot
+    else:
+        return (slots // n_local) * stride_shard + (slots % n_local) * stride_slot

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from ..params import RowParams
 from .epilogue import row_temperature
-from .layout import BufferPair, CandidateLayout
+from .layout import BufferPair, CandidateLayout, slot_offset
 from .parity import parity_args, parity_offsets
 from .step_check import HeaderCheck, judge_headers, last_program_finishes_step, load_headers, writers_block
 from .utils import load_row_param, row_param_args
@@ -84,7 +84,7 @@ def merge_candidates_kernel(
     me, status_ptr, fp_slot, rec_slot, ticket_ptr,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, LOGPROBS: tl.constexpr, DEVICE_PARITY: tl.constexpr,
     TEMP_PER_ROW: tl.constexpr, STATS: tl.constexpr, CHECK: tl.constexpr = False, RAW: tl.constexpr = False,
-    END_STEP: tl.constexpr = False, NW: tl.constexpr = 2,
+    END_STEP: tl.constexpr = False, NW: tl.constexpr = 2, ONE_SHARD: tl.constexpr = False,
 ):
     buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
                                               parity_stride_i, DEVICE_PARITY)
@@ -109,8 +109,7 @@ def merge_candidates_kernel(
         slots = s0 + tl.arange(0, BLOCK_S)
         mask = (slots < n_slots)[:, None] & mask_r[None, :]
         # slot = shard * n_local + tile; shards (ranks) are blocks of the buffer.
-        offs = (buf_offset + (slots // n_local) * stride_shard + (slots % n_local) * stride_slot)[:, None] \
-            + rows[None, :]
+        offs = (buf_offset + slot_offset(slots, n_local, stride_shard, stride_slot, ONE_SHARD))[:, None] + rows[None, :]
         score = tl.load(cand_f + offs, mask=mask, other=float("-inf"))
         c_best, c_slot, c_nan = slot_winner(score, 0)
         poisoned = poisoned | c_nan
@@ -210,7 +209,8 @@ def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: R
             layout.fingerprint_slot, layout.record_slot, end_step if end_step is not None else src.i,
             BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs, DEVICE_PARITY=par_on,
             TEMP_PER_ROW=temp_row, STATS=stats, CHECK=check is not None, RAW=raw and logprobs,
-            END_STEP=end_step is not None, NW=writers_block(layout.n_shards), num_warps=4,
+            END_STEP=end_step is not None, NW=writers_block(layout.n_shards), ONE_SHARD=layout.n_shards == 1,
+            num_warps=4,
         )
     out = (tokens, (lp if logprobs else None), (lse if logprobs else None))
     return out + (st,) if stats else out

@@ -100,7 +100,7 @@ CASES = {
                    stride_shard="i32", stride_shard_i="i32", stride_field="i32", stride_slot="i32", temp_ptr="*fp32",
                    temp_val="fp32", **PARITY, **CHECK, ticket_ptr="*i32"),
         constexprs=dict(BLOCK_R=2, BLOCK_S=1024, LOGPROBS=True, DEVICE_PARITY=True, TEMP_PER_ROW=True, STATS=True,
-                        CHECK=True, RAW=True, END_STEP=True, NW=4)),
+                        CHECK=True, RAW=True, END_STEP=True, NW=4, ONE_SHARD=False)),
     "select_filtered": dict(
         module="fsdist.ops.select_filtered", kernel="select_filtered_kernel",
         types=dict(cand_f="*fp32", cand_i="*i32", base_f="i32", base_i="i32", B="i32", n_slots="i32", n_local="i32",
@@ -115,7 +115,7 @@ CASES = {
                         TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True, PACK=True, CAP=2048,
                         SEARCHED=True, TILE_V=128, REFINE_CAP=4096, SMALL_CAP=128, DREW=True, SMALL_CHUNK=32,
                         WIDE_CAP=1024, SCRATCH_LANES=1024, WINNERS=False, WINNERS_UNCHECKED=False, WON=False,
-                        MERGE=False, RAW=False),
+                        MERGE=False, RAW=False, ONE_SHARD=False),
         num_warps=16),  # select_filtered.SELECT_WARPS
     "entry_offsets": dict(
         module="fsdist.ops.entry_offsets", kernel="entry_offsets_kernel",
@@ -195,7 +195,7 @@ CASES["select_filtered_winners"] = dict(
 
 # ... with the merge folded in (fsdist.sample's filtered calls: no merge launch), "raw" logprobs, no instrumentation.
 CASES["select_filtered_merge"] = dict(
-    CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], MODE=1, MERGE=True, RAW=True,
+    CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], MODE=1, MERGE=True, RAW=True, ONE_SHARD=True,
                                               PACK=False, CAP=1, SEARCHED=False, DREW=False))
 
 # ... and with the min-p proof from the winners (fsdist.sample's min-p calls; Triton 3.6 once failed to compile it).
@@ -210,6 +210,18 @@ CASES["select_filtered_merge_small"] = dict(
     CASES["select_filtered_merge"], constexprs=dict(CASES["select_filtered_merge"]["constexprs"], BLOCK_U=512, MODE=0,
                                                     RAW=False, LOGPROBS=False, TOP_N=0, TOP_N_POW2=1,
                                                     TOPK_PER_ROW=False, TOPP_PER_ROW=False, DEVICE_PARITY=False))
+
+# A small vocabulary on a GPU (V = 1,024: 32 kept logits a row): no folded merge there (merge_folds), but the grouped
+# pack's reshapes over [1, 32] lanes on 16 warps (Triton 3.6 failed the fold's layouts at this size).
+CASES["select_filtered_small"] = dict(
+    CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], BLOCK_U=32, PACK=False, CAP=1,
+                                              SEARCHED=False, MODE=0, MINP_PER_ROW=True, WINNERS=True, TOP_N=0,
+                                              TOP_N_POW2=1, LOGPROBS=False, DEVICE_PARITY=False, ONE_SHARD=True))
+
+# The single-GPU merge (plain calls): one shard, so no division by n_local in its slot addresses.
+CASES["stage2_one_shard"] = dict(
+    CASES["stage2_parity"], constexprs=dict(CASES["stage2_parity"]["constexprs"], DEVICE_PARITY=False, STATS=False,
+                                            CHECK=False, END_STEP=False, ONE_SHARD=True))
 
 
 @pytest.fixture(scope="module")

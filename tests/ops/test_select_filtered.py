@@ -349,6 +349,7 @@ def test_a_wrong_survivor_pack_would_be_caught(device, monkeypatch, flaw):
 
 
 _PACKED_ROWS = sf._packed_rows  # the shipped helper, for the power check's wrong twin
+_LANE_AT_LEAST = sf.lane_at_least
 
 
 def _min_p_rows(device, B, V_rows, seed):
@@ -437,16 +438,18 @@ def test_a_wrong_wide_pack_would_be_caught(device, monkeypatch):
     _assert_same_outcome(ref, right)
 
     @triton.jit
-    def wrong_pack(vals, ids, keys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known, key_minp, z_full, top_p,
+    def wrong_pack(vals, ids, skeys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known, key_minp, z_full, top_p,
                    floor_key, msafe, inv_t, noise_scale, seed, offset, lanes_f, lanes_i, lanes_base,
-                   LANES: tl.constexpr, CHUNK: tl.constexpr, PAIRWISE: tl.constexpr, FAST_LOG: tl.constexpr):
+                   LANES: tl.constexpr, CHUNK: tl.constexpr, PAIRWISE: tl.constexpr, FAST_LOG: tl.constexpr,
+                   GROUP: tl.constexpr = 1):
         # > instead of >=, consistently: the threshold's own key leaves the pack and its count. (Dropping it from
         # the mask alone would leave n_p lanes to read, the last ones stale scratch: in a long run the allocator
         # hands back the previous call's scratch, holding the right pack, and the defect would not show.)
-        on_key = live & (keys == pk[:, None])
-        return _PACKED_ROWS(vals, ids, keys, live & ~on_key, pk, n_p - tl.sum(on_key.to(tl.int32), axis=1), kk, any_k,
+        # (the threshold's lanes are the last taken ones of their slot: the pack's groups stay prefixes)
+        on_key = live & (skeys == _LANE_AT_LEAST(pk)[:, None])
+        return _PACKED_ROWS(vals, ids, skeys, live & ~on_key, pk, n_p - tl.sum(on_key.to(tl.int32), axis=1), kk, any_k,
                             any_p, use_k, use_p, k_known, key_minp, z_full, top_p, floor_key, msafe, inv_t, noise_scale,
-                            seed, offset, lanes_f, lanes_i, lanes_base, LANES, CHUNK, PAIRWISE, FAST_LOG)
+                            seed, offset, lanes_f, lanes_i, lanes_base, LANES, CHUNK, PAIRWISE, FAST_LOG, GROUP)
 
     monkeypatch.setattr(sf, "_packed_rows", wrong_pack)
     wrong = _select(layout, buffers, B, params, None, **kw)
@@ -544,3 +547,52 @@ def test_which_calls_fold_the_merge():
     assert not sf.merge_folds(lay(1024), torch.device("cuda"))
     assert not sf.merge_folds(lay(7000), torch.device("cuda"))  # 55 tiles: 220 kept logits
     assert sf.merge_folds(lay(8192), torch.device("cuda")) and sf.merge_folds(lay(151936), torch.device("cuda"))
+
+
+@triton.jit
+def _pack_kernel(v_ptr, t_ptr, out_f, out_i, scr_f, scr_i, n_ptr, W: tl.constexpr, LANES: tl.constexpr,
+                 GROUP: tl.constexpr):
+    r = tl.arange(0, 2)
+    c = tl.arange(0, W)
+    vals = tl.load(v_ptr + r[:, None] * W + c[None, :])
+    take = tl.load(t_ptr + r[:, None] * W + c[None, :]) != 0
+    n = tl.sum(take.to(tl.int32), axis=1)
+    tl.store(n_ptr + r, n)
+    sv, si = sf.pack_lanes(scr_f, scr_i, r.to(tl.int64) * LANES, vals, c[None, :] + r[:, None] * 0, take, n, LANES,
+                           GROUP)
+    lanes = tl.arange(0, LANES)
+    tl.store(out_f + r[:, None] * LANES + lanes[None, :], sv)
+    tl.store(out_i + r[:, None] * LANES + lanes[None, :], si)
+
+
+def _pack(device, vals, take, group):
+    W, LANES = vals.shape[1], 64
+    out_f = torch.empty(2, LANES, device=device)
+    out_i = torch.empty(2, LANES, dtype=torch.int32, device=device)
+    scr_f = torch.full((2 * LANES,), float("nan"), device=device)
+    scr_i = torch.full((2 * LANES,), -7, dtype=torch.int32, device=device)
+    n = torch.empty(2, dtype=torch.int32, device=device)
+    _pack_kernel[(1,)](vals.to(device), take.int().to(device), out_f, out_i, scr_f, scr_i, n, W=W, LANES=LANES,
+                       GROUP=group)
+    return out_f.cpu(), out_i.cpu(), n.cpu()
+
+
+def test_the_grouped_pack_places_what_the_lane_scan_places(device):
+    """pack_lanes with GROUP = KEEP (a scan over the slots' counts) against the scan over every lane, on rows laid
+    out as U is (KEEP values a slot, largest first) with a threshold taking a prefix of each slot; power: a slot
+    whose taken lanes are not a prefix (the promise broken) packs differently."""
+    g = torch.Generator().manual_seed(3)
+    W = 256
+    vals = torch.randn(2, W // KEEP, KEEP, generator=g).sort(dim=2, descending=True).values.reshape(2, W)
+    vals[1, 40:] = float("-inf")  # a row with empty slots
+    take = vals >= torch.tensor([[1.2], [0.4]])  # a threshold: a prefix of every slot
+    assert 0 < int(take.sum(1).max()) <= 64
+    by_lane = _pack(device, vals, take, 1)
+    by_group = _pack(device, vals, take, KEEP)
+    for a, b in zip(by_lane, by_group):
+        assert torch.equal(a, b)
+    assert torch.equal(by_group[0][0, :int(by_group[2][0])], vals[0][take[0]])  # the taken values, in lane order
+    broken = take.clone()
+    s = int(torch.nonzero(take[0].reshape(-1, KEEP).sum(1) == 1)[0])  # a slot with one taken lane
+    broken[0, s * KEEP], broken[0, s * KEEP + 1] = False, True  # its taken lane is now its second
+    assert not torch.equal(_pack(device, vals, broken, KEEP)[1], _pack(device, vals, broken, 1)[1])
