@@ -153,6 +153,8 @@ def pack_lanes(dst_f, dst_i, base, vals, ids, take, n, LANES: tl.constexpr, GROU
         cnt = tl.sum(tl.reshape(take.to(tl.int32), [R, W // GROUP, GROUP]), axis=2)
         start = tl.cumsum(cnt, axis=1) - cnt
         pos = tl.reshape(start[:, :, None] + tl.arange(0, GROUP)[None, None, :], [R, W])
+        # (a broken promise misplaces lanes, but never outside this row's LANES: no other row's pack is touched)
+        take = take & (pos < LANES)
     else:
         pos = tl.cumsum(take.to(tl.int32), axis=1) - 1
     tl.store(dst_f + base[:, None] + pos, vals, mask=take)
