@@ -207,6 +207,12 @@ def graph_times(D, V, B, configs, args, device):
         cases += [(f"plain {cfg.name}", {}, default_cap, cfg), (f"k50+p0.9 {cfg.name}", filt, default_cap, cfg),
                   (f"min_p0.05 {cfg.name}", minp, default_cap, cfg), (f"bias_pen {cfg.name}", proc, default_cap, cfg)]
     cases = [c if len(c) == 6 else c + (None, None) for c in cases]
+    if args.graph_cases:
+        wanted = args.graph_cases.split(",")
+        unknown = sorted(set(wanted) - {c[0] for c in cases})
+        if unknown:
+            raise SystemExit(f"--graph-cases: unknown {unknown}; choose from {[c[0] for c in cases]}")
+        cases = [c for c in cases if c[0] in wanted]
     tokens = {}
     default_warps, default_wide = sf.SELECT_WARPS, sf.WIDE_CAP
     for name, kw, cap, cfg, warps, wide in cases:
@@ -250,6 +256,9 @@ def main():
                     help="select_filtered warp counts to time with each cap (default: the launcher's, 16)")
     ap.add_argument("--wide-caps", default=None,
                     help="select_filtered wide caps (min-p alone) to time with each cap (default: the launcher's)")
+    ap.add_argument("--graph-cases", default=None,
+                    help="the whole-call cases to replay (comma-separated names as the log prints them, e.g. "
+                         "plain,k50+p0.9,min_p0.05; default: all)")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
     gpu = common.has_gpu()
