@@ -9,6 +9,7 @@
 #                                   packed into $OUT/NAME_logs.tgz
 #   run_part NAME SECONDS LOG CMD.. CMD under a hard timeout, output to $OUT/LOG; prints NAME's exit status,
 #                                   the elapsed time and the log's last $TAIL lines (default 15)
+#   ncu_select NAME                 Nsight Compute on select_filtered_kernel (v51 / v52), reports named NAME_*
 start=$SECONDS  # first: callers budget their parts against the whole call
 source scripts/gpu_env.sh
 OUT="${OUT:-bench/results}"
@@ -46,4 +47,24 @@ carried_wheels() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       && export PYTHONPATH="$PYTHONPATH:/tmp/site" || echo "warning: installing the carried wheels failed" >&2
   fi
+}
+
+# ncu_select NAME: Nsight Compute on select_filtered_kernel alone (bench/filter_profile.py's profiled round, B = 1 and
+# 64, top-k + top-p and min-p): warp states, launch and source counters in $OUT/NAME_ncu_details.log, and the
+# per-SASS-instruction stall samples and executed instructions (to map onto source lines with a local compile's
+# `nvdisasm -gi`, as v51 did) gzipped into ${FINAL_OUT:-$OUT}/NAME_ncu_select_sass.csv.gz. Returns ncu's status.
+ncu_select() {
+  local name=$1 rep="$OUT/$1_select" rc=0
+  ncu --version | tail -1
+  TAIL=4 run_part ncu "${NCU_TIMEOUT:-200}" "${name}_ncu.log" ncu --clock-control none --nvtx \
+    --nvtx-include "regex:profiled:.*/" --kernel-name "regex:select_filtered" --import-source yes \
+    --section WarpStateStats --section SourceCounters --section LaunchStats --section Occupancy \
+    --section SpeedOfLight -o "$rep" -f python3 bench/filter_profile.py --batches 1,64 --cases topkp,minp || rc=1
+  if [ -f "$rep.ncu-rep" ]; then
+    ncu -i "$rep.ncu-rep" --page details --print-units base > "$OUT/${name}_ncu_details.log" 2>&1
+    ncu -i "$rep.ncu-rep" --page source --csv --print-source sass | gzip -c \
+      > "${FINAL_OUT:-$OUT}/${name}_ncu_select_sass.csv.gz"
+    grep -E "profiled:|Duration|Warp Cycles Per Issued|Registers Per" "$OUT/${name}_ncu_details.log" | head -20
+  fi
+  return $rc
 }

@@ -12,7 +12,7 @@
 #          --graph-cases is new):
 #            rm -rf ab_base && mkdir ab_base && git archive 8c8d15c fsdist | tar -x -C ab_base \
 #              && git archive HEAD bench launch scripts | tar -x -C ab_base --exclude='bench/results/*'
-#   ncu:   as v51's: Nsight Compute on select_filtered_kernel (B = 1 and 64, top-k + top-p and min-p)
+#   ncu:   as v51's: Nsight Compute on select_filtered_kernel (gpu_session_lib.sh's ncu_select)
 #   PARTS (default "ab ncu"; "tests" alone fills a call); logs in $OUT/v52_logs.tgz, JSONs in $OUT.
 # Usage: export OUT; PARTS=tests bash scripts/gpu_session_v52.sh   (one call), then
 #        export OUT; bash scripts/gpu_session_v52.sh                (another)
@@ -48,15 +48,6 @@ if wants ab; then
   grep -h "graph_us" "$OUT"/v52_ab_*.log
 fi
 if wants ncu; then
-  rep="$OUT/v52_select"
-  TAIL=4 run_part ncu "${NCU_TIMEOUT:-200}" v52_ncu.log ncu --clock-control none --nvtx \
-    --nvtx-include "regex:profiled:.*/" --kernel-name "regex:select_filtered" --import-source yes \
-    --section WarpStateStats --section SourceCounters --section LaunchStats --section Occupancy \
-    --section SpeedOfLight -o "$rep" -f python3 bench/filter_profile.py --batches 1,64 --cases topkp,minp || rc=1
-  if [ -f "$rep.ncu-rep" ]; then
-    ncu -i "$rep.ncu-rep" --page details --print-units base > "$OUT/v52_ncu_details.log" 2>&1
-    ncu -i "$rep.ncu-rep" --page source --csv --print-source sass | gzip -c > "$FINAL_OUT/v52_ncu_select_sass.csv.gz"
-    grep -E "profiled:|Duration|Warp Cycles Per Issued|Registers Per" "$OUT/v52_ncu_details.log" | head -20
-  fi
+  ncu_select v52 || rc=1
 fi
 exit $rc
