@@ -125,17 +125,18 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
                        sparse_processors=proc.has_entries(params.processing))
     buffers = BufferPair.alloc(plan.layout, hidden.device)
     launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size)
+    dev = hidden.device
     top_ids = top_lp = fallback = None
+    # Filtered and top-N calls: select_filtered does the merge's work too where merge_folds says so (merge=True),
+    # one launch less than merge + select.
+    fold = bool(filtered or top_logprobs) and merge_folds(plan.layout, dev)
+    if fold:
+        tokens = torch.empty(B, dtype=torch.int64, device=dev)
+        lp = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else None
+        lse = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else None
+    else:
+        tokens, lp, lse = launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs, raw=raw)
     if filtered or top_logprobs:
-        dev = hidden.device
-        # select_filtered does the merge's work too (merge=True): one launch less than merge + select.
-        fold = merge_folds(plan.layout, dev)
-        if fold:
-            tokens = torch.empty(B, dtype=torch.int64, device=dev)
-            lp = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else None
-            lse = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else None
-        else:
-            tokens, lp, lse = launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs, raw=raw)
         if top_logprobs:
             top_ids = torch.empty(B, top_logprobs, dtype=torch.int64, device=dev)
             top_lp = torch.empty(B, top_logprobs, dtype=torch.float32, device=dev)
@@ -147,6 +148,4 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
         run_fallback(hidden, weight, params, vocab_size=vocab_size, flags=fallback,
                      tokens=tokens, kept=kept, logprobs=lp, top_n=top_logprobs, mode=logprobs_mode,
                      top_ids=top_ids, top_lp=top_lp, block_k=triton_twin(plan.config, D).block_k)
-    else:
-        tokens, lp, lse = launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs, raw=raw)
     return rows.unflatten_output(SampleOutput(tokens, lp, lse, top_ids, top_lp, fallback), lead)

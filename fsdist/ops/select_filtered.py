@@ -803,7 +803,8 @@ def merge_folds(layout: CandidateLayout, device: torch.device) -> bool:
     under the interpreter; on a GPU where a row keeps at least 256 logits (V >= ~8,000 in 128-id tiles): a small
     vocabulary keeps the separate merge launch, since Triton 3.6 failed to compile the folded kernel's 16 warps
     over [1, 32] kept logits (V = 1,024, H200, 2026-11-27), and the fold is only measured and GPU-tested on larger
-    rows (256 lanes in tests/ops/test_select_filtered.py, 8,192 at V = 151936)."""
+    rows (a folded launch on a GPU has at least 512 lanes, launch_select_filtered's floor: 512 in
+    tests/ops/test_select_filtered.py, 8,192 at V = 151936)."""
     return torch.device(device).type != "cuda" or layout.n_slots * KEEP >= 256
 
 
