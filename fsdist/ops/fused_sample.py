@@ -132,10 +132,8 @@ def fused_sample_kernel(
     else:
         score = logit
     poisoned = bad_logit | bad_temp
-    # the tile's best score and its column (the lowest among equal scores) in one row reduction; a poisoned
-    # row's score may hold NaN, where the pair is unspecified: it is replaced just below
-    top, best = tl.max(score, axis=1, return_indices=True, return_indices_tie_break_left=True)
-    best_score = tl.where(poisoned, float("nan"), top)
+    best = tl.argmax(score, axis=1)
+    best_score = tl.where(poisoned, float("nan"), tl.max(score, axis=1))
     best_idx = tl.where(poisoned, -1, vocab_start + pid_v * BLOCK_V + best).to(tl.int32)
 
     if LOGPROBS:

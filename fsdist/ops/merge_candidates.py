@@ -42,10 +42,8 @@ def slot_winner(score, AXIS: tl.constexpr):
     """(best score, its index along AXIS (the lowest among equal scores), 1 where a score is NaN) of a
     chunk of per-slot scores (-inf where masked): one chunk's part of stage 2's argmax. select_filtered's
     folded merge takes a row's slots in one chunk along axis 1, this kernel in chunks along axis 0."""
-    # one reduction for the max and its index (tl.argmax alone is the same reduction, its value dropped); where a
-    # score is NaN the pair is unspecified, but the third value then fails the row
-    best, at = tl.max(score, axis=AXIS, return_indices=True, return_indices_tie_break_left=True)
-    return best, at, tl.max((score != score).to(tl.int32), axis=AXIS)
+    return (tl.max(score, axis=AXIS), tl.argmax(score, axis=AXIS),
+            tl.max((score != score).to(tl.int32), axis=AXIS))
 
 
 @triton.jit

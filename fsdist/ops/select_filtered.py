@@ -220,16 +220,9 @@ def kept_logits(cand_f, cand_i, base_f, base_i, rows, active, n_slots, n_local, 
 def live_key_range(skeys, live):
     """Per row, the order keys (int64) of the smallest and the largest live element (skeys as in
     kth_largest_key), and how many elements are live."""
-    kmin, kmax = live_key_ends(skeys, live)
-    return kmin, kmax, tl.sum(live.to(tl.int32), axis=1)
-
-
-@triton.jit
-def live_key_ends(skeys, live):
-    """live_key_range without the count (for a caller that has it)."""
     kmin = tl.min(tl.where(live, skeys, 2147483647), axis=1).to(tl.int64) + 2147483648
     kmax = tl.max(tl.where(live, skeys, -2147483648), axis=1).to(tl.int64) + 2147483648
-    return kmin, kmax
+    return kmin, kmax, tl.sum(live.to(tl.int32), axis=1)
 
 
 @triton.jit
@@ -240,16 +233,16 @@ def kth_largest_key(skeys, live, k):
 
     Bisection between the row's smallest and largest live keys, not over all 2**32 keys: the
     logits of one row span a few exponents, so ~20-24 steps instead of 32 (same answer)."""
-    lo, hi, n_live = kth_bracket(skeys, live, tl.sum(live.to(tl.int32), axis=1))
+    lo, hi, n_live = kth_bracket(skeys, live)
     lo, hi, _n = kth_bisect(skeys, live, k, lo, hi, n_live, n_live > 0, 0)
     return lo
 
 
 @triton.jit
-def kth_bracket(skeys, live, n_live):
+def kth_bracket(skeys, live):
     """The bisection's start for kth_largest_key: (lo, hi, live count) with count(keys >= lo) >= k
-    for every k <= the live count, and count(keys >= hi) = 0. n_live: the rows' live counts."""
-    kmin, kmax = live_key_ends(skeys, live)
+    for every k <= the live count, and count(keys >= hi) = 0."""
+    kmin, kmax, n_live = live_key_range(skeys, live)
     return tl.where(n_live > 0, kmin, 0), tl.where(n_live > 0, kmax + 1, 1), n_live
 
 
@@ -410,14 +403,11 @@ def _top_p_and_draw(vals, ids, skeys, mass, live, in_s, key_s, use_p, any_p, tar
 
 
 @triton.jit
-def _search_rows(vals, ids, skeys, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp, z_full,
-                 use_p, any_p, top_p, floor_key, msafe, inv_t, noise_scale, seed, offset, FAST_LOG: tl.constexpr):
+def _search_rows(vals, ids, skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp, z_full,
+                 use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG: tl.constexpr):
     """finish_rows over the elements in place: the top-k bisection to the end (from where it
     stopped), S, top-p and the draw: (max(min-p threshold, k-th largest), key_s, key_t, token,
     kept mass, its logit, its score)."""
-    # Each element's exp((l - max) / T), here and not in finish_rows: a program whose rows all pack their
-    # survivors (_packed_rows, most calls) never needs it over every element.
-    mass = tl.where(live, tl.exp((vals - msafe[:, None]) * inv_t[:, None]), 0.0)
     if any_k:
         lo, hi, n_lo = kth_bisect(skeys, live, kk, lo, hi, n_lo, ask_k, 0)
     key_km = tl.maximum(key_minp, tl.where(use_k, lo, 0))
@@ -492,21 +482,15 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
     # int64 keys only where a lane's key is returned (the top-N).
     skeys = order_skey(vals)
     keys = skeys.to(tl.int64) + 2147483648
+    mass = tl.where(live, tl.exp((vals - msafe[:, None]) * inv_t[:, None]), 0.0)  # exp((l - max) / T)
 
     # ---- thresholds (vLLM's order), and whether U proves them ----
     # Key 0 lies below every real logit's key: it stands for "no min-p / top-k threshold".
     # Every logit above B is in U, so U's k-th largest is the true one iff U holds at
     # least k logits above B; otherwise the true k-th largest is <= B and only a min-p
     # threshold above B can still fix tau_S.
-    above_b = live & (skeys >= lane_at_least(bkey + 1)[:, None])
-    if vals.shape[1] < 65536:
-        # both counts in one reduction (each fits 16 bits): one block-wide reduction less
-        both = tl.sum(live.to(tl.int32) + (above_b.to(tl.int32) << 16), axis=1)
-        n_live = both & 65535
-        n_above = both >> 16
-    else:
-        n_live = tl.sum(live.to(tl.int32), axis=1)
-        n_above = tl.sum(above_b.to(tl.int32), axis=1)
+    n_live = tl.sum(live.to(tl.int32), axis=1)
+    n_above = tl.sum((live & (skeys >= lane_at_least(bkey + 1)[:, None])).to(tl.int32), axis=1)
     key_minp = tl.where(use_minp, order_key(m + temp * tl.log(tl.where(use_minp, min_p, 1.0))), 0)
     k_known = ~use_k | (top_k <= n_above) | complete
     kk = tl.maximum(tl.minimum(top_k, n_live), 1)  # the rank searched (all of a row when it has fewer)
@@ -519,7 +503,7 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
     hi = lo + 1
     n_lo = n_live
     if any_k:
-        lo, hi, n_lo = kth_bracket(skeys, live, n_live)
+        lo, hi, n_lo = kth_bracket(skeys, live)
         lo, hi, n_lo = kth_bisect(skeys, live, kk, lo, hi, n_lo, ask_k, SMALL)
     any_p = tl.max((use_p & active).to(tl.int32), axis=0) > 0
     s_known = k_known | (key_minp > bkey)
@@ -552,16 +536,16 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
                 used = tl.full([BLOCK_R], 2, tl.int32)
             else:
                 key_km, key_s, key_t, tok, z_kept, l_tok, best = _search_rows(
-                    vals, ids, skeys, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp,
-                    z_full, use_p, any_p, top_p, floor_key, msafe, inv_t, noise_scale, seed, offset, FAST_LOG)
+                    vals, ids, skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp,
+                    z_full, use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG)
         else:
             key_km, key_s, key_t, tok, z_kept, l_tok, best = _search_rows(
-                vals, ids, skeys, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp, z_full,
-                use_p, any_p, top_p, floor_key, msafe, inv_t, noise_scale, seed, offset, FAST_LOG)
+                vals, ids, skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp, z_full,
+                use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG)
     else:
         key_km, key_s, key_t, tok, z_kept, l_tok, best = _search_rows(
-            vals, ids, skeys, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp, z_full,
-            use_p, any_p, top_p, floor_key, msafe, inv_t, noise_scale, seed, offset, FAST_LOG)
+            vals, ids, skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp, z_full,
+            use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG)
     # Top-p renormalises over S: its sum comes from U only if S lies above B.
     proven = complete | (s_known & (key_t > bkey) & (~use_p | (key_s == 0) | (key_s > bkey)))
     done = filtered & proven & mask_r

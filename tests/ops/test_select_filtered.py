@@ -167,7 +167,7 @@ def _search_kernel(vals_ptr, k_ptr, target_ptr, floor_ptr, s_ptr, kth_ptr, nuc_p
     tl.store(nuc_small_ptr + r, sf.nucleus_key_small(at, n, keys, mass, live, msafe, inv_t, target, floor, N, 16))
     tl.store(kth_small_ptr + r, sf.kth_key_small(at, n, keys, live, k, N, 16))
     # the bisection that stops once at most STOP elements lie at or above its lower end
-    lo, hi, n_lo = sf.kth_bracket(skeys, live, tl.sum(live.to(tl.int32), axis=1))
+    lo, hi, n_lo = sf.kth_bracket(skeys, live)
     lo, hi, n_lo = sf.kth_bisect(skeys, live, k, lo, hi, n_lo, n > 0, STOP)
     tl.store(stop_ptr + r * 3, lo)
     tl.store(stop_ptr + r * 3 + 1, hi)
