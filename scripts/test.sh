@@ -30,8 +30,15 @@ MPIRUN_TIMEOUT=${FSDIST_MPIRUN_TIMEOUT:-900}
 reports=$(mktemp -d)
 status=0
 
-echo "== single-process suite =="
-"$PY" -m pytest -q -p no:warnings tests --junitxml="$reports/single.xml" || status=1
+# On a CPU-only machine the single-process suite is one interpreter-bound process per core (pytest-xdist; whole
+# files per worker, so a file's shared fixtures and caches stay in one process): on CI's two cores it takes about
+# half the time. With a GPU it stays one process (the GPU tests share one device). FSDIST_TEST_WORKERS overrides
+# the count (1: no workers).
+workers=${FSDIST_TEST_WORKERS:-$("$PY" -c 'import os, torch; print(1 if torch.cuda.is_available() else os.cpu_count() or 1)')}
+xdist=()
+[ "$workers" -gt 1 ] && xdist=(-n "$workers" --dist loadfile)
+echo "== single-process suite (${workers} worker(s)) =="
+"$PY" -m pytest -q -p no:warnings "${xdist[@]}" tests --junitxml="$reports/single.xml" || status=1
 
 for n in 2 4; do
     echo "== tensor-parallel suite, mpirun -n $n =="
