@@ -10,6 +10,8 @@
 #   run_part NAME SECONDS LOG CMD.. CMD under a hard timeout, output to $OUT/LOG; prints NAME's exit status,
 #                                   the elapsed time and the log's last $TAIL lines (default 15)
 #   ncu_select NAME                 Nsight Compute on select_filtered_kernel (v51 / v52), reports named NAME_*
+#   ab_runs NAME CMD..              an A/B/A of CMD: in ab_base/ (the code before, carried), here, in ab_base/ again, each
+#                                   under $AB_TIMEOUT s (default 130), logs NAME_ab_{before,after,before2}.log
 start=$SECONDS  # first: callers budget their parts against the whole call
 source scripts/gpu_env.sh
 OUT="${OUT:-bench/results}"
@@ -66,5 +68,25 @@ ncu_select() {
       > "${FINAL_OUT:-$OUT}/${name}_ncu_select_sass.csv.gz"
     grep -E "profiled:|Duration|Warp Cycles Per Issued|Registers Per" "$OUT/${name}_ncu_details.log" | head -20
   fi
+  return $rc
+}
+
+# ab_runs NAME CMD..: the code before (ab_base/, a whole tree: bench/common.py puts its own root first on sys.path),
+# this tree's, the code before again, one after the other on the same GPU; prints the lines with "graph_us" last.
+# Returns 1 if any run failed.
+ab_runs() {
+  local name=$1 rc=0
+  shift
+  OUT="$(cd "$OUT" && pwd)"  # absolute: the "before" runs work from ab_base/
+  if [ -d ab_base/fsdist ] && [ -d ab_base/bench ]; then
+    (cd ab_base && TAIL=4 run_part ab_before "${AB_TIMEOUT:-130}" "${name}_ab_before.log" "$@") || rc=1
+  else
+    echo "no ab_base/ tree carried: the 'before' runs are skipped"
+  fi
+  TAIL=4 run_part ab_after "${AB_TIMEOUT:-130}" "${name}_ab_after.log" "$@" || rc=1
+  if [ -d ab_base/fsdist ] && [ -d ab_base/bench ]; then
+    (cd ab_base && TAIL=4 run_part ab_before2 "${AB_TIMEOUT:-130}" "${name}_ab_before2.log" "$@") || rc=1
+  fi
+  grep -h "graph_us" "$OUT"/"${name}"_ab_*.log
   return $rc
 }

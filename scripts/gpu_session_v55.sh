@@ -30,15 +30,6 @@ pack_on_exit v55
 PROBE=(bench/filter_probe.py --only graph --batches "${V55_BATCHES:-1,16,64}" --caps 0
        --graph-cases plain,k50+p0.9,min_p0.05)
 if wants ab; then
-  if [ -d ab_base/fsdist ] && [ -d ab_base/bench ]; then
-    (cd ab_base && TAIL=4 run_part ab_before "${AB_TIMEOUT:-130}" v55_ab_before.log python3 "${PROBE[@]}") || rc=1
-  else
-    echo "no ab_base/ tree carried: the 'before' runs are skipped"
-  fi
-  TAIL=4 run_part ab_after "${AB_TIMEOUT:-130}" v55_ab_after.log python3 "${PROBE[@]}" || rc=1
-  if [ -d ab_base/fsdist ]; then
-    (cd ab_base && TAIL=4 run_part ab_before2 "${AB_TIMEOUT:-130}" v55_ab_before2.log python3 "${PROBE[@]}") || rc=1
-  fi
-  grep -h "graph_us" "$OUT"/v55_ab_*.log
+  AB_TIMEOUT="${AB_TIMEOUT:-130}" ab_runs v55 python3 "${PROBE[@]}" || rc=1
 fi
 exit $rc
