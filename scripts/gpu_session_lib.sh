@@ -76,16 +76,17 @@ ncu_select() {
 # this tree's, the code before again, one after the other on the same GPU; prints the lines with "graph_us" last.
 # Returns 1 if any run failed.
 ab_runs() {
-  local name=$1 rc=0
+  local name=$1 rc=0 base=0
   shift
   OUT="$(cd "$OUT" && pwd)"  # absolute: the "before" runs work from ab_base/
-  if [ -d ab_base/fsdist ] && [ -d ab_base/bench ]; then
+  [ -d ab_base/fsdist ] && [ -d ab_base/bench ] && base=1
+  if [ "$base" = 1 ]; then
     (cd ab_base && TAIL=4 run_part ab_before "${AB_TIMEOUT:-130}" "${name}_ab_before.log" "$@") || rc=1
   else
     echo "no ab_base/ tree carried: the 'before' runs are skipped"
   fi
   TAIL=4 run_part ab_after "${AB_TIMEOUT:-130}" "${name}_ab_after.log" "$@" || rc=1
-  if [ -d ab_base/fsdist ] && [ -d ab_base/bench ]; then
+  if [ "$base" = 1 ]; then
     (cd ab_base && TAIL=4 run_part ab_before2 "${AB_TIMEOUT:-130}" "${name}_ab_before2.log" "$@") || rc=1
   fi
   grep -h "graph_us" "$OUT"/"${name}"_ab_*.log

@@ -32,9 +32,10 @@ status=0
 
 # On a CPU-only machine the single-process suite is one interpreter-bound process per core (pytest-xdist; whole
 # files per worker, so a file's shared fixtures and caches stay in one process): on CI's two cores it takes about
-# half the time. With a GPU it stays one process (the GPU tests share one device). FSDIST_TEST_WORKERS overrides
-# the count (1: no workers).
-workers=${FSDIST_TEST_WORKERS:-$("$PY" -c 'import os, torch; print(1 if torch.cuda.is_available() else os.cpu_count() or 1)')}
+# half the time. With a GPU it stays one process (the GPU tests share one device). At most 8 workers (each imports
+# torch, ~0.5 GB; the suite is ~40 files), on the cores this process may use. FSDIST_TEST_WORKERS overrides the
+# count (1: no workers).
+workers=${FSDIST_TEST_WORKERS:-$("$PY" -c 'import os, torch; print(1 if torch.cuda.is_available() else min(8, len(os.sched_getaffinity(0))))')}
 xdist=()
 [ "$workers" -gt 1 ] && xdist=(-n "$workers" --dist loadfile)
 echo "== single-process suite (${workers} worker(s)) =="
