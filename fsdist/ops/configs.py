@@ -42,6 +42,12 @@ class TileConfig:
     # Elsewhere the Triton kernel runs ``triton_twin(cfg)``: so ws=True in a plan is a preference, not a
     # promise of which kernel runs. Same candidates (the tile sums up to their summation order).
     ws: bool = False
+    # Start the odd programs of the first wave (one program per SM) this many microseconds late, so that
+    # the SMs finish their tiles, and run their epilogues, in two groups half a tile apart instead of all at
+    # once: while one group runs its epilogue the other keeps the memory streaming (v56). 0: no delay. Only
+    # the Triton kernel reads it; the warp-specialised one overlaps its epilogue by itself. Changes no
+    # arithmetic.
+    stagger_us: int = 0
 
     def __post_init__(self):
         # (block_v >= 32: a tile reads whole 32-id words of the token bitmask, and keeps KEEP logits per row)
@@ -55,31 +61,36 @@ class TileConfig:
             raise ValueError(f"TileConfig.ws must be a bool, got {self.ws!r}")
         if self.max_regs is not None and not (isinstance(self.max_regs, int) and 24 <= self.max_regs <= 255):
             raise ValueError(f"TileConfig.max_regs must be None or an int in [24, 255], got {self.max_regs!r}")
+        if not (isinstance(self.stagger_us, int) and not isinstance(self.stagger_us, bool)
+                and 0 <= self.stagger_us <= 1000):
+            raise ValueError(f"TileConfig.stagger_us must be an int in [0, 1000], got {self.stagger_us!r}")
 
     @property
     def name(self) -> str:
-        """'BBxBVxBKwWsS', plus 't' with TMA, 'rN' with a register cap and '-ws' on the warp-specialised
-        kernel: e.g. '64x128x64w8s4', '128x128x64w8s3tr128', '128x128x64w8s5t-ws' (parse() reads it back)."""
+        """'BBxBVxBKwWsS', plus 't' with TMA, 'rN' with a register cap, 'dN' with a first-wave stagger of N µs
+        and '-ws' on the warp-specialised kernel: e.g. '64x128x64w8s4', '128x128x64w8s3tr128', '16x128x128w4s5d20',
+        '128x128x64w8s5t-ws' (parse() reads it back)."""
         return (f"{self.block_b}x{self.block_v}x{self.block_k}w{self.num_warps}s{self.num_stages}"
                 + ("t" if self.tma else "") + (f"r{self.max_regs}" if self.max_regs else "")
-                + ("-ws" if self.ws else ""))
+                + (f"d{self.stagger_us}" if self.stagger_us else "") + ("-ws" if self.ws else ""))
 
     @classmethod
     def parse(cls, text: str) -> "TileConfig":
-        """Read a config written as ``name`` ('64x128x64w8s4[t][rN][-ws]') or as
+        """Read a config written as ``name`` ('64x128x64w8s4[t][rN][dN][-ws]') or as
         'block_b:block_v:block_k[:warps[:stages]]'."""
         text = text.strip()
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(t?)(?:r(\d+))?(-ws)?", text)
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(t?)(?:r(\d+))?(?:d(\d+))?(-ws)?", text)
         if m:
             bb, bv, bk = (int(g) for g in m.groups()[:3])
             kw = {k: int(v) for k, v in (("num_warps", m.group(4)), ("num_stages", m.group(5)),
-                                         ("max_regs", m.group(7))) if v}
-            return cls(bb, bv, bk, tma=bool(m.group(6)), ws=bool(m.group(8)), **kw)
+                                         ("max_regs", m.group(7)), ("stagger_us", m.group(8))) if v}
+            return cls(bb, bv, bk, tma=bool(m.group(6)), ws=bool(m.group(9)), **kw)
         parts = text.split(":")
         if 3 <= len(parts) <= 5 and all(p.isdigit() for p in parts):
             return cls(*(int(p) for p in parts))
         raise ValueError(f"cannot read tile config {text!r}: want e.g. '64x128x64w8s4' (add 't' for TMA, "
-                         "'r128' for a register cap, '-ws' for the warp-specialised kernel) "
+                         "'r128' for a register cap, 'd20' for a 20 µs first-wave stagger, '-ws' for the "
+                         "warp-specialised kernel) "
                          "or 'block_b:block_v:block_k[:num_warps[:num_stages]]'")
 
 

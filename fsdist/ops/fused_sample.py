@@ -29,7 +29,7 @@ from .entry_offsets import HEAD as ENTRY_HEAD, launch_entry_offsets
 from .fused_sample_ws import WS_BLOCK_B, WS_BLOCK_K, WS_BLOCK_V, launch_fused_ws, ws_supported
 from .processors import process_tile, processor_args, row_penalties, table_slice, tile_bitmask_words
 from .step_check import call_flags, write_row_fingerprints, write_step_record, writes_header
-from .utils import fast_log_ok, load_row_param, row_param_args
+from .utils import fast_log_ok, load_row_param, row_param_args, sm_count, stagger_start
 
 
 @triton.jit
@@ -54,12 +54,14 @@ def fused_sample_kernel(
     EXTENDED: tl.constexpr = False, KEEP: tl.constexpr = 4, XFP_PER_ROW: tl.constexpr = False,
     BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False, ENTRY_HEAD: tl.constexpr = 4,
     BM_WORDS: tl.constexpr = False, WINNER_LOGIT: tl.constexpr = True, RAW_SUM: tl.constexpr = True,
-    PINNED: tl.constexpr = False,
+    PINNED: tl.constexpr = False, first_wave=0, stagger_ns=0, STAGGER: tl.constexpr = False,
 ):
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
     pid_b = tl.program_id(0)
     pid_v = tl.program_id(1)
+    # (one batch tile: the first wave is the first vocabulary tiles; TileConfig.stagger_us)
+    stagger_start(pid_v, first_wave, stagger_ns, STAGGER)
 
     offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -259,6 +261,8 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         eoff_args = (eoff.offsets, eoff.offsets.stride(0), eoff.head, eoff.head_values, eoff.head.stride(0))
     else:
         eoff_args = (dummy, 0, dummy, dummy, 0)
+    # The first-wave stagger (GPU, one batch tile only: the waves are then the vocabulary tiles in order).
+    stagger = cfg.stagger_us > 0 and hidden.device.type == "cuda" and triton.cdiv(B, cfg.block_b) == 1
     fused_sample_kernel[(triton.cdiv(B, cfg.block_b), n_vtiles)](
         h_arg, w_arg,
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
@@ -284,6 +288,8 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         RAW_SUM=raw_sums,
         # the bitmask's words loaded before the main loop where every tile starts on a word
         BM_WORDS=vocab_start % 32 == 0 and cfg.block_v % 32 == 0,
+        first_wave=sm_count(hidden.device) if stagger else 0, stagger_ns=1000 * cfg.stagger_us if stagger else 0,
+        STAGGER=stagger,
         num_warps=cfg.num_warps, num_stages=fit_num_stages(cfg, hidden.element_size(), hidden.device),
         **({"maxnreg": cfg.max_regs} if cfg.max_regs and hidden.device.type == "cuda" else {}),
     )

@@ -95,6 +95,16 @@ def test_register_cap_is_validated_and_named():
         TileConfig(128, 128, 64, max_regs=7)
 
 
+def test_stagger_is_validated_and_named():
+    cfg = TileConfig.parse("16x128x128w4s5d20")
+    assert cfg.stagger_us == 20 and cfg.name == "16x128x128w4s5d20" and TileConfig.parse(cfg.name) == cfg
+    assert TileConfig.parse("128x128x64w8s3tr128d7-ws").name == "128x128x64w8s3tr128d7-ws"
+    assert TileConfig(16, 128, 128).name == "16x128x128w4s4"  # no delay: no suffix
+    for bad in (-1, 1001, 2.5, True):
+        with pytest.raises(ValueError, match="stagger_us"):
+            TileConfig(16, 128, 128, stagger_us=bad)
+
+
 def test_large_batch_config_runs_warp_specialised_where_it_can():
     cfg = configs.pick_config(512, 4096, "cuda")
     assert cfg.ws and cfg.name == "128x128x64w8s5t-ws"

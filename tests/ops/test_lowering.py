@@ -49,13 +49,13 @@ STAGE1 = dict(h_ptr="*bf16", w_ptr="*bf16", cand_f="*i64",
               cand_i="*i64", B="i32", D="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", stride_hb="i32",
               buf_offset="i32", buf_offset_i="i32", stride_field="i32", stride_slot="i32", hdr_off_i="i32", flags="i32",
               stride_ifield="i32", xfp_ptr="*i64", xfp_val="i64", eoff_ptr="*i32", eoff_stride="i32", head_ptr="*i32",
-              head_val_ptr="*fp32", head_stride="i32", **ROW_PARAMS, **PARITY,
+              head_val_ptr="*fp32", head_stride="i32", first_wave="i32", stagger_ns="i32", **ROW_PARAMS, **PARITY,
               **PROC)
 STAGE1_CONST = dict(**PROC_CONST, BLOCK_B=16, BLOCK_V=128, BLOCK_K=128, EVEN_K=True, EVEN_V=True, SEED_PER_ROW=True,
                     OFFSET_PER_ROW=True, TEMP_PER_ROW=True, NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4,
                     DOT_PRECISION="tf32", DOT_UPCAST=False, FAST_LOG=True, DEVICE_PARITY=True, TMA=False, HEADER=True,
                     EXTENDED=True, KEEP=4, XFP_PER_ROW=True, ENTRY_HEAD=4, BM_WORDS=True, WINNER_LOGIT=True,
-                    RAW_SUM=True)
+                    RAW_SUM=True, STAGGER=False)
 
 CASES = {
     "group_select": dict(
@@ -87,6 +87,9 @@ CASES = {
         # (and the extended epilogue without the raw sums and the winner's logit: filters, no logprobs)
         constexprs=dict(STAGE1_CONST, BLOCK_B=64, BLOCK_K=64, EVEN_K=False, EVEN_V=False, TMA=True,
                         WINNER_LOGIT=False, RAW_SUM=False)),
+    "stage1_fused_stagger": dict(  # the first-wave stagger (TileConfig.stagger_us): PTX timer reads and sleeps
+        module="fsdist.ops.fused_sample", kernel="fused_sample_kernel", types=STAGE1,
+        constexprs=dict(STAGE1_CONST, PEER_TABLE=False, NPEERS=1, DEVICE_PARITY=False, HEADER=False, STAGGER=True)),
     "stage1_pass_peers_parity": dict(
         module="fsdist.ops.sample_logits", kernel="sample_logits_kernel",
         types=dict(logits_ptr="*fp32", stride_lb="i32", tile_base="i32", tile_end="i32", cand_f="*i64", cand_i="*i64",
