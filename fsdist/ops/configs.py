@@ -112,9 +112,11 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
     # Winners of bench/tune.py on an H200 (bench/results/tune_NVIDIA_H200_2026-11-21_v1-philox1x.json
     # and _v2-quads.json), the same for D = 4096 and 8192 within ~1%.
     if batch <= 16:
-        return TileConfig(16, block_v, _block_k(hidden_size, 128), num_warps=4, num_stages=5)
+        return TileConfig(16, block_v, _block_k(hidden_size, 128), num_warps=4, num_stages=5,
+                          stagger_us=first_wave_stagger_us(hidden_size))
     if batch <= 32:
-        return TileConfig(32, block_v, _block_k(hidden_size, 128), num_warps=4, num_stages=4)
+        return TileConfig(32, block_v, _block_k(hidden_size, 128), num_warps=4, num_stages=4,
+                          stagger_us=first_wave_stagger_us(hidden_size))
     if batch <= 64:
         # The warp-specialised kernel's 64-row tile where it runs (v25b, H100: the plain call as fast as the
         # Triton tile, a filtered one 19-20 us faster at B = 48 / 64: its epilogue runs beside the next
@@ -126,6 +128,21 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
     # tiles, or this tile through pointers) at B = 128-1024 (D = 4096), the best of 13 tried.
     # On an H100 / H200 the warp-specialised kernel runs it (v17, bench/ws_probe.py), 5-17% faster.
     return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5, tma=True, ws=True)
+
+
+# The first-wave stagger of the one-batch-tile Triton configs (B <= 32; TileConfig.stagger_us, docs/performance.md
+# v56): one program per SM and equal tiles make every SM run its epilogue at the same moment while the memory idles;
+# holding the odd programs of the first wave keeps two groups apart, so one streams while the other computes. On an
+# H100 (graph replays, [B] parameters) 10-12 µs took 4-5 µs off filtered calls at B = 1 / 16 (D = 4096), 12.5 µs at
+# B = 32, and 4-5 µs off plain calls at D = 8192 and B = 32; 3 µs was too short, 20 about as good. It scales with the
+# tile's streaming time (the hidden size) up to STAGGER_MAX_US.
+STAGGER_MAX_US = 12
+
+
+def first_wave_stagger_us(hidden_size: int) -> int:
+    """The first-wave stagger (µs) of a one-batch-tile config for this hidden size: 3 µs per 1,024 up to
+    STAGGER_MAX_US (12 from D = 4096 on), at least 1."""
+    return max(1, min(STAGGER_MAX_US, 3 * hidden_size // 1024))
 
 
 def triton_twin(cfg: TileConfig, hidden_size: int) -> TileConfig:

@@ -105,6 +105,20 @@ def test_stagger_is_validated_and_named():
             TileConfig(16, 128, 128, stagger_us=bad)
 
 
+def test_one_tile_triton_configs_stagger_their_first_wave():
+    # B <= 32 on a GPU: one batch tile on the Triton kernel, the first wave staggered by 3 µs per 1,024 of D up to 12
+    for B in (1, 16, 32):
+        assert configs.pick_config(B, 4096, "cuda").stagger_us == 12
+        assert configs.pick_config(B, 8192, "cuda").stagger_us == configs.STAGGER_MAX_US == 12
+        assert configs.pick_config(B, 2048, "cuda").stagger_us == 6
+        assert configs.pick_config(B, 64, "cuda").stagger_us == 1
+    assert configs.pick_config(16, 4096, "cuda").name == "16x128x128w4s5d12"
+    # the warp-specialised and 128-row tiles overlap their epilogues themselves; the interpreter has no timer
+    for B in (33, 64, 128, 512):
+        assert configs.pick_config(B, 4096, "cuda").stagger_us == 0
+    assert configs.pick_config(16, 4096, "cpu").stagger_us == 0
+
+
 def test_large_batch_config_runs_warp_specialised_where_it_can():
     cfg = configs.pick_config(512, 4096, "cuda")
     assert cfg.ws and cfg.name == "128x128x64w8s5t-ws"
