@@ -278,10 +278,12 @@ def main():
         fs.tile_topk = _packed_tile_topk  # before the first compile of the stage-1 kernel
     results = {"env": common.env_info(), "shape": [D, V], "variant": args.variant or "current", "batches": {}}
     for B in batches:
-        # extra configs whose batch tile suits B: at least min(B, 16) rows, at most max(16, B) rounded up
+        # extra configs whose batch tile suits B: at least min(B, 16) rows, at most max(16, B) rounded up (a
+        # warp-specialised 64-row tile at any B of 17-64: its smallest tile)
         configs = [pick_config(B, D, device.type)] + [
             TileConfig.parse(c) for c in args.configs.split(",")
-            if c and min(B, 16) <= TileConfig.parse(c).block_b <= max(16, triton.next_power_of_2(B))]
+            if c and min(B, 16) <= TileConfig.parse(c).block_b <= max(16, triton.next_power_of_2(B),
+                                                                       64 if TileConfig.parse(c).ws and B > 16 else 0)]
         r = {}
         if "stage1" in only:
             r["stage1_us"] = stage1_times(D, V, B, configs if gpu else configs[:1], args, device)
