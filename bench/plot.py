@@ -13,6 +13,12 @@ fsdist_minp and their baselines) get a filtered-sampling table per shape (with t
 fraction of rows that fell back) and a ``_filtered`` plot; older JSONs have none and
 render as before. fallback_rate.py JSONs get a table per JSON and a heat map.
 
+    python bench/plot.py --filter-ab BEFORE.json AFTER.json BEFORE2.json [three more ...]
+
+reads filter_probe.py JSONs of an A/B/A (graph replays: plain, top-k 50 + top-p 0.9, min-p 0.05), three per GPU, and
+writes one plot per triple (``filter_ab_<gpu>_<date>.png``: filtered / plain against B, before and after, with issue
+11's 1.10x line) and prints its markdown table; docs/benchmarks.md is left alone.
+
 Options: --plots-dir DIR, --md FILE, --no-md (print the markdown instead), --no-plots.
 Only matplotlib (Agg backend) and the standard library are needed; no GPU.
 """
@@ -914,9 +920,84 @@ def replace_section(text: str, tag: str, body: str) -> str:
     return text.rstrip() + "\n\n" + block + "\n"
 
 
+FILTER_CASES = (("k50+p0.9", "top-k 50 + top-p 0.9"), ("min_p0.05", "min-p 0.05"))
+
+
+def filter_ab(before: dict, after: dict, before2: dict):
+    """{B: {case: (ratio before, ratio after)}} of an A/B/A of filter_probe.py graph replays: each filtered call over
+    the plain call of the same run, "before" the mean of the two before-runs' ratios."""
+    out = {}
+    for b in sorted(after["batches"], key=int):
+        runs = [d["batches"].get(b, {}).get("graph_us", {}) for d in (before, after, before2)]
+        if not all("plain" in r for r in runs):
+            continue
+        row = {}
+        for case, _label in FILTER_CASES:
+            if all(case in r for r in runs):
+                r0, r1, r2 = (r[case] / r["plain"] for r in runs)
+                row[case] = ((r0 + r2) / 2, r1)
+        out[int(b)] = row
+    return out
+
+
+def filter_ab_markdown(table: dict, gpu: str, sources) -> str:
+    lines = [f"{gpu} ({', '.join(sources)}): filtered / plain, graph replays, before -> after", "",
+             "| B | " + " | ".join(label for _c, label in FILTER_CASES) + " |", "|---|" + "---|" * len(FILTER_CASES)]
+    for b, row in table.items():
+        cells = [f"{row[c][0]:.3f} -> **{row[c][1]:.3f}**" if c in row else "" for c, _l in FILTER_CASES]
+        lines.append(f"| {b} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def filter_ab_plot(table: dict, gpu: str, path: Path, limit: float = 1.10):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    bs = list(table)
+    xs = range(len(bs))
+    for (case, label), color in zip(FILTER_CASES, ("tab:blue", "tab:orange")):
+        before = [table[b].get(case, (math.nan, math.nan))[0] for b in bs]
+        after = [table[b].get(case, (math.nan, math.nan))[1] for b in bs]
+        ax.plot(xs, before, "o--", color=color, alpha=0.5, label=f"{label}, before")
+        ax.plot(xs, after, "o-", color=color, label=f"{label}, after")
+    ax.axhline(limit, color="red", lw=1, ls=":", label=f"issue 11: {limit:.2f}x")
+    ax.set_xticks(list(xs), [str(b) for b in bs])
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("filtered / plain fsdist (graph replays)")
+    ax.set_title(f"Filtered calls over plain, {gpu}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def filter_ab_main(files, plots_dir: Path, no_plots: bool) -> int:
+    if len(files) % 3:
+        print(f"--filter-ab wants JSONs in threes (before, after, before again), got {len(files)}", file=sys.stderr)
+        return 2
+    for i in range(0, len(files), 3):
+        trio = [json.loads(Path(f).read_text()) for f in files[i:i + 3]]
+        gpu = gpu_of(trio[1])
+        table = filter_ab(*trio)
+        print(filter_ab_markdown(table, trio[1]["env"]["gpu"]["name"], [os.path.basename(f) for f in files[i:i + 3]]))
+        if not no_plots:
+            m = re.search(r"_(\d{8})T", os.path.basename(files[i + 1]))
+            plots_dir.mkdir(parents=True, exist_ok=True)
+            out = filter_ab_plot(table, trio[1]["env"]["gpu"]["name"],
+                                 plots_dir / f"filter_ab_{gpu}_{m.group(1) if m else Path(files[i + 1]).stem}.png")
+            print(f"wrote {out}")
+    return 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("json", nargs="+")
+    p.add_argument("--filter-ab", action="store_true", help="the JSONs are filter_probe.py A/B/A triples")
     p.add_argument("--plots-dir", default=str(REPO / "docs" / "plots"))
     p.add_argument("--md", default=str(REPO / "docs" / "benchmarks.md"))
     p.add_argument("--no-md", action="store_true", help="print the markdown instead of editing --md")
@@ -925,6 +1006,8 @@ def main(argv=None):
 
     plots_dir = Path(args.plots_dir)
     md_path = Path(args.md)
+    if args.filter_ab:
+        return filter_ab_main(args.json, plots_dir, args.no_plots)
     kernel, tp, tp_src, fallback = [], [], [], []
     for f in args.json:
         d = json.loads(Path(f).read_text())
