@@ -43,10 +43,11 @@ class TileConfig:
     # promise of which kernel runs. Same candidates (the tile sums up to their summation order).
     ws: bool = False
     # Start the odd programs of the first wave (one program per SM) this many microseconds late, so that
-    # the SMs finish their tiles, and run their epilogues, in two groups half a tile apart instead of all at
+    # the SMs finish their tiles, and run their epilogues, in two groups apart in time instead of all at
     # once: while one group runs its epilogue the other keeps the memory streaming (v56). 0: no delay. Only
-    # the Triton kernel reads it; the warp-specialised one overlaps its epilogue by itself. Changes no
-    # arithmetic.
+    # the Triton kernel reads it, on a GPU, for a grid of one batch tile, taking the first wave as one program
+    # per SM (a tile small enough for two a SM delays a quarter of its first wave instead: harmless); the
+    # warp-specialised kernel overlaps its epilogue by itself. Changes no arithmetic.
     stagger_us: int = 0
 
     def __post_init__(self):

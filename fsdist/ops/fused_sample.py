@@ -10,6 +10,12 @@ table of every tensor-parallel peer's buffer (the epilogue then stores into all 
 them). The kernel knows nothing about how those addresses were obtained. With TMA the
 operands arrive as tensor descriptors (Hopper's bulk tensor copies) instead of
 pointers; the arithmetic, hence every candidate, is the same.
+
+At small batches one program per SM streams equal tiles, so without help every SM would finish
+its tile, and run its epilogue, at the same moment while the memory idles. A config with
+``stagger_us`` (the B <= 32 defaults) holds the odd programs of the first wave that long
+(``utils.stagger_start``): the SMs then work in two groups apart in time, and one streams while
+the other computes (docs/performance.md, v56). Timing only: the candidates are the same.
 """
 from typing import Optional
 
