@@ -267,8 +267,10 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         eoff_args = (eoff.offsets, eoff.offsets.stride(0), eoff.head, eoff.head_values, eoff.head.stride(0))
     else:
         eoff_args = (dummy, 0, dummy, dummy, 0)
-    # The first-wave stagger (GPU, one batch tile only: the waves are then the vocabulary tiles in order).
-    stagger = cfg.stagger_us > 0 and hidden.device.type == "cuda" and triton.cdiv(B, cfg.block_b) == 1
+    # The first-wave stagger (NVIDIA GPU: PTX timer; one batch tile only: the waves are then the vocabulary tiles in
+    # order).
+    stagger = (cfg.stagger_us > 0 and hidden.device.type == "cuda" and torch.version.hip is None
+               and triton.cdiv(B, cfg.block_b) == 1)
     fused_sample_kernel[(triton.cdiv(B, cfg.block_b), n_vtiles)](
         h_arg, w_arg,
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
