@@ -77,6 +77,7 @@ Full GPU run: see bench/README.md.
 import common as C  # first: the repo root on sys.path, fsdist.env.apply_safe_env() before torch
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import importlib  # noqa: E402
 import math  # noqa: E402
 import statistics  # noqa: E402
@@ -597,6 +598,9 @@ def configs_for(spec: Optional[str], B: int, D: int, device: torch.device) -> Li
                if device.type != "cuda" or ns * (bb + bv) * bk * 2 <= 200 * 1024]
     else:
         out = parse_configs(spec)
+    # sweep candidates carry the default's first-wave stagger (configs.first_wave_stagger_us); named configs keep theirs
+    if spec in ("sweep", "sweep-small"):
+        out = [dataclasses.replace(c, stagger_us=default.stagger_us) for c in out]
     out = [default] + [c for c in out if c != default]
     seen, uniq = set(), []
     for c in out:

@@ -13,6 +13,7 @@ timings mean nothing and go nowhere unless --out is given.
 import common as C  # first: the repo root on sys.path, fsdist.env.apply_safe_env() before torch
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -87,7 +88,10 @@ def main():
             if args.paths_only:
                 continue
             results = []
-            for cfg in [default] + [c for c in candidates(B, quick) if c != default]:
+            # the candidates carry the default's first-wave stagger (configs.first_wave_stagger_us): a sweep compares
+            # tiles, not the stagger
+            cands = [dataclasses.replace(c, stagger_us=default.stagger_us) for c in candidates(B, quick)]
+            for cfg in [default] + [c for c in cands if c != default]:
                 if results and time.time() - t_start > args.budget_s:  # the default config is always timed
                     break
                 try:

@@ -45,9 +45,10 @@ class TileConfig:
     # Start the odd programs of the first wave (one program per SM) this many microseconds late, so that
     # the SMs finish their tiles, and run their epilogues, in two groups apart in time instead of all at
     # once: while one group runs its epilogue the other keeps the memory streaming (v56). 0: no delay. Only
-    # the Triton kernel reads it, on a GPU, for a grid of one batch tile, taking the first wave as one program
-    # per SM (a tile small enough for two a SM delays a quarter of its first wave instead: harmless); the
-    # warp-specialised kernel overlaps its epilogue by itself. Changes no arithmetic.
+    # the Triton kernel reads it, on an NVIDIA GPU, for a grid of one batch tile and several waves
+    # (``stagger_applies``; elsewhere, ROCm included, a config may carry it and nothing waits), taking the first
+    # wave as one program per SM (a tile small enough for two a SM delays a quarter of its first wave instead);
+    # the warp-specialised kernel overlaps its epilogue by itself. Changes no arithmetic.
     stagger_us: int = 0
 
     def __post_init__(self):
@@ -138,12 +139,26 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
 # B = 32, and 4-5 µs off plain calls at D = 8192 and B = 32; 3 µs was too short, 20 about as good. It scales with the
 # tile's streaming time (the hidden size) up to STAGGER_MAX_US.
 STAGGER_MAX_US = 12
+# ... and only for grids of at least this many waves (vocabulary tiles per SM): the lockstep it breaks builds up over
+# waves, and a grid of one or two (a small vocabulary, a tensor-parallel shard at TP = 8) would only start half its
+# programs late (every measurement had ~9 waves; TP = 2 shards of V = 151936 have 4.5).
+STAGGER_MIN_WAVES = 3
 
 
 def first_wave_stagger_us(hidden_size: int) -> int:
     """The first-wave stagger (µs) of a one-batch-tile config for this hidden size: 3 µs per 1,024 up to
     STAGGER_MAX_US (12 from D = 4096 on), at least 1."""
     return max(1, min(STAGGER_MAX_US, 3 * hidden_size // 1024))
+
+
+def stagger_applies(cfg: TileConfig, device, batch_tiles: int, vocab_tiles: int, sms: int) -> bool:
+    """Whether the Triton kernel holds its first wave for cfg.stagger_us: on an NVIDIA GPU (the wait reads a PTX
+    timer), for a grid of one batch tile (its waves are then the vocabulary tiles in order) and at least
+    STAGGER_MIN_WAVES waves of ``sms`` programs."""
+    import torch
+
+    return (cfg.stagger_us > 0 and getattr(device, "type", None) == "cuda" and torch.version.hip is None
+            and batch_tiles == 1 and vocab_tiles >= STAGGER_MIN_WAVES * sms)
 
 
 def triton_twin(cfg: TileConfig, hidden_size: int) -> TileConfig:

@@ -14,8 +14,9 @@ pointers; the arithmetic, hence every candidate, is the same.
 At small batches one program per SM streams equal tiles, so without help every SM would finish
 its tile, and run its epilogue, at the same moment while the memory idles. A config with
 ``stagger_us`` (the B <= 32 defaults) holds the odd programs of the first wave that long
-(``utils.stagger_start``): the SMs then work in two groups apart in time, and one streams while
-the other computes (docs/performance.md, v56). Timing only: the candidates are the same.
+(``utils.stagger_start``) where the grid has several waves (``configs.stagger_applies``): the
+SMs then work in two groups apart in time, and one streams while the other computes
+(docs/performance.md, v56). Timing only: the candidates are the same.
 """
 from typing import Optional
 
@@ -26,7 +27,7 @@ import triton.language as tl
 from ..params import RowParams
 from ..processing import has_entries
 from ..runtime import interpreting
-from .configs import PAD_TILE_ROWS, TileConfig, fit_num_stages, triton_twin
+from .configs import PAD_TILE_ROWS, TileConfig, fit_num_stages, stagger_applies, triton_twin
 from .epilogue import perturb, raw_sum, row_temperature, tile_stats, tile_topk, write_candidates, write_kept
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
@@ -38,7 +39,7 @@ from .step_check import call_flags, write_row_fingerprints, write_step_record, w
 from .utils import fast_log_ok, load_row_param, row_param_args, sm_count, stagger_start
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["first_wave", "stagger_ns"])  # (one compile whatever the SM count and the delay)
 def fused_sample_kernel(
     h_ptr, w_ptr,
     seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
@@ -267,10 +268,9 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         eoff_args = (eoff.offsets, eoff.offsets.stride(0), eoff.head, eoff.head_values, eoff.head.stride(0))
     else:
         eoff_args = (dummy, 0, dummy, dummy, 0)
-    # The first-wave stagger (NVIDIA GPU: PTX timer; one batch tile only: the waves are then the vocabulary tiles in
-    # order).
-    stagger = (cfg.stagger_us > 0 and hidden.device.type == "cuda" and torch.version.hip is None
-               and triton.cdiv(B, cfg.block_b) == 1)
+    # The first-wave stagger where it pays (configs.stagger_applies: NVIDIA GPU, one batch tile, several waves).
+    stagger = (cfg.stagger_us > 0 and hidden.device.type == "cuda"
+               and stagger_applies(cfg, hidden.device, triton.cdiv(B, cfg.block_b), n_vtiles, sm_count(hidden.device)))
     fused_sample_kernel[(triton.cdiv(B, cfg.block_b), n_vtiles)](
         h_arg, w_arg,
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),

@@ -29,8 +29,8 @@ def flagged_count(flags_ptr, B, SCAN: tl.constexpr):
 
 @triton.jit
 def global_ns(anchor):
-    """The GPU's global nanosecond timer (PTX ``%globaltimer``); anchor: any int32 scalar, which orders the read
-    after whatever computed it."""
+    """The GPU's global nanosecond timer (PTX ``%globaltimer``), read anew at every call (not pure, so never hoisted
+    or merged); anchor: any int32 scalar, the operand Triton's inline assembly needs."""
     return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [anchor], dtype=tl.int64, is_pure=False,
                                      pack=1)
 
@@ -38,15 +38,19 @@ def global_ns(anchor):
 @triton.jit
 def stagger_start(pid, first_wave, delay_ns, ON: tl.constexpr):
     """Hold the odd programs among the first ``first_wave`` (one per SM) for delay_ns nanoseconds before they
-    start (TileConfig.stagger_us). A memory-bound grid whose programs all take the same time finishes its tiles,
-    and runs their epilogues, in lockstep: every SM computes while the memory idles. Two groups half a tile apart
-    keep it streaming; the later programs inherit the offset from the SMs they land on. GPU only (PTX)."""
+    start (TileConfig.stagger_us). A memory-bound grid of many waves whose programs all take the same time finishes
+    its tiles, and runs their epilogues, in lockstep: every SM computes while the memory idles. Two groups apart in
+    time keep it streaming; the later programs inherit the offset from the SMs they land on. GPU only (PTX). The
+    wait sleeps 256 ns a step and gives up after 4x the steps the delay needs, so even a timer that stood still could
+    not hold a program for long."""
     if ON:
         if (pid < first_wave) & (pid % 2 == 1):
             t0 = global_ns(pid)
-            while global_ns(pid) - t0 < delay_ns:
+            steps = 0
+            while (global_ns(pid) - t0 < delay_ns) & (steps < delay_ns // 64):
                 tl.inline_asm_elementwise("nanosleep.u32 256; mov.u32 $0, 0;", "=r,r", [pid], dtype=tl.int32,
                                           is_pure=False, pack=1)
+                steps += 1
 
 
 def row_param_args(x, dummy: torch.Tensor):

@@ -1,4 +1,5 @@
 """Tile-config helpers that need no kernel: the shared-memory fit of the pipeline depth."""
+import dataclasses
 import types
 
 import pytest
@@ -100,6 +101,7 @@ def test_stagger_is_validated_and_named():
     assert cfg.stagger_us == 20 and cfg.name == "16x128x128w4s5d20" and TileConfig.parse(cfg.name) == cfg
     assert TileConfig.parse("128x128x64w8s3tr128d7-ws").name == "128x128x64w8s3tr128d7-ws"
     assert TileConfig(16, 128, 128).name == "16x128x128w4s4"  # no delay: no suffix
+    assert TileConfig.parse("16x128x128w4s5").stagger_us == 0  # names written before the field read back unstaggered
     for bad in (-1, 1001, 2.5, True):
         with pytest.raises(ValueError, match="stagger_us"):
             TileConfig(16, 128, 128, stagger_us=bad)
@@ -117,6 +119,22 @@ def test_one_tile_triton_configs_stagger_their_first_wave():
     for B in (33, 64, 128, 512):
         assert configs.pick_config(B, 4096, "cuda").stagger_us == 0
     assert configs.pick_config(16, 4096, "cpu").stagger_us == 0
+
+
+def test_stagger_applies_only_to_many_waves_of_one_batch_tile_on_an_nvidia_gpu(monkeypatch):
+    cfg = configs.pick_config(16, 4096, "cuda")
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")  # (a device object needs no GPU)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert configs.stagger_applies(cfg, gpu, 1, 1187, 132)  # V = 151936: 9 waves
+    assert configs.stagger_applies(cfg, gpu, 1, 594, 132)  # a TP = 2 shard: 4.5 waves
+    assert configs.stagger_applies(cfg, gpu, 1, 3 * 132, 132)  # STAGGER_MIN_WAVES exactly
+    assert not configs.stagger_applies(cfg, gpu, 1, 3 * 132 - 1, 132)
+    assert not configs.stagger_applies(cfg, gpu, 1, 149, 132)  # a TP = 8 shard, a 32k vocabulary
+    assert not configs.stagger_applies(cfg, gpu, 2, 1187, 132)  # two batch tiles: the waves interleave them
+    assert not configs.stagger_applies(cfg, cpu, 1, 1187, 132)  # no PTX timer off the GPU
+    assert not configs.stagger_applies(dataclasses.replace(cfg, stagger_us=0), gpu, 1, 1187, 132)
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert not configs.stagger_applies(cfg, gpu, 1, 1187, 132)  # ROCm: no %globaltimer
 
 
 def test_large_batch_config_runs_warp_specialised_where_it_can():

@@ -34,6 +34,11 @@ attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if spec.get
 # All the way to a cubin (Triton's wheel carries ptxas): GPU-only compiler failures show up here.
 k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                    options=dict(num_warps=spec.get("num_warps", 4)))
+# optional PTX checks: instructions a variant must (ptx_has) or must not (ptx_lacks) contain
+missing = [t for t in spec.get("ptx_has", []) if t not in k.asm["ptx"]]
+present = [t for t in spec.get("ptx_lacks", []) if t in k.asm["ptx"]]
+if missing or present:
+    sys.exit(f"PTX check failed: missing {missing}, unexpected {present}")
 print("COMPILED", spec["kernel"], len(k.asm["cubin"]))
 """
 
@@ -79,8 +84,9 @@ CASES = {
                    **ROW_PARAMS, **PARITY),
         constexprs=dict(BLOCK=128, PEER_TABLE=False, NPEERS=1, DEVICE_PARITY=False, SEED_PER_ROW=False,
                         OFFSET_PER_ROW=False, TEMP_PER_ROW=False, HEADER=False)),
-    "stage1_fused_peers_parity": dict(
-        module="fsdist.ops.fused_sample", kernel="fused_sample_kernel", types=STAGE1, constexprs=STAGE1_CONST),
+    "stage1_fused_peers_parity": dict(  # (no first-wave stagger: no timer read)
+        module="fsdist.ops.fused_sample", kernel="fused_sample_kernel", types=STAGE1, constexprs=STAGE1_CONST,
+        ptx_lacks=["%globaltimer", "nanosleep"]),
     "stage1_fused_tma": dict(  # the operands as tensor descriptors (TileConfig.tma)
         module="fsdist.ops.fused_sample", kernel="fused_sample_kernel",
         types=dict(STAGE1, h_ptr="tensordesc<bf16[64, 64]>", w_ptr="tensordesc<bf16[128, 64]>"),
@@ -89,7 +95,8 @@ CASES = {
                         WINNER_LOGIT=False, RAW_SUM=False)),
     "stage1_fused_stagger": dict(  # the first-wave stagger (TileConfig.stagger_us): PTX timer reads and sleeps
         module="fsdist.ops.fused_sample", kernel="fused_sample_kernel", types=STAGE1,
-        constexprs=dict(STAGE1_CONST, PEER_TABLE=False, NPEERS=1, DEVICE_PARITY=False, HEADER=False, STAGGER=True)),
+        constexprs=dict(STAGE1_CONST, PEER_TABLE=False, NPEERS=1, DEVICE_PARITY=False, HEADER=False, STAGGER=True),
+        ptx_has=["%globaltimer", "nanosleep.u32"]),
     "stage1_pass_peers_parity": dict(
         module="fsdist.ops.sample_logits", kernel="sample_logits_kernel",
         types=dict(logits_ptr="*fp32", stride_lb="i32", tile_base="i32", tile_end="i32", cand_f="*i64", cand_i="*i64",
