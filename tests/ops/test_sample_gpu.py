@@ -93,3 +93,42 @@ def test_cuda_graph_replay_with_new_seeds_and_offsets(B):
         assert torch.equal(out.tokens, eager)
         seen.append(out.tokens.clone())
     assert not torch.equal(seen[0], seen[1])  # a new offset is a new draw
+
+
+@pytest.mark.parametrize("extended", [False, True])
+@pytest.mark.parametrize("B", [1, 16, 32])
+def test_first_wave_stagger_leaves_the_candidates_bit_for_bit(B, extended):
+    """The B <= 32 configs hold half the first wave (TileConfig.stagger_us, docs/performance.md v56): timing only.
+    Stage 1's whole candidate buffer (winners, sums and, extended, the kept logits) with the stagger equals the one
+    without, and the stagger really runs at this size (configs.stagger_applies)."""
+    import dataclasses
+
+    from fsdist.ops.configs import pick_config, stagger_applies
+    from fsdist.ops.layout import BufferPair
+    from fsdist.ops.plan import launch_stage1, plan_sample
+    from fsdist.ops.utils import sm_count
+    from fsdist.params import RowParams
+
+    V, D = 151936, 4096
+    g = torch.Generator().manual_seed(56 + B)
+    w = (torch.randn(V, D, generator=g) * (2.0 / math.sqrt(D))).cuda().bfloat16()
+    h = torch.randn(B, D, generator=g).cuda().bfloat16()
+    rows = torch.arange(B, device="cuda")
+    kw = dict(top_k=torch.full((B,), 50, device="cuda", dtype=torch.int32),
+              top_p=torch.full((B,), 0.9, device="cuda")) if extended else {}
+    params = RowParams(torch.full((B,), 0.8, device="cuda"), rows + 1, rows * 0, **kw)
+    staggered = pick_config(B, D, "cuda")
+    assert staggered.stagger_us > 0
+    assert stagger_applies(staggered, h.device, 1, -(-V // staggered.block_v), sm_count(h.device))
+    bufs = []
+    for cfg in (staggered, dataclasses.replace(staggered, stagger_us=0)):
+        plan = plan_sample(batch=B, hidden_size=D, weight_rows=V, device=h.device, config=cfg, path="fused",
+                           extended=extended)
+        dest = BufferPair.alloc(plan.layout, h.device)
+        dest.f.fill_(float("nan"))
+        dest.i.fill_(-7)
+        launch_stage1(plan, h, w, params, dest, vocab_size=V)
+        bufs.append((dest.f.clone(), dest.i.clone()))
+    torch.cuda.synchronize()
+    assert torch.equal(bufs[0][0].nan_to_num(nan=1234.5), bufs[1][0].nan_to_num(nan=1234.5))
+    assert torch.equal(bufs[0][1], bufs[1][1])
