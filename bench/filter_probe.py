@@ -280,10 +280,10 @@ def main():
     for B in batches:
         # extra configs whose batch tile suits B: at least min(B, 16) rows, at most max(16, B) rounded up (a
         # warp-specialised 64-row tile at any B of 17-64: its smallest tile)
+        extra = [TileConfig.parse(c) for c in args.configs.split(",") if c]
         configs = [pick_config(B, D, device.type)] + [
-            TileConfig.parse(c) for c in args.configs.split(",")
-            if c and min(B, 16) <= TileConfig.parse(c).block_b <= max(16, triton.next_power_of_2(B),
-                                                                       64 if TileConfig.parse(c).ws and B > 16 else 0)]
+            c for c in extra
+            if min(B, 16) <= c.block_b <= max(16, triton.next_power_of_2(B), 64 if c.ws and B > 16 else 0)]
         r = {}
         if "stage1" in only:
             r["stage1_us"] = stage1_times(D, V, B, configs if gpu else configs[:1], args, device)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session of a filtered-path change, as v54 / v55 ran it (their scripts call this with their NAME):
-#   tests: gpu_session_lib.sh's filter_gpu_tests (five parallel groups, $TESTS_TIMEOUT s each, default 300)
+#   tests: gpu_session_lib.sh's filter_gpu_tests (five parallel groups, $TESTS_TIMEOUT s each, default 300), plus
+#          $EXTRA_TEST_GROUP (pytest arguments) as a sixth when set
 #   ab:    bench/filter_probe.py --only graph (plain, top-k 50 + top-p 0.9, min-p 0.05; CUDA-graph replays, L2 flushed,
 #          [B] parameters) at B = $AB_BATCHES (default 1,16,64), D = 4096, as an A/B/A against the carried ab_base/
 #          tree (gpu_session_lib.sh's ab_runs; $AB_TIMEOUT s a run, default 130)
@@ -15,7 +16,7 @@ OUT="$(cd "$OUT" && pwd)"
 PARTS="${PARTS:-tests ab}"
 rc=0
 if wants tests; then
-  filter_gpu_tests || rc=1
+  filter_gpu_tests ${EXTRA_TEST_GROUP:+"$EXTRA_TEST_GROUP"} || rc=1
 fi
 pack_on_exit "$name"
 if wants ab; then

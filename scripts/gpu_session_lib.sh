@@ -10,7 +10,8 @@
 #   run_part NAME SECONDS LOG CMD.. CMD under a hard timeout, output to $OUT/LOG; prints NAME's exit status,
 #                                   the elapsed time and the log's last $TAIL lines (default 15)
 #   ncu_select NAME                 Nsight Compute on select_filtered_kernel (v51 / v52), reports named NAME_*
-#   filter_gpu_tests                the filter kernels' GPU tests in five parallel groups (v54 / v55), $TESTS_TIMEOUT s
+#   filter_gpu_tests [GROUP..]      the filter kernels' GPU tests in five parallel groups (v54 / v55), $TESTS_TIMEOUT s,
+#                                   and each GROUP (pytest arguments) beside them
 #   ab_runs NAME CMD..              an A/B/A of CMD: in ab_base/ (the code before, carried), here, in ab_base/ again, each
 #                                   under $AB_TIMEOUT s (default 130), logs NAME_ab_{before,after,before2}.log
 start=$SECONDS  # first: callers budget their parts against the whole call
@@ -96,12 +97,13 @@ ab_runs() {
 # filter_gpu_tests: the GPU tests of the filtered path, five pytest processes side by side (gpu_tests_parallel.sh), each
 # cut at $TESTS_TIMEOUT s (default 300): the warp-specialised tile against the Triton tile and the plain GPU sampling
 # tests, the kept-logit and select suites, the fallback and min-p winners, the serving tests (10^6-sample
-# chi-squared at V = 151936, graphs, no sync, memory), test_filters' real-vocabulary cases.
+# chi-squared at V = 151936, graphs, no sync, memory), test_filters' real-vocabulary cases; each argument is one more
+# group (pytest arguments), run beside them.
 filter_gpu_tests() {
   TESTS_TIMEOUT="${TESTS_TIMEOUT:-300}" bash scripts/gpu_tests_parallel.sh \
     "tests/ops/test_fused_ws_gpu.py -k 'writes_the_triton or filtered_calls' tests/ops/test_sample_gpu.py" \
     "tests/ops/test_kept_logits.py tests/ops/test_select_filtered.py" \
     "tests/ops/test_fallback.py tests/ops/test_min_p_winners.py" \
     "tests/test_gpu_serving.py" \
-    "tests/test_filters.py -k 'same_token or chi_squared or flat or mirror'"
+    "tests/test_filters.py -k 'same_token or chi_squared or flat or mirror'" "$@"
 }

@@ -269,8 +269,8 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     else:
         eoff_args = (dummy, 0, dummy, dummy, 0)
     # The first-wave stagger where it pays (configs.stagger_applies: NVIDIA GPU, one batch tile, several waves).
-    stagger = (cfg.stagger_us > 0 and hidden.device.type == "cuda"
-               and stagger_applies(cfg, hidden.device, triton.cdiv(B, cfg.block_b), n_vtiles, sm_count(hidden.device)))
+    sms = sm_count(hidden.device) if hidden.device.type == "cuda" else 0
+    stagger = stagger_applies(cfg, hidden.device, triton.cdiv(B, cfg.block_b), n_vtiles, sms)
     fused_sample_kernel[(triton.cdiv(B, cfg.block_b), n_vtiles)](
         h_arg, w_arg,
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
@@ -296,7 +296,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         RAW_SUM=raw_sums,
         # the bitmask's words loaded before the main loop where every tile starts on a word
         BM_WORDS=vocab_start % 32 == 0 and cfg.block_v % 32 == 0,
-        first_wave=sm_count(hidden.device) if stagger else 0, stagger_ns=1000 * cfg.stagger_us if stagger else 0,
+        first_wave=sms if stagger else 0, stagger_ns=1000 * cfg.stagger_us if stagger else 0,
         STAGGER=stagger,
         num_warps=cfg.num_warps, num_stages=fit_num_stages(cfg, hidden.element_size(), hidden.device),
         **({"maxnreg": cfg.max_regs} if cfg.max_regs and hidden.device.type == "cuda" else {}),
