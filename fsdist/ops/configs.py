@@ -105,7 +105,10 @@ def default_block_v(device_type: str) -> int:
     return 512 if (device_type == "cpu" and interpreting()) else 128
 
 
-def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = None) -> TileConfig:
+def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = None,
+                fast_memory: bool = False) -> TileConfig:
+    """The stage-1 tile for ``batch`` rows of ``hidden_size``. fast_memory (``configs.fast_memory`` of the device;
+    ``plan_sample`` passes it): the 32-row tile takes FAST_MEMORY_32_ROW_STAGES pipeline stages."""
     block_v = block_v or default_block_v(device_type)
     if device_type == "cpu":
         # Interpreter: every program costs Python overhead, so use few, large ones.
@@ -117,7 +120,8 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
         return TileConfig(16, block_v, _block_k(hidden_size, 128), num_warps=4, num_stages=5,
                           stagger_us=first_wave_stagger_us(hidden_size))
     if batch <= 32:
-        return TileConfig(32, block_v, _block_k(hidden_size, 128), num_warps=4, num_stages=4,
+        return TileConfig(32, block_v, _block_k(hidden_size, 128), num_warps=4,
+                          num_stages=FAST_MEMORY_32_ROW_STAGES if fast_memory else 4,
                           stagger_us=first_wave_stagger_us(hidden_size))
     if batch <= 64:
         # The warp-specialised kernel's 64-row tile where it runs (v25b, H100: the plain call as fast as the
@@ -131,6 +135,13 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
     # On an H100 / H200 the warp-specialised kernel runs it (v17, bench/ws_probe.py), 5-17% faster.
     return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5, tma=True, ws=True)
 
+
+# The 32-row tile's pipeline depth on a GPU with faster memory (H200; ``fast_memory``): one stage more keeps more
+# bytes in flight per SM, which a faster memory needs to stay busy (docs/performance.md v59 / v60, graph replays, [B]
+# parameters, µs, 4 -> 5 stages at B = 20 / 32): H200 D = 4096 plain 301 -> 298 / 305 -> 301, top-k + top-p
+# 341 -> 335 / 346 -> 339; D = 8192 plain -1 to -3, filtered -6 to -10. On an H100 5 stages gain nothing at
+# D = 4096 and lose 6-7 µs plain at D = 8192, so it keeps 4.
+FAST_MEMORY_32_ROW_STAGES = 5
 
 # The first-wave stagger of the one-batch-tile Triton configs (B <= 32; TileConfig.stagger_us, docs/performance.md
 # v56): one program per SM and equal tiles make every SM run its epilogue at the same moment while the memory idles;

@@ -72,16 +72,17 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     bias or penalty entries (``choose_path``: chunked past one 128-row tile; ``fsdist.sample`` and the
     tensor-parallel heads pass it; measured on one GPU only). fast_memory: the device's memory speed
     (``configs.fast_memory``, asked of the device when None; a tensor-parallel head passes its group's agreed
-    answer). config / path / block_v override
+    answer): it picks the path and the 32-row tile's depth. config / path / block_v override
     the choices (tests and benchmarks; block_v fixes a head's layout).
     """
     device = torch.device(device)
+    if fast_memory is None:
+        fast_memory = device_fast_memory(device)
     path = path or choose_path(batch, hidden_size, device.type, dtype.itemsize if dtype is not None else 2,
-                               sparse_processors,
-                               fast_memory=device_fast_memory(device) if fast_memory is None else fast_memory)
+                               sparse_processors, fast_memory=fast_memory)
     if path not in STAGE1_PATHS:
         raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
-    cfg = config or pick_config(batch, hidden_size, device.type, block_v=block_v)
+    cfg = config or pick_config(batch, hidden_size, device.type, block_v=block_v, fast_memory=fast_memory)
     if block_v is not None and cfg.block_v != block_v:
         raise ValueError(f"config.block_v = {cfg.block_v} but the buffers are laid out for block_v = {block_v}")
     roomy = extended or n_fields == CandidateLayout.fields(True, extended=True)

@@ -177,3 +177,31 @@ def test_the_plan_asks_the_device_for_its_memory(monkeypatch):
     monkeypatch.setattr(plan, "device_fast_memory", lambda device: True)
     assert plan.plan_sample(**kw).path == "chunked"
     assert plan.plan_sample(**kw, fast_memory=False).path == "fused"
+
+
+def test_fast_memory_deepens_only_the_32_row_tile():
+    """On a GPU with faster memory the 32-row tile (B = 17-32) runs FAST_MEMORY_32_ROW_STAGES stages (v59 / v60: an
+    H200 gains 3-10 µs, an H100 loses up to 7 at D = 8192, so it keeps 4); every other tile is the same either way."""
+    for B in (17, 20, 32):
+        for d in (2048, 4096, 8192):
+            slow, fast = configs.pick_config(B, d, "cuda"), configs.pick_config(B, d, "cuda", fast_memory=True)
+            assert slow.num_stages == 4 and fast.num_stages == configs.FAST_MEMORY_32_ROW_STAGES == 5
+            assert dataclasses.replace(fast, num_stages=4) == slow  # nothing else moves (stagger included)
+    assert configs.pick_config(32, 4096, "cuda", fast_memory=True).name == "32x128x128w4s5d12"
+    for B in (1, 16, 33, 64, 128, 512):
+        assert configs.pick_config(B, 4096, "cuda", fast_memory=True) == configs.pick_config(B, 4096, "cuda")
+    assert configs.pick_config(32, 4096, "cpu", fast_memory=True) == configs.pick_config(32, 4096, "cpu")
+
+
+def test_the_plan_picks_the_32_row_depth_from_the_memory(monkeypatch):
+    """plan_sample hands pick_config the same fast_memory answer as choose_path: asked of the device when None, a
+    TP head's agreed answer otherwise."""
+    from fsdist.ops import plan
+
+    kw = dict(batch=32, hidden_size=4096, weight_rows=151936, device=torch.device("cuda", 0))
+    monkeypatch.setattr(plan, "device_fast_memory", lambda device: False)
+    assert plan.plan_sample(**kw).config.num_stages == 4
+    assert plan.plan_sample(**kw, fast_memory=True).config.num_stages == 5
+    monkeypatch.setattr(plan, "device_fast_memory", lambda device: True)
+    assert plan.plan_sample(**kw).config.num_stages == 5
+    assert plan.plan_sample(**kw, fast_memory=False).config.num_stages == 4
