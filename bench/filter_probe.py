@@ -78,10 +78,11 @@ def stage1_times(D, V, B, configs, args, device):
     params = RowParams(temp, rows + 1, rows * 0)
     fparams = RowParams(temp, rows + 1, rows * 0, **filt)
     out = {}
-    cases = [("plain", False, None)] + [("extended", True, c) for c in configs]
+    # (None: the default config of that kind of call; configs[0] names the plain one)
+    cases = [("plain", False, None), ("extended", True, None)] + [("extended", True, c) for c in configs[1:]]
     cases += [("plain", False, c) for c in configs[1:]]  # the extra configs on the plain call too
     for label, extended, cfg in cases:
-        cfg = cfg or pick_config(B, D, device.type, fast_memory=fast_memory(device))
+        cfg = cfg or pick_config(B, D, device.type, fast_memory=fast_memory(device), extended=extended)
         plan = plan_sample(batch=B, hidden_size=D, weight_rows=V, device=device, config=cfg, path="fused",
                            extended=extended)
         bufs = BufferPair.alloc(plan.layout, device)

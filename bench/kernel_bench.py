@@ -1457,7 +1457,9 @@ def main(argv=None) -> int:
                        else None,
                        "first_call_s": compile_s.get(name), "error": errors.get(name),
                        "config": asdict(cfg_of[name]) if name in cfg_of else
-                       (asdict(pick_config(B, D, device.type, fast_memory=fast_memory(device))) if name.startswith("fsdist") else None)}
+                       (asdict(pick_config(B, D, device.type, fast_memory=fast_memory(device),
+                                                  extended=bool(name in METHODS and METHODS[name].filter)))
+                        if name.startswith("fsdist") else None)}
                 if name in METHODS and METHODS[name].flashinfer:
                     row["note"] = ctx.fi_notes.get(name)
                 if name in METHODS and METHODS[name].filter:

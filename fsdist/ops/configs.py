@@ -106,9 +106,11 @@ def default_block_v(device_type: str) -> int:
 
 
 def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = None,
-                fast_memory: bool = False) -> TileConfig:
+                fast_memory: bool = False, extended: bool = False) -> TileConfig:
     """The stage-1 tile for ``batch`` rows of ``hidden_size``. fast_memory (``configs.fast_memory`` of the device;
-    ``plan_sample`` passes it): the 32-row tile takes FAST_MEMORY_32_ROW_STAGES pipeline stages."""
+    ``plan_sample`` passes it): the 32-row tile takes FAST_MEMORY_32_ROW_STAGES pipeline stages. extended: the call
+    keeps the tiles' largest logits (filters, top-N, raw logprobs): the 32-row tile's first-wave stagger is then
+    longer (``first_wave_stagger_us``). Neither changes a candidate."""
     block_v = block_v or default_block_v(device_type)
     if device_type == "cpu":
         # Interpreter: every program costs Python overhead, so use few, large ones.
@@ -122,7 +124,7 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
     if batch <= 32:
         return TileConfig(32, block_v, _block_k(hidden_size, 128), num_warps=4,
                           num_stages=FAST_MEMORY_32_ROW_STAGES if fast_memory else 4,
-                          stagger_us=first_wave_stagger_us(hidden_size))
+                          stagger_us=first_wave_stagger_us(hidden_size, rows=32, extended=extended))
     if batch <= 64:
         # The warp-specialised kernel's 64-row tile where it runs (v25b, H100: the plain call as fast as the
         # Triton tile, a filtered one 19-20 us faster at B = 48 / 64: its epilogue runs beside the next
@@ -156,10 +158,21 @@ STAGGER_MAX_US = 12
 STAGGER_MIN_WAVES = 3
 
 
-def first_wave_stagger_us(hidden_size: int) -> int:
-    """The first-wave stagger (µs) of a one-batch-tile config for this hidden size: 3 µs per 1,024 up to
-    STAGGER_MAX_US (12 from D = 4096 on), at least 1."""
-    return max(1, min(STAGGER_MAX_US, 3 * hidden_size // 1024))
+# On the 32-row tile one size does not suit both kinds of call (v61 / v62, D = 4096, graph replays, [B] parameters):
+# plain calls do best with half the delay (6 µs against 12: H200 -2.3 µs, H100 -1.0), calls with the longer
+# extended epilogue with a third more (16 µs: top-k + top-p / min-p -1.4 / -2.5 on an H200, -1.2 / -2.7 on an H100;
+# 6 µs would cost them 3-8). Its plain rate reaches 12 µs at D = 8192, the size v56b measured there (-4.6 to -5.5
+# µs); the extended 16 µs at D = 8192 is not measured. The 16-row tile was flat from 6 to 16 µs on both GPUs.
+# (µs per 1,024 of the hidden size, cap) by (32-row tile, extended call):
+STAGGER_32_ROW_RATES = {False: (1.5, STAGGER_MAX_US), True: (4, 16)}
+
+
+def first_wave_stagger_us(hidden_size: int, rows: int = 16, extended: bool = False) -> int:
+    """The first-wave stagger (µs) of a one-batch-tile config of ``rows`` rows for this hidden size, at least 1:
+    3 µs per 1,024 up to STAGGER_MAX_US (12 from D = 4096 on); a 32-row tile 1.5 µs per 1,024 up to 12 for plain
+    calls and 4 up to 16 for extended ones (STAGGER_32_ROW_RATES)."""
+    rate, cap = STAGGER_32_ROW_RATES[bool(extended)] if rows == 32 else (3, STAGGER_MAX_US)
+    return max(1, min(cap, int(rate * hidden_size) // 1024))
 
 
 def stagger_applies(cfg: TileConfig, device, batch_tiles: int, vocab_tiles: int, sms: int) -> bool:

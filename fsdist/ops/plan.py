@@ -82,7 +82,8 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
                                sparse_processors, fast_memory=fast_memory)
     if path not in STAGE1_PATHS:
         raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
-    cfg = config or pick_config(batch, hidden_size, device.type, block_v=block_v, fast_memory=fast_memory)
+    cfg = config or pick_config(batch, hidden_size, device.type, block_v=block_v, fast_memory=fast_memory,
+                                extended=extended)
     if block_v is not None and cfg.block_v != block_v:
         raise ValueError(f"config.block_v = {cfg.block_v} but the buffers are laid out for block_v = {block_v}")
     roomy = extended or n_fields == CandidateLayout.fields(True, extended=True)

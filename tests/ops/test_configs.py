@@ -108,17 +108,28 @@ def test_stagger_is_validated_and_named():
 
 
 def test_one_tile_triton_configs_stagger_their_first_wave():
-    # B <= 32 on a GPU: one batch tile on the Triton kernel, the first wave staggered by 3 µs per 1,024 of D up to 12
-    for B in (1, 16, 32):
-        assert configs.pick_config(B, 4096, "cuda").stagger_us == 12
-        assert configs.pick_config(B, 8192, "cuda").stagger_us == configs.STAGGER_MAX_US == 12
-        assert configs.pick_config(B, 2048, "cuda").stagger_us == 6
-        assert configs.pick_config(B, 64, "cuda").stagger_us == 1
+    # B <= 16 on a GPU: one batch tile on the Triton kernel, the first wave staggered by 3 µs per 1,024 of D up to 12,
+    # plain or extended alike
+    for B in (1, 16):
+        for ext in (False, True):
+            assert configs.pick_config(B, 4096, "cuda", extended=ext).stagger_us == 12
+            assert configs.pick_config(B, 8192, "cuda", extended=ext).stagger_us == configs.STAGGER_MAX_US == 12
+            assert configs.pick_config(B, 2048, "cuda", extended=ext).stagger_us == 6
+            assert configs.pick_config(B, 64, "cuda", extended=ext).stagger_us == 1
     assert configs.pick_config(16, 4096, "cuda").name == "16x128x128w4s5d12"
+    # B = 17-32, the 32-row tile (v61 / v62): plain calls 1.5 µs per 1,024 up to 12, extended ones 4 up to 16
+    for B in (17, 32):
+        for d, plain, ext in ((64, 1, 1), (2048, 3, 8), (4096, 6, 16), (8192, 12, 16), (16384, 12, 16)):
+            assert configs.pick_config(B, d, "cuda").stagger_us == plain
+            assert configs.pick_config(B, d, "cuda", extended=True).stagger_us == ext
+    assert configs.pick_config(32, 4096, "cuda").name == "32x128x128w4s4d6"
+    assert configs.pick_config(32, 4096, "cuda", extended=True).name == "32x128x128w4s4d16"
     # the warp-specialised and 128-row tiles overlap their epilogues themselves; the interpreter has no timer
     for B in (33, 64, 128, 512):
         assert configs.pick_config(B, 4096, "cuda").stagger_us == 0
+        assert configs.pick_config(B, 4096, "cuda", extended=True).stagger_us == 0
     assert configs.pick_config(16, 4096, "cpu").stagger_us == 0
+    assert configs.pick_config(32, 4096, "cpu", extended=True).stagger_us == 0
 
 
 def test_stagger_applies_only_to_many_waves_of_one_batch_tile_on_an_nvidia_gpu(monkeypatch):
@@ -187,7 +198,8 @@ def test_fast_memory_deepens_only_the_32_row_tile():
             slow, fast = configs.pick_config(B, d, "cuda"), configs.pick_config(B, d, "cuda", fast_memory=True)
             assert slow.num_stages == 4 and fast.num_stages == configs.FAST_MEMORY_32_ROW_STAGES == 5
             assert dataclasses.replace(fast, num_stages=4) == slow  # nothing else moves (stagger included)
-    assert configs.pick_config(32, 4096, "cuda", fast_memory=True).name == "32x128x128w4s5d12"
+    assert configs.pick_config(32, 4096, "cuda", fast_memory=True).name == "32x128x128w4s5d6"
+    assert configs.pick_config(32, 4096, "cuda", fast_memory=True, extended=True).name == "32x128x128w4s5d16"
     for B in (1, 16, 33, 64, 128, 512):
         assert configs.pick_config(B, 4096, "cuda", fast_memory=True) == configs.pick_config(B, 4096, "cuda")
     assert configs.pick_config(32, 4096, "cpu", fast_memory=True) == configs.pick_config(32, 4096, "cpu")
@@ -205,3 +217,16 @@ def test_the_plan_picks_the_32_row_depth_from_the_memory(monkeypatch):
     monkeypatch.setattr(plan, "device_fast_memory", lambda device: True)
     assert plan.plan_sample(**kw).config.num_stages == 5
     assert plan.plan_sample(**kw, fast_memory=False).config.num_stages == 4
+
+
+def test_the_plan_staggers_extended_32_row_calls_longer(monkeypatch):
+    """plan_sample picks the 32-row tile's stagger by the kind of call: plain 6 µs, extended (filters) 16 at D = 4096;
+    an explicit config keeps its own."""
+    from fsdist.ops import plan
+
+    monkeypatch.setattr(plan, "device_fast_memory", lambda device: False)
+    kw = dict(batch=24, hidden_size=4096, weight_rows=151936, device=torch.device("cuda", 0))
+    assert plan.plan_sample(**kw).config.stagger_us == 6
+    assert plan.plan_sample(**kw, extended=True).config.stagger_us == 16
+    mine = TileConfig.parse("32x128x128w4s4d9")
+    assert plan.plan_sample(**kw, extended=True, config=mine).config is mine

@@ -103,7 +103,7 @@ def test_first_wave_stagger_leaves_the_candidates_bit_for_bit(B, extended):
     without, and the stagger really runs at this size (configs.stagger_applies)."""
     import dataclasses
 
-    from fsdist.ops.configs import pick_config, stagger_applies
+    from fsdist.ops.configs import stagger_applies
     from fsdist.ops.layout import BufferPair
     from fsdist.ops.plan import launch_stage1, plan_sample
     from fsdist.ops.utils import sm_count
@@ -117,7 +117,10 @@ def test_first_wave_stagger_leaves_the_candidates_bit_for_bit(B, extended):
     kw = dict(top_k=torch.full((B,), 50, device="cuda", dtype=torch.int32),
               top_p=torch.full((B,), 0.9, device="cuda")) if extended else {}
     params = RowParams(torch.full((B,), 0.8, device="cuda"), rows + 1, rows * 0, **kw)
-    staggered = pick_config(B, D, "cuda")
+    # the plan's own default for this kind of call and GPU (the 32-row tile: a longer stagger for extended calls and 5
+    # stages on fast memory, v60-v62)
+    staggered = plan_sample(batch=B, hidden_size=D, weight_rows=V, device=h.device, path="fused",
+                            extended=extended).config
     assert staggered.stagger_us > 0
     assert stagger_applies(staggered, h.device, 1, -(-V // staggered.block_v), sm_count(h.device))
     bufs = []
