@@ -14,6 +14,8 @@
 #                                   and each GROUP (pytest arguments) beside them
 #   ab_runs NAME CMD..              an A/B/A of CMD: in ab_base/ (the code before, carried), here, in ab_base/ again, each
 #                                   under $AB_TIMEOUT s (default 130), logs NAME_ab_{before,after,before2}.log
+#   part_for_gpu ON_H200 OTHERWISE  the part a one-call script runs on the GPU that came ($FORCE wins)
+#   tests_in_the_time_left GROUP..  gpu_tests_parallel.sh cut at what is left of $CALL_BUDGET s
 start=$SECONDS  # first: callers budget their parts against the whole call
 source scripts/gpu_env.sh
 OUT="${OUT:-bench/results}"
@@ -106,4 +108,23 @@ filter_gpu_tests() {
     "tests/ops/test_fallback.py tests/ops/test_min_p_winners.py" \
     "tests/test_gpu_serving.py" \
     "tests/test_filters.py -k 'same_token or chi_squared or flat or mirror'" "$@"
+}
+
+# part_for_gpu ON_H200 OTHERWISE: prints $FORCE if set, else ON_H200 on an H200 and OTHERWISE on any other GPU (the
+# one-call scripts that do one thing on an H200 and another on an H100), after a line naming the GPU and the part.
+part_for_gpu() {
+  local gpu part
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  part="${FORCE:-$([[ "$gpu" == *H200* ]] && echo "$1" || echo "$2")}"
+  echo "GPU: $gpu -> part: $part" >&2
+  echo "$part"
+}
+
+# tests_in_the_time_left GROUP..: gpu_tests_parallel.sh with the given groups, each cut at what is left of the call's
+# $CALL_BUDGET s (counted from $start); skipped (status 0) when a minute or less is left.
+tests_in_the_time_left() {
+  local left=$(( ${CALL_BUDGET:-560} - (SECONDS - start) ))
+  echo "tests get ${left}s"
+  (( left > 60 )) || return 0
+  TESTS_TIMEOUT=$left bash scripts/gpu_tests_parallel.sh "$@"
 }

@@ -10,9 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_session_lib.sh
 OUT="$(cd "$OUT" && pwd)"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-part="${FORCE:-$([[ "$gpu" == *H200* ]] && echo ab || echo tests)}"
-echo "GPU: $gpu -> part: $part"
+part=$(part_for_gpu ab tests)
 rc=0
 if [ "$part" = ab ]; then
   AB_TIMEOUT="${AB_TIMEOUT:-110}" ab_runs v56d python3 bench/filter_probe.py --only graph \

@@ -12,9 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_session_lib.sh
 OUT="$(cd "$OUT" && pwd)"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-part="${FORCE:-$([[ "$gpu" == *H200* ]] && echo probe || echo tests)}"
-echo "GPU: $gpu -> part: $part"
+part=$(part_for_gpu probe tests)
 rc=0
 if [ "$part" = probe ]; then
   WS=64x128x64w8s5t-ws
@@ -25,13 +23,9 @@ if [ "$part" = probe ]; then
       || rc=1
   done
 fi
-left=$(( ${CALL_BUDGET:-560} - (SECONDS - start) ))
-echo "tests get ${left}s"
-if (( left > 60 )); then
-  TESTS_TIMEOUT=$left bash scripts/gpu_tests_parallel.sh \
-    "tests/ops/test_sample_gpu.py -k first_wave_stagger" \
-    "tests/test_gpu_serving.py -k 'memory or cuda_graph'" \
-    "tests/test_gpu_serving.py -k 'never_synchronises'" \
-    "tests/test_processors_gpu.py -k 'cuda_graph or never_synchronise'" || rc=1
-fi
+tests_in_the_time_left \
+  "tests/ops/test_sample_gpu.py -k first_wave_stagger" \
+  "tests/test_gpu_serving.py -k 'memory or cuda_graph'" \
+  "tests/test_gpu_serving.py -k 'never_synchronises'" \
+  "tests/test_processors_gpu.py -k 'cuda_graph or never_synchronise'" || rc=1
 exit $rc

@@ -13,13 +13,9 @@ OUT="$(cd "$OUT" && pwd)"
 rc=0
 AB_TIMEOUT="${AB_TIMEOUT:-90}" ab_runs v63 python3 bench/filter_probe.py --only graph --shape 4096x151936 \
   --batches "${AB_BATCHES:-24,32}" --caps 0 --graph-cases plain,k50+p0.9,min_p0.05 || rc=1
-left=$(( ${CALL_BUDGET:-400} - (SECONDS - start) ))
-echo "tests get ${left}s"
-if (( left > 60 )); then
-  TESTS_TIMEOUT=$left bash scripts/gpu_tests_parallel.sh \
-    "tests/ops/test_sample_gpu.py -k first_wave_stagger" \
-    "tests/ops/test_sample_gpu.py -k 'not first_wave_stagger'" \
-    "tests/test_golden.py" \
-    "tests/test_gpu_serving.py -k 'cuda_graph or chi_squared'" || rc=1
-fi
+CALL_BUDGET="${CALL_BUDGET:-400}" tests_in_the_time_left \
+  "tests/ops/test_sample_gpu.py -k first_wave_stagger" \
+  "tests/ops/test_sample_gpu.py -k 'not first_wave_stagger'" \
+  "tests/test_golden.py" \
+  "tests/test_gpu_serving.py -k 'cuda_graph or chi_squared'" || rc=1
 exit $rc
