@@ -42,7 +42,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 import fsdist  # noqa: E402
-from fsdist.ops.configs import TileConfig, chunk_rows_for, fast_memory, pick_config  # noqa: E402
+from fsdist.ops.configs import TileConfig, chunk_rows_for, default_config  # noqa: E402
 from fsdist.ops.fused_sample import launch_fused  # noqa: E402
 from fsdist.ops.layout import BufferPair, CandidateLayout  # noqa: E402
 from fsdist.ops.merge_candidates import launch_merge  # noqa: E402
@@ -99,7 +99,7 @@ class Cell:
         # The serving case: every parameter a [B] device tensor (no host sync on any path).
         self.params = RowParams(torch.ones(B, device=dev), torch.randint(0, 2**62, (B,), device=dev, generator=g),
                                 torch.randint(0, 2**40, (B,), device=dev, generator=g))
-        self.cfg = pick_config(B, D, "cuda", fast_memory=fast_memory(dev))
+        self.cfg = default_config(B, D, dev)
         self.bv = self.cfg.block_v
         self.n_tiles = triton.cdiv(V, self.bv)
         self.layout = CandidateLayout(1, self.n_tiles, B)

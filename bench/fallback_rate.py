@@ -69,7 +69,7 @@ from typing import Dict, List  # noqa: E402
 import torch  # noqa: E402
 
 import fsdist  # noqa: E402
-from fsdist.ops.configs import choose_path, pick_config  # noqa: E402
+from fsdist.ops.configs import choose_path, default_config  # noqa: E402
 from fsdist.ops.layout import KEEP  # noqa: E402
 from kernel_bench import filtered_row_check  # noqa: E402
 
@@ -319,7 +319,7 @@ def main(argv=None) -> int:
         top_k, top_p, min_p = f_k[fidx].to(device), f_p[fidx].to(device), f_mp[fidx].to(device)
         seed = torch.arange(start, start + B, device=device, dtype=torch.int64) + 1000003 * args.seed
         offset = torch.zeros(B, dtype=torch.int64, device=device)
-        cfg = pick_config(B, D, device.type, block_v=args.block_v)
+        cfg = default_config(B, D, device, extended=True, block_v=args.block_v)  # the filtered call's default
         t1 = time.perf_counter()
         out = fsdist.sample(hidden, W, temperature=temp, seed=seed, offset=offset, top_k=top_k, top_p=top_p,
                             min_p=min_p, config=cfg, path=path)

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 import fsdist
-from fsdist.ops.configs import TileConfig, fast_memory, pick_config
+from fsdist.ops.configs import TileConfig, default_config
 from fsdist.ops.layout import BufferPair
 from fsdist.ops.merge_candidates import launch_merge
 from fsdist.ops.plan import launch_stage1, plan_sample
@@ -82,7 +82,7 @@ def stage1_times(D, V, B, configs, args, device):
     cases = [("plain", False, None), ("extended", True, None)] + [("extended", True, c) for c in configs[1:]]
     cases += [("plain", False, c) for c in configs[1:]]  # the extra configs on the plain call too
     for label, extended, cfg in cases:
-        cfg = cfg or pick_config(B, D, device.type, fast_memory=fast_memory(device), extended=extended)
+        cfg = cfg or default_config(B, D, device, extended=extended)
         plan = plan_sample(batch=B, hidden_size=D, weight_rows=V, device=device, config=cfg, path="fused",
                            extended=extended)
         bufs = BufferPair.alloc(plan.layout, device)
@@ -282,7 +282,7 @@ def main():
         # extra configs whose batch tile suits B: at least min(B, 16) rows, at most max(16, B) rounded up (a
         # warp-specialised 64-row tile at any B of 17-64: its smallest tile)
         extra = [TileConfig.parse(c) for c in args.configs.split(",") if c]
-        configs = [pick_config(B, D, device.type, fast_memory=fast_memory(device))] + [
+        configs = [default_config(B, D, device)] + [
             c for c in extra
             if min(B, 16) <= c.block_b <= max(16, triton.next_power_of_2(B), 64 if c.ws and B > 16 else 0)]
         r = {}

@@ -92,7 +92,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import fsdist  # noqa: E402  (sets TRITON_INTERPRET=1 itself when there is no GPU)
 from fsdist import TileConfig  # noqa: E402
-from fsdist.ops.configs import fast_memory, pick_config  # noqa: E402
+from fsdist.ops.configs import default_config  # noqa: E402
 from fsdist.params import GREEDY_TEMPERATURE  # noqa: E402
 from fsdist.reference import baselines, serving_semantics, vocab_gumbel  # noqa: E402
 
@@ -589,7 +589,7 @@ SWEEP_VKWS = [(64, 128, 4, 4), (64, 256, 4, 3), (128, 64, 4, 6), (128, 128, 4, 4
 def configs_for(spec: Optional[str], B: int, D: int, device: torch.device) -> List[TileConfig]:
     if not spec:
         return []
-    default = pick_config(B, D, device.type, fast_memory=fast_memory(device))
+    default = default_config(B, D, device)
     if spec in ("sweep", "sweep-small"):
         vkws = SWEEP_VKWS if spec == "sweep" else SWEEP_VKWS[2:6]
         bbs = [default.block_b] + ([default.block_b * 2] if B >= 64 and spec == "sweep" else [])
@@ -1457,8 +1457,7 @@ def main(argv=None) -> int:
                        else None,
                        "first_call_s": compile_s.get(name), "error": errors.get(name),
                        "config": asdict(cfg_of[name]) if name in cfg_of else
-                       (asdict(pick_config(B, D, device.type, fast_memory=fast_memory(device),
-                                                  extended=bool(name in METHODS and METHODS[name].filter)))
+                       (asdict(default_config(B, D, device, extended=bool(name in METHODS and METHODS[name].filter)))
                         if name.startswith("fsdist") else None)}
                 if name in METHODS and METHODS[name].flashinfer:
                     row["note"] = ctx.fi_notes.get(name)

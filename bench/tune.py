@@ -24,7 +24,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 import fsdist  # noqa: E402
-from fsdist.ops.configs import TileConfig, fast_memory, pick_config  # noqa: E402
+from fsdist.ops.configs import TileConfig, default_config  # noqa: E402
 from fsdist.timing import median_us  # noqa: E402
 
 
@@ -77,7 +77,7 @@ def main():
         for B in args.batches:
             h = torch.randn(B, D, device=dev, dtype=dtype)
             t_mm = bench(lambda w: h @ w.T, ws)
-            default = pick_config(B, D, dev.type, fast_memory=fast_memory(dev))
+            default = default_config(B, D, dev)
             t_chunk = bench(lambda w: fsdist.sample(h, w, seed=1, path="chunked"), ws)
             t_fused = bench(lambda w: fsdist.sample(h, w, seed=1, path="fused"), ws)
             rows.append(dict(D=D, V=V, B=B, cublas_us=t_mm, chunked_us=t_chunk, fused_default_us=t_fused))

@@ -36,7 +36,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 import fsdist  # noqa: E402
-from fsdist.ops.configs import TileConfig, pick_config, triton_twin  # noqa: E402
+from fsdist.ops.configs import TileConfig, default_config, triton_twin  # noqa: E402
 from fsdist.ops.fused_sample import launch_fused, tile_operand  # noqa: E402
 from fsdist.ops.fused_sample_ws import launch_fused_ws, ws_supported  # noqa: E402
 from fsdist.ops.layout import BufferPair, CandidateLayout  # noqa: E402
@@ -232,7 +232,7 @@ def main(argv=None) -> int:
                                torch.randint(0, 2**40, (B,), device=dev, generator=g))
             layout = CandidateLayout(1, triton.cdiv(V, 128), B)
             cand = BufferPair.alloc(layout, dev)
-            shipped = pick_config(B, D, "cuda")
+            shipped = default_config(B, D, dev)
             methods = {"cublas": lambda h: F.linear(h, W),
                        "triton": lambda h: run_triton(h, W, params, layout, cand, V)}
             if shipped != TRITON_CFG:  # what fsdist.sample runs at this B (launch_fused: ws or its Triton twin)

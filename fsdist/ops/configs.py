@@ -7,8 +7,9 @@ grid orders them so that programs sharing a weight tile run together (the tile
 comes from L2 the second time). From 33 rows on, an sm_90 GPU runs the tile on the
 warp-specialised kernel (its epilogue beside the next tile's main loop) where that kernel
 applies, else on the Triton kernel (``triton_twin``). Configs are a pure function of the
-shape so that every tensor-parallel rank picks the same one; the stage-1 path also depends on the GPU
-kind's memory speed (``fast_memory``), the same on ranks of one kind.
+shape, the GPU kind's memory speed (``fast_memory``, one answer agreed by a tensor-parallel group) and the
+kind of call (plain or extended), so that every tensor-parallel rank picks the same one; the memory speed also
+picks the stage-1 path.
 """
 import dataclasses
 import functools
@@ -138,7 +139,20 @@ def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = N
     return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5, tma=True, ws=True)
 
 
-# The 32-row tile's pipeline depth on a GPU with faster memory (H200; ``fast_memory``): one stage more keeps more
+def default_config(batch: int, hidden_size: int, device, *, extended: bool = False,
+                   block_v: Optional[int] = None) -> TileConfig:
+    """The tile a call of ``batch`` rows runs on ``device`` when it passes no config: ``pick_config`` with the
+    device's own ``fast_memory`` answer (``plan_sample`` gives it a TP group's agreed one instead). extended: the
+    call keeps the tiles' largest logits (filters, top-N, raw logprobs). For benchmarks and tests that name or
+    time the default."""
+    import torch
+
+    device = torch.device(device)
+    return pick_config(batch, hidden_size, device.type, block_v=block_v, fast_memory=fast_memory(device),
+                       extended=extended)
+
+
+# The 32-row tile's pipeline depth on a GPU with faster memory (``fast_memory``: measured on the H200 only): one stage more keeps more
 # bytes in flight per SM, which a faster memory needs to stay busy (docs/performance.md v59 / v60, graph replays, [B]
 # parameters, µs, 4 -> 5 stages at B = 20 / 32): H200 D = 4096 plain 301 -> 298 / 305 -> 301, top-k + top-p
 # 341 -> 335 / 346 -> 339; D = 8192 plain -1 to -3, filtered -6 to -10. On an H100 5 stages gain nothing at
@@ -150,7 +164,7 @@ FAST_MEMORY_32_ROW_STAGES = 5
 # holding the odd programs of the first wave keeps two groups apart, so one streams while the other computes. On an
 # H100 (graph replays, [B] parameters) 10-12 µs took 4-5 µs off filtered calls at B = 1 / 16 (D = 4096), 12.5 µs at
 # B = 32, and 4-5 µs off plain calls at D = 8192 and B = 32; 3 µs was too short, 20 about as good. It scales with the
-# tile's streaming time (the hidden size) up to STAGGER_MAX_US.
+# tile's streaming time (the hidden size) up to STAGGER_MAX_US (extended calls on the 32-row tile: 16, below).
 STAGGER_MAX_US = 12
 # ... and only for grids of at least this many waves (vocabulary tiles per SM): the lockstep it breaks builds up over
 # waves, and a grid of one or two (a small vocabulary, a tensor-parallel shard at TP = 8) would only start half its
@@ -159,11 +173,14 @@ STAGGER_MIN_WAVES = 3
 
 
 # On the 32-row tile one size does not suit both kinds of call (v61 / v62, D = 4096, graph replays, [B] parameters):
-# plain calls do best with half the delay (6 µs against 12: H200 -2.3 µs, H100 -1.0), calls with the longer
-# extended epilogue with a third more (16 µs: top-k + top-p / min-p -1.4 / -2.5 on an H200, -1.2 / -2.7 on an H100;
-# 6 µs would cost them 3-8). Its plain rate reaches 12 µs at D = 8192, the size v56b measured there (-4.6 to -5.5
-# µs); the extended 16 µs at D = 8192 is not measured. The 16-row tile was flat from 6 to 16 µs on both GPUs.
-# (µs per 1,024 of the hidden size, cap) by (32-row tile, extended call):
+# plain calls do best with half the delay (6 µs against 12: H200 -2.3 µs, H100 -1.0; v63's A/B/A: -2.0 / -2.8),
+# while 6 µs costs the calls with the longer extended epilogue 3-8 µs. Those take a third more (16 µs): single
+# runs put it 1-3 µs ahead of 12, v63's A/B/A found it level (top-k + top-p unchanged, min-p -0.8 / -1.1), so it
+# is kept because it costs them nothing. Its plain rate reaches 12 µs at D = 8192, the size v56b measured there
+# (-4.6 to -5.5 µs); the extended 16 µs at D = 8192 is not measured, nor are logprobs / top-N calls and TP shards
+# apart (they take the rate of their kind). The 16-row tile was flat from 6 to 16 µs on both GPUs.
+# The 32-row tile's (µs per 1,024 of the hidden size, cap), keyed by whether the call is extended (the cap of the
+# extended rate is above STAGGER_MAX_US, which bounds the other tiles and plain calls):
 STAGGER_32_ROW_RATES = {False: (1.5, STAGGER_MAX_US), True: (4, 16)}
 
 

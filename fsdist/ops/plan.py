@@ -64,7 +64,8 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     (default: the batch); n_fields: fp32 fields per slot (default: what ``logprobs``
     needs; a head sizes its buffers for the largest); checked: the int32 buffer carries the
     call's header (``step_check.py``; tensor parallelism); extended: keep the tiles' largest
-    logits too (filters, top-N and raw logprobs; ``select_filtered.py``); raw_sums: with extended,
+    logits too (filters, top-N and raw logprobs; ``select_filtered.py``; it also picks the 32-row tile's
+    first-wave stagger); raw_sums: with extended,
     also their raw (T = 1) sums (False when no "raw" logprobs are asked: one exp pass less per
     tile; the field is then NaN); dtype: the operands' dtype
     (fp32 takes the chunked path past B = 64); winner_logits: stage 1 writes each tile winner's logit

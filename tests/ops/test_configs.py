@@ -192,7 +192,7 @@ def test_the_plan_asks_the_device_for_its_memory(monkeypatch):
 
 def test_fast_memory_deepens_only_the_32_row_tile():
     """On a GPU with faster memory the 32-row tile (B = 17-32) runs FAST_MEMORY_32_ROW_STAGES stages (v59 / v60: an
-    H200 gains 3-10 µs, an H100 loses up to 7 at D = 8192, so it keeps 4); every other tile is the same either way."""
+    H200 gains 1-10 µs, an H100 loses up to 7 at D = 8192, so it keeps 4); every other tile is the same either way."""
     for B in (17, 20, 32):
         for d in (2048, 4096, 8192):
             slow, fast = configs.pick_config(B, d, "cuda"), configs.pick_config(B, d, "cuda", fast_memory=True)
@@ -230,3 +230,16 @@ def test_the_plan_staggers_extended_32_row_calls_longer(monkeypatch):
     assert plan.plan_sample(**kw, extended=True).config.stagger_us == 16
     mine = TileConfig.parse("32x128x128w4s4d9")
     assert plan.plan_sample(**kw, extended=True, config=mine).config is mine
+
+
+def test_default_config_asks_the_device_for_its_memory(monkeypatch):
+    """default_config (the benchmarks' name for the default tile) is pick_config with the device's own fast_memory
+    answer and the call's kind."""
+    monkeypatch.setattr(configs, "dram_gbps", lambda index: 4800.0)  # an H200's
+    cuda = torch.device("cuda", 0)
+    assert configs.default_config(32, 4096, cuda) == configs.pick_config(32, 4096, "cuda", fast_memory=True)
+    assert configs.default_config(32, 4096, cuda, extended=True).name == "32x128x128w4s5d16"
+    monkeypatch.setattr(configs, "dram_gbps", lambda index: 3350.0)  # an H100 SXM's
+    assert configs.default_config(32, 4096, cuda).name == "32x128x128w4s4d6"
+    assert configs.default_config(32, 4096, "cpu") == configs.pick_config(32, 4096, "cpu")
+    assert configs.default_config(16, 4096, cuda, block_v=64).block_v == 64
