@@ -152,11 +152,11 @@ def default_config(batch: int, hidden_size: int, device, *, extended: bool = Fal
                        extended=extended)
 
 
-# The 32-row tile's pipeline depth on a GPU with faster memory (``fast_memory``: measured on the H200 only): one stage more keeps more
-# bytes in flight per SM, which a faster memory needs to stay busy (docs/performance.md v59 / v60, graph replays, [B]
-# parameters, µs, 4 -> 5 stages at B = 20 / 32): H200 D = 4096 plain 301 -> 298 / 305 -> 301, top-k + top-p
-# 341 -> 335 / 346 -> 339; D = 8192 plain -1 to -3, filtered -6 to -10. On an H100 5 stages gain nothing at
-# D = 4096 and lose 6-7 µs plain at D = 8192, so it keeps 4.
+# The 32-row tile's pipeline depth on a GPU with faster memory (``fast_memory``; measured on the H200 only): one stage
+# more keeps more bytes in flight per SM, which a faster memory needs to stay busy (docs/performance.md v59 / v60, graph
+# replays, [B] parameters, µs, 4 -> 5 stages at B = 20 / 32): H200 D = 4096 plain 301 -> 298 / 305 -> 301,
+# top-k + top-p 341 -> 335 / 346 -> 339; D = 8192 plain -1 to -3, filtered -6 to -10. On an H100 5 stages gain
+# nothing at D = 4096 and lose 6-7 µs plain at D = 8192, so it keeps 4.
 FAST_MEMORY_32_ROW_STAGES = 5
 
 # The first-wave stagger of the one-batch-tile Triton configs (B <= 32; TileConfig.stagger_us, docs/performance.md
