@@ -260,6 +260,9 @@ def main():
     ap.add_argument("--graph-cases", default=None,
                     help="the whole-call cases to replay (comma-separated names as the log prints them, e.g. "
                          "plain,k50+p0.9,min_p0.05; default: all)")
+    ap.add_argument("--pad-tile-rows", type=int, default=None,
+                    help="batch tiles of at least this many rows read a zero-padded hidden when the batch leaves "
+                         "them partly empty (default: configs.PAD_TILE_ROWS; v65 probes 64)")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
     gpu = common.has_gpu()
@@ -273,6 +276,10 @@ def main():
     args.caps = common.parse_int_list(args.caps) if args.caps else [0, SEARCH_CAP]
     args.select_warps = common.parse_int_list(args.select_warps) if args.select_warps else [None]
     args.wide_caps = common.parse_int_list(args.wide_caps) if args.wide_caps else [None]
+    if args.pad_tile_rows is not None:
+        import fsdist.ops.fused_sample as fs
+
+        fs.PAD_TILE_ROWS = args.pad_tile_rows  # read by tile_operand at each call
     if args.variant == "packed-topk":
         import fsdist.ops.fused_sample as fs
 
@@ -280,11 +287,11 @@ def main():
     results = {"env": common.env_info(), "shape": [D, V], "variant": args.variant or "current", "batches": {}}
     for B in batches:
         # extra configs whose batch tile suits B: at least min(B, 16) rows, at most max(16, B) rounded up (a
-        # warp-specialised 64-row tile at any B of 17-64: its smallest tile)
+        # warp-specialised 64-row tile at any B of 8-64: its smallest tile)
         extra = [TileConfig.parse(c) for c in args.configs.split(",") if c]
         configs = [default_config(B, D, device)] + [
             c for c in extra
-            if min(B, 16) <= c.block_b <= max(16, triton.next_power_of_2(B), 64 if c.ws and B > 16 else 0)]
+            if min(B, 16) <= c.block_b <= max(16, triton.next_power_of_2(B), 64 if c.ws and B >= 8 else 0)]
         r = {}
         if "stage1" in only:
             r["stage1_us"] = stage1_times(D, V, B, configs if gpu else configs[:1], args, device)

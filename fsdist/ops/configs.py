@@ -106,7 +106,7 @@ def default_block_v(device_type: str) -> int:
     return 512 if (device_type == "cpu" and interpreting()) else 128
 
 
-def pick_config(batch: int, hidden_size: int, device_type: str, block_v: int = None,
+def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int = None,
                 fast_memory: bool = False, extended: bool = False) -> TileConfig:
     """The stage-1 tile for ``batch`` rows of ``hidden_size``. fast_memory (``configs.fast_memory`` of the device;
     ``plan_sample`` passes it): the 32-row tile takes FAST_MEMORY_32_ROW_STAGES pipeline stages. extended: the call
