@@ -107,11 +107,12 @@ def default_block_v(device_type: str) -> int:
 
 
 def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int = None,
-                fast_memory: bool = False, extended: bool = False) -> TileConfig:
+                fast_memory: bool = False, extended: bool = False, sparse_processors: bool = False) -> TileConfig:
     """The stage-1 tile for ``batch`` rows of ``hidden_size``. fast_memory (``configs.fast_memory`` of the device;
     ``plan_sample`` passes it): the 32-row tile takes FAST_MEMORY_32_ROW_STAGES pipeline stages. extended: the call
     keeps the tiles' largest logits (filters, top-N, raw logprobs): the 32-row tile's first-wave stagger is then
-    longer (``first_wave_stagger_us``). Neither changes a candidate."""
+    longer (``first_wave_stagger_us``). sparse_processors: the call applies logit bias or penalty entries: on
+    fast memory, from SPARSE_WS_MIN_BATCH rows it takes the warp-specialised 64-row tile. None changes a candidate."""
     block_v = block_v or default_block_v(device_type)
     if device_type == "cpu":
         # Interpreter: every program costs Python overhead, so use few, large ones.
@@ -122,7 +123,7 @@ def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int 
     if batch <= 16:
         return TileConfig(16, block_v, _block_k(hidden_size, 128), num_warps=4, num_stages=5,
                           stagger_us=first_wave_stagger_us(hidden_size))
-    if batch <= 32:
+    if batch <= 32 and not (sparse_processors and fast_memory and batch >= SPARSE_WS_MIN_BATCH):
         return TileConfig(32, block_v, _block_k(hidden_size, 128), num_warps=4,
                           num_stages=FAST_MEMORY_32_ROW_STAGES if fast_memory else 4,
                           stagger_us=first_wave_stagger_us(hidden_size, rows=32, extended=extended))
@@ -140,16 +141,26 @@ def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int 
 
 
 def default_config(batch: int, hidden_size: int, device, *, extended: bool = False,
-                   block_v: Optional[int] = None) -> TileConfig:
+                   block_v: Optional[int] = None, sparse_processors: bool = False) -> TileConfig:
     """The tile a call of ``batch`` rows runs on ``device`` when it passes no config: ``pick_config`` with the
     device's own ``fast_memory`` answer (``plan_sample`` gives it a TP group's agreed one instead). extended: the
-    call keeps the tiles' largest logits (filters, top-N, raw logprobs). For benchmarks and tests that name or
-    time the default."""
+    call keeps the tiles' largest logits (filters, top-N, raw logprobs); sparse_processors: it applies logit bias or
+    penalty entries. For benchmarks and tests that name or time the default."""
     import torch
 
     device = torch.device(device)
     return pick_config(batch, hidden_size, device.type, block_v=block_v, fast_memory=fast_memory(device),
-                       extended=extended)
+                       extended=extended, sparse_processors=sparse_processors)
+
+
+# Calls with logit bias / penalty entries from this many rows take the warp-specialised 64-row tile (on a zero-padded
+# hidden, PAD_TILE_ROWS) instead of the 32-row Triton tile: its processors run beside the next tile's wgmmas, where
+# the Triton tile's epilogue waits for them, and at 17-32 rows that cost twice B = 16's (docs/performance.md v66 /
+# v67, H200, 1,000 entries a row, graph replays, µs, shipped 32-row tile / ws tile padded): D = 4096 B = 24 340.0 /
+# 314.7, B = 32 331.4 / 319.0 (plain 295.7 / 297.5); D = 8192 B = 32 513.3 / 512.9. At B = 16 the ws tile loses
+# (plain +13 µs, v65). Fast-memory GPUs only (``fast_memory``): on an H100 the 32-row tile's epilogue costs less
+# (v58: its B = 32 plain call pays +4 µs over B = 16, the H200's +19) and this was not measured there.
+SPARSE_WS_MIN_BATCH = 17
 
 
 # The 32-row tile's pipeline depth on a GPU with faster memory (``fast_memory``; measured on the H200 only): one stage
@@ -342,10 +353,12 @@ def dram_gbps(index: int) -> float:
 
 # Batch tiles of at least this many rows read a zero-padded copy of the hidden when the batch leaves the last
 # tile partly empty (``fused_sample.tile_operand``): a TMA box of the hidden that reaches past its rows is
-# zero-filled by the copy engine, and on 128-row tiles such a box made the whole stage 1 far slower (H100,
+# zero-filled by the copy engine, and such a box makes the whole stage 1 far slower. 128-row tiles (H100,
 # D = 4096, B = 192: 793 µs, 540 with the hidden padded to 256 rows, B = 256 itself 585; docs/performance.md
-# v35). The copy is [ceil(B / tile) x tile, D], a few µs; the candidates are the same bit for bit.
-PAD_TILE_ROWS = 128
+# v35); the warp-specialised 64-row tile (H200, D = 4096, B = 32, graph replays: 321.6 µs plain, 304.9 padded,
+# v58 / v65). The copy is [ceil(B / tile) x tile, D], one launch (``pad_rows``); the candidates are the same bit
+# for bit.
+PAD_TILE_ROWS = 64
 
 
 STAGE1_PATHS = ("fused", "chunked")

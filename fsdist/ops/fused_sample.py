@@ -31,6 +31,7 @@ from .configs import PAD_TILE_ROWS, TileConfig, fit_num_stages, stagger_applies,
 from .epilogue import perturb, raw_sum, row_temperature, tile_stats, tile_topk, write_candidates, write_kept
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
+from .pad_rows import pad_rows
 from .parity import parity_args, parity_offsets
 from .entry_offsets import HEAD as ENTRY_HEAD, launch_entry_offsets
 from .fused_sample_ws import WS_BLOCK_B, WS_BLOCK_K, WS_BLOCK_V, launch_fused_ws, ws_supported
@@ -211,10 +212,8 @@ def tile_operand(hidden: torch.Tensor, block_b: int, min_rows: int = None) -> to
     B = hidden.shape[0]
     if block_b < (PAD_TILE_ROWS if min_rows is None else min_rows) or B % block_b == 0:
         return hidden
-    padded = hidden.new_empty(triton.cdiv(B, block_b) * block_b, hidden.shape[1])
-    padded[:B] = hidden
-    padded[B:].zero_()  # the pad rows' logits are computed, never sampled: zeros keep them finite
-    return padded
+    # the pad rows' logits are computed, never sampled: zeros keep them finite
+    return pad_rows(hidden, triton.cdiv(B, block_b) * block_b)
 
 
 def _tma_capable(device: torch.device) -> bool:

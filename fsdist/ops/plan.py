@@ -70,8 +70,9 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     tile; the field is then NaN); dtype: the operands' dtype
     (fp32 takes the chunked path past B = 64); winner_logits: stage 1 writes each tile winner's logit
     (``winner_logits_needed``; with logprobs it always does); sparse_processors: the call applies logit
-    bias or penalty entries (``choose_path``: chunked past one 128-row tile; ``fsdist.sample`` and the
-    tensor-parallel heads pass it; measured on one GPU only). fast_memory: the device's memory speed
+    bias or penalty entries (``choose_path``: chunked past one 128-row tile; ``pick_config``: the
+    warp-specialised 64-row tile from B = 17; ``fsdist.sample`` and the tensor-parallel heads pass it; measured on one
+    GPU only). fast_memory: the device's memory speed
     (``configs.fast_memory``, asked of the device when None; a tensor-parallel head passes its group's agreed
     answer): it picks the path and the 32-row tile's depth. config / path / block_v override
     the choices (tests and benchmarks; block_v fixes a head's layout).
@@ -84,7 +85,7 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     if path not in STAGE1_PATHS:
         raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
     cfg = config or pick_config(batch, hidden_size, device.type, block_v=block_v, fast_memory=fast_memory,
-                                extended=extended)
+                                extended=extended, sparse_processors=sparse_processors)
     if block_v is not None and cfg.block_v != block_v:
         raise ValueError(f"config.block_v = {cfg.block_v} but the buffers are laid out for block_v = {block_v}")
     roomy = extended or n_fields == CandidateLayout.fields(True, extended=True)

@@ -243,3 +243,32 @@ def test_default_config_asks_the_device_for_its_memory(monkeypatch):
     assert configs.default_config(32, 4096, cuda).name == "32x128x128w4s4d6"
     assert configs.default_config(32, 4096, "cpu") == configs.pick_config(32, 4096, "cpu")
     assert configs.default_config(16, 4096, cuda, block_v=64).block_v == 64
+
+
+def test_calls_with_entries_take_the_ws_64_row_tile_from_17_rows_on_fast_memory(monkeypatch):
+    """Logit bias / penalty entries at B = 17-32 run on the warp-specialised 64-row tile (its processors beside the next
+    tile's wgmmas; v67) on fast-memory GPUs; B <= 16, calls without entries and other GPUs keep the Triton tiles; and
+    plan_sample passes the call's kind (and the device's fast_memory) to pick_config."""
+    ws64 = configs.pick_config(64, 4096, "cuda", fast_memory=True)
+    assert ws64.ws and ws64.block_b == 64
+    for B in (17, 24, 32):
+        assert configs.pick_config(B, 4096, "cuda", fast_memory=True, sparse_processors=True) == ws64
+        assert configs.pick_config(B, 4096, "cuda", fast_memory=True).block_b == 32
+        assert configs.pick_config(B, 4096, "cuda", sparse_processors=True).block_b == 32  # not measured: kept
+        assert configs.pick_config(B, 4096, "cpu", fast_memory=True, sparse_processors=True) == configs.pick_config(
+            B, 4096, "cpu")
+    assert configs.SPARSE_WS_MIN_BATCH == 17
+    assert configs.pick_config(16, 4096, "cuda", fast_memory=True, sparse_processors=True).block_b == 16
+    assert configs.pick_config(48, 4096, "cuda", fast_memory=True, sparse_processors=True) == ws64
+    from fsdist.ops import plan
+
+    monkeypatch.setattr(plan, "device_fast_memory", lambda device: True)
+    kw = dict(batch=24, hidden_size=4096, weight_rows=151936, device=torch.device("cuda", 0), path="fused")
+    assert plan.plan_sample(**kw, sparse_processors=True).config == ws64
+    assert plan.plan_sample(**kw).config.block_b == 32
+    assert configs.default_config(24, 4096, "cpu", sparse_processors=True) == configs.pick_config(24, 4096, "cpu")
+
+
+def test_partial_64_row_tiles_are_padded():
+    """The warp-specialised 64-row tile reads a padded hidden when the batch leaves it partly empty (v65)."""
+    assert configs.PAD_TILE_ROWS == 64

@@ -495,8 +495,9 @@ def test_a_partial_128_row_tile_reads_a_padded_hidden(device, monkeypatch):
     assert padded.shape == (256, D) and torch.equal(padded[:B], h) and not padded[B:].any()
     whole = h[:128]
     assert fused_sample.tile_operand(whole, 128) is whole  # whole tiles: no copy
-    assert fused_sample.tile_operand(h, 64) is h  # tiles under PAD_TILE_ROWS: no copy
-    assert fused_sample.tile_operand(h, 64, min_rows=1).shape == (192, D)  # unless asked (bench/ws_probe.py --pad)
+    assert fused_sample.tile_operand(h, 64).shape == (192, D)  # 64-row tiles too (PAD_TILE_ROWS, v65)
+    assert fused_sample.tile_operand(h, 32) is h  # tiles under PAD_TILE_ROWS: no copy
+    assert fused_sample.tile_operand(h, 32, min_rows=1).shape == (160, D)  # unless asked (bench/ws_probe.py --pad)
     # the launch pads exactly where the copy engine reads the hidden (tensor descriptors)
     made = []
     real = fused_sample.tile_operand

@@ -147,6 +147,47 @@ def test_a_partial_last_tile_reads_a_padded_hidden(cfg, B, ws_calls, monkeypatch
 
 
 @hopper
+@pytest.mark.parametrize("extended", [False, True])
+@pytest.mark.parametrize("B", [24, 40])
+def test_a_partial_64_row_tile_reads_a_padded_hidden(B, extended, monkeypatch):
+    """The warp-specialised 64-row tile too reads a hidden zero-padded to 64 rows when the batch leaves it partly
+    empty (configs.PAD_TILE_ROWS = 64, docs/performance.md v65; B = 17-32 with bias / penalty entries and B = 33-63
+    take it): every field of the unpadded launch, bit for bit, plain and extended (kept logits, boundaries, sums)."""
+    V = 5000
+    h, w = _operands(B, 4096, V, torch.bfloat16, B + 1)
+    params = _row_params(B, torch.Generator().manual_seed(B), "rows")
+    ws64 = TileConfig(64, 128, 64, 8, 5, tma=True, ws=True)
+    layout = CandidateLayout(CandidateLayout.fields(extended, extended=extended), triton.cdiv(V, 128), B,
+                             n_ifields=1 + KEEP if extended else 1)
+    seen, made = [], []
+    real, real_pad = fused_sample.launch_fused_ws, fused_sample.tile_operand
+
+    def spy(hidden, *a, **k):
+        seen.append((hidden.shape[0], k.get("batch")))
+        return real(hidden, *a, **k)
+
+    def pad_spy(x, block_b):
+        out = real_pad(x, block_b)
+        made.append(out.shape[0])
+        return out
+
+    monkeypatch.setattr(fused_sample, "launch_fused_ws", spy)
+    monkeypatch.setattr(fused_sample, "tile_operand", pad_spy)
+    got = []
+    for pad in (True, False):
+        if not pad:
+            monkeypatch.setattr(fused_sample, "PAD_TILE_ROWS", 1 << 30)
+        dest = BufferPair.alloc(layout, "cuda")
+        dest.f.fill_(7.0)
+        dest.i.fill_(7)
+        launch_fused(h, w, params, ws64, layout, dest, vocab_size=V - 3, logprobs=extended, extended=extended)
+        got.append((dest.f.nan_to_num(-12345.0), dest.i))
+    assert made == [64, B] and seen == [(64, B), (B, B)]  # padded on the ws kernel, then (patched) not
+    assert torch.equal(got[0][1], got[1][1])
+    assert torch.equal(got[0][0], got[1][0])
+
+
+@hopper
 def test_a_padded_partial_tile_writes_the_kept_logits_unchanged(monkeypatch):
     """Filtered calls past B = 64 run the Triton twin's 128-row tile with the extended epilogue (kept logits,
     boundaries, tile sums): with a partial last tile its padded launch writes every field of the unpadded one."""

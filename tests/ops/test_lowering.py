@@ -186,6 +186,10 @@ CASES = {
         types=dict(ent_in="*i32", val_in="*fp32", ent_out="*i32", val_out="*fp32", stride_in="i32",
                    stride_out="i32", S="i32"),
         constexprs=dict(BLOCK_I=64, BLOCK_J=128)),
+    "pad_rows": dict(  # the zero-padded hidden of partly empty TMA tiles (fused_sample.tile_operand)
+        module="fsdist.ops.pad_rows", kernel="pad_rows_kernel",
+        types=dict(src_ptr="*bf16", dst_ptr="*bf16", B="i32", D="i32", stride_src="i32", total="i32"),
+        constexprs=dict(BLOCK=8192), num_warps=8),
     "verify_step": dict(
         module="fsdist.ops.step_check", kernel="verify_step_kernel",
         types=dict(src_i="*i32", base_i="i32", me="i32", n_writers="i32", stride_writer_i="i32", rec_slot="i32",
