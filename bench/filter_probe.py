@@ -261,8 +261,9 @@ def main():
                     help="the whole-call cases to replay (comma-separated names as the log prints them, e.g. "
                          "plain,k50+p0.9,min_p0.05; default: all)")
     ap.add_argument("--pad-tile-rows", type=int, default=None,
-                    help="batch tiles of at least this many rows read a zero-padded hidden when the batch leaves "
-                         "them partly empty (default: configs.PAD_TILE_ROWS; v65 probes 64)")
+                    help="batch tiles of at least this many rows read a zero-padded hidden whenever the batch "
+                         "leaves them partly empty (default: configs.PAD_TILE_ROWS, and PAD_HALF_TILE_ROWS' "
+                         "half-empty rule; v65 probes 64)")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
     gpu = common.has_gpu()

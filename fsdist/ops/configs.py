@@ -154,7 +154,7 @@ def default_config(batch: int, hidden_size: int, device, *, extended: bool = Fal
 
 
 # Calls with logit bias / penalty entries from this many rows take the warp-specialised 64-row tile (on a zero-padded
-# hidden, PAD_TILE_ROWS) instead of the 32-row Triton tile: its processors run beside the next tile's wgmmas, where
+# hidden, PAD_HALF_TILE_ROWS) instead of the 32-row Triton tile: its processors run beside the next tile's wgmmas, where
 # the Triton tile's epilogue waits for them, and at 17-32 rows that cost twice B = 16's (docs/performance.md v66 /
 # v67, H200, 1,000 entries a row, graph replays, µs, shipped 32-row tile / ws tile padded): D = 4096 B = 24 340.0 /
 # 314.7, B = 32 331.4 / 319.0 (plain 295.7 / 297.5); D = 8192 B = 32 513.3 / 512.9. At B = 16 the ws tile loses
@@ -353,12 +353,15 @@ def dram_gbps(index: int) -> float:
 
 # Batch tiles of at least this many rows read a zero-padded copy of the hidden when the batch leaves the last
 # tile partly empty (``fused_sample.tile_operand``): a TMA box of the hidden that reaches past its rows is
-# zero-filled by the copy engine, and such a box makes the whole stage 1 far slower. 128-row tiles (H100,
+# zero-filled by the copy engine, and on 128-row tiles such a box made the whole stage 1 far slower (H100,
 # D = 4096, B = 192: 793 µs, 540 with the hidden padded to 256 rows, B = 256 itself 585; docs/performance.md
-# v35); the warp-specialised 64-row tile (H200, D = 4096, B = 32, graph replays: 321.6 µs plain, 304.9 padded,
-# v58 / v65). The copy is [ceil(B / tile) x tile, D], one launch (``pad_rows``); the candidates are the same bit
-# for bit.
-PAD_TILE_ROWS = 64
+# v35). The copy is [ceil(B / tile) x tile, D], one launch (``pad_rows``); the candidates are the same bit for bit.
+PAD_TILE_ROWS = 128
+# Tiles of at least this many rows (and under PAD_TILE_ROWS) read the padded copy only when the batch leaves at least
+# half of the last tile empty. The warp-specialised 64-row tile on an H200 (D = 4096, graph replays, µs): at B = 32
+# the unpadded box cost ~17 µs (plain 321.6 against 304.9 padded, v58 / v65), at B = 48 the padded copy cost ~3
+# (every kind of call, v68's A/B/A: plain 296.2 -> 299.5).
+PAD_HALF_TILE_ROWS = 64
 
 
 STAGE1_PATHS = ("fused", "chunked")

@@ -27,7 +27,7 @@ import triton.language as tl
 from ..params import RowParams
 from ..processing import has_entries
 from ..runtime import interpreting
-from .configs import PAD_TILE_ROWS, TileConfig, fit_num_stages, stagger_applies, triton_twin
+from .configs import PAD_HALF_TILE_ROWS, PAD_TILE_ROWS, TileConfig, fit_num_stages, stagger_applies, triton_twin
 from .epilogue import perturb, raw_sum, row_temperature, tile_stats, tile_topk, write_candidates, write_kept
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
@@ -205,15 +205,22 @@ def tma_operands(hidden: torch.Tensor, weight: torch.Tensor, cfg: TileConfig):
 
 
 def tile_operand(hidden: torch.Tensor, block_b: int, min_rows: int = None) -> torch.Tensor:
-    """The hidden a TMA-fed kernel with batch tiles of ``block_b`` rows reads: ``hidden`` itself, or, for tiles of
-    at least ``min_rows`` (default configs.PAD_TILE_ROWS) rows that the batch leaves partly empty, a contiguous copy
-    zero-padded to whole tiles (the kernels still sample only hidden's rows, so the candidates are the same; see
-    PAD_TILE_ROWS). Callers pass it only where the copy engine reads the hidden (tensor descriptors)."""
+    """The hidden a TMA-fed kernel with batch tiles of ``block_b`` rows reads: ``hidden`` itself, or, where the batch
+    leaves the last tile partly empty, a contiguous copy zero-padded to whole tiles (the kernels still sample only
+    hidden's rows, so the candidates are the same). Which partial tiles are padded: those of at least
+    configs.PAD_TILE_ROWS rows, and those of at least configs.PAD_HALF_TILE_ROWS rows left at least half empty (see
+    both); with ``min_rows``, every partial tile of at least that many rows. Callers pass it only where the copy engine
+    reads the hidden (tensor descriptors)."""
     B = hidden.shape[0]
-    if block_b < (PAD_TILE_ROWS if min_rows is None else min_rows) or B % block_b == 0:
+    rest = B % block_b
+    if rest == 0:
         return hidden
+    if min_rows is not None:
+        pad = block_b >= min_rows
+    else:
+        pad = block_b >= PAD_TILE_ROWS or (block_b >= PAD_HALF_TILE_ROWS and 2 * rest <= block_b)
     # the pad rows' logits are computed, never sampled: zeros keep them finite
-    return pad_rows(hidden, triton.cdiv(B, block_b) * block_b)
+    return pad_rows(hidden, triton.cdiv(B, block_b) * block_b) if pad else hidden
 
 
 def _tma_capable(device: torch.device) -> bool:

@@ -269,6 +269,6 @@ def test_calls_with_entries_take_the_ws_64_row_tile_from_17_rows_on_fast_memory(
     assert configs.default_config(24, 4096, "cpu", sparse_processors=True) == configs.pick_config(24, 4096, "cpu")
 
 
-def test_partial_64_row_tiles_are_padded():
-    """The warp-specialised 64-row tile reads a padded hidden when the batch leaves it partly empty (v65)."""
-    assert configs.PAD_TILE_ROWS == 64
+def test_which_partial_tiles_are_padded():
+    """128-row tiles: every partial one (v35); 64-row tiles: those left at least half empty (v65 / v68)."""
+    assert configs.PAD_TILE_ROWS == 128 and configs.PAD_HALF_TILE_ROWS == 64

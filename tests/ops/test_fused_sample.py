@@ -495,8 +495,12 @@ def test_a_partial_128_row_tile_reads_a_padded_hidden(device, monkeypatch):
     assert padded.shape == (256, D) and torch.equal(padded[:B], h) and not padded[B:].any()
     whole = h[:128]
     assert fused_sample.tile_operand(whole, 128) is whole  # whole tiles: no copy
-    assert fused_sample.tile_operand(h, 64).shape == (192, D)  # 64-row tiles too (PAD_TILE_ROWS, v65)
-    assert fused_sample.tile_operand(h, 32) is h  # tiles under PAD_TILE_ROWS: no copy
+    # 64-row tiles: padded when left at least half empty (PAD_HALF_TILE_ROWS, v65 / v68)
+    assert fused_sample.tile_operand(h, 64).shape == (192, D)  # 2 of 64 rows in the last tile
+    assert fused_sample.tile_operand(h[:32], 64).shape == (64, D)  # half
+    assert fused_sample.tile_operand(h[:33], 64).shape[0] == 33  # just under half empty: no copy
+    assert fused_sample.tile_operand(h[:48], 64).shape[0] == 48  # a quarter empty: no copy
+    assert fused_sample.tile_operand(h, 32) is h  # smaller tiles: no copy
     assert fused_sample.tile_operand(h, 32, min_rows=1).shape == (160, D)  # unless asked (bench/ws_probe.py --pad)
     # the launch pads exactly where the copy engine reads the hidden (tensor descriptors)
     made = []
@@ -522,6 +526,7 @@ def test_a_partial_128_row_tile_reads_a_padded_hidden(device, monkeypatch):
     ref = candidates(dataclasses.replace(tma, tma=False))
     assert len(made) <= 1  # the pointer path makes no copy
     monkeypatch.setattr(fused_sample, "PAD_TILE_ROWS", 1 << 30)
+    monkeypatch.setattr(fused_sample, "PAD_HALF_TILE_ROWS", 1 << 30)
     unpadded = candidates(tma)
     for other in (ref, unpadded):
         assert torch.equal(got[1], other[1]) and torch.equal(got[0], other[0])

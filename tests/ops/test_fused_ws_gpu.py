@@ -136,6 +136,7 @@ def test_a_partial_last_tile_reads_a_padded_hidden(cfg, B, ws_calls, monkeypatch
     monkeypatch.setattr(fused_sample, "tile_operand", pad_spy)
     got = _candidates(cfg, h, w, params, 4997)
     monkeypatch.setattr(fused_sample, "PAD_TILE_ROWS", 1 << 30)  # the unpadded launch
+    monkeypatch.setattr(fused_sample, "PAD_HALF_TILE_ROWS", 1 << 30)
     ref = _candidates(cfg, h, w, params, 4997)
     assert made == [256, B]  # padded, then (PAD_TILE_ROWS patched) not
     if cfg.ws:
@@ -150,9 +151,10 @@ def test_a_partial_last_tile_reads_a_padded_hidden(cfg, B, ws_calls, monkeypatch
 @pytest.mark.parametrize("extended", [False, True])
 @pytest.mark.parametrize("B", [24, 40])
 def test_a_partial_64_row_tile_reads_a_padded_hidden(B, extended, monkeypatch):
-    """The warp-specialised 64-row tile too reads a hidden zero-padded to 64 rows when the batch leaves it partly
-    empty (configs.PAD_TILE_ROWS = 64, docs/performance.md v65; B = 17-32 with bias / penalty entries and B = 33-63
-    take it): every field of the unpadded launch, bit for bit, plain and extended (kept logits, boundaries, sums)."""
+    """The warp-specialised 64-row tile too reads a hidden zero-padded to 64 rows when the batch leaves it at least
+    half empty (configs.PAD_HALF_TILE_ROWS, docs/performance.md v65 / v68; B = 17-32 with bias / penalty entries
+    take it): every field of the unpadded launch, bit for bit, plain and extended (kept logits, boundaries, sums).
+    B = 40 (under half empty) is padded here by asking tile_operand for it (min_rows=1), as ws_probe --pad does."""
     V = 5000
     h, w = _operands(B, 4096, V, torch.bfloat16, B + 1)
     params = _row_params(B, torch.Generator().manual_seed(B), "rows")
@@ -166,17 +168,16 @@ def test_a_partial_64_row_tile_reads_a_padded_hidden(B, extended, monkeypatch):
         seen.append((hidden.shape[0], k.get("batch")))
         return real(hidden, *a, **k)
 
-    def pad_spy(x, block_b):
-        out = real_pad(x, block_b)
+    def pad_spy(x, block_b, min_rows=None):
+        out = real_pad(x, block_b, min_rows=1 if pad else 1 << 30)
         made.append(out.shape[0])
         return out
 
     monkeypatch.setattr(fused_sample, "launch_fused_ws", spy)
     monkeypatch.setattr(fused_sample, "tile_operand", pad_spy)
+    assert (real_pad(h, 64).shape[0] == 64) == (B <= 32)  # the default rule
     got = []
     for pad in (True, False):
-        if not pad:
-            monkeypatch.setattr(fused_sample, "PAD_TILE_ROWS", 1 << 30)
         dest = BufferPair.alloc(layout, "cuda")
         dest.f.fill_(7.0)
         dest.i.fill_(7)
@@ -199,6 +200,7 @@ def test_a_padded_partial_tile_writes_the_kept_logits_unchanged(monkeypatch):
     for pad in (True, False):
         if not pad:
             monkeypatch.setattr(fused_sample, "PAD_TILE_ROWS", 1 << 30)
+            monkeypatch.setattr(fused_sample, "PAD_HALF_TILE_ROWS", 1 << 30)
         dest = BufferPair.alloc(layout, "cuda")
         dest.f.fill_(7.0)
         dest.i.fill_(7)
