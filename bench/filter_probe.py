@@ -264,6 +264,9 @@ def main():
                     help="batch tiles of at least this many rows read a zero-padded hidden whenever the batch "
                          "leaves them partly empty (default: configs.PAD_TILE_ROWS, and PAD_HALF_TILE_ROWS' "
                          "half-empty rule; v65 probes 64)")
+    ap.add_argument("--pad-half-tile-rows", type=int, default=None,
+                    help="one-tile batches of at least this many rows read a zero-padded hidden when at least half "
+                         "empty (default: configs.PAD_HALF_TILE_ROWS; a large value turns that rule off)")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
     gpu = common.has_gpu()
@@ -281,6 +284,10 @@ def main():
         import fsdist.ops.fused_sample as fs
 
         fs.PAD_TILE_ROWS = args.pad_tile_rows  # read by tile_operand at each call
+    if args.pad_half_tile_rows is not None:
+        import fsdist.ops.fused_sample as fs
+
+        fs.PAD_HALF_TILE_ROWS = args.pad_half_tile_rows
     if args.variant == "packed-topk":
         import fsdist.ops.fused_sample as fs
 

@@ -1457,7 +1457,9 @@ def main(argv=None) -> int:
                        else None,
                        "first_call_s": compile_s.get(name), "error": errors.get(name),
                        "config": asdict(cfg_of[name]) if name in cfg_of else
-                       (asdict(default_config(B, D, device, extended=bool(name in METHODS and METHODS[name].filter)))
+                       (asdict(default_config(B, D, device, extended=bool(name in METHODS and METHODS[name].filter),
+                                              sparse_processors=bool(name in METHODS and METHODS[name].processors
+                                                                     in ("bias_pen", "all"))))
                         if name.startswith("fsdist") else None)}
                 if name in METHODS and METHODS[name].flashinfer:
                     row["note"] = ctx.fi_notes.get(name)

@@ -4,12 +4,13 @@ Decode is memory bound for B <= ~64: the weight [V, D] must stream through once,
 so a program covers the whole batch (one batch tile) and enough vocabulary rows
 to keep many loads in flight. Past that, the batch is split into tiles and the
 grid orders them so that programs sharing a weight tile run together (the tile
-comes from L2 the second time). From 33 rows on, an sm_90 GPU runs the tile on the
+comes from L2 the second time). From 33 rows on (from 17 for calls with bias / penalty entries on
+fast-memory GPUs, SPARSE_WS_MIN_BATCH), an sm_90 GPU runs the tile on the
 warp-specialised kernel (its epilogue beside the next tile's main loop) where that kernel
 applies, else on the Triton kernel (``triton_twin``). Configs are a pure function of the
 shape, the GPU kind's memory speed (``fast_memory``, one answer agreed by a tensor-parallel group) and the
-kind of call (plain or extended), so that every tensor-parallel rank picks the same one; the memory speed also
-picks the stage-1 path.
+kind of call (plain or extended; with entries or not), so that every tensor-parallel rank of one GPU kind picks
+the same one; the memory speed also picks the stage-1 path.
 """
 import dataclasses
 import functools
@@ -148,9 +149,12 @@ def default_config(batch: int, hidden_size: int, device, *, extended: bool = Fal
     penalty entries. For benchmarks and tests that name or time the default."""
     import torch
 
+    from .fused_sample_ws import ws_device  # (lazily: that module imports this one's users)
+
     device = torch.device(device)
+    sparse_ws = sparse_processors and device.type == "cuda" and ws_device(device)  # as plan_sample decides
     return pick_config(batch, hidden_size, device.type, block_v=block_v, fast_memory=fast_memory(device),
-                       extended=extended, sparse_processors=sparse_processors)
+                       extended=extended, sparse_processors=sparse_ws)
 
 
 # Calls with logit bias / penalty entries from this many rows take the warp-specialised 64-row tile (on a zero-padded
@@ -357,8 +361,9 @@ def dram_gbps(index: int) -> float:
 # D = 4096, B = 192: 793 µs, 540 with the hidden padded to 256 rows, B = 256 itself 585; docs/performance.md
 # v35). The copy is [ceil(B / tile) x tile, D], one launch (``pad_rows``); the candidates are the same bit for bit.
 PAD_TILE_ROWS = 128
-# Tiles of at least this many rows (and under PAD_TILE_ROWS) read the padded copy only when the batch leaves at least
-# half of the last tile empty. The warp-specialised 64-row tile on an H200 (D = 4096, graph replays, µs): at B = 32
+# Tiles of at least this many rows (and under PAD_TILE_ROWS) read the padded copy only when the batch is one tile at
+# least half empty (B = 17-32 with bias / penalty entries, SPARSE_WS_MIN_BATCH; B = 65-96 of such calls, two 64-row
+# tiles, were not measured and stay unpadded). The warp-specialised 64-row tile on an H200 (D = 4096, graph replays, µs): at B = 32
 # the unpadded box cost ~17 µs (plain 321.6 against 304.9 padded, v58 / v65), at B = 48 the padded copy cost ~3
 # (every kind of call, v68's A/B/A: plain 296.2 -> 299.5).
 PAD_HALF_TILE_ROWS = 64

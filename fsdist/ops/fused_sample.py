@@ -208,17 +208,20 @@ def tile_operand(hidden: torch.Tensor, block_b: int, min_rows: int = None) -> to
     """The hidden a TMA-fed kernel with batch tiles of ``block_b`` rows reads: ``hidden`` itself, or, where the batch
     leaves the last tile partly empty, a contiguous copy zero-padded to whole tiles (the kernels still sample only
     hidden's rows, so the candidates are the same). Which partial tiles are padded: those of at least
-    configs.PAD_TILE_ROWS rows, and those of at least configs.PAD_HALF_TILE_ROWS rows left at least half empty (see
-    both); with ``min_rows``, every partial tile of at least that many rows. Callers pass it only where the copy engine
+    configs.PAD_TILE_ROWS rows, and a batch of one tile of at least configs.PAD_HALF_TILE_ROWS rows left at least
+    half empty (see both); with ``min_rows``, every partial tile of at least that many rows. Never where D x the
+    element size is not a multiple of 16 bytes (the copy's rows could not feed TMA). Callers pass it only where the copy engine
     reads the hidden (tensor descriptors)."""
     B = hidden.shape[0]
     rest = B % block_b
     if rest == 0:
         return hidden
+    if (hidden.shape[1] * hidden.element_size()) % 16:
+        return hidden  # the contiguous copy's rows would not be 16-byte aligned for TMA: keep the hidden's own
     if min_rows is not None:
         pad = block_b >= min_rows
-    else:
-        pad = block_b >= PAD_TILE_ROWS or (block_b >= PAD_HALF_TILE_ROWS and 2 * rest <= block_b)
+    else:  # (the half rule was measured on one-tile batches only, v65 / v68)
+        pad = block_b >= PAD_TILE_ROWS or (block_b >= PAD_HALF_TILE_ROWS and B < block_b and 2 * rest <= block_b)
     # the pad rows' logits are computed, never sampled: zeros keep them finite
     return pad_rows(hidden, triton.cdiv(B, block_b) * block_b) if pad else hidden
 
@@ -251,7 +254,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     if cfg.ws and _ws_tile(cfg) and ws_supported(hidden, weight, params, logprobs=logprobs, extended=extended,
                                                   block_v=cfg.block_v, block_b=ws_rows):
         # The same tile on the warp-specialised Hopper kernel (fused_sample_ws.py): same candidates
-        # (the tile sums up to their summation order). A partial last 128-row tile reads a padded hidden.
+        # (the tile sums up to their summation order). A partial last tile may read a padded hidden (tile_operand).
         launch_fused_ws(tile_operand(hidden, ws_rows), weight, params, layout, dest, vocab_size=vocab_size,
                         vocab_start=vocab_start, shard=shard, stages=cfg.num_stages,
                         epilogue_warps=8 if cfg.num_warps >= 8 else 4, block_b=ws_rows, logprobs=logprobs,
@@ -265,7 +268,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     temp_p, temp_v, temp_row = row_param_args(params.temperature, dummy)
     xfp_p, xfp_v, xfp_row = row_param_args(params.fingerprint, dummy)
     par_p, par_f, par_i, par_on = parity_args(dest.parity, dummy)
-    # (with descriptors, a partial last tile of >= 128 rows reads a padded copy; B stays hidden's rows)
+    # (with descriptors, a partial last tile may read a padded copy, tile_operand; B stays hidden's rows)
     h_arg, w_arg, tma = tma_operands(hidden, weight, cfg)
     proc_args, proc_flags = processor_args(params.processing, dummy)
     if proc_flags["SPARSE"]:

@@ -17,8 +17,8 @@ Stage buffers and the accumulator hand-off are guarded by mbarriers (ready / emp
 The candidates are those of ``fused_sample_kernel`` with the same tile (128 or 64 x 128 x 64),
 bit for bit: the same wgmma instruction sequence in the same K order gives the same logits, and
 the noise is keyed by the global vocabulary id. Batch tiles of 128 rows (B > 64) or 64 rows
-(``configs.pick_config`` uses them for B = 33-64; ``launch_fused`` also for calls with bias or
-penalties past B = 64);
+(``configs.pick_config`` uses them for B = 33-64, and for B = 17-32 with bias / penalty entries on
+fast-memory GPUs; ``launch_fused`` also for calls with bias or penalties past B = 64);
 temperature, seed and offset as scalars or ``[B]`` tensors. On 64-row tiles it also writes the
 logprob fields and the kept logits of filtered calls (``epilogue.tile_stats`` / ``tile_topk``'s
 fields: the first column half's logits stay in registers until the second arrives; the tile's
@@ -409,6 +409,17 @@ if HAVE_GLUON:
                                    WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE, PINNED, PEER_TABLE, NPEERS, DEVICE_PARITY,
                                    HEADER, XFP_PER_ROW)),
         ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
+
+
+def ws_device(device: torch.device, dtype: torch.dtype = None) -> bool:
+    """Whether ``device`` runs this kernel at all (Gluon present, a CUDA sm_90 GPU, bf16 / fp16 operands; dtype None:
+    assumed so): what a plan can know before it has the tensors (ws_supported checks the call itself)."""
+    device = torch.device(device)
+    if not HAVE_GLUON or device.type != "cuda" or torch.version.hip is not None:
+        return False
+    if dtype is not None and dtype not in (torch.bfloat16, torch.float16):
+        return False
+    return torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, *, logprobs: bool = False,

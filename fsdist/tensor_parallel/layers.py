@@ -202,7 +202,8 @@ class ShardedFlashLMHead(nn.Module):
         try:
             transport_obj = transports.make_transport(resolved, group, dev)
             reduction_obj = REDUCTIONS[reduction](transport_obj, self.partition, block_v, dev, seam)
-            # The stage-1 path and the 32-row tile's depth depend on the GPU's memory speed (configs.fast_memory):
+            # The stage-1 path, the 32-row tile's depth and the tile of calls with bias / penalty entries at B = 17-32
+            # depend on the GPU's memory speed (configs.fast_memory):
             # one answer for the whole group, so that ranks of different kinds (or one whose driver did not say)
             # take the same path and tile.
             reduction_obj.fast_memory = all(g["fast_memory"] for g in gathered)

@@ -143,9 +143,9 @@ class Reduction:
              dtype: Optional[torch.dtype] = None, raw_sums: bool = True,
              winner_logits: bool = False, sparse_processors: bool = False) -> SamplePlan:
         """Stage 1 of this rank's shard, into a buffer of the current capacity with n_shards blocks.
-        sparse_processors: the call applies logit bias / penalty entries (the path rule of fsdist.sample:
-        chunked past one 128-row tile; every rank gets the same call, and the step record catches one
-        that took another path)."""
+        sparse_processors: the call applies logit bias / penalty entries (the path and tile rules of fsdist.sample:
+        chunked past one 128-row tile, the warp-specialised 64-row tile from B = 17 on fast memory; every rank gets
+        the same call, and the step record catches one that took another path)."""
         return plan_sample(batch=batch, hidden_size=hidden_size, weight_rows=self.partition.rows, device=self.device,
                            logprobs=logprobs, path=path, block_v=self.block_v, n_shards=n_shards,
                            batch_cap=self.capacity, n_fields=n_fields, checked=checked, extended=extended,

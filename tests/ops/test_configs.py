@@ -263,12 +263,12 @@ def test_calls_with_entries_take_the_ws_64_row_tile_from_17_rows_on_fast_memory(
     from fsdist.ops import plan
 
     monkeypatch.setattr(plan, "device_fast_memory", lambda device: True)
+    monkeypatch.setattr(plan, "ws_device", lambda device, dtype=None: True)
     kw = dict(batch=24, hidden_size=4096, weight_rows=151936, device=torch.device("cuda", 0), path="fused")
     assert plan.plan_sample(**kw, sparse_processors=True).config == ws64
     assert plan.plan_sample(**kw).config.block_b == 32
+    # where the warp-specialised kernel cannot run (not sm_90, no Gluon, fp32), such calls keep the 32-row tile
+    monkeypatch.setattr(plan, "ws_device", lambda device, dtype=None: False)
+    assert plan.plan_sample(**kw, sparse_processors=True).config.block_b == 32
     assert configs.default_config(24, 4096, "cpu", sparse_processors=True) == configs.pick_config(24, 4096, "cpu")
 
-
-def test_which_partial_tiles_are_padded():
-    """128-row tiles: every partial one (v35); 64-row tiles: those left at least half empty (v65 / v68)."""
-    assert configs.PAD_TILE_ROWS == 128 and configs.PAD_HALF_TILE_ROWS == 64

@@ -495,9 +495,12 @@ def test_a_partial_128_row_tile_reads_a_padded_hidden(device, monkeypatch):
     assert padded.shape == (256, D) and torch.equal(padded[:B], h) and not padded[B:].any()
     whole = h[:128]
     assert fused_sample.tile_operand(whole, 128) is whole  # whole tiles: no copy
-    # 64-row tiles: padded when left at least half empty (PAD_HALF_TILE_ROWS, v65 / v68)
-    assert fused_sample.tile_operand(h, 64).shape == (192, D)  # 2 of 64 rows in the last tile
-    assert fused_sample.tile_operand(h[:32], 64).shape == (64, D)  # half
+    # 64-row tiles: padded when the batch is one tile at least half empty (PAD_HALF_TILE_ROWS, v65 / v68)
+    assert fused_sample.tile_operand(h, 64) is h  # two tiles (2 of 64 rows in the last): not measured, no copy
+    assert fused_sample.tile_operand(h[:32], 64).shape == (64, D)  # one tile, half empty
+    assert fused_sample.tile_operand(h[:17], 64).shape == (64, D)
+    narrow = torch.zeros(5, 36, dtype=torch.bfloat16, device=device)  # 72-byte rows: a copy could not feed TMA
+    assert fused_sample.tile_operand(narrow, 64) is narrow and fused_sample.tile_operand(narrow, 128) is narrow
     assert fused_sample.tile_operand(h[:33], 64).shape[0] == 33  # just under half empty: no copy
     assert fused_sample.tile_operand(h[:48], 64).shape[0] == 48  # a quarter empty: no copy
     assert fused_sample.tile_operand(h, 32) is h  # smaller tiles: no copy

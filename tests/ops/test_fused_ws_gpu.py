@@ -679,12 +679,14 @@ def _processing(B, vocab_start, vocab_size, which, seed):
 @pytest.mark.parametrize("which", ["bitmask", "sparse", "both"])
 @pytest.mark.parametrize("case", ["plain", "extended"])
 @pytest.mark.parametrize("vocab_start", [0, 5120, 5004])  # 5004: a shard that starts inside a bitmask word
-def test_64_row_tile_with_processors(kind, which, case, vocab_start, ws_calls):
+@pytest.mark.parametrize("B", [100, 24])  # 24: one tile, at least half empty: a zero-padded hidden (v68)
+def test_64_row_tile_with_processors(kind, which, case, vocab_start, B, ws_calls):
     """Token bitmask, logit bias and penalties on the 64-row warp-specialised tile: the epilogue gathers the
     bitmask and searches each row's entries per column half (no entry-offset table), so the processed logits,
     hence every field, must be the Triton kernel's (its head entries and word loads) bit for bit, the two
-    tile sums within a few ulp. Ragged batch (B = 100), a row whose mask allows two ids."""
-    B, D, V = 100, 256, 3000
+    tile sums within a few ulp. Ragged batches (B = 100; B = 24, the padded hidden of calls with entries at B = 17-32),
+    a row whose mask allows two ids."""
+    D, V = 256, 3000
     vocab_size = vocab_start + 2946
     h, w = _operands(B, D, V, torch.bfloat16, 79)
     params = dataclasses.replace(_row_params(B, torch.Generator().manual_seed(7), kind),
