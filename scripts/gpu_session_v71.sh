@@ -2,7 +2,8 @@
 # One device call on one GPU (an H200 wanted) for v71 (docs/performance.md): select_filtered loading U's ids only where
 # a branch uses them (branch v71-lazy-ids) as an A/B/A against main. Run it from a checkout of the branch, with
 # ab_base/ = main's fsdist / bench / scripts (carry ["ab_base"]):
-#   git checkout v71-lazy-ids && rm -rf ab_base && mkdir ab_base && git archive main fsdist bench scripts | tar -x -C ab_base
+#   git checkout v71-lazy-ids && rm -rf ab_base && mkdir ab_base
+#   git archive main fsdist bench scripts | tar -x -C ab_base
 # bench/filter_probe.py --only graph (plain / top-k 50 + top-p 0.9 / min-p 0.05, CUDA-graph replays, L2 flushed, [B]
 # parameters) at D = 4096, B = $AB_BATCHES (default 1,16,64), $AB_TIMEOUT s a run (default 120); then the GPU tests of
 # select_filtered's callers (the kept-logit / select / fallback / min-p winner suites, the serving tests) and the ws
