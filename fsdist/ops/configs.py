@@ -152,7 +152,7 @@ def default_config(batch: int, hidden_size: int, device, *, extended: bool = Fal
     from .fused_sample_ws import ws_device  # (lazily: that module imports this one's users)
 
     device = torch.device(device)
-    sparse_ws = sparse_processors and device.type == "cuda" and ws_device(device)  # as plan_sample decides
+    sparse_ws = sparse_processors and ws_device(device)  # as plan_sample decides
     return pick_config(batch, hidden_size, device.type, block_v=block_v, fast_memory=fast_memory(device),
                        extended=extended, sparse_processors=sparse_ws)
 
@@ -363,9 +363,9 @@ def dram_gbps(index: int) -> float:
 PAD_TILE_ROWS = 128
 # Tiles of at least this many rows (and under PAD_TILE_ROWS) read the padded copy only when the batch is one tile at
 # least half empty (B = 17-32 with bias / penalty entries, SPARSE_WS_MIN_BATCH; B = 65-96 of such calls, two 64-row
-# tiles, were not measured and stay unpadded). The warp-specialised 64-row tile on an H200 (D = 4096, graph replays, µs): at B = 32
-# the unpadded box cost ~17 µs (plain 321.6 against 304.9 padded, v58 / v65), at B = 48 the padded copy cost ~3
-# (every kind of call, v68's A/B/A: plain 296.2 -> 299.5).
+# tiles, were not measured and stay unpadded). The warp-specialised 64-row tile on an H200 (D = 4096, graph replays,
+# µs): at B = 32 the unpadded box cost ~17 µs (plain 321.6 against 304.9 padded, v58 / v65), at B = 48 the padded
+# copy cost ~3 (every kind of call, v68's A/B/A: plain 296.2 -> 299.5).
 PAD_HALF_TILE_ROWS = 64
 
 

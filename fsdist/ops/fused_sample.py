@@ -210,8 +210,8 @@ def tile_operand(hidden: torch.Tensor, block_b: int, min_rows: int = None) -> to
     hidden's rows, so the candidates are the same). Which partial tiles are padded: those of at least
     configs.PAD_TILE_ROWS rows, and a batch of one tile of at least configs.PAD_HALF_TILE_ROWS rows left at least
     half empty (see both); with ``min_rows``, every partial tile of at least that many rows. Never where D x the
-    element size is not a multiple of 16 bytes (the copy's rows could not feed TMA). Callers pass it only where the copy engine
-    reads the hidden (tensor descriptors)."""
+    element size is not a multiple of 16 bytes (the copy's rows could not feed TMA). Callers pass it only where the
+    copy engine reads the hidden (tensor descriptors)."""
     B = hidden.shape[0]
     rest = B % block_b
     if rest == 0:

@@ -430,11 +430,7 @@ def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     (bitmask, bias, penalties) only on the 64-row batch tile (the epilogue then holds a whole tile's
     logits, and has the registers for the processors' per-row state). Everything else keeps
     fused_sample_kernel. Every candidate layout and destination is supported."""
-    if not HAVE_GLUON or hidden.device.type != "cuda" or torch.version.hip is not None:
-        return False
-    if torch.cuda.get_device_capability(hidden.device) != (9, 0):
-        return False
-    if hidden.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != hidden.dtype:
+    if not ws_device(hidden.device, hidden.dtype) or weight.dtype != hidden.dtype:
         return False
     if (logprobs or extended or params.processing is not None) and (block_b != 64 or KEEP != 4):
         return False

@@ -72,8 +72,8 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     (fp32 takes the chunked path past B = 64); winner_logits: stage 1 writes each tile winner's logit
     (``winner_logits_needed``; with logprobs it always does); sparse_processors: the call applies logit
     bias or penalty entries (``choose_path``: chunked past one 128-row tile; ``pick_config``: the
-    warp-specialised 64-row tile from B = 17 where that kernel runs; ``fsdist.sample`` and the tensor-parallel heads pass it; measured on one
-    GPU only). fast_memory: the device's memory speed
+    warp-specialised 64-row tile from B = 17 where that kernel runs; ``fsdist.sample`` and the tensor-parallel
+    heads pass it; measured on one GPU only). fast_memory: the device's memory speed
     (``configs.fast_memory``, asked of the device when None; a tensor-parallel head passes its group's agreed
     answer): it picks the path and the 32-row tile's depth. config / path / block_v override
     the choices (tests and benchmarks; block_v fixes a head's layout).
@@ -87,7 +87,7 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
         raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
     # (the 64-row tile of calls with entries at B = 17-32 was measured on the warp-specialised kernel only: where
     # that kernel cannot run, such calls keep the 32-row Triton tile)
-    sparse_ws = sparse_processors and device.type == "cuda" and ws_device(device, dtype)
+    sparse_ws = sparse_processors and ws_device(device, dtype)
     cfg = config or pick_config(batch, hidden_size, device.type, block_v=block_v, fast_memory=fast_memory,
                                 extended=extended, sparse_processors=sparse_ws)
     if block_v is not None and cfg.block_v != block_v:
