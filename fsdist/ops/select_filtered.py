@@ -451,6 +451,18 @@ def _packed_rows(vals, ids, skeys, live, pk, n_p, kk, any_k, any_p, use_k, use_p
 
 
 @triton.jit
+def ids_where(ids, mask, IDS_AT: tl.constexpr):
+    """The elements' ids where ``mask`` holds (-1 elsewhere): ``ids`` itself, or with IDS_AT the ids loaded through
+    ``ids`` (a tensor of pointers) under the mask, so a caller loads only the lanes it uses (finish_rows' packed
+    branches: P's few ids, not all of U's)."""
+    if IDS_AT:
+        out = tl.load(ids, mask=mask, other=-1)
+    else:
+        out = ids
+    return out
+
+
+@triton.jit
 def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
                 inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, floor_key, vocab_size,
                 seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
@@ -458,7 +470,7 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
                 SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TOP_N: tl.constexpr,
                 TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr,
                 SMALL: tl.constexpr = 0, SMALL_CHUNK: tl.constexpr = 32, WIDE: tl.constexpr = 0,
-                GROUP: tl.constexpr = 1):
+                GROUP: tl.constexpr = 1, IDS_AT: tl.constexpr = False):
     """Thresholds, proof, token, logprobs and top-N of each row from its kept logits ``vals`` /
     ``ids`` [rows, n] (-inf = empty): all of U, or only its elements above the boundary (the
     same outcome: see the module docstring). The fallback calls it too, on a row's logits at or
@@ -475,7 +487,10 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
     (token, its logit, its score) of the draw over the elements at or above the row's threshold,
     for select_filtered's winner proof. vocab_size: the ids a top-N list may name (fill_free_ids). GROUP:
     vals is made of groups of GROUP lanes each sorted largest first (U as kept_logits loads it: KEEP), which
-    lets the packs scan groups instead of lanes (pack_lanes); 1 for any other order."""
+    lets the packs scan groups instead of lanes (pack_lanes); 1 for any other order. IDS_AT: ``ids`` are pointers
+    to the ids (of the lanes vals holds), loaded only where a branch uses them (``ids_where``): a packed branch loads
+    P's ids, not all of U's (v52's profile: the eager load of U's ids was 5-9% of select_filtered's stall samples).
+    """
     BLOCK_R: tl.constexpr = vals.shape[0]
     live = vals > float("-inf")
     # The keys per lane in 32 bits (order_skey; compares against a row's int64 key through lane_at_least); the
@@ -514,15 +529,16 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
     # When P is small in every row of the program, it is packed into SMALL lanes: the k-th largest
     # and top-p are then pairwise (no search) and the draw's noise runs over SMALL ids, not all of vals.
     pk = tl.maximum(tl.where(use_k, lo, 0), key_minp)
-    n_p = tl.sum((live & (skeys >= lane_at_least(pk)[:, None])).to(tl.int32), axis=1)
+    in_p = live & (skeys >= lane_at_least(pk)[:, None])
+    n_p = tl.sum(in_p.to(tl.int32), axis=1)
     # used: 0 where the search over vals served, 1 where P packed into SMALL lanes, 2 into WIDE lanes
     used = tl.zeros([BLOCK_R], tl.int32)
     if SMALL > 0:  # (constexpr tests first: a packed branch does not compile with 0 lanes)
         if tl.max(n_p, axis=0) <= SMALL:
             key_km, key_s, key_t, tok, z_kept, l_tok, best = _packed_rows(
-                vals, ids, skeys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known, key_minp, z_full, top_p,
-                floor_key, msafe, inv_t, noise_scale, seed, offset, small_f, small_i, small_base, SMALL,
-                SMALL_CHUNK, True, FAST_LOG, GROUP)
+                vals, ids_where(ids, in_p, IDS_AT), skeys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known,
+                key_minp, z_full, top_p, floor_key, msafe, inv_t, noise_scale, seed, offset, small_f, small_i,
+                small_base, SMALL, SMALL_CHUNK, True, FAST_LOG, GROUP)
             used = tl.full([BLOCK_R], 1, tl.int32)
         elif WIDE > SMALL:
             # A program whose rows ask for neither top-k nor top-p (min-p alone) needs no pairwise work
@@ -530,22 +546,22 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
             # often more than SMALL) and the noise runs over them instead of over all of vals.
             if (tl.max(n_p, axis=0) <= WIDE) & ~any_k & ~any_p:
                 key_km, key_s, key_t, tok, z_kept, l_tok, best = _packed_rows(
-                    vals, ids, skeys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known, key_minp, z_full,
-                    top_p, floor_key, msafe, inv_t, noise_scale, seed, offset, small_f, small_i, small_base, WIDE,
-                    SMALL_CHUNK, False, FAST_LOG, GROUP)
+                    vals, ids_where(ids, in_p, IDS_AT), skeys, live, pk, n_p, kk, any_k, any_p, use_k, use_p,
+                    k_known, key_minp, z_full, top_p, floor_key, msafe, inv_t, noise_scale, seed, offset, small_f,
+                    small_i, small_base, WIDE, SMALL_CHUNK, False, FAST_LOG, GROUP)
                 used = tl.full([BLOCK_R], 2, tl.int32)
             else:
                 key_km, key_s, key_t, tok, z_kept, l_tok, best = _search_rows(
-                    vals, ids, skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp,
-                    z_full, use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG)
+                    vals, ids_where(ids, live, IDS_AT), skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k,
+                    k_known, key_minp, z_full, use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG)
         else:
             key_km, key_s, key_t, tok, z_kept, l_tok, best = _search_rows(
-                vals, ids, skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp, z_full,
-                use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG)
+                vals, ids_where(ids, live, IDS_AT), skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known,
+                key_minp, z_full, use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG)
     else:
         key_km, key_s, key_t, tok, z_kept, l_tok, best = _search_rows(
-            vals, ids, skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known, key_minp, z_full,
-            use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG)
+            vals, ids_where(ids, live, IDS_AT), skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known,
+            key_minp, z_full, use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG)
     # Top-p renormalises over S: its sum comes from U only if S lies above B.
     proven = complete | (s_known & (key_t > bkey) & (~use_p | (key_s == 0) | (key_s > bkey)))
     done = filtered & proven & mask_r
@@ -571,13 +587,14 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
         out_lp = tl.full([BLOCK_R, TOP_N_POW2], float("-inf"), tl.float32)
         log_z, scale = top_n_normaliser(log_z_raw, tl.log(z_full), tl.log(z_kept), filtered, inv_t, MODE)
         alive = live
+        ids_live = ids_where(ids, live, IDS_AT)
         last_key = tl.full([BLOCK_R], 4294967296, tl.int64)
         found_all = mask_r
         for t in tl.static_range(TOP_N):
             kmax = tl.max(tl.where(alive, keys, -1), axis=1)
             pick = alive & (keys == kmax[:, None])
-            idsel = tl.min(tl.where(pick, ids, 2147483647), axis=1)
-            chosen = pick & (ids == idsel[:, None])
+            idsel = tl.min(tl.where(pick, ids_live, 2147483647), axis=1)
+            chosen = pick & (ids_live == idsel[:, None])
             vsel = tl.max(tl.where(chosen, vals, float("-inf")), axis=1)
             have = kmax >= 0
             out_ids, out_lp = place_pick(out_ids, out_lp, n, t, have, idsel, vsel, msafe, scale, log_z, filtered,
@@ -742,13 +759,13 @@ def select_filtered_kernel(
                 SMALL_CHUNK, WIDE_CAP)
         else:
             need, lower, drew_small, pending, topn_ok, key_minp, tok_u, l_u, best_u = finish_rows(
-                vals, tl.load(ids_at, mask=m2, other=-1),
+                vals, ids_at,
                 rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
                 inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, no_floor, vocab_size,
                 seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
                 small_f, small_i, rows.to(tl.int64) * SCRATCH_LANES,
                 SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, SMALL_CAP,
-                SMALL_CHUNK, WIDE_CAP, KEEP)  # (U: KEEP lanes a slot, largest first)
+                SMALL_CHUNK, WIDE_CAP, KEEP, True)  # (U: KEEP lanes a slot, largest first; its ids loaded where used)
         if DREW:  # instrumentation: 1 / 2 where top-p and the draw ran over P packed in SMALL / WIDE lanes
             tl.store(drew_ptr + rows, drew_small, mask=mask_r)
         # the winners carry no survivor mass: "processed" values are never asked of them (the launcher)
