@@ -479,7 +479,9 @@ def _packed_rows(vals, ids, skeys, live, pk, n_p, kk, any_k, any_p, use_k, use_p
     key_p = tl.zeros(key_minp.shape, tl.int64)
     if PAIRWISE:
         if SORTED:
-            desc = tl.sort(sv, 1, descending=True)
+            desc = sv
+            if any_k | any_p:  # (a program of min-p rows sorts nothing, as it ranks nothing pairwise)
+                desc = tl.sort(sv, 1, descending=True)
         if any_k:
             if SORTED:
                 key_km = tl.maximum(key_minp, kth_key_sorted(desc, kk))
