@@ -129,6 +129,11 @@ WIDE_CAP = 1024
 # top-k + top-p and 1.8 µs for min-p (H100, D = 4096, docs/performance.md v30 / v32): with twice the lanes a
 # thread the kernel's code is ~1.6x longer, and a call fetches it from HBM. 4 and 32 lost alone.
 SELECT_WARPS = 16
+# The k-th largest and top-p over P's packed lanes (SMALL_CAP of them) from P sorted once and one scan of its masses
+# (kth_key_sorted, nucleus_key_sorted) instead of pairwise counts and sums over LANES x LANES pairs, which were ~23%
+# of select_filtered's executed instructions for top-k + top-p (docs/performance.md, "select_filtered by source
+# function"). The same thresholds up to the order of fp32 sums.
+SORTED_TOP_P = True
 # Most logits the fallback may gather for one row to finish it from a few recomputed tiles
 # (fallback.py): U's part at or above the row's lower bound plus the tiles it must recompute.
 # A power of two; a row over it has its whole logits row recomputed instead.
@@ -335,6 +340,41 @@ def nucleus_key_small(sv_at, n_s, keys, mass, live, msafe, inv_t, target, floor,
 
 
 @triton.jit
+def _strictly_above(a_v, a_before, a_group, b_v, b_before, b_group):
+    """Combine of a scan over values sorted largest first, each element carrying (its value, 0, its mass): a run's
+    state is (its last value v, the mass of its elements strictly above v, the mass of those equal to v). Where the
+    later run b ends on the earlier run's last value, all of b equals it (sorted), so it only joins that group."""
+    same = b_v == a_v
+    return b_v, tl.where(same, a_before, a_before + a_group + b_before), tl.where(same, a_group + b_group, b_group)
+
+
+@triton.jit
+def kth_key_sorted(desc, k):
+    """kth_largest_key over elements sorted largest first (``desc`` [rows, n], -inf for none): the key of the k-th
+    (k >= 1) largest, which is the largest key whose count at or above it reaches k; 0 for a row with fewer than k."""
+    pos = tl.arange(0, desc.shape[1])[None, :]
+    v = tl.max(tl.where(pos == (k - 1)[:, None], desc, float("-inf")), axis=1)
+    return tl.where(v > float("-inf"), order_key(v), 0)
+
+
+@triton.jit
+def nucleus_key_sorted(desc, key_s, msafe, inv_t, target, floor):
+    """nucleus_key_small over elements sorted largest first (``desc`` [rows, n], -inf for none) whose part at or
+    above key_s is S (a top part, hence a prefix): each element's strictly-larger mass in S from one scan over the
+    sorted masses (_strictly_above: equal values share it) instead of pairwise sums, and the smallest qualifying key
+    (floor + 1 or a key of S, as in nucleus_key). The same answer up to the order of the fp32 sums."""
+    d_skeys = order_skey(desc)
+    d_keys = d_skeys.to(tl.int64) + 2147483648
+    d_in = (desc > float("-inf")) & (d_skeys >= lane_at_least(key_s)[:, None])
+    mass = tl.where(d_in, tl.exp((desc - msafe[:, None]) * inv_t[:, None]), 0.0)
+    _v, above, _g = tl.associative_scan((desc, tl.zeros(mass.shape, tl.float32), mass), 1, _strictly_above)
+    low = tl.sum(tl.where(d_in & (d_keys > (floor + 1)[:, None]), mass, 0.0), axis=1)  # mass above floor + 1
+    ok = d_in & (d_keys > floor[:, None]) & (above < target[:, None])
+    best = tl.min(tl.where(ok, d_keys, 4294967295), axis=1)
+    return tl.where(low < target, floor + 1, best)
+
+
+@triton.jit
 def draw_token(vals, ids, skeys, mass, live, key_t, noise_scale, seed, offset, FAST_LOG: tl.constexpr):
     """(token, mass of the kept set, the token's logit, its score) of each row: the argmax of
     logit + T * Gumbel (the contract's noise for each id) over the live elements with key >= key_t
@@ -423,10 +463,12 @@ def _search_rows(vals, ids, skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, u
 def _packed_rows(vals, ids, skeys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known, key_minp, z_full, top_p,
                  floor_key, msafe, inv_t, noise_scale, seed, offset, lanes_f, lanes_i, lanes_base,
                  LANES: tl.constexpr, CHUNK: tl.constexpr, PAIRWISE: tl.constexpr, FAST_LOG: tl.constexpr,
-                 GROUP: tl.constexpr = 1):
+                 GROUP: tl.constexpr = 1, SORTED: tl.constexpr = True):
     """finish_rows over P (the elements at or above pk, n_p [rows] of them, at most LANES) packed into
-    LANES lanes: the k-th largest and top-p pairwise (PAIRWISE; a caller without it has no row asking
-    for either), S and the draw: the same outputs as _search_rows."""
+    LANES lanes: the k-th largest and top-p over P (PAIRWISE; a caller without it has no row asking
+    for either), S and the draw: the same outputs as _search_rows. SORTED: the k-th largest and top-p from P
+    sorted once (kth_key_sorted, nucleus_key_sorted; v72), else by pairwise counts and sums (kth_key_small,
+    nucleus_key_small)."""
     sv, si = pack_lanes(lanes_f, lanes_i, lanes_base, vals, ids, live & (skeys >= lane_at_least(pk)[:, None]), n_p,
                         LANES, GROUP)
     s_live = sv > float("-inf")
@@ -436,15 +478,26 @@ def _packed_rows(vals, ids, skeys, live, pk, n_p, kk, any_k, any_p, use_k, use_p
     key_km = key_minp  # max(min-p threshold, k-th largest): P has the k largest or the max is the former
     key_p = tl.zeros(key_minp.shape, tl.int64)
     if PAIRWISE:
+        if SORTED:
+            desc = sv
+            if any_k | any_p:  # (a program of min-p rows sorts nothing, as it ranks nothing pairwise)
+                desc = tl.sort(sv, 1, descending=True)
         if any_k:
-            key_km = tl.maximum(key_minp, kth_key_small(lanes_f + lanes_base, n_p, s_keys, s_live, kk, LANES, CHUNK))
+            if SORTED:
+                key_km = tl.maximum(key_minp, kth_key_sorted(desc, kk))
+            else:
+                key_km = tl.maximum(key_minp, kth_key_small(lanes_f + lanes_base, n_p, s_keys, s_live, kk, LANES,
+                                                            CHUNK))
     key_s = tl.where(use_k & k_known, key_km, key_minp)
     s_in = s_live & (s_skeys >= lane_at_least(key_s)[:, None])
     z_s = tl.where(key_s > 0, tl.sum(tl.where(s_in, s_mass, 0.0), axis=1), z_full)
     if PAIRWISE:
         if any_p:
-            key_p = nucleus_key_small(lanes_f + lanes_base, n_p, s_keys, s_mass, s_in, msafe, inv_t, top_p * z_s,
-                                      floor_key, LANES, CHUNK)
+            if SORTED:
+                key_p = nucleus_key_sorted(desc, key_s, msafe, inv_t, top_p * z_s, floor_key)
+            else:
+                key_p = nucleus_key_small(lanes_f + lanes_base, n_p, s_keys, s_mass, s_in, msafe, inv_t, top_p * z_s,
+                                          floor_key, LANES, CHUNK)
     key_t = tl.where(use_p, tl.maximum(key_s, key_p), key_s)
     tok, z_kept, l_tok, best = draw_token(sv, si, s_skeys, s_mass, s_live, key_t, noise_scale, seed, offset, FAST_LOG)
     return key_km, key_s, key_t, tok, z_kept, l_tok, best
@@ -470,7 +523,7 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
                 SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TOP_N: tl.constexpr,
                 TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr,
                 SMALL: tl.constexpr = 0, SMALL_CHUNK: tl.constexpr = 32, WIDE: tl.constexpr = 0,
-                GROUP: tl.constexpr = 1, IDS_AT: tl.constexpr = False):
+                GROUP: tl.constexpr = 1, SORTED: tl.constexpr = True, IDS_AT: tl.constexpr = False):
     """Thresholds, proof, token, logprobs and top-N of each row from its kept logits ``vals`` /
     ``ids`` [rows, n] (-inf = empty): all of U, or only its elements above the boundary (the
     same outcome: see the module docstring). The fallback calls it too, on a row's logits at or
@@ -538,7 +591,7 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
             key_km, key_s, key_t, tok, z_kept, l_tok, best = _packed_rows(
                 vals, ids_where(ids, in_p, IDS_AT), skeys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known,
                 key_minp, z_full, top_p, floor_key, msafe, inv_t, noise_scale, seed, offset, small_f, small_i,
-                small_base, SMALL, SMALL_CHUNK, True, FAST_LOG, GROUP)
+                small_base, SMALL, SMALL_CHUNK, True, FAST_LOG, GROUP, SORTED)
             used = tl.full([BLOCK_R], 1, tl.int32)
         elif WIDE > SMALL:
             # A program whose rows ask for neither top-k nor top-p (min-p alone) needs no pairwise work
@@ -548,7 +601,7 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
                 key_km, key_s, key_t, tok, z_kept, l_tok, best = _packed_rows(
                     vals, ids_where(ids, in_p, IDS_AT), skeys, live, pk, n_p, kk, any_k, any_p, use_k, use_p,
                     k_known, key_minp, z_full, top_p, floor_key, msafe, inv_t, noise_scale, seed, offset, small_f,
-                    small_i, small_base, WIDE, SMALL_CHUNK, False, FAST_LOG, GROUP)
+                    small_i, small_base, WIDE, SMALL_CHUNK, False, FAST_LOG, GROUP, SORTED)
                 used = tl.full([BLOCK_R], 2, tl.int32)
             else:
                 key_km, key_s, key_t, tok, z_kept, l_tok, best = _search_rows(
@@ -673,6 +726,7 @@ def select_filtered_kernel(
     WIDE_CAP: tl.constexpr = 0, SCRATCH_LANES: tl.constexpr = 1,
     WINNERS: tl.constexpr = False, WINNERS_UNCHECKED: tl.constexpr = False, WON: tl.constexpr = False,
     MERGE: tl.constexpr = False, RAW: tl.constexpr = False, ONE_SHARD: tl.constexpr = False,
+    SORTED: tl.constexpr = True,
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rows < B
@@ -756,7 +810,7 @@ def select_filtered_kernel(
                 seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
                 small_f, small_i, rows.to(tl.int64) * SCRATCH_LANES,
                 SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, SMALL_CAP,
-                SMALL_CHUNK, WIDE_CAP)
+                SMALL_CHUNK, WIDE_CAP, 1, SORTED)
         else:
             need, lower, drew_small, pending, topn_ok, key_minp, tok_u, l_u, best_u = finish_rows(
                 vals, ids_at,
@@ -765,7 +819,7 @@ def select_filtered_kernel(
                 seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
                 small_f, small_i, rows.to(tl.int64) * SCRATCH_LANES,
                 SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, SMALL_CAP,
-                SMALL_CHUNK, WIDE_CAP, KEEP, True)  # (U: KEEP lanes a slot, largest first; its ids loaded where used)
+                SMALL_CHUNK, WIDE_CAP, KEEP, SORTED, True)  # (U: KEEP lanes a slot, largest first; ids where used)
         if DREW:  # instrumentation: 1 / 2 where top-p and the draw ran over P packed in SMALL / WIDE lanes
             tl.store(drew_ptr + rows, drew_small, mask=mask_r)
         # the winners carry no survivor mass: "processed" values are never asked of them (the launcher)
@@ -831,7 +885,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
                            tile_v: int = 128, need_key=None, refine_cap: int = None, small_cap: int = None,
                            drew_small=None, winners: bool = False, won=None, winners_unchecked: bool = False,
                            num_warps: int = None, wide_cap: int = None, merge: bool = False, lse=None,
-                           raw: bool = False):
+                           raw: bool = False, sorted_top_p: bool = None):
     """Finish filtered rows and top-N logprobs from an extended candidate buffer ``src``, after
     launch_merge wrote ``tokens`` (and ``logprobs``) for every row; or, with ``merge``, in place of
     launch_merge: the kernel then first writes what the merge would (``tokens``, and with ``logprobs``
@@ -859,7 +913,8 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     tensor, receives 1 where the winners finished a row (else 0); winners_unchecked (tests only:
     the power check) drops the proof's bound. num_warps (benchmarks): the kernel's warps on a GPU
     (default SELECT_WARPS); the results are the same up to the order of fp32 sums (logprobs' last bits, top-p at
-    an exact tie of its mass).
+    an exact tie of its mass). sorted_top_p: the k-th largest and top-p over P's packed lanes from one sort
+    (SORTED_TOP_P unless set; False: pairwise counts and sums), the same answers up to the order of fp32 sums.
     """
     if not layout.extended:
         raise ValueError("filters and top-N logprobs need an extended candidate layout (layout.fields(extended=True))")
@@ -946,6 +1001,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         WINNERS_UNCHECKED=bool(winners_unchecked),
         WON=won is not None, MERGE=bool(merge), RAW=bool(raw) and logprobs is not None,
         ONE_SHARD=layout.n_shards == 1,  # (no division by n_local in the slot addresses)
+        SORTED=SORTED_TOP_P if sorted_top_p is None else bool(sorted_top_p),
         # pairwise top-p in [rows, small, chunk] steps: the interpreter's many-row programs stay under
         # Triton's 2**20-element tensors
         SMALL_CHUNK=32 if on_gpu else max(1, min(32, 2 ** 20 // max(1, block_r * small))),

@@ -129,7 +129,7 @@ CASES = {
                         TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True, PACK=True, CAP=2048,
                         SEARCHED=True, TILE_V=128, REFINE_CAP=4096, SMALL_CAP=128, DREW=True, SMALL_CHUNK=32,
                         WIDE_CAP=1024, SCRATCH_LANES=1024, WINNERS=False, WINNERS_UNCHECKED=False, WON=False,
-                        MERGE=False, RAW=False, ONE_SHARD=False),
+                        MERGE=False, RAW=False, ONE_SHARD=False, SORTED=True),
         num_warps=16),  # select_filtered.SELECT_WARPS
     "entry_offsets": dict(
         module="fsdist.ops.entry_offsets", kernel="entry_offsets_kernel",
@@ -196,6 +196,9 @@ CASES = {
                    status_ptr="*i32", **PARITY),
         constexprs=dict(NW=4)),
 }
+# select_filtered's k-th largest and top-p over the packed lanes by pairwise counts and sums (sorted_top_p=False).
+CASES["select_filtered_pairwise"] = dict(
+    CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], SORTED=False))
 # select_filtered's other branch alone: the search over all kept logits (no packing, no instrumentation).
 CASES["select_filtered_full_search"] = dict(
     CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], PACK=False, CAP=1, SEARCHED=False))

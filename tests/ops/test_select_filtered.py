@@ -252,6 +252,7 @@ def test_threshold_searches_match_a_sort(device):
 
 
 _KTH_KEY_SMALL = sf.kth_key_small
+_KTH_KEY_SORTED = sf.kth_key_sorted
 
 
 def _small_rows(device, B, V_rows, seed):
@@ -276,17 +277,18 @@ def _select_small(layout, buffers, B, params, small_cap, **kw):
     return out[:5] + out[6:]
 
 
+@pytest.mark.parametrize("sorted_top_p", [True, False], ids=["sorted", "pairwise"])
 @pytest.mark.parametrize("mode", ["scaled", "processed"])
-def test_packed_survivors_equal_the_search(device, mode):
-    """Top-p over S packed into SMALL_CAP lanes (pairwise masses, no search) and the draw over
-    those lanes give what the search over the kept logits gives: tokens, proofs, top-N; logprobs
-    up to the order of fp32 sums. ``drew_small`` shows which branch ran: the packed one by
+def test_packed_survivors_equal_the_search(device, mode, sorted_top_p):
+    """Top-p over S packed into SMALL_CAP lanes (no search: P sorted once and a scan of its masses, or pairwise
+    masses) and the draw over those lanes give what the search over the kept logits gives: tokens, proofs, top-N;
+    logprobs up to the order of fp32 sums. ``drew_small`` shows which branch ran: the packed one by
     default, the search with small_cap=0, and the search for a program with a row over a small
     cap (32 < top-k 50)."""
     B, V_rows = 14, 8192
     logits, params = _small_rows(device, B, V_rows, seed=21)
     layout, buffers = _stage1(device, logits, params)
-    kw = dict(vocab_size=V_rows, top_n=4, mode=mode)
+    kw = dict(vocab_size=V_rows, top_n=4, mode=mode, sorted_top_p=sorted_top_p)
     search = _select_small(layout, buffers, B, params, 0, **kw)
     packed = _select_small(layout, buffers, B, params, sf.SMALL_CAP, **kw)
     over = _select_small(layout, buffers, B, params, 32, **kw)
@@ -300,11 +302,12 @@ def test_packed_survivors_equal_the_search(device, mode):
     assert (search[4] == 0).sum() >= B - 2  # proven rows: the comparison is not vacuous
 
 
+@pytest.mark.parametrize("sorted_top_p", [True, False], ids=["sorted", "pairwise"])
 @pytest.mark.parametrize("flaw", ["top-p >=", "k-th off by one"])
-def test_a_wrong_survivor_pack_would_be_caught(device, monkeypatch, flaw):
-    """Power: a pairwise top-p that compares >= instead of > (one tie group's mass counted above
-    itself), or a pairwise k-th largest off by one rank, changes tokens on these rows, so the
-    comparison above can fail. Interpreter only: a compiled kernel keeps the helper it was first
+def test_a_wrong_survivor_pack_would_be_caught(device, monkeypatch, flaw, sorted_top_p):
+    """Power: a top-p over the packed lanes that counts an element's own tie group above it (pairwise: >= instead
+    of >; sorted: the scan's inclusive group), or a k-th largest off by one rank, changes tokens on these rows, so
+    the comparison above can fail. Interpreter only: a compiled kernel keeps the helper it was first
     compiled with (Triton's cache key), so swapping the helper would not reach a GPU kernel; the
     comparison being tested is the same there."""
     if device.type != "cpu":
@@ -338,11 +341,27 @@ def test_a_wrong_survivor_pack_would_be_caught(device, monkeypatch, flaw):
         # the shipped helper under its own name (sf.kth_key_small is this function while patched)
         return _KTH_KEY_SMALL(sv_at, n_s, keys, live, k + 1, SMALL, CHUNK)
 
+    @triton.jit
+    def wrong_nucleus_sorted(desc, key_s, msafe, inv_t, target, floor):
+        d_skeys = sf.order_skey(desc)
+        d_keys = d_skeys.to(tl.int64) + 2147483648
+        d_in = (desc > float("-inf")) & (d_skeys >= _LANE_AT_LEAST(key_s)[:, None])
+        mass = tl.where(d_in, tl.exp((desc - msafe[:, None]) * inv_t[:, None]), 0.0)
+        _v, above, group = tl.associative_scan((desc, tl.zeros(mass.shape, tl.float32), mass), 1, sf._strictly_above)
+        ok = d_in & (d_keys > floor[:, None]) & (above + group < target[:, None])  # the flaw: its own group above it
+        return tl.min(tl.where(ok, d_keys, 4294967295), axis=1)
+
+    @triton.jit
+    def wrong_kth_sorted(desc, k):
+        return _KTH_KEY_SORTED(desc, k + 1)
+
     if flaw == "top-p >=":
-        monkeypatch.setattr(sf, "nucleus_key_small", wrong_nucleus)
+        monkeypatch.setattr(sf, "nucleus_key_sorted" if sorted_top_p else "nucleus_key_small",
+                            wrong_nucleus_sorted if sorted_top_p else wrong_nucleus)
     else:
-        monkeypatch.setattr(sf, "kth_key_small", wrong_kth)
-    wrong = _select_small(layout, buffers, B, params, sf.SMALL_CAP, **kw)
+        monkeypatch.setattr(sf, "kth_key_sorted" if sorted_top_p else "kth_key_small",
+                            wrong_kth_sorted if sorted_top_p else wrong_kth)
+    wrong = _select_small(layout, buffers, B, params, sf.SMALL_CAP, sorted_top_p=sorted_top_p, **kw)
     assert (wrong[5] == 1).all()
     with pytest.raises(AssertionError):
         _assert_same_outcome(ref, wrong)
@@ -441,7 +460,7 @@ def test_a_wrong_wide_pack_would_be_caught(device, monkeypatch):
     def wrong_pack(vals, ids, skeys, live, pk, n_p, kk, any_k, any_p, use_k, use_p, k_known, key_minp, z_full, top_p,
                    floor_key, msafe, inv_t, noise_scale, seed, offset, lanes_f, lanes_i, lanes_base,
                    LANES: tl.constexpr, CHUNK: tl.constexpr, PAIRWISE: tl.constexpr, FAST_LOG: tl.constexpr,
-                   GROUP: tl.constexpr = 1):
+                   GROUP: tl.constexpr = 1, SORTED: tl.constexpr = True):
         # > instead of >=, consistently: the threshold's own key leaves the pack and its count. (Dropping it from
         # the mask alone would leave n_p lanes to read, the last ones stale scratch: in a long run the allocator
         # hands back the previous call's scratch, holding the right pack, and the defect would not show.)
@@ -449,7 +468,8 @@ def test_a_wrong_wide_pack_would_be_caught(device, monkeypatch):
         on_key = live & (skeys == _LANE_AT_LEAST(pk)[:, None])
         return _PACKED_ROWS(vals, ids, skeys, live & ~on_key, pk, n_p - tl.sum(on_key.to(tl.int32), axis=1), kk, any_k,
                             any_p, use_k, use_p, k_known, key_minp, z_full, top_p, floor_key, msafe, inv_t, noise_scale,
-                            seed, offset, lanes_f, lanes_i, lanes_base, LANES, CHUNK, PAIRWISE, FAST_LOG, GROUP)
+                            seed, offset, lanes_f, lanes_i, lanes_base, LANES, CHUNK, PAIRWISE, FAST_LOG, GROUP,
+                            SORTED)
 
     monkeypatch.setattr(sf, "_packed_rows", wrong_pack)
     wrong = _select(layout, buffers, B, params, None, **kw)
