@@ -56,6 +56,8 @@ class LogitProcessing:
     temperature: fp32 [B], the call's temperature with the bad rows' NaN, written by the preparation
                kernel when prepare_processing was given the temperature (else None: apply_to
                computes it).
+    fingerprint: int64 [B], ``row_fingerprint(fingerprint_xor)`` written by the preparation kernel when
+               prepare_processing was given ``fingerprint_xor`` and the call has entries (else None).
     """
 
     bitmask: Optional[torch.Tensor]
@@ -66,6 +68,8 @@ class LogitProcessing:
     checks: Tuple = ()
     temperature: Optional[torch.Tensor] = None
     temperature_in: object = None  # the temperature ``temperature`` was made from (apply_to checks it)
+    fingerprint: Optional[torch.Tensor] = None  # int64 [B]: row_fingerprint(fingerprint_xor), by the preparation kernel
+    fingerprint_xor: object = None  # the xor ``fingerprint`` was made with (row_fingerprint checks it)
 
     @property
     def search_steps(self) -> int:
@@ -95,8 +99,13 @@ class LogitProcessing:
     def row_fingerprint(self, xor=0):
         """int64 [B]: a cheap hash of each row's processor inputs, XOR ``xor`` (an int or int64 [B]: the
         filters' fingerprint), for the tensor-parallel call header (ranks that disagree on a bitmask word,
-        an entry or a penalty are caught, up to sums that happen to agree). One launch
+        an entry or a penalty are caught, up to sums that happen to agree). The preparation kernel's
+        ``fingerprint`` where it was made with this ``xor`` (no launch), else one launch
         (``ops.step_check.processor_fingerprint``); ``xor`` itself when no processor is present."""
+        if self.fingerprint is not None:
+            src = self.fingerprint_xor
+            if xor is src or (not isinstance(xor, torch.Tensor) and not isinstance(src, torch.Tensor) and xor == src):
+                return self.fingerprint
         return processor_fingerprint(self.bitmask, self.entries, self.values, self.penalties, self.bad_rows, xor)
 
 
@@ -156,11 +165,14 @@ def check_bitmask(token_bitmask, batch: int, vocab_size: int, device: torch.devi
 
 
 def prepare_processing(token_bitmask=None, logit_bias=None, penalties=None, *, batch: int, vocab_size: int,
-                       device: torch.device, temperature=None) -> Optional[LogitProcessing]:
+                       device: torch.device, temperature=None, fingerprint_xor=None) -> Optional[LogitProcessing]:
     """Validate shapes, dtypes and devices (never values in device tensors) and build the
     kernels' view of the processors; None when none is given. temperature (the call's validated
     temperature, a float or a [B] tensor): the preparation kernel also writes it with the bad rows
-    poisoned (``LogitProcessing.temperature``, which ``apply_to`` then uses without a launch)."""
+    poisoned (``LogitProcessing.temperature``, which ``apply_to`` then uses without a launch).
+    fingerprint_xor (an int or int64 [B], the filters' fingerprint; None: not wanted): the preparation
+    kernel also writes the processors' row fingerprint XOR it (``LogitProcessing.fingerprint``, which
+    ``row_fingerprint`` then returns without a launch: the tensor-parallel header's hash)."""
     if token_bitmask is None and logit_bias is None and penalties is None:
         return None
     device = torch.device(device)
@@ -216,15 +228,19 @@ def prepare_processing(token_bitmask=None, logit_bias=None, penalties=None, *, b
             id_rule("penalties.prompt_ids", prompt)
 
     tables = [t for t in (bias_ids, out, prompt) if t is not None]
-    entries = values = pen = temp_out = None
+    entries = values = pen = temp_out = fp_out = None
     if tables and sum(t.shape[1] for t in tables) > 0:
         if temperature is not None:
             temp_out = torch.empty(batch, dtype=torch.float32, device=device)
+        if fingerprint_xor is not None:
+            fp_out = torch.empty(batch, dtype=torch.int64, device=device)
         entries, values, pen, bad = launch_prepare(batch, vocab_size, device, bias_ids=bias_ids,
                                                    bias_values=bias_values, output_ids=out, prompt_ids=prompt,
                                                    repetition=rep, frequency=freq, presence=pres,
                                                    penalties=penalties is not None, temperature=temperature,
-                                                   temperature_out=temp_out)
+                                                   temperature_out=temp_out, fingerprint_out=fp_out,
+                                                   fingerprint_xor=fingerprint_xor if fp_out is not None else 0,
+                                                   bitmask=bitmask)
     else:
         # No listed id: bias and penalties change nothing, but bad penalty values still poison
         # their rows (the same rule as with ids). A bitmask alone has nothing to check.
@@ -233,7 +249,8 @@ def prepare_processing(token_bitmask=None, logit_bias=None, penalties=None, *, b
             if name.startswith("penalties.") and not name.endswith("_ids"):
                 bad = pred(x) if bad is None else bad | pred(x)
     return LogitProcessing(bitmask, entries, values, pen, bad, tuple(checks), temp_out,
-                           temperature if temp_out is not None else None)
+                           temperature if temp_out is not None else None, fp_out,
+                           fingerprint_xor if fp_out is not None else None)
 
 
 def check_values(processing: Optional[LogitProcessing]) -> None:
@@ -251,13 +268,16 @@ def check_values(processing: Optional[LogitProcessing]) -> None:
 
 def prepare_call_rows(temperature, seed, offset, batch: int, device, *, top_k, top_p, min_p, token_bitmask,
                       logit_bias, penalties, vocab_size: int, wants_logprobs: bool, logprobs_mode: str,
-                      check: bool):
+                      check: bool, fingerprint_xor=None):
     """(RowParams, LogitProcessing or None) of one call, with the checks ``fsdist.sample`` and the
     tensor-parallel head both make: raw logprobs refuse the processors; ``check`` also validates
-    the values inside device tensors (synchronises)."""
+    the values inside device tensors (synchronises). fingerprint_xor (tensor-parallel calls): a
+    function of the validated RowParams giving the filters' fingerprint, which the preparation kernel
+    folds into the processors' (``prepare_processing``)."""
     params = validation.row_params(temperature, seed, offset, batch, device, top_k=top_k, top_p=top_p, min_p=min_p)
     processing = prepare_processing(token_bitmask, logit_bias, penalties, batch=batch, vocab_size=vocab_size,
-                                    device=device, temperature=params.temperature)
+                                    device=device, temperature=params.temperature,
+                                    fingerprint_xor=None if fingerprint_xor is None else fingerprint_xor(params))
     if processing is not None and logprobs_mode == "raw" and wants_logprobs:
         raise ValueError("logprobs_mode='raw' cannot be combined with token_bitmask / logit_bias / penalties "
                          "(raw logprobs need the unprocessed logits); use 'scaled' or 'processed'")

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .sort_entries import launch_sort_entries, rank_sort_pays
+from .step_check import FP_BITMASK, FP_ENTRIES, FP_FREQUENCY, FP_PENALTIES, FP_PRESENCE, FP_VALUES
 from .utils import load_row_param
 
 SENTINEL = 2**31 - 1  # an entry past every tile (kept equal to fsdist.processing.SENTINEL)
@@ -32,6 +33,9 @@ KIND_BIAS, KIND_OUTPUT, KIND_PROMPT = 0, 1, 2
 # jit code may read module globals only as constexprs (the compiler rejects plain ints)
 _SENTINEL = tl.constexpr(SENTINEL)
 _KIND_BIAS, _KIND_OUTPUT, _KIND_PROMPT = tl.constexpr(KIND_BIAS), tl.constexpr(KIND_OUTPUT), tl.constexpr(KIND_PROMPT)
+_FP_BITMASK, _FP_ENTRIES, _FP_VALUES = tl.constexpr(FP_BITMASK), tl.constexpr(FP_ENTRIES), tl.constexpr(FP_VALUES)
+_FP_PENALTIES, _FP_FREQUENCY = tl.constexpr(FP_PENALTIES), tl.constexpr(FP_FREQUENCY)
+_FP_PRESENCE = tl.constexpr(FP_PRESENCE)
 
 
 # Entries probed per row and key in one round of the search (one memory latency per round).
@@ -61,16 +65,46 @@ def _ids_of(ptr, stride, rows, live, slot, lo, n, HAS: tl.constexpr):
 
 
 @triton.jit
+def _fingerprint(bad, bm_ptr, bm_stride, W, entry, val, keep, rep, freq, pres, xor_ptr, xor_val, rows, live,
+                 BITMASK: tl.constexpr, XOR_ROW: tl.constexpr, BLOCK_R: tl.constexpr, WORDS: tl.constexpr):
+    """``step_check.processor_fingerprint`` of the rows this program prepared, from its registers: the bad flag,
+    the bitmask's sum, the entries' and the bias values' sums (sums: the sort's order does not change them), the
+    penalties' bits, each folded in with the same multiplier and int64 wrap-around, XOR the filters' fingerprint."""
+    fp = bad.to(tl.int64)
+    if BITMASK:
+        acc = tl.zeros([BLOCK_R], tl.int64)
+        for start in range(0, W, WORDS):
+            w = start + tl.arange(0, WORDS)
+            m = live[:, None] & (w < W)[None, :]
+            x = tl.load(bm_ptr + rows[:, None].to(tl.int64) * bm_stride + w[None, :], mask=m, other=0)
+            acc += tl.sum(x.to(tl.int64), axis=1)
+        fp = fp * _FP_BITMASK + acc
+    fp = fp * _FP_ENTRIES + tl.sum(tl.where(keep, entry, 0).to(tl.int64), axis=1)
+    fp = fp * _FP_VALUES + tl.sum(tl.where(keep, val.to(tl.int32, bitcast=True), 0).to(tl.int64), axis=1)
+    fp = (fp * _FP_PENALTIES + rep.to(tl.int32, bitcast=True).to(tl.int64)
+          + freq.to(tl.int32, bitcast=True).to(tl.int64) * _FP_FREQUENCY
+          + pres.to(tl.int32, bitcast=True).to(tl.int64) * _FP_PRESENCE)
+    if XOR_ROW:
+        fp = fp ^ tl.load(xor_ptr + rows, mask=live, other=0)
+    else:
+        fp = fp ^ xor_val
+    return fp
+
+
+@triton.jit
 def prepare_processors_kernel(
     bias_ids_ptr, bias_ids_stride, bias_val_ptr, bias_val_stride, K,
     out_ids_ptr, out_ids_stride, L, prompt_ids_ptr, prompt_ids_stride, P,
     rep_ptr, rep_val, freq_ptr, freq_val, pres_ptr, pres_val,
     entries_ptr, values_ptr, ent_stride, pen_ptr, pen_stride, bad_ptr, B, vocab_size,
     temp_ptr, temp_val, temp_out_ptr,
+    fp_out_ptr, bm_ptr, bm_stride, W, xor_ptr, xor_val,
     HAS_BIAS: tl.constexpr, HAS_OUT: tl.constexpr, HAS_PROMPT: tl.constexpr,
     REP_PER_ROW: tl.constexpr, FREQ_PER_ROW: tl.constexpr, PRES_PER_ROW: tl.constexpr,
     BLOCK_R: tl.constexpr, S_POW2: tl.constexpr, SORT: tl.constexpr,
     TEMP_OUT: tl.constexpr = False, TEMP_PER_ROW: tl.constexpr = False, KEY32: tl.constexpr = False,
+    FP_OUT: tl.constexpr = False, FP_BITMASK: tl.constexpr = False, FP_XOR_ROW: tl.constexpr = False,
+    FP_WORDS: tl.constexpr = 1024,
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     live = rows < B
@@ -133,6 +167,12 @@ def prepare_processors_kernel(
         # them), written here rather than by torch ops after this kernel (two launches fewer).
         t = load_row_param(temp_ptr, temp_val, rows, live, tl.float32, TEMP_PER_ROW)
         tl.store(temp_out_ptr + rows, tl.where(bad, float("nan"), t), mask=live)
+    if FP_OUT:
+        # The tensor-parallel call header's processor fingerprint, here instead of in a launch of its own
+        # (v64: processor_fingerprint_kernel ~1.9 µs of device time and a launch per call, on every rank).
+        fp = _fingerprint(bad, bm_ptr, bm_stride, W, sorted_entry, sorted_val, keep, rep, freq, pres, xor_ptr,
+                          xor_val, rows, live, FP_BITMASK, FP_XOR_ROW, BLOCK_R, FP_WORDS)
+        tl.store(fp_out_ptr + rows, fp, mask=live)
 
 
 def key32_fits(vocab_size: int, s_pow2: int) -> bool:
@@ -168,10 +208,28 @@ def _param(x, dummy):
     return dummy, float(x), False
 
 
+def _fingerprint_args(out, xor, bitmask, batch: int, dummy):
+    """((out, bitmask, its row stride, its words, xor pointer, xor value), BITMASK, XOR_ROW) of the kernel's
+    fingerprint, checked (dummies where absent)."""
+    if out is None:
+        return (dummy, dummy, 0, 0, dummy, 0), False, False
+    if out.dtype != torch.int64 or out.numel() < batch or not out.is_contiguous():
+        raise ValueError(f"fingerprint_out must be a contiguous int64 tensor of at least {batch} elements")
+    xor_row = isinstance(xor, torch.Tensor)
+    if xor_row:
+        if xor.dtype != torch.int64 or xor.numel() != batch:
+            raise ValueError(f"fingerprint_xor must be an int or an int64 tensor of {batch} elements")
+        xor = xor.reshape(-1).contiguous()
+    if bitmask is not None and (bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.stride(1) != 1):
+        raise ValueError("bitmask must be an int32 [B, W] tensor with unit column stride")
+    bm = (bitmask, bitmask.stride(0), bitmask.shape[1]) if bitmask is not None else (dummy, 0, 0)
+    return (out, *bm, xor if xor_row else dummy, 0 if xor_row else int(xor)), bitmask is not None, xor_row
+
+
 def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_ids=None, bias_values=None,
                    output_ids=None, prompt_ids=None, repetition=1.0, frequency=0.0, presence=0.0,
                    penalties: bool = False, sort=None, temperature=None, temperature_out=None,
-                   key32=None, num_warps=None):
+                   key32=None, num_warps=None, fingerprint_out=None, fingerprint_xor=0, bitmask=None):
     """(entries int32 [B, S], values fp32 [B, S], penalties fp32 [3, B], bad bool [B]).
 
     bias_ids / output_ids / prompt_ids: int64 [B, *] or None (shapes, dtypes and devices
@@ -182,7 +240,10 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     batches of rows of more than 1,024 entries) or "torch" (after it; the default under the interpreter),
     as ``default_sort`` picks. All three
     give the same result. temperature_out (fp32 [B]): receives ``temperature`` (a float or a [B]
-    tensor) with the bad rows' set to NaN. key32 / num_warps (benchmarks, tests): the bitonic sort's
+    tensor) with the bad rows' set to NaN. fingerprint_out (int64 [B]): receives
+    ``step_check.processor_fingerprint(bitmask, entries, values, penalties, bad, fingerprint_xor)`` of this
+    call, the same bits, without that kernel's launch (bitmask: int32 [B, W] or None; fingerprint_xor: an int or
+    int64 [B]). key32 / num_warps (benchmarks, tests): the bitonic sort's
     key width (default: 32 bits where (entry, slot) fits, see ``key32_fits``) and the kernel's warps
     (default ``prepare_warps``).
     """
@@ -209,6 +270,7 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     if temperature_out is not None and (temperature_out.dtype != torch.float32 or temperature_out.numel() < batch):
         raise ValueError(f"temperature_out must be an fp32 tensor of at least {batch} elements")
     temp = _param(1.0 if temperature is None else temperature, values)
+    fp = _fingerprint_args(fingerprint_out, fingerprint_xor, bitmask, batch, entries)
     s_pow2 = max(16, triton.next_power_of_2(S))
     on_gpu = device.type == "cuda"
     if sort is None:
@@ -230,6 +292,7 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
         rep[0], rep[1], freq[0], freq[1], pres[0], pres[1],
         entries, values, entries.stride(0), pen, pen.stride(0), bad, batch, vocab_size,
         temp[0], temp[1], temperature_out if temperature_out is not None else values,
+        *fp[0], FP_OUT=fingerprint_out is not None, FP_BITMASK=fp[1], FP_XOR_ROW=fp[2],
         TEMP_OUT=temperature_out is not None, TEMP_PER_ROW=temp[2],
         HAS_BIAS=bias_ids is not None, HAS_OUT=output_ids is not None, HAS_PROMPT=prompt_ids is not None,
         REP_PER_ROW=rep[2], FREQ_PER_ROW=freq[2], PRES_PER_ROW=pres[2], BLOCK_R=block_r, S_POW2=s_pow2,

@@ -194,3 +194,78 @@ def test_32_bit_keys_past_the_sign_bit(device):
     got = launch_prepare(B, V, device, sort="bitonic", key32=True, **kw)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("sort", ["torch", "bitonic", "rank"])
+@pytest.mark.parametrize("bitmask,xor", [(False, 0), (True, "rows"), (False, 0x1234_5678_9ABC_DEF1)])
+def test_fingerprint_is_processor_fingerprints(device, sort, bitmask, xor):
+    """fingerprint_out = step_check.processor_fingerprint of the same call bit for bit (what the tensor-parallel
+    header carried from a launch of its own), for each sort, with and without a bitmask, XOR an int or a [B]
+    tensor; and it can fail: one entry, one bias value, one penalty or one bitmask word changed changes its row's
+    fingerprint and only that row's."""
+    from fsdist.ops.step_check import processor_fingerprint
+    B, V = (6 if sort == "bitonic" and device.type == "cpu" else 40), 500
+    ids, vals, out, prompt, rep, freq, pres = inputs(B, V, seed=11)
+    d = lambda t: t.to(device)  # noqa: E731
+    g = torch.Generator().manual_seed(5)
+    bm = d(torch.randint(-2**31, 2**31 - 1, (B, 17), generator=g, dtype=torch.int64).to(torch.int32)) if bitmask \
+        else None
+    x = d(torch.randint(0, 2**62, (B,), generator=g)) if xor == "rows" else xor
+
+    def both(ids, vals, rep, bm):
+        fp = torch.full((B,), 7, dtype=torch.int64, device=device)
+        e, v, pen, bad = launch_prepare(B, V, device, bias_ids=d(ids), bias_values=d(vals), output_ids=d(out),
+                                        prompt_ids=d(prompt), repetition=d(rep), frequency=d(freq), presence=d(pres),
+                                        penalties=True, sort=sort, fingerprint_out=fp, fingerprint_xor=x, bitmask=bm)
+        return fp.cpu(), processor_fingerprint(bm, e, v, pen, bad, x).cpu()
+
+    got, want = both(ids, vals, rep, bm)
+    assert torch.equal(got, want)
+    assert got.unique().numel() == B
+    ids2, vals2, rep2 = ids.clone(), vals.clone(), rep.clone()
+    ids2[4, 0] = (ids2[4, 0] + 1) % V if ids2[4, 0] >= 0 else 3  # an entry
+    vals2[5, 4] += 0.5  # a bias value (slot 4: its id is live or not, the value counts where it is)
+    ids2[5, 4] = 9
+    rep2[0] = rep2[0] + 0.125  # a penalty
+    changed = [0, 4, 5]
+    if bm is not None:
+        bm = bm.clone()
+        bm[2, 16] ^= 1 << 7  # a bitmask word
+        changed.append(2)
+    got2, want2 = both(ids2, vals2, rep2, bm)
+    assert torch.equal(got2, want2)
+    diff = (got2 != got).nonzero().flatten().tolist()
+    assert diff == sorted(changed)
+
+
+def test_fingerprint_arguments_are_checked(device):
+    ids = torch.tensor([[3, -1]], device=device)
+    vals = torch.tensor([[1.0, 2.0]], device=device)
+    with pytest.raises(ValueError, match="fingerprint_out"):
+        launch_prepare(1, 10, device, bias_ids=ids, bias_values=vals,
+                       fingerprint_out=torch.empty(1, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="fingerprint_xor"):
+        launch_prepare(1, 10, device, bias_ids=ids, bias_values=vals,
+                       fingerprint_out=torch.empty(1, dtype=torch.int64, device=device),
+                       fingerprint_xor=torch.zeros(2, dtype=torch.int64, device=device))
+
+
+def test_processing_hands_the_kernels_fingerprint_to_row_fingerprint(device):
+    """prepare_processing(fingerprint_xor=x): row_fingerprint(x) is the preparation kernel's tensor (no launch);
+    another xor falls back to processor_fingerprint's launch, with the same bits as XORing the difference."""
+    B, V = 40, 500
+    ids, vals, out, prompt, rep, freq, pres = inputs(B, V, seed=2)
+    d = lambda t: t.to(device)  # noqa: E731
+    x = d(torch.arange(B, dtype=torch.int64) * 0x9E3779B97F4A7C1)
+    proc = fsdist.processing.prepare_processing(
+        logit_bias=fsdist.SparseLogits(d(ids), d(vals)), penalties=fsdist.Penalties(d(rep), d(freq), d(pres), d(out),
+                                                                                      d(prompt)),
+        token_bitmask=d(torch.full((B, 16), -1, dtype=torch.int32)), batch=B, vocab_size=V, device=device,
+        fingerprint_xor=x)
+    assert proc.row_fingerprint(x) is proc.fingerprint
+    other = proc.row_fingerprint(5)
+    assert other is not proc.fingerprint
+    assert torch.equal((other ^ 5).cpu(), (proc.fingerprint ^ x).cpu())
+    plain = fsdist.processing.prepare_processing(
+        logit_bias=fsdist.SparseLogits(d(ids), d(vals)), batch=B, vocab_size=V, device=device)
+    assert plain.fingerprint is None
