@@ -269,3 +269,53 @@ def test_processors_never_synchronise(weight, B, path):
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     assert all(bool((o.tokens >= 0).all()) for o in outs)
+
+
+@pytest.mark.parametrize("filtered", [False, True], ids=["processors", "processors+top_k+top_p"])
+@pytest.mark.parametrize("B", [1, 16])
+def test_pdl_after_entry_offsets_is_bit_for_bit(weight, B, filtered, monkeypatch):
+    """The Triton fused kernel launched as a programmatic dependent of entry_offsets_kernel (configs.
+    PDL_AFTER_ENTRY_OFFSETS, sm_90+) gives the tokens and logprobs of the two launches in order, bit for bit, in
+    eager calls and in 20 graph replays whose processor values change in place before each (a fused kernel that
+    read the entry table before its producer finished would apply stale or half-written entries); and the PDL
+    launch does run here (else this could not fail)."""
+    import fsdist.ops.configs as configs
+    import fsdist.ops.fused_sample as fused_sample
+
+    if not configs.pdl_after_entry_offsets(torch.device(DEV)):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0+")
+    triggers = []
+    launch = fused_sample.launch_entry_offsets
+
+    def recording(*args, **kwargs):
+        triggers.append(bool(kwargs.get("trigger", False)))
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(fused_sample, "launch_entry_offsets", recording)
+    h, params, filters, procs = _serving(B, weight, seed=900 + B)
+    kw = dict(params, **procs, **(filters if filtered else {}), return_logprobs=True, path="fused")
+
+    def run(pdl):
+        monkeypatch.setattr(configs, "PDL_AFTER_ENTRY_OFFSETS", pdl)
+        return fsdist.sample(h, weight, **kw)
+
+    for pdl in (False, True):
+        run(pdl)  # warm up (compile)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run(True)
+    assert triggers and triggers[-1], "the PDL launch did not run"
+    bias, pen = procs["logit_bias"], procs["penalties"]
+    for step in range(20):
+        params["offset"].fill_(40 + step)
+        bias.values.mul_(-1.0)
+        bias.ids[:, step % 8].copy_(bias.ids[:, 8 + step % 8])
+        pen.frequency.fill_(0.05 * step)
+        graph.replay()
+        with_pdl, in_order = run(True), run(False)
+        for out in (captured, with_pdl):
+            assert torch.equal(out.tokens, in_order.tokens), f"step {step}: tokens differ"
+            assert torch.equal(out.logprobs.view(torch.int32), in_order.logprobs.view(torch.int32)), \
+                f"step {step}: logprobs differ"
+    assert bool((in_order.tokens >= 0).all())

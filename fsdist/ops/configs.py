@@ -243,6 +243,27 @@ def fit_num_stages(cfg: TileConfig, elem_size: int, device) -> int:
     return max(2, min(cfg.num_stages, 1 + room // per_stage))
 
 
+# Programmatic dependent launch (PDL, sm_90+) of the Triton fused kernel behind entry_offsets_kernel, the launch
+# before it in calls with bias / penalty entries: the fused kernel's main loop reads only the hidden and the weight,
+# so it starts while that kernel runs and waits for it (griddepcontrol.wait) only before its epilogue reads the
+# entry table. docs/performance.md v73. False: the two launches in order, as before.
+PDL_AFTER_ENTRY_OFFSETS = True
+
+
+def pdl_after_entry_offsets(device) -> bool:
+    """Whether launch_fused starts the fused kernel as a programmatic dependent of entry_offsets_kernel: where
+    PDL_AFTER_ENTRY_OFFSETS holds, on an NVIDIA GPU of compute capability 9 or more (griddepcontrol), never under
+    the interpreter."""
+    import torch
+
+    if not PDL_AFTER_ENTRY_OFFSETS or getattr(device, "type", None) != "cuda" or torch.version.hip is not None:
+        return False
+    if interpreting():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
 _EPILOGUE_RESERVE = 16 << 10
 
 

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from .prepare_processors import PROBES, SENTINEL, search_rounds
 from .processors import lower_bound
@@ -37,7 +38,11 @@ _HEAD = tl.constexpr(HEAD)
 
 @triton.jit
 def entry_offsets_kernel(ent_ptr, val_ptr, ent_stride, width, rounds, out_ptr, out_stride, head_ptr, head_val_ptr,
-                         head_stride, B, n_tiles, first_id, tile, BLOCK: tl.constexpr):
+                         head_stride, B, n_tiles, first_id, tile, BLOCK: tl.constexpr, TRIGGER: tl.constexpr = False):
+    if TRIGGER:
+        # The next launch (the fused kernel, a programmatic dependent) may start its main loop now; it waits for
+        # this kernel's end before it reads the table (fused_sample.py, PDL_WAIT).
+        gdc_launch_dependents()
     # One lane per (row, bound), rows after one another: any batch fills the programs.
     lane = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     row = lane // (n_tiles + 1)
@@ -77,11 +82,12 @@ class EntryOffsets(NamedTuple):
 
 
 def launch_entry_offsets(entries: torch.Tensor, values: torch.Tensor, first_id: int, tile: int,
-                         n_tiles: int) -> EntryOffsets:
+                         n_tiles: int, trigger: bool = False) -> EntryOffsets:
     """The offsets and heads of every (row, tile) of a launch whose tile t holds ids first_id +
     t * tile .. + tile - 1, from ``entries`` (int32 [B, S], each row sorted, SENTINEL-padded) and
     their ``values`` (fp32 [B, S]). offsets[r, t] = the first position of row r whose entry is >=
-    (first_id + t * tile) * 4."""
+    (first_id + t * tile) * 4. trigger (sm_90+): let the next launch, a programmatic dependent, start before this
+    kernel ends (``configs.pdl_after_entry_offsets``)."""
     if entries.dtype != torch.int32 or entries.dim() != 2:
         raise ValueError(f"entries must be int32 [B, S], got {entries.dtype} {tuple(entries.shape)}")
     if values.shape != entries.shape or values.dtype != torch.float32:
@@ -107,7 +113,8 @@ def launch_entry_offsets(entries: torch.Tensor, values: torch.Tensor, first_id: 
     block = 128 if dev.type == "cuda" else min(1 << 16, triton.next_power_of_2(lanes))
     entry_offsets_kernel[(triton.cdiv(lanes, block),)](
         entries, values, entries.stride(0), S, search_rounds(S), out.offsets, out.offsets.stride(0), out.head,
-        out.head_values, out.head.stride(0), B, n_tiles, int(first_id), int(tile), BLOCK=block, num_warps=4)
+        out.head_values, out.head.stride(0), B, n_tiles, int(first_id), int(tile), BLOCK=block, TRIGGER=bool(trigger),
+        num_warps=4)
     return out
 
 

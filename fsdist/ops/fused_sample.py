@@ -23,11 +23,13 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from ..params import RowParams
 from ..processing import has_entries
 from ..runtime import interpreting
-from .configs import PAD_HALF_TILE_ROWS, PAD_TILE_ROWS, TileConfig, fit_num_stages, stagger_applies, triton_twin
+from .configs import (PAD_HALF_TILE_ROWS, PAD_TILE_ROWS, TileConfig, fit_num_stages, pdl_after_entry_offsets,
+                      stagger_applies, triton_twin)
 from .epilogue import perturb, raw_sum, row_temperature, tile_stats, tile_topk, write_candidates, write_kept
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
@@ -63,6 +65,7 @@ def fused_sample_kernel(
     BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False, ENTRY_HEAD: tl.constexpr = 4,
     BM_WORDS: tl.constexpr = False, WINNER_LOGIT: tl.constexpr = True, RAW_SUM: tl.constexpr = True,
     PINNED: tl.constexpr = False, first_wave=0, stagger_ns=0, STAGGER: tl.constexpr = False,
+    PDL_WAIT: tl.constexpr = False,
 ):
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
@@ -82,8 +85,9 @@ def fused_sample_kernel(
         w_ptrs = w_ptr + offs_v[:, None].to(tl.int64) * D + offs_k[None, :]
     # The tile's bias / penalty entries (where they start, how many) and the rows' penalties:
     # independent loads issued before the main loop, ready by the epilogue (processors.py).
-    e_start, e_count, e_head, e_head_val = table_slice(eoff_ptr, eoff_stride, head_ptr, head_val_ptr, head_stride,
-                                                       offs_b, mask_b, pid_v, SPARSE, ENTRY_HEAD)
+    if not PDL_WAIT:
+        e_start, e_count, e_head, e_head_val = table_slice(eoff_ptr, eoff_stride, head_ptr, head_val_ptr,
+                                                           head_stride, offs_b, mask_b, pid_v, SPARSE, ENTRY_HEAD)
     rep, freq, pres = row_penalties(pen_ptr, pen_stride, offs_b, mask_b, SPARSE)
     # The tile's bitmask words, [BLOCK_B, BLOCK_V / 32], where the tile starts on a word.
     words = tile_bitmask_words(bm_ptr, bm_stride, offs_b, mask_b, vocab_start + pid_v * BLOCK_V, vocab_size, BLOCK_V,
@@ -116,6 +120,13 @@ def fused_sample_kernel(
             h_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
 
+    if PDL_WAIT:
+        # Launched as a programmatic dependent of entry_offsets_kernel (configs.pdl_after_entry_offsets): the main
+        # loop above read only the hidden and the weight, which no launch still running writes; the entry table
+        # is read once that kernel has finished and its writes are visible (griddepcontrol.wait).
+        gdc_wait()
+        e_start, e_count, e_head, e_head_val = table_slice(eoff_ptr, eoff_stride, head_ptr, head_val_ptr,
+                                                           head_stride, offs_b, mask_b, pid_v, SPARSE, ENTRY_HEAD)
     # ---- epilogue: temperature, padding mask, noise, tile-local argmax ----
     temp = load_row_param(temp_ptr, temp_val, offs_b, mask_b, tl.float32, TEMP_PER_ROW)
     inv_t, noise_scale, _greedy, bad_temp = row_temperature(temp)
@@ -273,10 +284,11 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     proc_args, proc_flags = processor_args(params.processing, dummy)
     if proc_flags["SPARSE"]:
         proc = params.processing
-        eoff = launch_entry_offsets(proc.entries, proc.values, vocab_start, cfg.block_v, n_vtiles)
+        pdl = pdl_after_entry_offsets(hidden.device)
+        eoff = launch_entry_offsets(proc.entries, proc.values, vocab_start, cfg.block_v, n_vtiles, trigger=pdl)
         eoff_args = (eoff.offsets, eoff.offsets.stride(0), eoff.head, eoff.head_values, eoff.head.stride(0))
     else:
-        eoff_args = (dummy, 0, dummy, dummy, 0)
+        eoff_args, pdl = (dummy, 0, dummy, dummy, 0), False
     # The first-wave stagger where it pays (configs.stagger_applies: NVIDIA GPU, one batch tile, several waves).
     sms = sm_count(hidden.device) if hidden.device.type == "cuda" else 0
     stagger = stagger_applies(cfg, hidden.device, triton.cdiv(B, cfg.block_b), n_vtiles, sms)
@@ -306,7 +318,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         # the bitmask's words loaded before the main loop where every tile starts on a word
         BM_WORDS=vocab_start % 32 == 0 and cfg.block_v % 32 == 0,
         first_wave=sms if stagger else 0, stagger_ns=1000 * cfg.stagger_us if stagger else 0,
-        STAGGER=stagger,
+        STAGGER=stagger, PDL_WAIT=pdl, **({"launch_pdl": True} if pdl else {}),
         num_warps=cfg.num_warps, num_stages=fit_num_stages(cfg, hidden.element_size(), hidden.device),
         **({"maxnreg": cfg.max_regs} if cfg.max_regs and hidden.device.type == "cuda" else {}),
     )

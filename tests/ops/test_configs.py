@@ -272,3 +272,20 @@ def test_calls_with_entries_take_the_ws_64_row_tile_from_17_rows_on_fast_memory(
     assert plan.plan_sample(**kw, sparse_processors=True).config.block_b == 32
     assert configs.default_config(24, 4096, "cpu", sparse_processors=True) == configs.pick_config(24, 4096, "cpu")
 
+
+
+def test_pdl_after_entry_offsets_only_on_sm90_gpus(monkeypatch):
+    """Programmatic dependent launch needs griddepcontrol (sm_90+): never on a CPU or under the interpreter, never
+    on an older GPU, and off everywhere with PDL_AFTER_ENTRY_OFFSETS = False."""
+    assert not configs.pdl_after_entry_offsets(torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not configs.pdl_after_entry_offsets(torch.device("cuda", 0))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    if torch.version.hip is None:
+        assert configs.pdl_after_entry_offsets(torch.device("cuda", 0))
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 0))
+        assert not configs.pdl_after_entry_offsets(torch.device("cuda", 0))
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    monkeypatch.setattr(configs, "PDL_AFTER_ENTRY_OFFSETS", False)
+    assert not configs.pdl_after_entry_offsets(torch.device("cuda", 0))

@@ -60,7 +60,7 @@ STAGE1_CONST = dict(**PROC_CONST, BLOCK_B=16, BLOCK_V=128, BLOCK_K=128, EVEN_K=T
                     OFFSET_PER_ROW=True, TEMP_PER_ROW=True, NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4,
                     DOT_PRECISION="tf32", DOT_UPCAST=False, FAST_LOG=True, DEVICE_PARITY=True, TMA=False, HEADER=True,
                     EXTENDED=True, KEEP=4, XFP_PER_ROW=True, ENTRY_HEAD=4, BM_WORDS=True, WINNER_LOGIT=True,
-                    RAW_SUM=True, STAGGER=False)
+                    RAW_SUM=True, STAGGER=False, PDL_WAIT=False)
 
 CASES = {
     "group_select": dict(
@@ -86,7 +86,7 @@ CASES = {
                         OFFSET_PER_ROW=False, TEMP_PER_ROW=False, HEADER=False)),
     "stage1_fused_peers_parity": dict(  # (no first-wave stagger: no timer read)
         module="fsdist.ops.fused_sample", kernel="fused_sample_kernel", types=STAGE1, constexprs=STAGE1_CONST,
-        ptx_lacks=["%globaltimer", "nanosleep"]),
+        ptx_lacks=["%globaltimer", "nanosleep", "griddepcontrol"]),  # (nor a PDL wait: v73)
     "stage1_fused_tma": dict(  # the operands as tensor descriptors (TileConfig.tma)
         module="fsdist.ops.fused_sample", kernel="fused_sample_kernel",
         types=dict(STAGE1, h_ptr="tensordesc<bf16[64, 64]>", w_ptr="tensordesc<bf16[128, 64]>"),
@@ -135,7 +135,8 @@ CASES = {
         module="fsdist.ops.entry_offsets", kernel="entry_offsets_kernel",
         types=dict(ent_ptr="*i32", val_ptr="*fp32", ent_stride="i32", width="i32", rounds="i32", out_ptr="*i32",
                    out_stride="i32", head_ptr="*i32", head_val_ptr="*fp32", head_stride="i32", B="i32",
-                   n_tiles="i32", first_id="i32", tile="i32"), constexprs=dict(BLOCK=128)),
+                   n_tiles="i32", first_id="i32", tile="i32"), constexprs=dict(BLOCK=128, TRIGGER=False),
+        ptx_lacks=["griddepcontrol"]),
     "fallback_materialize": dict(
         module="fsdist.ops.fallback", kernel="materialize_kernel",
         types=dict(h_ptr="*bf16", w_ptr="*bf16", pool_ptr="*i64", flags_ptr="*i1", B="i32",
@@ -171,10 +172,11 @@ CASES = {
                    P="i32", rep_ptr="*fp32", rep_val="fp32", freq_ptr="*fp16", freq_val="fp32", pres_ptr="*fp32",
                    pres_val="fp32", entries_ptr="*i32", values_ptr="*fp32", ent_stride="i32", pen_ptr="*fp32",
                    pen_stride="i32", bad_ptr="*i8", B="i32", vocab_size="i32", temp_ptr="*fp32", temp_val="fp32",
-                   temp_out_ptr="*fp32"),
+                   temp_out_ptr="*fp32", fp_out_ptr="*i64", bm_ptr="*i32", bm_stride="i32", W="i32",
+                   xor_ptr="*i64", xor_val="i64"),
         constexprs=dict(HAS_BIAS=True, HAS_OUT=True, HAS_PROMPT=True, REP_PER_ROW=True, FREQ_PER_ROW=True,
                         PRES_PER_ROW=False, BLOCK_R=1, S_POW2=2048, SORT=True, TEMP_OUT=True, TEMP_PER_ROW=True,
-                        KEY32=False),
+                        KEY32=False, FP_OUT=False, FP_BITMASK=False, FP_XOR_ROW=False, FP_WORDS=1024),
         num_warps=8),
     "apply_entries": dict(
         module="fsdist.ops.apply_entries", kernel="apply_entries_kernel",
@@ -206,6 +208,17 @@ CASES["select_filtered_full_search"] = dict(
 CASES["prepare_processors_key32"] = dict(
     CASES["prepare_processors"], constexprs=dict(CASES["prepare_processors"]["constexprs"], S_POW2=1024, KEY32=True),
     num_warps=16)
+# ... writing the processors' fingerprint (the tensor-parallel header's), with a bitmask and a per-row xor (v73)
+CASES["prepare_processors_fingerprint"] = dict(
+    CASES["prepare_processors_key32"], constexprs=dict(CASES["prepare_processors_key32"]["constexprs"], FP_OUT=True,
+                                                       FP_BITMASK=True, FP_XOR_ROW=True))
+# Programmatic dependent launch (v73): entry_offsets lets the fused kernel start, which waits before its epilogue
+CASES["entry_offsets_trigger"] = dict(
+    CASES["entry_offsets"], constexprs=dict(CASES["entry_offsets"]["constexprs"], TRIGGER=True),
+    ptx_has=["griddepcontrol.launch_dependents"], ptx_lacks=[])
+CASES["stage1_fused_pdl"] = dict(
+    CASES["stage1_fused_tma"], constexprs=dict(CASES["stage1_fused_tma"]["constexprs"], PDL_WAIT=True),
+    ptx_has=["griddepcontrol.wait"])
 # ... with the min-p draw's wide lanes off (wide_cap=0: its branch must not compile with 0 lanes)
 CASES["select_filtered_wide_off"] = dict(
     CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], WIDE_CAP=0, SCRATCH_LANES=128))
