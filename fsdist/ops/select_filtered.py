@@ -96,6 +96,7 @@ import triton
 import triton.language as tl
 
 from ..params import LOGPROBS_MODES, RowParams
+from ..runtime import interpreting
 from .epilogue import perturb, row_temperature
 from .layout import KEEP, BufferPair, CandidateLayout, slot_offset
 from .noise import gumbel_from_bits, vocab_bits
@@ -915,6 +916,9 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     (default SELECT_WARPS); the results are the same up to the order of fp32 sums (logprobs' last bits, top-p at
     an exact tie of its mass). sorted_top_p: the k-th largest and top-p over P's packed lanes from one sort
     (SORTED_TOP_P unless set; False: pairwise counts and sums), the same answers up to the order of fp32 sums.
+    Under the interpreter the default is the pairwise path: it runs tl.sort's compare-exchange stages element by
+    element there (a filtered chi-squared test went from minutes to over twenty); tests that want the sort ask
+    for it (tests/ops/test_select_filtered.py runs both against the search).
     """
     if not layout.extended:
         raise ValueError("filters and top-N logprobs need an extended candidate layout (layout.fields(extended=True))")
@@ -1001,7 +1005,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         WINNERS_UNCHECKED=bool(winners_unchecked),
         WON=won is not None, MERGE=bool(merge), RAW=bool(raw) and logprobs is not None,
         ONE_SHARD=layout.n_shards == 1,  # (no division by n_local in the slot addresses)
-        SORTED=SORTED_TOP_P if sorted_top_p is None else bool(sorted_top_p),
+        SORTED=(SORTED_TOP_P and not interpreting()) if sorted_top_p is None else bool(sorted_top_p),
         # pairwise top-p in [rows, small, chunk] steps: the interpreter's many-row programs stay under
         # Triton's 2**20-element tensors
         SMALL_CHUNK=32 if on_gpu else max(1, min(32, 2 ** 20 // max(1, block_r * small))),
