@@ -25,6 +25,7 @@ penalty <= 0, a NaN or infinite penalty) mark their row bad: ``apply_to`` gives 
 row a NaN temperature, which every kernel treats as a poisoned row (token -1, NaN
 logprob). ``check_values`` (``check=True``) raises instead, with a sync.
 """
+import dataclasses
 import numbers
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -268,16 +269,19 @@ def check_values(processing: Optional[LogitProcessing]) -> None:
 
 def prepare_call_rows(temperature, seed, offset, batch: int, device, *, top_k, top_p, min_p, token_bitmask,
                       logit_bias, penalties, vocab_size: int, wants_logprobs: bool, logprobs_mode: str,
-                      check: bool, fingerprint_xor=None):
+                      check: bool, filters_fingerprint_of=None):
     """(RowParams, LogitProcessing or None) of one call, with the checks ``fsdist.sample`` and the
     tensor-parallel head both make: raw logprobs refuse the processors; ``check`` also validates
-    the values inside device tensors (synchronises). fingerprint_xor (tensor-parallel calls): a
-    function of the validated RowParams giving the filters' fingerprint, which the preparation kernel
-    folds into the processors' (``prepare_processing``)."""
+    the values inside device tensors (synchronises). filters_fingerprint_of (tensor-parallel calls): a
+    function of the validated RowParams giving the call header's filter fingerprint (an int or int64 [B]);
+    the returned params carry it, and the preparation kernel folds it into the processors' fingerprint
+    (``prepare_processing``), so that ``row_fingerprint(params.fingerprint)`` costs no launch."""
     params = validation.row_params(temperature, seed, offset, batch, device, top_k=top_k, top_p=top_p, min_p=min_p)
+    if filters_fingerprint_of is not None:
+        params = dataclasses.replace(params, fingerprint=filters_fingerprint_of(params))
     processing = prepare_processing(token_bitmask, logit_bias, penalties, batch=batch, vocab_size=vocab_size,
                                     device=device, temperature=params.temperature,
-                                    fingerprint_xor=None if fingerprint_xor is None else fingerprint_xor(params))
+                                    fingerprint_xor=None if filters_fingerprint_of is None else params.fingerprint)
     if processing is not None and logprobs_mode == "raw" and wants_logprobs:
         raise ValueError("logprobs_mode='raw' cannot be combined with token_bitmask / logit_bias / penalties "
                          "(raw logprobs need the unprocessed logits); use 'scaled' or 'processed'")

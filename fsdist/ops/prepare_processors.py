@@ -220,7 +220,9 @@ def _fingerprint_args(out, xor, bitmask, batch: int, dummy):
         if xor.dtype != torch.int64 or xor.numel() != batch:
             raise ValueError(f"fingerprint_xor must be an int or an int64 tensor of {batch} elements")
         xor = xor.reshape(-1).contiguous()
-    if bitmask is not None and (bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.stride(1) != 1):
+    # (one word a row: any column stride, as processing.check_bitmask lets it through)
+    if bitmask is not None and (bitmask.dtype != torch.int32 or bitmask.dim() != 2
+                                or (bitmask.stride(1) != 1 and bitmask.shape[1] > 1)):
         raise ValueError("bitmask must be an int32 [B, W] tensor with unit column stride")
     bm = (bitmask, bitmask.stride(0), bitmask.shape[1]) if bitmask is not None else (dummy, 0, 0)
     return (out, *bm, xor if xor_row else dummy, 0 if xor_row else int(xor)), bitmask is not None, xor_row

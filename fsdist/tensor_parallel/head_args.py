@@ -131,26 +131,21 @@ def prepare_call(head, hidden, temperature, seed, offset, return_logprobs, weigh
         return CallOptions(bool(return_logprobs), path, p.filtered(head.vocab_size), top_logprobs, logprobs_mode,
                            p.may_min_p)
 
-    filters_fp = []
-
     def filters_fingerprint(p):
-        # the filters' fingerprint, made once: the preparation kernel folds it into the processors' (no
-        # fingerprint launch of its own, v73), and the header below carries it alone where no processor is given
-        filters_fp.append(filter_fingerprint(p.top_k, p.top_p, p.min_p) if options(p).extended else p.fingerprint)
-        return filters_fp[-1]
+        # the header's filter fingerprint (where the call runs the filters' path), made before the processors
+        # so that the preparation kernel folds it into theirs: no fingerprint launch of its own (v73)
+        return filter_fingerprint(p.top_k, p.top_p, p.min_p) if options(p).extended else p.fingerprint
 
     params, processing = prepare_call_rows(
         temperature, seed, offset, B, hidden.device, top_k=top_k, top_p=top_p, min_p=min_p,
         token_bitmask=token_bitmask, logit_bias=logit_bias, penalties=penalties, vocab_size=head.vocab_size,
         wants_logprobs=bool(return_logprobs or top_logprobs), logprobs_mode=logprobs_mode, check=check,
-        fingerprint_xor=filters_fingerprint)
+        filters_fingerprint_of=filters_fingerprint)
     opts = options(params)
     if opts.extended and head.reduction != "candidates":
         raise ValueError(f"top_k / top_p / min_p, top_logprobs and logprobs_mode='raw' need "
                          f"reduction='candidates' (this head uses {head.reduction!r}, which exchanges one "
                          "sample per rank and cannot apply a filter across shards)")
-    if opts.extended:
-        params = dataclasses.replace(params, fingerprint=filters_fp[-1])
     if processing is not None:
         # Poisoned rows get a NaN temperature; the processors' hash joins the row fingerprint
         # so ranks given different bitmasks, biases or penalties are caught (step_check.py).

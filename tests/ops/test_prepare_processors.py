@@ -197,7 +197,7 @@ def test_32_bit_keys_past_the_sign_bit(device):
 
 
 @pytest.mark.parametrize("sort", ["torch", "bitonic", "rank"])
-@pytest.mark.parametrize("bitmask,xor", [(False, 0), (True, "rows"), (False, 0x1234_5678_9ABC_DEF1)])
+@pytest.mark.parametrize("bitmask,xor", [(False, 0), (True, "rows"), (False, 0x1234_5678_9ABC_DEF1), (True, -5)])
 def test_fingerprint_is_processor_fingerprints(device, sort, bitmask, xor):
     """fingerprint_out = step_check.processor_fingerprint of the same call bit for bit (what the tensor-parallel
     header carried from a launch of its own), for each sort, with and without a bitmask, XOR an int or a [B]
@@ -206,6 +206,7 @@ def test_fingerprint_is_processor_fingerprints(device, sort, bitmask, xor):
     from fsdist.ops.step_check import processor_fingerprint
     B, V = (6 if sort == "bitonic" and device.type == "cpu" else 40), 500
     ids, vals, out, prompt, rep, freq, pres = inputs(B, V, seed=11)
+    ids[0, 3], vals[0, 3] = 17, -0.0  # a live -0.0 bias value: its bits count, not its value
     d = lambda t: t.to(device)  # noqa: E731
     g = torch.Generator().manual_seed(5)
     bm = d(torch.randint(-2**31, 2**31 - 1, (B, 17), generator=g, dtype=torch.int64).to(torch.int32)) if bitmask \
@@ -238,6 +239,21 @@ def test_fingerprint_is_processor_fingerprints(device, sort, bitmask, xor):
     assert diff == sorted(changed)
 
 
+def test_fingerprint_of_a_bias_alone_and_of_a_one_word_bitmask(device):
+    """A bias without penalties (the kernel's neutral 1 / 0 / 0) and a [B, 1] bitmask of any column stride (a
+    transposed one passes processing.check_bitmask): processor_fingerprint's bits."""
+    from fsdist.ops.step_check import processor_fingerprint
+    B, V = 3, 30
+    ids = torch.tensor([[3, -1, 3], [0, 1, 2], [29, 5, -1]], device=device)
+    vals = torch.tensor([[1.0, 9.0, -0.0], [0.5, 0.25, 0.125], [2.0, -1.0, 0.0]], device=device)
+    bm = torch.tensor([0x7FFF, -1, 12345], dtype=torch.int32, device=device).reshape(1, B).t()  # stride (1, B)
+    assert bm.shape == (B, 1) and bm.stride(1) != 1
+    fp = torch.empty(B, dtype=torch.int64, device=device)
+    e, v, pen, bad = launch_prepare(B, V, device, bias_ids=ids, bias_values=vals, fingerprint_out=fp,
+                                    fingerprint_xor=2**40 + 3, bitmask=bm)
+    assert torch.equal(fp.cpu(), processor_fingerprint(bm, e, v, pen, bad, 2**40 + 3).cpu())
+
+
 def test_fingerprint_arguments_are_checked(device):
     ids = torch.tensor([[3, -1]], device=device)
     vals = torch.tensor([[1.0, 2.0]], device=device)
@@ -250,7 +266,7 @@ def test_fingerprint_arguments_are_checked(device):
                        fingerprint_xor=torch.zeros(2, dtype=torch.int64, device=device))
 
 
-def test_processing_hands_the_kernels_fingerprint_to_row_fingerprint(device):
+def test_processing_hands_the_kernels_fingerprint_to_row_fingerprint(device, monkeypatch):
     """prepare_processing(fingerprint_xor=x): row_fingerprint(x) is the preparation kernel's tensor (no launch);
     another xor falls back to processor_fingerprint's launch, with the same bits as XORing the difference."""
     B, V = 40, 500
@@ -263,6 +279,14 @@ def test_processing_hands_the_kernels_fingerprint_to_row_fingerprint(device):
         token_bitmask=d(torch.full((B, 16), -1, dtype=torch.int32)), batch=B, vocab_size=V, device=device,
         fingerprint_xor=x)
     assert proc.row_fingerprint(x) is proc.fingerprint
+    with monkeypatch.context() as m:  # the kernel's tensor, not processor_fingerprint's launch
+        m.setattr(fsdist.processing, "processor_fingerprint", lambda *a, **k: pytest.fail("launched"))
+        params, via_call = fsdist.processing.prepare_call_rows(
+            0.7, 1, 0, B, device, top_k=0, top_p=1.0, min_p=0.0, token_bitmask=None,
+            logit_bias=fsdist.SparseLogits(d(ids), d(vals)), penalties=None, vocab_size=V, wants_logprobs=False,
+            logprobs_mode="scaled", check=False, filters_fingerprint_of=lambda p: x)
+        assert params.fingerprint is x
+        assert via_call.row_fingerprint(params.fingerprint) is via_call.fingerprint
     other = proc.row_fingerprint(5)
     assert other is not proc.fingerprint
     assert torch.equal((other ^ 5).cpu(), (proc.fingerprint ^ x).cpu())
