@@ -164,3 +164,26 @@ def test_a_rank_with_other_processors_is_caught(dist_ctx, which):
             kw["penalties"].output_ids[3, 0] = (kw["penalties"].output_ids[3, 0] + 1) % V
     everyone = mismatch_outcomes(head, lambda: head(h, seed=torch.arange(6, device=dev), **kw))
     assert all(o is True for o in everyone), everyone
+
+
+@mpi
+@pytest.mark.parametrize("which", ["top_k", "top_p_rows"])
+def test_a_rank_with_other_filters_beside_processors_is_caught(dist_ctx, which):
+    """With bias, penalties and a bitmask on every rank alike, the last rank asks for another top-k (a scalar) or
+    another top-p in row 3 (a [B] tensor): the filters' fingerprint, which the preparation kernel folds into the
+    processors' (v73), still reaches the header, so the group reports the mismatch."""
+    dev = dist_ctx.device
+    B = 6
+    W, h = problem(V, D, B, torch.float32, seed=64, device=dev)
+    head = loaded_head(dist_ctx, W, "collective")
+    kw = processors(B, V, dev, seed=3)
+    last = dist_ctx.rank == dist_ctx.world_size - 1
+    if which == "top_k":
+        kw["top_k"] = 21 if last else 20
+    else:
+        top_p = torch.full((B,), 0.9, device=dev)
+        if last:
+            top_p[3] = 0.85
+        kw["top_p"] = top_p
+    everyone = mismatch_outcomes(head, lambda: head(h, seed=torch.arange(B, device=dev), **kw))
+    assert all(o is True for o in everyone), everyone
