@@ -15,16 +15,21 @@ PARTS="${PARTS:-tp1 tp2}"
 carried_wheels
 rc=0
 # each part's timeout, cut so the whole call ends inside the device tool's 600 s (the packed logs need a few seconds)
-part_limit() { local left=$(( ${CALL_BUDGET:-570} - (SECONDS - start) )); echo $(( left < $1 ? (left > 10 ? left : 10) : $1 )); }
+part_limit() {
+  local left=$(( ${CALL_BUDGET:-570} - (SECONDS - start) ))
+  echo $(( left < $1 ? (left > 10 ? left : 10) : $1 ))
+}
 for filt in ${V64_FILTERS:-none bias_pen}; do
   ARGS=(bench/tp_sweep.py --max-minutes 2 --shapes 4096x151936 --batches "${V64_BATCHES:-1,16,64}" --filters "$filt"
         --transports nvshmem --reductions candidates --baselines matmul_shard --runs 3 --iters 50 --graph
         --profile-breakdown)
   if wants tp1; then
-    TAIL=20 run_part "tp1 $filt" "$(part_limit 150)" "v64_tp1_$filt.log" env PYTHON=python3 launch/torchrun.sh 1 "${ARGS[@]}" || rc=1
+    TAIL=20 run_part "tp1 $filt" "$(part_limit 150)" "v64_tp1_$filt.log" \
+      env PYTHON=python3 launch/torchrun.sh 1 "${ARGS[@]}" || rc=1
   fi
   if wants tp2; then
-    TAIL=30 run_part "tp2 $filt" "$(part_limit 180)" "v64_tp2_$filt.log" env PYTHON=python3 launch/torchrun.sh 2 "${ARGS[@]}" || rc=1
+    TAIL=30 run_part "tp2 $filt" "$(part_limit 180)" "v64_tp2_$filt.log" \
+      env PYTHON=python3 launch/torchrun.sh 2 "${ARGS[@]}" || rc=1
   fi
 done
 exit $rc

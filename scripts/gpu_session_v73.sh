@@ -16,7 +16,10 @@ source scripts/gpu_session_lib.sh
 pack_on_exit v73
 carried_wheels
 rc=0
-part_limit() { local left=$(( ${CALL_BUDGET:-540} - (SECONDS - start) )); echo $(( left < $1 ? (left > 10 ? left : 10) : $1 )); }
+part_limit() {
+  local left=$(( ${CALL_BUDGET:-540} - (SECONDS - start) ))
+  echo $(( left < $1 ? (left > 10 ? left : 10) : $1 ))
+}
 sweep() {  # sweep FILTER TP: tp_sweep's arguments
   echo bench/tp_sweep.py --max-minutes 2 --shapes 4096x151936 --batches "${V73_BATCHES:-1,16,64}" --filters "$1" \
     --transports nvshmem --reductions candidates --baselines matmul_shard --runs 3 --iters 50 --graph \
@@ -42,5 +45,7 @@ export FSDIST_TEST_HARD_TIMEOUT=120 FSDIST_TEST_TIMEOUT=90
 TORCHRUN_ARGS=--no-python run_part "tp tests" "$(part_limit 200)" v73_tp_launcher.log launch/torchrun.sh 2 \
   bash scripts/rank_pytest.sh v73_tp_tests -q -p no:warnings -p no:cacheprovider -rfE \
   tests/tensor_parallel/test_processors_tp.py tests/tensor_parallel/test_divergence.py || rc=1
-for f in "$OUT"/v73_tp_tests_rank*.log; do echo "== $f"; grep -E " passed| failed| error|^FAILED|^ERROR" "$f" | tail -6; done
+for f in "$OUT"/v73_tp_tests_rank*.log; do
+  echo "== $f"; grep -E " passed| failed| error|^FAILED|^ERROR" "$f" | tail -6
+done
 exit $rc
