@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .sort_entries import launch_sort_entries, rank_sort_pays
-from .step_check import FP_BITMASK, FP_ENTRIES, FP_FREQUENCY, FP_PENALTIES, FP_PRESENCE, FP_VALUES
+from .step_check import fold_processor_fingerprint
 from .utils import load_row_param
 
 SENTINEL = 2**31 - 1  # an entry past every tile (kept equal to fsdist.processing.SENTINEL)
@@ -33,9 +33,6 @@ KIND_BIAS, KIND_OUTPUT, KIND_PROMPT = 0, 1, 2
 # jit code may read module globals only as constexprs (the compiler rejects plain ints)
 _SENTINEL = tl.constexpr(SENTINEL)
 _KIND_BIAS, _KIND_OUTPUT, _KIND_PROMPT = tl.constexpr(KIND_BIAS), tl.constexpr(KIND_OUTPUT), tl.constexpr(KIND_PROMPT)
-_FP_BITMASK, _FP_ENTRIES, _FP_VALUES = tl.constexpr(FP_BITMASK), tl.constexpr(FP_ENTRIES), tl.constexpr(FP_VALUES)
-_FP_PENALTIES, _FP_FREQUENCY = tl.constexpr(FP_PENALTIES), tl.constexpr(FP_FREQUENCY)
-_FP_PRESENCE = tl.constexpr(FP_PRESENCE)
 
 
 # Entries probed per row and key in one round of the search (one memory latency per round).
@@ -69,21 +66,17 @@ def _fingerprint(bad, bm_ptr, bm_stride, W, entry, val, keep, rep, freq, pres, x
                  BITMASK: tl.constexpr, XOR_ROW: tl.constexpr, BLOCK_R: tl.constexpr, WORDS: tl.constexpr):
     """``step_check.processor_fingerprint`` of the rows this program prepared, from its registers: the bad flag,
     the bitmask's sum, the entries' and the bias values' sums (sums: the sort's order does not change them), the
-    penalties' bits, each folded in with the same multiplier and int64 wrap-around, XOR the filters' fingerprint."""
-    fp = bad.to(tl.int64)
+    penalties' bits, folded by step_check.fold_processor_fingerprint (the same bits), XOR the filters' fingerprint."""
+    bm_sum = tl.zeros([BLOCK_R], tl.int64)
     if BITMASK:
-        acc = tl.zeros([BLOCK_R], tl.int64)
         for start in range(0, W, WORDS):
             w = start + tl.arange(0, WORDS)
             m = live[:, None] & (w < W)[None, :]
             x = tl.load(bm_ptr + rows[:, None].to(tl.int64) * bm_stride + w[None, :], mask=m, other=0)
-            acc += tl.sum(x.to(tl.int64), axis=1)
-        fp = fp * _FP_BITMASK + acc
-    fp = fp * _FP_ENTRIES + tl.sum(tl.where(keep, entry, 0).to(tl.int64), axis=1)
-    fp = fp * _FP_VALUES + tl.sum(tl.where(keep, val.to(tl.int32, bitcast=True), 0).to(tl.int64), axis=1)
-    fp = (fp * _FP_PENALTIES + rep.to(tl.int32, bitcast=True).to(tl.int64)
-          + freq.to(tl.int32, bitcast=True).to(tl.int64) * _FP_FREQUENCY
-          + pres.to(tl.int32, bitcast=True).to(tl.int64) * _FP_PRESENCE)
+            bm_sum += tl.sum(x.to(tl.int64), axis=1)
+    ent_sum = tl.sum(tl.where(keep, entry, 0).to(tl.int64), axis=1)
+    val_sum = tl.sum(tl.where(keep, val.to(tl.int32, bitcast=True), 0).to(tl.int64), axis=1)
+    fp = fold_processor_fingerprint(bad.to(tl.int64), bm_sum, ent_sum, val_sum, rep, freq, pres, BITMASK, True, True)
     if XOR_ROW:
         fp = fp ^ tl.load(xor_ptr + rows, mask=live, other=0)
     else:

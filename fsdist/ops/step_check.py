@@ -165,6 +165,25 @@ def _row_sum(ptr, stride_c, n, IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def fold_processor_fingerprint(fp, bm_sum, ent_sum, val_sum, rep, freq, pres, BITMASK: tl.constexpr,
+                               ENTRIES: tl.constexpr, PENALTIES: tl.constexpr):
+    """The processors' fingerprint from its parts (scalars or [rows]): ``fp`` (the bad flag, or 0), then the
+    bitmask's word sum, the entries' sum and the bias values' bit sum, then the fp32 penalties' bits, each folded in
+    with its multiplier (int64, wrapping). The one formula of processor_fingerprint_kernel and of the preparation
+    kernel's fingerprint (prepare_processors.py), which must give the same bits."""
+    if BITMASK:
+        fp = fp * _FP_BITMASK + bm_sum
+    if ENTRIES:
+        fp = fp * _FP_ENTRIES + ent_sum
+        fp = fp * _FP_VALUES + val_sum
+    if PENALTIES:
+        fp = (fp * _FP_PENALTIES + rep.to(tl.int32, bitcast=True).to(tl.int64)
+              + freq.to(tl.int32, bitcast=True).to(tl.int64) * _FP_FREQUENCY
+              + pres.to(tl.int32, bitcast=True).to(tl.int64) * _FP_PRESENCE)
+    return fp
+
+
+@triton.jit
 def processor_fingerprint_kernel(out_ptr, bad_ptr, bm_ptr, bm_stride_r, bm_stride_c, W, ent_ptr, ent_stride_r,
                                  ent_stride_c, val_ptr, val_stride_r, val_stride_c, S, pen_ptr, pen_stride,
                                  xor_ptr, xor_val, BAD: tl.constexpr, BITMASK: tl.constexpr,
@@ -176,16 +195,22 @@ def processor_fingerprint_kernel(out_ptr, bad_ptr, bm_ptr, bm_stride_r, bm_strid
     fp = tl.zeros([], tl.int64)
     if BAD:
         fp = tl.load(bad_ptr + row).to(tl.int64)
+    bm_sum = tl.zeros([], tl.int64)
+    ent_sum = tl.zeros([], tl.int64)
+    val_sum = tl.zeros([], tl.int64)
+    rep = tl.zeros([], tl.float32)
+    freq = tl.zeros([], tl.float32)
+    pres = tl.zeros([], tl.float32)
     if BITMASK:
-        fp = fp * _FP_BITMASK + _row_sum(bm_ptr + row * bm_stride_r, bm_stride_c, W, False, BLOCK)
+        bm_sum = _row_sum(bm_ptr + row * bm_stride_r, bm_stride_c, W, False, BLOCK)
     if ENTRIES:
-        fp = fp * _FP_ENTRIES + _row_sum(ent_ptr + row * ent_stride_r, ent_stride_c, S, False, BLOCK)
-        fp = fp * _FP_VALUES + _row_sum(val_ptr + row * val_stride_r, val_stride_c, S, True, BLOCK)
+        ent_sum = _row_sum(ent_ptr + row * ent_stride_r, ent_stride_c, S, False, BLOCK)
+        val_sum = _row_sum(val_ptr + row * val_stride_r, val_stride_c, S, True, BLOCK)
     if PENALTIES:
-        rep = tl.load(pen_ptr + row).to(tl.int32, bitcast=True).to(tl.int64)
-        freq = tl.load(pen_ptr + pen_stride + row).to(tl.int32, bitcast=True).to(tl.int64)
-        pres = tl.load(pen_ptr + 2 * pen_stride + row).to(tl.int32, bitcast=True).to(tl.int64)
-        fp = fp * _FP_PENALTIES + rep + freq * _FP_FREQUENCY + pres * _FP_PRESENCE
+        rep = tl.load(pen_ptr + row)
+        freq = tl.load(pen_ptr + pen_stride + row)
+        pres = tl.load(pen_ptr + 2 * pen_stride + row)
+    fp = fold_processor_fingerprint(fp, bm_sum, ent_sum, val_sum, rep, freq, pres, BITMASK, ENTRIES, PENALTIES)
     if XOR_ROW:
         fp = fp ^ tl.load(xor_ptr + row)
     else:
@@ -432,7 +457,8 @@ def new_status(device) -> torch.Tensor:
     return torch.zeros(2, dtype=torch.int32, device=device)
 
 
-__all__ = ["HeaderCheck", "call_flags", "filter_fingerprint", "processor_fingerprint", "FLAG_EXTENDED",
+__all__ = ["HeaderCheck", "call_flags", "filter_fingerprint", "fold_processor_fingerprint", "processor_fingerprint",
+           "FLAG_EXTENDED",
            "STATUS_PEER_TIMEOUT", "RECORD_WORDS", "FLAG_LOGPROBS", "FLAG_CHUNKED", "ERROR_INPUT", "STATUS_RECORD_MISMATCH",
            "STATUS_PEER_ERROR", "STATUS_ROW_MISMATCH", "describe_status", "row_fingerprint", "write_row_fingerprints",
            "write_step_record", "load_records", "judge_records", "load_headers", "judge_headers", "writers_block", "launch_step_record",

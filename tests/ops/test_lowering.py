@@ -212,6 +212,13 @@ CASES["prepare_processors_key32"] = dict(
 CASES["prepare_processors_fingerprint"] = dict(
     CASES["prepare_processors_key32"], constexprs=dict(CASES["prepare_processors_key32"]["constexprs"], FP_OUT=True,
                                                        FP_BITMASK=True, FP_XOR_ROW=True))
+# The processors' fingerprint kernel, every part present (its fold is shared with the preparation kernel's)
+CASES["processor_fingerprint"] = dict(
+    module="fsdist.ops.step_check", kernel="processor_fingerprint_kernel",
+    types=dict(out_ptr="*i64", bad_ptr="*i1", bm_ptr="*i32", bm_stride_r="i32", bm_stride_c="i32", W="i32",
+               ent_ptr="*i32", ent_stride_r="i32", ent_stride_c="i32", val_ptr="*fp32", val_stride_r="i32",
+               val_stride_c="i32", S="i32", pen_ptr="*fp32", pen_stride="i32", xor_ptr="*i64", xor_val="i64"),
+    constexprs=dict(BAD=True, BITMASK=True, ENTRIES=True, PENALTIES=True, XOR_ROW=True, BLOCK=1024))
 # Programmatic dependent launch (v73): entry_offsets lets the fused kernel start, which waits before its epilogue
 CASES["entry_offsets_trigger"] = dict(
     CASES["entry_offsets"], constexprs=dict(CASES["entry_offsets"]["constexprs"], TRIGGER=True),
