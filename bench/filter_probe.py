@@ -14,10 +14,12 @@ packs (order key, reversed column) into one int64 (one row reduction per kept lo
 of two) before anything compiles: the A/B of v13, kept for the record. Stage 2 is timed with
 each ``--caps`` search cap (v14: the packed search over each row's kept logits above its
 boundary against the search over all of them), each ``--select-warps`` warp count and each
-``--wide-caps`` lane count of the min-p-only draw (v31; 0: off).
+``--wide-caps`` lane count of the min-p-only draw (v31; 0: off). ``--pdl off,on,off`` times every whole-call case
+with and without the programmatic dependent launches of stage 2 and the fallback (v74), interleaved.
 On a machine without a GPU it runs one tiny shape under the interpreter (smoke test).
 """
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -30,6 +32,7 @@ import triton
 import triton.language as tl
 
 import fsdist
+import fsdist.ops.configs as fs_configs
 from fsdist.ops.configs import TileConfig, default_config
 from fsdist.ops.layout import BufferPair
 from fsdist.ops.merge_candidates import launch_merge
@@ -37,6 +40,9 @@ from fsdist.ops.plan import launch_stage1, plan_sample
 from fsdist.ops.select_filtered import launch_select_filtered
 from fsdist.params import RowParams
 from fsdist.timing import CapturedGraph, L2Flusher, median_us, time_graph
+
+# --pdl's settings: (configs.PDL_STAGE2, configs.PDL_FALLBACK)
+PDL_SETTINGS = {"off": (False, False), "stage2": (True, False), "fallback": (False, True), "on": (True, True)}
 
 
 @triton.jit
@@ -216,26 +222,38 @@ def graph_times(D, V, B, configs, args, device):
         cases = [c for c in cases if c[0] in wanted]
     tokens = {}
     default_warps, default_wide = sf.SELECT_WARPS, sf.WIDE_CAP
-    for name, kw, cap, cfg, warps, wide in cases:
+    # --pdl: each case once per setting, in the order given (e.g. off,on,off: an A/B/A in one process)
+    pdl_runs, seen = [], {}
+    for setting in args.pdl or [None]:
+        seen[setting] = seen.get(setting, 0) + 1
+        tag = "" if setting is None else f" pdl={setting}" + (f"#{seen[setting]}" if seen[setting] > 1 else "")
+        pdl_runs.append((setting, tag))
+    default_pdl = fs_configs.PDL_STAGE2, fs_configs.PDL_FALLBACK
+    for (case_name, kw, cap, cfg, warps, wide), (setting, tag) in itertools.product(cases, pdl_runs):
+        name = case_name + tag
+
         def call(hh):
             return fsdist.sample(hh, w, temperature=temp, seed=rows + 1, offset=rows * 0, config=cfg, **kw)
         sf.DEFAULT_SEARCH_CAP = cap
         sf.SELECT_WARPS = warps or default_warps
         sf.WIDE_CAP = default_wide if wide is None else wide
+        if setting is not None:
+            fs_configs.PDL_STAGE2, fs_configs.PDL_FALLBACK = PDL_SETTINGS[setting]
         try:
             graph = CapturedGraph(call, [(h,)], calls=5)
         finally:
             sf.DEFAULT_SEARCH_CAP, sf.SELECT_WARPS, sf.WIDE_CAP = default_cap, default_warps, default_wide
+            fs_configs.PDL_STAGE2, fs_configs.PDL_FALLBACK = default_pdl
         t = statistics.median(time_graph(graph, warmup=3, reps=max(5, args.reps // 5), flush=flush))
         out[name] = t
         tokens[name] = graph.outputs[0].tokens.clone()
         base = name.split(" ")[0]
-        # another stage-1 config, select's warps or draw width: the same candidates, the same tokens
-        if (cfg is not None or warps or wide is not None) and base in tokens:
+        # another stage-1 config, select's warps or draw width, PDL: the same candidates, the same tokens
+        if (cfg is not None or warps or wide is not None or setting is not None) and base in tokens and base != name:
             same = torch.equal(tokens[name], tokens[base])
             out[f"{name} same tokens"] = same
             if not same:
-                common.log(f"  B={B} graph {name}: TOKENS DIFFER from the default config's")
+                common.log(f"  B={B} graph {name}: TOKENS DIFFER from {base}'s")
         fb = graph.outputs[0].fallback
         common.log(f"  B={B} graph {name:34s} {t:9.1f} us per call"
                    + (f", fallback rows {int(fb.sum())}/{B}" if fb is not None else ""))
@@ -267,6 +285,9 @@ def main():
     ap.add_argument("--pad-half-tile-rows", type=int, default=None,
                     help="one-tile batches of at least this many rows read a zero-padded hidden when at least half "
                          "empty (default: configs.PAD_HALF_TILE_ROWS; a large value turns that rule off)")
+    ap.add_argument("--pdl", default=None,
+                    help="time each whole-call case with these PDL settings, in order (comma-separated: off, stage2, "
+                         "fallback, on; e.g. off,on,off; default: the configs' as they are)")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
     gpu = common.has_gpu()
@@ -280,6 +301,9 @@ def main():
     args.caps = common.parse_int_list(args.caps) if args.caps else [0, SEARCH_CAP]
     args.select_warps = common.parse_int_list(args.select_warps) if args.select_warps else [None]
     args.wide_caps = common.parse_int_list(args.wide_caps) if args.wide_caps else [None]
+    args.pdl = args.pdl.split(",") if args.pdl else None
+    if args.pdl and set(args.pdl) - set(PDL_SETTINGS):
+        raise SystemExit(f"--pdl: unknown {sorted(set(args.pdl) - set(PDL_SETTINGS))}; choose from {list(PDL_SETTINGS)}")
     if args.pad_tile_rows is not None:
         import fsdist.ops.fused_sample as fs
 

@@ -12,7 +12,7 @@ import torch
 
 from . import processing as proc
 from . import rows, validation
-from .ops.configs import TileConfig, triton_twin
+from .ops.configs import TileConfig, pdl_fallback, pdl_stage2, triton_twin
 from .ops.fallback import KeptLogits, run_fallback
 from .ops.layout import BufferPair
 from .ops.merge_candidates import launch_merge
@@ -124,8 +124,11 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
                        winner_logits=winner_logits_needed(filtered, params.may_min_p),
                        sparse_processors=proc.has_entries(params.processing))
     buffers = BufferPair.alloc(plan.layout, hidden.device)
-    launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size)
     dev = hidden.device
+    # Programmatic dependent launches (sm_90+): stage 2 launches while stage 1's last tiles run, the fallback's
+    # launches while select_filtered runs; each waits for the launch before it at its first instruction.
+    pdl2, pdl_fb = pdl_stage2(dev), pdl_fallback(dev)
+    launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size, trigger=pdl2)
     top_ids = top_lp = fallback = None
     # Filtered and top-N calls: select_filtered does the merge's work too where merge_folds says so (merge=True),
     # one launch less than merge + select.
@@ -135,7 +138,8 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
         lp = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else None
         lse = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else None
     else:
-        tokens, lp, lse = launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs, raw=raw)
+        tokens, lp, lse = launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs, raw=raw,
+                                       pdl_wait=pdl2)
     if filtered or top_logprobs:
         if top_logprobs:
             top_ids = torch.empty(B, top_logprobs, dtype=torch.int64, device=dev)
@@ -144,8 +148,9 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
         fallback = launch_select_filtered(
             plan.layout, buffers, B, params, vocab_size=vocab_size, tokens=tokens, logprobs=lp,
             top_n=top_logprobs, mode=logprobs_mode, top_ids=top_ids, top_lp=top_lp, tile_v=kept.tile_v,
-            need_key=kept.need_key, winners=plan.winner_logits, merge=fold, lse=lse, raw=raw)
+            need_key=kept.need_key, winners=plan.winner_logits, merge=fold, lse=lse, raw=raw, pdl_wait=pdl2,
+            trigger=pdl_fb)
         run_fallback(hidden, weight, params, vocab_size=vocab_size, flags=fallback,
                      tokens=tokens, kept=kept, logprobs=lp, top_n=top_logprobs, mode=logprobs_mode,
-                     top_ids=top_ids, top_lp=top_lp, block_k=triton_twin(plan.config, D).block_k)
+                     top_ids=top_ids, top_lp=top_lp, block_k=triton_twin(plan.config, D).block_k, pdl=pdl_fb)
     return rows.unflatten_output(SampleOutput(tokens, lp, lse, top_ids, top_lp, fallback), lead)

@@ -21,6 +21,7 @@ from typing import Optional
 import triton
 
 from ..runtime import interpreting
+from .utils import pdl_supported
 
 
 @dataclass(frozen=True)
@@ -108,12 +109,15 @@ def default_block_v(device_type: str) -> int:
 
 
 def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int = None,
-                fast_memory: bool = False, extended: bool = False, sparse_processors: bool = False) -> TileConfig:
+                fast_memory: bool = False, extended: bool = False, sparse_processors: bool = False,
+                extended_ws: bool = False) -> TileConfig:
     """The stage-1 tile for ``batch`` rows of ``hidden_size``. fast_memory (``configs.fast_memory`` of the device;
     ``plan_sample`` passes it): the 32-row tile takes FAST_MEMORY_32_ROW_STAGES pipeline stages. extended: the call
     keeps the tiles' largest logits (filters, top-N, raw logprobs): the 32-row tile's first-wave stagger is then
     longer (``first_wave_stagger_us``). sparse_processors: the call applies logit bias or penalty entries: on
-    fast memory, from SPARSE_WS_MIN_BATCH rows it takes the warp-specialised 64-row tile. None changes a candidate."""
+    fast memory, from SPARSE_WS_MIN_BATCH rows it takes the warp-specialised 64-row tile. extended_ws: an extended
+    call on one GPU where that kernel runs: on fast memory at D <= EXTENDED_WS_MAX_HIDDEN, from SPARSE_WS_MIN_BATCH rows
+    it takes that tile too. None changes a candidate."""
     block_v = block_v or default_block_v(device_type)
     if device_type == "cpu":
         # Interpreter: every program costs Python overhead, so use few, large ones.
@@ -124,7 +128,8 @@ def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int 
     if batch <= 16:
         return TileConfig(16, block_v, _block_k(hidden_size, 128), num_warps=4, num_stages=5,
                           stagger_us=first_wave_stagger_us(hidden_size))
-    if batch <= 32 and not (sparse_processors and fast_memory and batch >= SPARSE_WS_MIN_BATCH):
+    ws_tile = sparse_processors or (extended_ws and hidden_size <= EXTENDED_WS_MAX_HIDDEN)
+    if batch <= 32 and not (ws_tile and fast_memory and batch >= SPARSE_WS_MIN_BATCH):
         return TileConfig(32, block_v, _block_k(hidden_size, 128), num_warps=4,
                           num_stages=FAST_MEMORY_32_ROW_STAGES if fast_memory else 4,
                           stagger_us=first_wave_stagger_us(hidden_size, rows=32, extended=extended))
@@ -152,9 +157,9 @@ def default_config(batch: int, hidden_size: int, device, *, extended: bool = Fal
     from .fused_sample_ws import ws_device  # (lazily: that module imports this one's users)
 
     device = torch.device(device)
-    sparse_ws = sparse_processors and ws_device(device)  # as plan_sample decides
+    ws = (sparse_processors or extended) and ws_device(device)  # as plan_sample decides for one GPU
     return pick_config(batch, hidden_size, device.type, block_v=block_v, fast_memory=fast_memory(device),
-                       extended=extended, sparse_processors=sparse_ws)
+                       extended=extended, sparse_processors=sparse_processors and ws, extended_ws=extended and ws)
 
 
 # Calls with logit bias / penalty entries from this many rows take the warp-specialised 64-row tile (on a zero-padded
@@ -165,6 +170,13 @@ def default_config(batch: int, hidden_size: int, device, *, extended: bool = Fal
 # (plain +13 µs, v65). Fast-memory GPUs only (``fast_memory``): on an H100 the 32-row tile's epilogue costs less
 # (v58: its B = 32 plain call pays +4 µs over B = 16, the H200's +19) and this was not measured there.
 SPARSE_WS_MIN_BATCH = 17
+# Extended calls (filters, top-N or raw logprobs) on one GPU take that tile at B = 17-32 too, where D <= this: its
+# extended epilogue runs beside the next tile's wgmmas (+9.5 µs over the plain call at B = 32 / 64 against the 32-row
+# Triton tile's +19, v65). docs/performance.md v65 / v74 (H200, D = 4096, graph replays, µs, 32-row / ws 64-row
+# padded, top-k 50 + top-p 0.9 and min-p 0.05): B = 24 335.2 / 332.6, 329.8 / 326.9; B = 32 339.1 / 336.3, 333.2 /
+# 329.8 (v65), 332.4 / 330.0, 329.1 / 326.9 (v74). At D = 8192 the ws tile loses 7-8 µs (v65), so it stays there; not
+# measured across TP, whose shards keep the 32-row tile (plan_sample passes extended_ws for unchecked layouts only).
+EXTENDED_WS_MAX_HIDDEN = 4096
 
 
 # The 32-row tile's pipeline depth on a GPU with faster memory (``fast_memory``; measured on the H200 only): one stage
@@ -248,20 +260,34 @@ def fit_num_stages(cfg: TileConfig, elem_size: int, device) -> int:
 # so it starts while that kernel runs and waits for it (griddepcontrol.wait) only before its epilogue reads the
 # entry table. docs/performance.md v73. False: the two launches in order, as before.
 PDL_AFTER_ENTRY_OFFSETS = True
+# PDL of a single-GPU call's stage 2 (the merge, or select_filtered with the merge folded in) behind the Triton
+# fused kernel, which lets it launch as soon as its last tiles have started: stage 2 waits for stage 1's end at
+# its first instruction, so only its launch and the start of its programs overlap stage 1's last wave, never a
+# memory access. Off: on an H200 (docs/performance.md v74) it gained nothing at B = 16 and cost filtered calls
+# 4-6 µs at B = 32 (select_filtered's early programs share the SMs stage 1's last wave frees first, several to an
+# SM, where launched in order each has an SM to itself). Kept as a switch for probes (bench/filter_probe.py --pdl).
+PDL_STAGE2 = False
+# PDL of the fallback's two launches (materialize, resolve) behind select_filtered, and of resolve behind
+# materialize where nothing comes between them (one GPU): each waits for its predecessor's end at its first
+# instruction, so a call with nothing to resolve pays less for the two launches after select_filtered (v74, H200:
+# -0.6 to -1.3 µs a filtered call at B = 32 / 64).
+PDL_FALLBACK = True
 
 
 def pdl_after_entry_offsets(device) -> bool:
     """Whether launch_fused starts the fused kernel as a programmatic dependent of entry_offsets_kernel: where
-    PDL_AFTER_ENTRY_OFFSETS holds, on an NVIDIA GPU of compute capability 9 or more (griddepcontrol), never under
-    the interpreter."""
-    import torch
+    PDL_AFTER_ENTRY_OFFSETS holds and ``pdl_supported(device)``."""
+    return PDL_AFTER_ENTRY_OFFSETS and pdl_supported(device)
 
-    if not PDL_AFTER_ENTRY_OFFSETS or getattr(device, "type", None) != "cuda" or torch.version.hip is not None:
-        return False
-    if interpreting():
-        return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_capability(index)[0] >= 9
+
+def pdl_stage2(device) -> bool:
+    """Whether a single-GPU call launches stage 2 as a programmatic dependent of stage 1 (PDL_STAGE2)."""
+    return PDL_STAGE2 and pdl_supported(device)
+
+
+def pdl_fallback(device) -> bool:
+    """Whether the fallback's launches are programmatic dependents of the launch before them (PDL_FALLBACK)."""
+    return PDL_FALLBACK and pdl_supported(device)
 
 
 _EPILOGUE_RESERVE = 16 << 10

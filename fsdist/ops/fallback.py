@@ -42,7 +42,7 @@ from .parity import parity_args, parity_offsets
 from .processors import apply_processors, processor_args
 from .select_filtered import REFINE_CAP, finish_rows, kept_logits, order_key, row_slot_stats, tile_reaches
 from .top_logprobs import fill_free_ids, place_pick, top_n_normaliser
-from .utils import fast_log_ok, flagged_count, load_row_param, row_param_args, sm_count
+from .utils import fast_log_ok, flagged_count, load_row_param, pdl_args, pdl_prologue, row_param_args, sm_count
 
 # Rows resolved per round on a GPU: one round covers B <= 64, so a decode batch pays two empty
 # launches when nothing falls back (a fp32 pool of 64 x 151936 = 39 MB at V = 151936, only in filtered calls).
@@ -82,12 +82,15 @@ def materialize_kernel(h_ptr, w_ptr, pool_ptr, flags_ptr, B, round_start,
                        DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
                        PEER_TABLE: tl.constexpr = False, NPEERS: tl.constexpr = 1,
                        BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False, PINNED: tl.constexpr = False,
-                       DEVICE_PARITY: tl.constexpr = False, SCAN: tl.constexpr = 128):
+                       DEVICE_PARITY: tl.constexpr = False, SCAN: tl.constexpr = 128,
+                       PDL_WAIT: tl.constexpr = False, TRIGGER: tl.constexpr = False):
     """Logits of this round's listed rows for the weight's vocabulary tiles (stage 1's tile: BLOCK_V
     ids; program p takes tiles p, p + programs, ...), into the pool's block of this shard: pool[shard, slot, column]
     (through a peer table: every peer's pool). Only where a row needs the tile: its need key
     is 0 (the whole row), or the tile's boundary in the candidate buffer (at ``cand_base``:
     this shard's boundary field) reaches the key. Padding ids are not written (nothing reads them)."""
+    # (configs.pdl_fallback: a dependent of select_filtered waits for its flags here; resolve may launch)
+    pdl_prologue(PDL_WAIT, TRIGGER)
     n = flagged_count(flags_ptr, B, SCAN)
     if round_start < n:  # a round past the count (most calls) stops here
         slots = round_start + tl.arange(0, POOL)
@@ -281,10 +284,13 @@ def resolve_kernel(pool_ptr, shard_cols, flags_ptr, B, round_start, V,
                    BLOCK: tl.constexpr, TOP_N: tl.constexpr, TOP_N_POW2: tl.constexpr, MODE: tl.constexpr,
                    LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr, POOL: tl.constexpr, BLOCK_R: tl.constexpr,
                    KEEP: tl.constexpr = 4, BLOCK_U: tl.constexpr = 16, TILE_V: tl.constexpr = 128,
-                   RCAP: tl.constexpr = 4096, DEVICE_PARITY: tl.constexpr = False, SCAN: tl.constexpr = 128):
+                   RCAP: tl.constexpr = 4096, DEVICE_PARITY: tl.constexpr = False, SCAN: tl.constexpr = 128,
+                   PDL_WAIT: tl.constexpr = False, TRIGGER: tl.constexpr = False):
     """BLOCK_R pooled rows per program. A row with need key 0: the thresholds of select_filtered
     over every logit of its recomputed row; any other: over its logits at or above the key
     (_resolve_refined_row)."""
+    # (configs.pdl_fallback: a dependent of materialize waits for the pool here; the next round's may launch)
+    pdl_prologue(PDL_WAIT, TRIGGER)
     base_f, base_i = parity_offsets(base_f, base_i, parity_ptr, parity_stride_f, parity_stride_i, DEVICE_PARITY)
     n_flagged = flagged_count(flags_ptr, B, SCAN)
     if round_start < n_flagged:  # a round past the count (most calls) stops here
@@ -476,13 +482,16 @@ class KeptLogits:
 def launch_materialize(hidden: torch.Tensor, weight: torch.Tensor, pool: PoolLayout, dest: torch.Tensor, *,
                        flags: torch.Tensor, start: int, vocab_size: int, kept: KeptLogits, vocab_start: int = 0,
                        shard: int = 0, npeers=None, block_k: int = 64,
-                       processing=None, programs: int = None) -> None:
+                       processing=None, programs: int = None, pdl_wait: bool = False,
+                       trigger: bool = False) -> None:
     """Recompute the (processed) logits of the flagged rows ranked [start, start + pool.rows) (flags:
     select_filtered's bool [B]) of this weight
     (global ids from vocab_start) into shard ``shard`` of the pool ``dest`` (an int64 peer table
     when npeers is set): the tiles each row needs (``kept``). processing: the call's
     LogitProcessing, or None. programs: how many programs walk the tiles (default: two per SM on a
-    GPU, one per tile under the interpreter; tests set a few to exercise the walk)."""
+    GPU, one per tile under the interpreter; tests set a few to exercise the walk). pdl_wait: launched as a
+    programmatic dependent of the launch before it, which it waits for at its first instruction; trigger: the
+    caller's next launch is such a dependent (configs.pdl_fallback)."""
     D = hidden.shape[1]
     on_gpu = hidden.device.type == "cuda"
     n_tiles = triton.cdiv(weight.shape[0], kept.tile_v)
@@ -505,14 +514,17 @@ def launch_materialize(hidden: torch.Tensor, weight: torch.Tensor, pool: PoolLay
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and not on_gpu, PEER_TABLE=npeers is not None,
         NPEERS=npeers or 1, **proc_flags, DEVICE_PARITY=par_on, SCAN=SCAN, num_warps=4 if kept.tile_v <= 128 else 8,
-        num_stages=2 if on_gpu else 1)
+        num_stages=2 if on_gpu else 1, **pdl_args(hidden.device, wait=pdl_wait, trigger=trigger))
 
 
 def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, flags: torch.Tensor, start: int,
                    vocab_size: int, tokens: torch.Tensor, kept: KeptLogits,
-                   logprobs=None, top_n: int = 0, mode: str = "scaled", top_ids=None, top_lp=None) -> None:
+                   logprobs=None, top_n: int = 0, mode: str = "scaled", top_ids=None, top_lp=None,
+                   pdl_wait: bool = False, trigger: bool = False) -> None:
     """Resolve the pooled rows of the flagged rows ranked [start, start + pool.rows) from the pool ``src``
-    (every tile a row needs recomputed) and the kept logits."""
+    (every tile a row needs recomputed) and the kept logits. pdl_wait: launched as a programmatic dependent of the
+    launch before it (materialize's, where nothing comes between them), which it waits for first; trigger: the
+    caller's next launch is such a dependent (the next round's materialize)."""
     device = src.device
     on_gpu = device.type == "cuda"
     args, pflags = _params_args(params, kept.need_key)
@@ -543,16 +555,18 @@ def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, fl
         **pflags, BLOCK=block, TOP_N=top_n, TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)),
         MODE=LOGPROBS_MODES.index(mode), LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device),
         POOL=pool.rows, BLOCK_R=block_r, KEEP=KEEP, BLOCK_U=block_u,
-        TILE_V=kept.tile_v, RCAP=rcap, DEVICE_PARITY=par_on, SCAN=SCAN, num_warps=16 if on_gpu else 4)
+        TILE_V=kept.tile_v, RCAP=rcap, DEVICE_PARITY=par_on, SCAN=SCAN, num_warps=16 if on_gpu else 4,
+        **pdl_args(device, wait=pdl_wait, trigger=trigger))
 
 
 def run_fallback(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, *, vocab_size: int,
                  flags: torch.Tensor, tokens: torch.Tensor, kept: KeptLogits,
                  logprobs=None, top_n: int = 0, mode: str = "scaled", top_ids=None, top_lp=None,
-                 block_k: int = 64) -> None:
+                 block_k: int = 64, pdl: bool = False) -> None:
     """Resolve the flagged rows (select_filtered's bool [B]) exactly on one device (see the module docstring). Launches
     ceil(B / POOL_ROWS) rounds of (materialize, resolve), each a no-op once its slots are past
-    the device count."""
+    the device count. pdl: every launch is a programmatic dependent of the one before it (configs.pdl_fallback;
+    the caller launched select_filtered with ``trigger``), each waiting for it at its first instruction."""
     B = hidden.shape[0]
     if B == 0:
         return
@@ -564,7 +578,9 @@ def run_fallback(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     rows_to_cover = B if hidden.device.type == "cuda" else int(flags.sum())
     for start in range(0, rows_to_cover, rows):
         launch_materialize(hidden, weight, pool, buf, flags=flags, start=start,
-                           vocab_size=vocab_size, kept=kept, block_k=block_k, processing=params.processing)
+                           vocab_size=vocab_size, kept=kept, block_k=block_k, processing=params.processing,
+                           pdl_wait=pdl, trigger=pdl)
+        last = start + rows >= rows_to_cover
         launch_resolve(pool, buf, params, flags=flags, start=start, vocab_size=vocab_size,
                        tokens=tokens, kept=kept, logprobs=logprobs, top_n=top_n, mode=mode, top_ids=top_ids,
-                       top_lp=top_lp)
+                       top_lp=top_lp, pdl_wait=pdl, trigger=pdl and not last)

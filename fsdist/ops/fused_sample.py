@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..params import RowParams
 from ..processing import has_entries
@@ -39,7 +39,7 @@ from .entry_offsets import HEAD as ENTRY_HEAD, launch_entry_offsets
 from .fused_sample_ws import WS_BLOCK_B, WS_BLOCK_K, WS_BLOCK_V, launch_fused_ws, ws_supported
 from .processors import process_tile, processor_args, row_penalties, table_slice, tile_bitmask_words
 from .step_check import call_flags, write_row_fingerprints, write_step_record, writes_header
-from .utils import fast_log_ok, load_row_param, row_param_args, sm_count, stagger_start
+from .utils import fast_log_ok, load_row_param, pdl_supported, row_param_args, sm_count, stagger_start
 
 
 @triton.jit(do_not_specialize=["first_wave", "stagger_ns"])  # (one compile whatever the SM count and the delay)
@@ -65,8 +65,12 @@ def fused_sample_kernel(
     BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False, ENTRY_HEAD: tl.constexpr = 4,
     BM_WORDS: tl.constexpr = False, WINNER_LOGIT: tl.constexpr = True, RAW_SUM: tl.constexpr = True,
     PINNED: tl.constexpr = False, first_wave=0, stagger_ns=0, STAGGER: tl.constexpr = False,
-    PDL_WAIT: tl.constexpr = False,
+    PDL_WAIT: tl.constexpr = False, TRIGGER: tl.constexpr = False,
 ):
+    if TRIGGER:
+        # Stage 2, the next launch, is a programmatic dependent (configs.pdl_stage2): it may launch once every
+        # program of this grid has started, and it waits for this grid's end before it reads anything.
+        gdc_launch_dependents()
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
     pid_b = tl.program_id(0)
@@ -246,12 +250,15 @@ def _tma_capable(device: torch.device) -> bool:
 def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,
                  layout: CandidateLayout, dest: BufferPair, *, vocab_size: int, vocab_start: int = 0,
                  shard: int = 0, logprobs: bool = False, extended: Optional[bool] = None,
-                 flags: Optional[int] = None, raw_sums: bool = True, winner_logit: bool = False) -> None:
+                 flags: Optional[int] = None, raw_sums: bool = True, winner_logit: bool = False,
+                 trigger: bool = False) -> None:
     """Write the candidates of every (row, vocabulary tile) of ``hidden @ weight.T`` into block
     ``shard`` of ``dest``. weight holds global vocabulary ids [vocab_start, vocab_start + rows);
     ids >= vocab_size are padding and never win. raw_sums=False leaves an extended layout's raw
     (T = 1) sums out (NaN): only "raw" logprobs read them; the winner's logit (field 1) is written
-    only with ``logprobs`` or ``winner_logit`` (select_filtered's min-p proof)."""
+    only with ``logprobs`` or ``winner_logit`` (select_filtered's min-p proof). trigger: the caller's next launch
+    is a programmatic dependent that waits for this one's end before any memory access (configs.pdl_stage2); the
+    Triton kernel then lets it launch early (the warp-specialised kernel does not: it ends as usual)."""
     n_vtiles = layout.check_fit(hidden.shape[0], weight.shape[0], cfg.block_v, shard, vocab_start)
     header = writes_header(layout, dest)  # (raises for a checked layout without the step counter: before any launch)
     extended = layout.extended if extended is None else extended
@@ -318,7 +325,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         # the bitmask's words loaded before the main loop where every tile starts on a word
         BM_WORDS=vocab_start % 32 == 0 and cfg.block_v % 32 == 0,
         first_wave=sms if stagger else 0, stagger_ns=1000 * cfg.stagger_us if stagger else 0,
-        STAGGER=stagger, PDL_WAIT=pdl, **({"launch_pdl": True} if pdl else {}),
+        STAGGER=stagger, PDL_WAIT=pdl, TRIGGER=bool(trigger) and pdl_supported(hidden.device), **({"launch_pdl": True} if pdl else {}),
         num_warps=cfg.num_warps, num_stages=fit_num_stages(cfg, hidden.element_size(), hidden.device),
         **({"maxnreg": cfg.max_regs} if cfg.max_regs and hidden.device.type == "cuda" else {}),
     )

@@ -34,7 +34,7 @@ from .epilogue import row_temperature
 from .layout import BufferPair, CandidateLayout, slot_offset
 from .parity import parity_args, parity_offsets
 from .step_check import HeaderCheck, judge_headers, last_program_finishes_step, load_headers, writers_block
-from .utils import load_row_param, row_param_args
+from .utils import load_row_param, pdl_args, pdl_prologue, row_param_args
 
 
 @triton.jit
@@ -85,7 +85,9 @@ def merge_candidates_kernel(
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, LOGPROBS: tl.constexpr, DEVICE_PARITY: tl.constexpr,
     TEMP_PER_ROW: tl.constexpr, STATS: tl.constexpr, CHECK: tl.constexpr = False, RAW: tl.constexpr = False,
     END_STEP: tl.constexpr = False, NW: tl.constexpr = 2, ONE_SHARD: tl.constexpr = False,
+    PDL_WAIT: tl.constexpr = False, TRIGGER: tl.constexpr = False,
 ):
+    pdl_prologue(PDL_WAIT, TRIGGER)  # (a programmatic dependent of stage 1: configs.pdl_stage2)
     buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
                                               parity_stride_i, DEVICE_PARITY)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -161,7 +163,7 @@ def merge_candidates_kernel(
 def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: RowParams, *,
                  logprobs: bool = False, stats: bool = False, blocks: Optional[Tuple[int, int]] = None,
                  check: Optional[HeaderCheck] = None, raw: bool = False,
-                 end_step: Optional[torch.Tensor] = None):
+                 end_step: Optional[torch.Tensor] = None, pdl_wait: bool = False):
     """Stage 2 over the local buffers ``src``: (tokens int64 [B], logprobs fp32 [B] or None,
     logsumexp fp32 [B] or None), plus, with ``stats``, fp32 [2, B] = (max raw logit M, log S)
     per row, S = sum exp((logit - M) / T) (the group-log-mass reduction publishes them).
@@ -173,7 +175,8 @@ def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: R
     return -1 and the check's status word records why. end_step: a ticket (``step_check.new_ticket``):
     this merge is the step's last reader, and its last program ends the step (``step_check.finish_step``:
     the device counter ``src.parity`` advances, the check's findings join its sticky word) instead of a
-    separate ``launch_end_step``. Needs ``check`` and a device counter.
+    separate ``launch_end_step``. Needs ``check`` and a device counter. pdl_wait: launched as a programmatic
+    dependent of the launch before it (configs.pdl_stage2), which it waits for at its first instruction.
     """
     if src.peer_table:
         raise ValueError("stage 2 reads this process's buffers, not a peer table")
@@ -210,7 +213,7 @@ def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: R
             BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs, DEVICE_PARITY=par_on,
             TEMP_PER_ROW=temp_row, STATS=stats, CHECK=check is not None, RAW=raw and logprobs,
             END_STEP=end_step is not None, NW=writers_block(layout.n_shards), ONE_SHARD=layout.n_shards == 1,
-            num_warps=4,
+            num_warps=4, **pdl_args(device, wait=pdl_wait),
         )
     out = (tokens, (lp if logprobs else None), (lse if logprobs else None))
     return out + (st,) if stats else out

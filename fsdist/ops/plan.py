@@ -87,9 +87,12 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
         raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
     # (the 64-row tile of calls with entries at B = 17-32 was measured on the warp-specialised kernel only: where
     # that kernel cannot run, such calls keep the 32-row Triton tile)
-    sparse_ws = sparse_processors and ws_device(device, dtype)
+    ws = (sparse_processors or (extended and not checked)) and ws_device(device, dtype)
+    # (and extended calls there at D <= 4096, measured on one GPU only: a checked layout, the TP heads', keeps
+    # the 32-row tile for them)
     cfg = config or pick_config(batch, hidden_size, device.type, block_v=block_v, fast_memory=fast_memory,
-                                extended=extended, sparse_processors=sparse_ws)
+                                extended=extended, sparse_processors=sparse_processors and ws,
+                                extended_ws=extended and ws and not checked)
     if block_v is not None and cfg.block_v != block_v:
         raise ValueError(f"config.block_v = {cfg.block_v} but the buffers are laid out for block_v = {block_v}")
     roomy = extended or n_fields == CandidateLayout.fields(True, extended=True)
@@ -103,14 +106,19 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
 
 def launch_stage1(plan: SamplePlan, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams,
                   dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0,
-                  flags: Optional[int] = None) -> None:
+                  flags: Optional[int] = None, trigger: bool = False) -> None:
     """Run a plan's stage 1: candidates of ``hidden @ weight.T`` into block ``shard`` of ``dest``.
-    flags: the call's flags for a checked layout's header (default: the plan's own)."""
+    flags: the call's flags for a checked layout's header (default: the plan's own). trigger: the next launch is a
+    programmatic dependent that waits for stage 1's end before any memory access (launch_fused)."""
     if hidden.shape[0] == 0:
         return
     if hidden.shape[0] > plan.layout.batch_cap:
         raise ValueError(f"batch {hidden.shape[0]} exceeds the planned capacity {plan.layout.batch_cap}")
-    launch = launch_chunked if plan.path == "chunked" else launch_fused
-    launch(hidden, weight, params, plan.config, plan.layout, dest, vocab_size=vocab_size, vocab_start=vocab_start,
-           shard=shard, logprobs=plan.logprobs, extended=plan.extended, flags=flags, raw_sums=plan.raw_sums,
-           winner_logit=plan.winner_logits)
+    kw = dict(shard=shard, logprobs=plan.logprobs, extended=plan.extended, flags=flags, raw_sums=plan.raw_sums,
+              winner_logit=plan.winner_logits)
+    if plan.path == "chunked":
+        launch_chunked(hidden, weight, params, plan.config, plan.layout, dest, vocab_size=vocab_size,
+                       vocab_start=vocab_start, **kw)
+    else:
+        launch_fused(hidden, weight, params, plan.config, plan.layout, dest, vocab_size=vocab_size,
+                     vocab_start=vocab_start, trigger=trigger, **kw)

@@ -103,7 +103,7 @@ from .noise import gumbel_from_bits, vocab_bits
 from .merge_candidates import slot_winner, store_merged
 from .parity import parity_args, parity_offsets
 from .top_logprobs import fill_free_ids, place_pick, top_n_normaliser
-from .utils import fast_log_ok, load_row_param, row_param_args
+from .utils import fast_log_ok, load_row_param, pdl_args, pdl_prologue, row_param_args
 
 MODE_SCALED, MODE_RAW, MODE_PROCESSED = 0, 1, 2
 # Most kept logits above the boundary a row may have for the packed search (else all of U
@@ -727,8 +727,11 @@ def select_filtered_kernel(
     WIDE_CAP: tl.constexpr = 0, SCRATCH_LANES: tl.constexpr = 1,
     WINNERS: tl.constexpr = False, WINNERS_UNCHECKED: tl.constexpr = False, WON: tl.constexpr = False,
     MERGE: tl.constexpr = False, RAW: tl.constexpr = False, ONE_SHARD: tl.constexpr = False,
-    SORTED: tl.constexpr = True,
+    SORTED: tl.constexpr = True, PDL_WAIT: tl.constexpr = False, TRIGGER: tl.constexpr = False,
 ):
+    # A programmatic dependent of stage 1 (configs.pdl_stage2) waits for it here; the fallback's materialize, a
+    # dependent of this launch (configs.pdl_fallback), may launch once every program of this one has started.
+    pdl_prologue(PDL_WAIT, TRIGGER)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rows < B
     base_f, base_i = parity_offsets(base_f, base_i, parity_ptr, parity_stride_f, parity_stride_i, DEVICE_PARITY)
@@ -886,7 +889,8 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
                            tile_v: int = 128, need_key=None, refine_cap: int = None, small_cap: int = None,
                            drew_small=None, winners: bool = False, won=None, winners_unchecked: bool = False,
                            num_warps: int = None, wide_cap: int = None, merge: bool = False, lse=None,
-                           raw: bool = False, sorted_top_p: bool = None):
+                           raw: bool = False, sorted_top_p: bool = None, pdl_wait: bool = False,
+                           trigger: bool = False):
     """Finish filtered rows and top-N logprobs from an extended candidate buffer ``src``, after
     launch_merge wrote ``tokens`` (and ``logprobs``) for every row; or, with ``merge``, in place of
     launch_merge: the kernel then first writes what the merge would (``tokens``, and with ``logprobs``
@@ -919,6 +923,8 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     Under the interpreter the default is the pairwise path: it runs tl.sort's compare-exchange stages element by
     element there (a filtered chi-squared test went from minutes to over twenty); tests that want the sort ask
     for it (tests/ops/test_select_filtered.py runs both against the search).
+    pdl_wait: launched as a programmatic dependent of the launch before it (configs.pdl_stage2), which it waits for
+    at its first instruction; trigger: the caller's next launch is such a dependent (configs.pdl_fallback).
     """
     if not layout.extended:
         raise ValueError("filters and top-N logprobs need an extended candidate layout (layout.fields(extended=True))")
@@ -1009,6 +1015,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         # pairwise top-p in [rows, small, chunk] steps: the interpreter's many-row programs stay under
         # Triton's 2**20-element tensors
         SMALL_CHUNK=32 if on_gpu else max(1, min(32, 2 ** 20 // max(1, block_r * small))),
+        **pdl_args(device, wait=pdl_wait, trigger=trigger),
         num_warps=(SELECT_WARPS if num_warps is None else int(num_warps)) if on_gpu else 4,
     )
     return fallback

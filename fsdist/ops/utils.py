@@ -4,6 +4,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -14,6 +15,38 @@ def load_row_param(ptr, scalar, offs, mask, DTYPE: tl.constexpr, PER_ROW: tl.con
         return tl.load(ptr + offs, mask=mask, other=0).to(DTYPE)
     else:
         return (offs * 0).to(DTYPE) + scalar
+
+
+@triton.jit
+def pdl_prologue(WAIT: tl.constexpr, TRIGGER: tl.constexpr):
+    """The first instructions of a kernel in a chain of programmatic dependent launches (sm_90+; configs.pdl_*).
+    WAIT: launched as a dependent (``pdl_launch(True)``): wait until the launch before it has ended and its writes
+    are visible, before any memory access, so the early launch changes no result, only when the programs start.
+    TRIGGER: the caller's next launch is such a dependent and may launch now (it still waits for this one's end)."""
+    if WAIT:
+        gdc_wait()
+    if TRIGGER:
+        gdc_launch_dependents()
+
+
+def pdl_supported(device) -> bool:
+    """Whether programmatic dependent launch can run on ``device``: an NVIDIA GPU of compute capability 9 or more
+    (griddepcontrol), never under the interpreter (it has no griddepcontrol)."""
+    from ..runtime import interpreting
+
+    if getattr(device, "type", None) != "cuda" or torch.version.hip is not None or interpreting():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_args(device, wait: bool = False, trigger: bool = False) -> dict:
+    """The launch arguments of a kernel with a ``pdl_prologue(PDL_WAIT, TRIGGER)``: its two switches and, where it
+    waits, ``launch_pdl``. Both off where ``pdl_supported(device)`` is not (a CPU, the interpreter, an older GPU):
+    the launches then run in order, as without PDL."""
+    on = pdl_supported(device)
+    wait, trigger = bool(wait) and on, bool(trigger) and on
+    return dict(PDL_WAIT=wait, TRIGGER=trigger, **({"launch_pdl": True} if wait else {}))
 
 
 @triton.jit

@@ -225,6 +225,7 @@ def test_the_plan_staggers_extended_32_row_calls_longer(monkeypatch):
     from fsdist.ops import plan
 
     monkeypatch.setattr(plan, "device_fast_memory", lambda device: False)
+    monkeypatch.setattr(plan, "ws_device", lambda device, dtype=None: True)  # (slow memory: the 32-row tile anyway)
     kw = dict(batch=24, hidden_size=4096, weight_rows=151936, device=torch.device("cuda", 0))
     assert plan.plan_sample(**kw).config.stagger_us == 6
     assert plan.plan_sample(**kw, extended=True).config.stagger_us == 16
@@ -235,10 +236,17 @@ def test_the_plan_staggers_extended_32_row_calls_longer(monkeypatch):
 def test_default_config_asks_the_device_for_its_memory(monkeypatch):
     """default_config (the benchmarks' name for the default tile) is pick_config with the device's own fast_memory
     answer and the call's kind."""
+    import fsdist.ops.fused_sample_ws as fused_sample_ws
+
     monkeypatch.setattr(configs, "dram_gbps", lambda index: 4800.0)  # an H200's
+    monkeypatch.setattr(fused_sample_ws, "ws_device", lambda device, dtype=None: False)
     cuda = torch.device("cuda", 0)
     assert configs.default_config(32, 4096, cuda) == configs.pick_config(32, 4096, "cuda", fast_memory=True)
     assert configs.default_config(32, 4096, cuda, extended=True).name == "32x128x128w4s5d16"
+    monkeypatch.setattr(fused_sample_ws, "ws_device", lambda device, dtype=None: True)  # an H200 runs it
+    assert configs.default_config(32, 4096, cuda, extended=True) == configs.pick_config(64, 4096, "cuda",
+                                                                                        fast_memory=True)
+    monkeypatch.setattr(fused_sample_ws, "ws_device", lambda device, dtype=None: False)
     monkeypatch.setattr(configs, "dram_gbps", lambda index: 3350.0)  # an H100 SXM's
     assert configs.default_config(32, 4096, cuda).name == "32x128x128w4s4d6"
     assert configs.default_config(32, 4096, "cpu") == configs.pick_config(32, 4096, "cpu")
@@ -289,3 +297,28 @@ def test_pdl_after_entry_offsets_only_on_sm90_gpus(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     monkeypatch.setattr(configs, "PDL_AFTER_ENTRY_OFFSETS", False)
     assert not configs.pdl_after_entry_offsets(torch.device("cuda", 0))
+
+
+def test_extended_calls_take_the_ws_64_row_tile_at_17_to_32_rows_up_to_d4096(monkeypatch):
+    """Filtered / top-N calls on one GPU at B = 17-32 run on the warp-specialised 64-row tile where D <= 4096 on
+    fast memory (v65 / v74: 2-3 µs faster at D = 4096, 7-8 slower at 8192); B <= 16, D = 8192, other GPUs, plain
+    calls and the tensor-parallel heads' checked layouts keep the Triton tiles."""
+    ws64 = configs.pick_config(64, 4096, "cuda", fast_memory=True)
+    for B in (17, 24, 32):
+        assert configs.pick_config(B, 4096, "cuda", fast_memory=True, extended=True, extended_ws=True) == ws64
+        assert configs.pick_config(B, 8192, "cuda", fast_memory=True, extended=True, extended_ws=True).block_b == 32
+        assert configs.pick_config(B, 4096, "cuda", extended=True, extended_ws=True).block_b == 32  # H100: kept
+        assert configs.pick_config(B, 4096, "cuda", fast_memory=True, extended=True).block_b == 32
+    assert configs.pick_config(16, 4096, "cuda", fast_memory=True, extended=True, extended_ws=True).block_b == 16
+    assert configs.EXTENDED_WS_MAX_HIDDEN == 4096
+    from fsdist.ops import plan
+
+    monkeypatch.setattr(plan, "device_fast_memory", lambda device: True)
+    monkeypatch.setattr(plan, "ws_device", lambda device, dtype=None: True)
+    kw = dict(batch=32, hidden_size=4096, weight_rows=151936, device=torch.device("cuda", 0), path="fused")
+    assert plan.plan_sample(**kw, extended=True).config == ws64
+    assert plan.plan_sample(**kw).config.block_b == 32
+    assert plan.plan_sample(**kw, extended=True, checked=True, n_shards=2).config.block_b == 32
+    assert plan.plan_sample(**dict(kw, hidden_size=8192), extended=True).config.block_b == 32
+    monkeypatch.setattr(plan, "ws_device", lambda device, dtype=None: False)
+    assert plan.plan_sample(**kw, extended=True).config.block_b == 32

@@ -18,7 +18,7 @@ import torch
 
 
 _LOWER = r"""
-import json, sys, importlib
+import json, re, sys, importlib
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -39,6 +39,15 @@ missing = [t for t in spec.get("ptx_has", []) if t not in k.asm["ptx"]]
 present = [t for t in spec.get("ptx_lacks", []) if t in k.asm["ptx"]]
 if missing or present:
     sys.exit(f"PTX check failed: missing {missing}, unexpected {present}")
+# wait_first: a programmatic dependent's griddepcontrol.wait comes before every global memory access in the PTX
+# (the compiler may not hoist a load above it: an early load could read what the launch before it still writes)
+if spec.get("wait_first"):
+    ptx = k.asm["ptx"]
+    wait = ptx.find("griddepcontrol.wait")
+    # (instructions only: an optional predicate, then the opcode; ".loc" comments name files like "filtered.py")
+    first = re.search(r"^\s*(@!?%p\d+\s+)?(ld\.global|st\.global|atom\.|red\.|cp\.async)", ptx, re.M)
+    if wait < 0 or (first is not None and first.start() < wait):
+        sys.exit("PTX check failed: a global memory access precedes griddepcontrol.wait")
 print("COMPILED", spec["kernel"], len(k.asm["cubin"]))
 """
 
@@ -60,7 +69,7 @@ STAGE1_CONST = dict(**PROC_CONST, BLOCK_B=16, BLOCK_V=128, BLOCK_K=128, EVEN_K=T
                     OFFSET_PER_ROW=True, TEMP_PER_ROW=True, NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4,
                     DOT_PRECISION="tf32", DOT_UPCAST=False, FAST_LOG=True, DEVICE_PARITY=True, TMA=False, HEADER=True,
                     EXTENDED=True, KEEP=4, XFP_PER_ROW=True, ENTRY_HEAD=4, BM_WORDS=True, WINNER_LOGIT=True,
-                    RAW_SUM=True, STAGGER=False, PDL_WAIT=False)
+                    RAW_SUM=True, STAGGER=False, PDL_WAIT=False, TRIGGER=False)
 
 CASES = {
     "group_select": dict(
@@ -264,9 +273,27 @@ CASES["stage2_one_shard"] = dict(
     CASES["stage2_parity"], constexprs=dict(CASES["stage2_parity"]["constexprs"], DEVICE_PARITY=False, STATS=False,
                                             CHECK=False, END_STEP=False, ONE_SHARD=True))
 
-# The shipped single-GPU variants again with the GPU launch's alignment specialisation.
-for _name in ("select_filtered_merge", "select_filtered_small", "stage2_one_shard"):
-    CASES[f"{_name}_div16"] = dict(CASES[_name], divisible=True)
+# The shipped single-GPU variants again with the GPU launch's alignment specialisation, as an sm_90 GPU launches
+# them: programmatic dependents of stage 1 that wait before any memory access, select_filtered letting the
+# fallback's first launch start (configs.pdl_stage2 / pdl_fallback, v74).
+_PDL = {"select_filtered_merge": dict(PDL_WAIT=True, TRIGGER=True), "select_filtered_small": dict(PDL_WAIT=True,
+        TRIGGER=True), "stage2_one_shard": dict(PDL_WAIT=True, TRIGGER=False)}
+for _name, _flags in _PDL.items():
+    CASES[f"{_name}_div16"] = dict(CASES[_name], divisible=True, constexprs=dict(CASES[_name]["constexprs"], **_flags),
+                                   ptx_has=["griddepcontrol.wait"] + (["griddepcontrol.launch_dependents"]
+                                                                      if _flags["TRIGGER"] else []),
+                                   wait_first=True)
+# The fallback's single-GPU launches in a PDL chain (v74): each waits first and lets the next one launch.
+for _name in ("fallback_materialize", "fallback_resolve"):
+    CASES[f"{_name}_pdl"] = dict(CASES[_name], divisible=True, constexprs=dict(
+        CASES[_name]["constexprs"], DEVICE_PARITY=False, PDL_WAIT=True, TRIGGER=True,
+        **(dict(PEER_TABLE=False, NPEERS=1) if _name == "fallback_materialize" else {})),
+        types=dict(CASES[_name]["types"], **({"pool_ptr": "*fp32"} if _name == "fallback_materialize" else {})),
+        ptx_has=["griddepcontrol.wait", "griddepcontrol.launch_dependents"], wait_first=True)
+# Stage 1's Triton kernel letting stage 2 launch (v74), and the same beside v73's wait for the entry offsets.
+CASES["stage1_fused_trigger"] = dict(
+    CASES["stage1_fused_tma"], constexprs=dict(CASES["stage1_fused_tma"]["constexprs"], TRIGGER=True),
+    ptx_has=["griddepcontrol.launch_dependents"], ptx_lacks=["griddepcontrol.wait"])
 
 
 @pytest.fixture(scope="module")
@@ -286,3 +313,13 @@ def test_kernel_lowers_to_triton_ir(lowering_available, case):
     proc = subprocess.run([sys.executable, "-c", _LOWER, json.dumps(CASES[case])], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0 and "COMPILED" in proc.stdout, proc.stderr[-4000:]
+
+
+def test_wait_first_check_can_fail(lowering_available):
+    """The PTX order check (wait_first) fails where loads do come before griddepcontrol.wait: v73's fused kernel,
+    whose main loop reads the hidden and the weight before it waits for the entry offsets."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    spec = dict(CASES["stage1_fused_pdl"], wait_first=True)
+    proc = subprocess.run([sys.executable, "-c", _LOWER, json.dumps(spec)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0 and "precedes griddepcontrol.wait" in proc.stderr, proc.stderr[-2000:]
