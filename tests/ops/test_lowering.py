@@ -123,7 +123,8 @@ CASES = {
                    stride_shard="i32", stride_shard_i="i32", stride_field="i32", stride_slot="i32", temp_ptr="*fp32",
                    temp_val="fp32", **PARITY, **CHECK, ticket_ptr="*i32"),
         constexprs=dict(BLOCK_R=2, BLOCK_S=1024, LOGPROBS=True, DEVICE_PARITY=True, TEMP_PER_ROW=True, STATS=True,
-                        CHECK=True, RAW=True, END_STEP=True, NW=4, ONE_SHARD=False)),
+                        CHECK=True, RAW=True, END_STEP=True, NW=4, ONE_SHARD=False, PDL_WAIT=False,
+                        TRIGGER=False)),
     "select_filtered": dict(
         module="fsdist.ops.select_filtered", kernel="select_filtered_kernel",
         types=dict(cand_f="*fp32", cand_i="*i32", base_f="i32", base_i="i32", B="i32", n_slots="i32", n_local="i32",
@@ -138,7 +139,7 @@ CASES = {
                         TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True, PACK=True, CAP=2048,
                         SEARCHED=True, TILE_V=128, REFINE_CAP=4096, SMALL_CAP=128, DREW=True, SMALL_CHUNK=32,
                         WIDE_CAP=1024, SCRATCH_LANES=1024, WINNERS=False, WINNERS_UNCHECKED=False, WON=False,
-                        MERGE=False, RAW=False, ONE_SHARD=False, SORTED=True),
+                        MERGE=False, RAW=False, ONE_SHARD=False, SORTED=True, PDL_WAIT=False, TRIGGER=False),
         num_warps=16),  # select_filtered.SELECT_WARPS
     "entry_offsets": dict(
         module="fsdist.ops.entry_offsets", kernel="entry_offsets_kernel",
@@ -153,7 +154,7 @@ CASES = {
                    shard_base="i32", shard_cols="i32", **PROC, cand_f="*fp32", cand_base="i32", parity_ptr="*i64",
                    parity_stride_f="i32", cand_stride_slot="i32", need_key_ptr="*i64"),
         constexprs=dict(**PROC_CONST, POOL=16, BLOCK_V=128, BLOCK_K=64, DOT_PRECISION="tf32", DOT_UPCAST=False,
-                        PEER_TABLE=True, NPEERS=4, DEVICE_PARITY=True, SCAN=128)),
+                        PEER_TABLE=True, NPEERS=4, DEVICE_PARITY=True, SCAN=128, PDL_WAIT=False, TRIGGER=False)),
     "fallback_resolve": dict(
         module="fsdist.ops.fallback", kernel="resolve_kernel",
         types=dict(pool_ptr="*fp32", shard_cols="i32", flags_ptr="*i1", B="i32", round_start="i32",
@@ -166,7 +167,7 @@ CASES = {
         constexprs=dict(SEED_PER_ROW=True, OFFSET_PER_ROW=True, TEMP_PER_ROW=True, TOPK_PER_ROW=True,
                         TOPP_PER_ROW=True, MINP_PER_ROW=True, BLOCK=4096, TOP_N=5, TOP_N_POW2=8, MODE=1,
                         LOGPROBS=True, FAST_LOG=True, POOL=16, BLOCK_R=1, KEEP=4, BLOCK_U=8192, TILE_V=128,
-                        RCAP=4096, DEVICE_PARITY=True, SCAN=128), num_warps=16),
+                        RCAP=4096, DEVICE_PARITY=True, SCAN=128, PDL_WAIT=False, TRIGGER=False), num_warps=16),
     "step_record_peers": dict(
         module="fsdist.ops.step_check", kernel="step_record_kernel",
         types=dict(dst_i="*i64", off_i="i32", batch="i32", flags="i32", error="i32", **PARITY),
