@@ -247,9 +247,10 @@ def graph_times(D, V, B, configs, args, device):
         t = statistics.median(time_graph(graph, warmup=3, reps=max(5, args.reps // 5), flush=flush))
         out[name] = t
         tokens[name] = graph.outputs[0].tokens.clone()
-        base = name.split(" ")[0]
-        # another stage-1 config, select's warps or draw width, PDL: the same candidates, the same tokens
-        if (cfg is not None or warps or wide is not None or setting is not None) and base in tokens and base != name:
+        # another stage-1 config, select's warps or draw width, PDL setting: the same candidates, the same tokens as
+        # the first run of the base case (its kind of call, default config, first --pdl setting)
+        base = name.split(" ")[0] + pdl_runs[0][1]
+        if base in tokens and base != name:
             same = torch.equal(tokens[name], tokens[base])
             out[f"{name} same tokens"] = same
             if not same:

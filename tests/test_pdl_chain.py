@@ -61,6 +61,7 @@ def test_pdl_args_off_without_griddepcontrol(monkeypatch):
     """The launchers' switches: both off on a CPU and under the interpreter, on where asked on an sm_90 GPU."""
     off = dict(PDL_WAIT=False, TRIGGER=False)
     assert pdl_args(torch.device("cpu"), wait=True, trigger=True) == off
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert pdl_args(torch.device("cuda", 0), wait=True, trigger=True) == off
@@ -69,6 +70,9 @@ def test_pdl_args_off_without_griddepcontrol(monkeypatch):
         assert pdl_args(torch.device("cuda", 0), wait=True, trigger=False) == dict(PDL_WAIT=True, TRIGGER=False,
                                                                                   launch_pdl=True)
         assert pdl_args(torch.device("cuda", 0), trigger=True) == dict(PDL_WAIT=False, TRIGGER=True)
+        monkeypatch.setattr(torch.version, "cuda", "12.2")  # no PDL launch in graph capture before CUDA 12.3
+        assert pdl_args(torch.device("cuda", 0), wait=True, trigger=True) == off
+        monkeypatch.setattr(torch.version, "cuda", "12.8")
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 0))
         assert pdl_args(torch.device("cuda", 0), wait=True, trigger=True) == off
 
@@ -76,6 +80,7 @@ def test_pdl_args_off_without_griddepcontrol(monkeypatch):
 def test_pdl_switches_follow_the_configs(monkeypatch):
     """Each switch on: only on an sm_90 GPU; off: nowhere. (Shipped: PDL_FALLBACK on, PDL_STAGE2 off, v74.)"""
     assert configs.PDL_FALLBACK and not configs.PDL_STAGE2
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     dev = torch.device("cuda", 0)

@@ -270,7 +270,7 @@ PDL_STAGE2 = False
 # PDL of the fallback's two launches (materialize, resolve) behind select_filtered, and of resolve behind
 # materialize where nothing comes between them (one GPU): each waits for its predecessor's end at its first
 # instruction, so a call with nothing to resolve pays less for the two launches after select_filtered (v74, H200:
-# -0.6 to -1.3 µs a filtered call at B = 32 / 64).
+# -0.5 to -2 µs a filtered call at B = 1-64, measured on calls with no row to resolve).
 PDL_FALLBACK = True
 
 

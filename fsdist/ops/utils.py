@@ -31,10 +31,14 @@ def pdl_prologue(WAIT: tl.constexpr, TRIGGER: tl.constexpr):
 
 def pdl_supported(device) -> bool:
     """Whether programmatic dependent launch can run on ``device``: an NVIDIA GPU of compute capability 9 or more
-    (griddepcontrol), never under the interpreter (it has no griddepcontrol)."""
+    (griddepcontrol) with a CUDA 12.3+ build of torch, never under the interpreter (it has no griddepcontrol)."""
     from ..runtime import interpreting
 
     if getattr(device, "type", None) != "cuda" or torch.version.hip is not None or interpreting():
+        return False
+    # (CUDA 12.3+: a programmatic launch inside CUDA-graph capture, which serving stacks use)
+    cuda = tuple(int(x) for x in (torch.version.cuda or "0.0").split(".")[:2])
+    if cuda < (12, 3):
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return torch.cuda.get_device_capability(index)[0] >= 9

@@ -286,6 +286,7 @@ def test_pdl_after_entry_offsets_only_on_sm90_gpus(monkeypatch):
     """Programmatic dependent launch needs griddepcontrol (sm_90+): never on a CPU or under the interpreter, never
     on an older GPU, and off everywhere with PDL_AFTER_ENTRY_OFFSETS = False."""
     assert not configs.pdl_after_entry_offsets(torch.device("cpu"))
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not configs.pdl_after_entry_offsets(torch.device("cuda", 0))

@@ -45,7 +45,7 @@ if spec.get("wait_first"):
     ptx = k.asm["ptx"]
     wait = ptx.find("griddepcontrol.wait")
     # (instructions only: an optional predicate, then the opcode; ".loc" comments name files like "filtered.py")
-    first = re.search(r"^\s*(@!?%p\d+\s+)?(ld\.global|st\.global|atom\.|red\.|cp\.async)", ptx, re.M)
+    first = re.search(r"^\s*(@!?%p\d+\s+)?((ld|st)(\.[a-z0-9]+)*\.global|atom\.|red\.|cp\.async)", ptx, re.M)
     if wait < 0 or (first is not None and first.start() < wait):
         sys.exit("PTX check failed: a global memory access precedes griddepcontrol.wait")
 print("COMPILED", spec["kernel"], len(k.asm["cubin"]))
@@ -277,13 +277,16 @@ CASES["stage2_one_shard"] = dict(
 # The shipped single-GPU variants again with the GPU launch's alignment specialisation, as an sm_90 GPU launches
 # them: programmatic dependents of stage 1 that wait before any memory access, select_filtered letting the
 # fallback's first launch start (configs.pdl_stage2 / pdl_fallback, v74).
-_PDL = {"select_filtered_merge": dict(PDL_WAIT=True, TRIGGER=True), "select_filtered_small": dict(PDL_WAIT=True,
+# select_filtered_merge as shipped (PDL_FALLBACK on, PDL_STAGE2 off), select_filtered_small and the merge as
+# PDL_STAGE2 launches them.
+_PDL = {"select_filtered_merge": dict(PDL_WAIT=False, TRIGGER=True), "select_filtered_small": dict(PDL_WAIT=True,
         TRIGGER=True), "stage2_one_shard": dict(PDL_WAIT=True, TRIGGER=False)}
 for _name, _flags in _PDL.items():
-    CASES[f"{_name}_div16"] = dict(CASES[_name], divisible=True, constexprs=dict(CASES[_name]["constexprs"], **_flags),
-                                   ptx_has=["griddepcontrol.wait"] + (["griddepcontrol.launch_dependents"]
-                                                                      if _flags["TRIGGER"] else []),
-                                   wait_first=True)
+    CASES[f"{_name}_div16"] = dict(
+        CASES[_name], divisible=True, constexprs=dict(CASES[_name]["constexprs"], **_flags),
+        ptx_has=(["griddepcontrol.wait"] if _flags["PDL_WAIT"] else [])
+        + (["griddepcontrol.launch_dependents"] if _flags["TRIGGER"] else []),
+        ptx_lacks=[] if _flags["PDL_WAIT"] else ["griddepcontrol.wait"], wait_first=_flags["PDL_WAIT"])
 # The fallback's single-GPU launches in a PDL chain (v74): each waits first and lets the next one launch.
 for _name in ("fallback_materialize", "fallback_resolve"):
     CASES[f"{_name}_pdl"] = dict(CASES[_name], divisible=True, constexprs=dict(
@@ -291,10 +294,10 @@ for _name in ("fallback_materialize", "fallback_resolve"):
         **(dict(PEER_TABLE=False, NPEERS=1) if _name == "fallback_materialize" else {})),
         types=dict(CASES[_name]["types"], **({"pool_ptr": "*fp32"} if _name == "fallback_materialize" else {})),
         ptx_has=["griddepcontrol.wait", "griddepcontrol.launch_dependents"], wait_first=True)
-# Stage 1's Triton kernel letting stage 2 launch (v74), and the same beside v73's wait for the entry offsets.
+# Stage 1's Triton kernel letting stage 2 launch (v74, PDL_STAGE2), also as v73's dependent of the entry offsets.
 CASES["stage1_fused_trigger"] = dict(
-    CASES["stage1_fused_tma"], constexprs=dict(CASES["stage1_fused_tma"]["constexprs"], TRIGGER=True),
-    ptx_has=["griddepcontrol.launch_dependents"], ptx_lacks=["griddepcontrol.wait"])
+    CASES["stage1_fused_tma"], constexprs=dict(CASES["stage1_fused_tma"]["constexprs"], TRIGGER=True, PDL_WAIT=True),
+    ptx_has=["griddepcontrol.launch_dependents", "griddepcontrol.wait"], ptx_lacks=[])
 
 
 @pytest.fixture(scope="module")
