@@ -5,7 +5,8 @@ so a program covers the whole batch (one batch tile) and enough vocabulary rows
 to keep many loads in flight. Past that, the batch is split into tiles and the
 grid orders them so that programs sharing a weight tile run together (the tile
 comes from L2 the second time). From 33 rows on (from 17 for calls with bias / penalty entries on
-fast-memory GPUs, SPARSE_WS_MIN_BATCH), an sm_90 GPU runs the tile on the
+fast-memory GPUs, SPARSE_WS_MIN_BATCH, and for one GPU's extended calls there at D <= EXTENDED_WS_MAX_HIDDEN), an
+sm_90 GPU runs the tile on the
 warp-specialised kernel (its epilogue beside the next tile's main loop) where that kernel
 applies, else on the Triton kernel (``triton_twin``). Configs are a pure function of the
 shape, the GPU kind's memory speed (``fast_memory``, one answer agreed by a tensor-parallel group) and the
