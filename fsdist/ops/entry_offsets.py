@@ -20,10 +20,10 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from .prepare_processors import PROBES, SENTINEL, search_rounds
 from .processors import lower_bound
+from .utils import pdl_prologue
 
 _PROBES = tl.constexpr(PROBES)
 _SENTINEL = tl.constexpr(SENTINEL)
@@ -39,10 +39,9 @@ _HEAD = tl.constexpr(HEAD)
 @triton.jit
 def entry_offsets_kernel(ent_ptr, val_ptr, ent_stride, width, rounds, out_ptr, out_stride, head_ptr, head_val_ptr,
                          head_stride, B, n_tiles, first_id, tile, BLOCK: tl.constexpr, TRIGGER: tl.constexpr = False):
-    if TRIGGER:
-        # The next launch (the fused kernel, a programmatic dependent) may start its main loop now; it waits for
-        # this kernel's end before it reads the table (fused_sample.py, PDL_WAIT).
-        gdc_launch_dependents()
+    # The next launch (the fused kernel, a programmatic dependent) may start its main loop now; it waits for
+    # this kernel's end before it reads the table (fused_sample.py, PDL_WAIT).
+    pdl_prologue(False, TRIGGER)
     # One lane per (row, bound), rows after one another: any batch fills the programs.
     lane = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     row = lane // (n_tiles + 1)

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
 from ..params import RowParams
 from ..processing import has_entries
@@ -39,7 +39,7 @@ from .entry_offsets import HEAD as ENTRY_HEAD, launch_entry_offsets
 from .fused_sample_ws import WS_BLOCK_B, WS_BLOCK_K, WS_BLOCK_V, launch_fused_ws, ws_supported
 from .processors import process_tile, processor_args, row_penalties, table_slice, tile_bitmask_words
 from .step_check import call_flags, write_row_fingerprints, write_step_record, writes_header
-from .utils import fast_log_ok, load_row_param, pdl_supported, row_param_args, sm_count, stagger_start
+from .utils import fast_log_ok, load_row_param, pdl_args, pdl_prologue, row_param_args, sm_count, stagger_start
 
 
 @triton.jit(do_not_specialize=["first_wave", "stagger_ns"])  # (one compile whatever the SM count and the delay)
@@ -67,10 +67,10 @@ def fused_sample_kernel(
     PINNED: tl.constexpr = False, first_wave=0, stagger_ns=0, STAGGER: tl.constexpr = False,
     PDL_WAIT: tl.constexpr = False, TRIGGER: tl.constexpr = False,
 ):
-    if TRIGGER:
-        # Stage 2, the next launch, is a programmatic dependent (configs.pdl_stage2): it may launch once every
-        # program of this grid has started, and it waits for this grid's end before it reads anything.
-        gdc_launch_dependents()
+    # Stage 2, the next launch, may be a programmatic dependent (configs.pdl_stage2): it may launch once every
+    # program of this grid has started, and it waits for this grid's end before it reads anything. (PDL_WAIT is
+    # not a prologue here: the wait comes after the main loop, below.)
+    pdl_prologue(False, TRIGGER)
     # Batch tiles vary fastest so programs sharing a weight tile run together and
     # the tile is read from HBM once, then from L2.
     pid_b = tl.program_id(0)
@@ -325,7 +325,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         # the bitmask's words loaded before the main loop where every tile starts on a word
         BM_WORDS=vocab_start % 32 == 0 and cfg.block_v % 32 == 0,
         first_wave=sms if stagger else 0, stagger_ns=1000 * cfg.stagger_us if stagger else 0,
-        STAGGER=stagger, PDL_WAIT=pdl, TRIGGER=bool(trigger) and pdl_supported(hidden.device), **({"launch_pdl": True} if pdl else {}),
+        STAGGER=stagger, **pdl_args(hidden.device, wait=pdl, trigger=trigger),
         num_warps=cfg.num_warps, num_stages=fit_num_stages(cfg, hidden.element_size(), hidden.device),
         **({"maxnreg": cfg.max_regs} if cfg.max_regs and hidden.device.type == "cuda" else {}),
     )

@@ -87,12 +87,13 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
         raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
     # (the 64-row tile of calls with entries at B = 17-32 was measured on the warp-specialised kernel only: where
     # that kernel cannot run, such calls keep the 32-row Triton tile)
-    ws = (sparse_processors or (extended and not checked)) and ws_device(device, dtype)
     # (and extended calls there at D <= 4096, measured on one GPU only: a checked layout, the TP heads', keeps
     # the 32-row tile for them)
+    extended_ws = extended and not checked
+    ws = (sparse_processors or extended_ws) and ws_device(device, dtype)
     cfg = config or pick_config(batch, hidden_size, device.type, block_v=block_v, fast_memory=fast_memory,
                                 extended=extended, sparse_processors=sparse_processors and ws,
-                                extended_ws=extended and ws and not checked)
+                                extended_ws=extended_ws and ws)
     if block_v is not None and cfg.block_v != block_v:
         raise ValueError(f"config.block_v = {cfg.block_v} but the buffers are laid out for block_v = {block_v}")
     roomy = extended or n_fields == CandidateLayout.fields(True, extended=True)

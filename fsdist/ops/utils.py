@@ -20,8 +20,9 @@ def load_row_param(ptr, scalar, offs, mask, DTYPE: tl.constexpr, PER_ROW: tl.con
 @triton.jit
 def pdl_prologue(WAIT: tl.constexpr, TRIGGER: tl.constexpr):
     """The first instructions of a kernel in a chain of programmatic dependent launches (sm_90+; configs.pdl_*).
-    WAIT: launched as a dependent (``pdl_launch(True)``): wait until the launch before it has ended and its writes
-    are visible, before any memory access, so the early launch changes no result, only when the programs start.
+    WAIT: launched as a dependent (``pdl_args(device, wait=True)``): wait until the launch before it has ended and
+    its writes are visible, before any memory access, so the early launch changes no result, only when the programs
+    start.
     TRIGGER: the caller's next launch is such a dependent and may launch now (it still waits for this one's end)."""
     if WAIT:
         gdc_wait()
