@@ -33,25 +33,50 @@ import triton.language as tl
 
 import fsdist
 import fsdist.ops.configs as fs_configs
+import fsdist.ops.fallback as fs_fallback
 import fsdist.sampling as fs_sampling
 from fsdist.ops.configs import TileConfig, default_config
 from fsdist.ops.layout import BufferPair
 from fsdist.ops.merge_candidates import launch_merge
 from fsdist.ops.plan import launch_stage1, plan_sample
 from fsdist.ops.select_filtered import launch_select_filtered
+from fsdist.ops.utils import flagged_count, pdl_args, pdl_prologue
 from fsdist.params import RowParams
 from fsdist.timing import CapturedGraph, L2Flusher, median_us, time_graph
 
 # --pdl's settings: (configs.PDL_STAGE2, configs.PDL_FALLBACK)
 PDL_SETTINGS = {"off": (False, False), "stage2": (True, False), "fallback": (False, True), "on": (True, True),
-                # a probe's upper bound, not a mode: as shipped but the fallback's launches left out of the graph
-                # (what a call with no row to resolve would save without them; its tokens are wrong wherever a
-                # row falls back, which the token check against the first --pdl run then reports)
-                "nofb": (False, True)}
+                # a probe's upper bounds, not modes (FALLBACK_PATCHES): as shipped but the fallback's launches
+                # left out of the graph (what a call with no row to resolve would save without them; its tokens
+                # are wrong wherever a row falls back, which the token check against the first --pdl run then
+                # reports), or only materialize's, only resolve's, or both replaced by one-program kernels
+                "nofb": (False, True), "nomat": (False, True), "nores": (False, True), "tiny": (False, True)}
 
 
-def _no_fallback(*args, **kwargs):
-    """--pdl nofb: run_fallback left out (a probe's upper bound; see PDL_SETTINGS)."""
+def _nothing(*args, **kwargs):
+    """A fallback launch left out (--pdl nofb / nomat / nores: a probe's upper bound; see PDL_SETTINGS)."""
+
+
+@triton.jit
+def _tiny_kernel(flags_ptr, B, out_ptr, PDL_WAIT: tl.constexpr, TRIGGER: tl.constexpr):
+    # what an empty fallback launch must do at least: wait for the launch before it, read the flags, exit
+    pdl_prologue(PDL_WAIT, TRIGGER)
+    n = flagged_count(flags_ptr, B, 128)
+    if n < 0:  # never: keeps the count alive
+        tl.store(out_ptr, n)
+
+
+def _tiny(*args, flags, pdl_wait=False, trigger=False, **kwargs):
+    """--pdl tiny: a fallback launch replaced by one program of one warp that only counts the flags."""
+    _tiny_kernel[(1,)](flags, flags.shape[0], flags, **pdl_args(flags.device, wait=pdl_wait, trigger=trigger),
+                       num_warps=1)
+
+
+# --pdl settings that patch the fallback (module, attribute, replacement)
+FALLBACK_PATCHES = {"nofb": [(fs_sampling, "run_fallback", _nothing)],
+                    "nomat": [(fs_fallback, "launch_materialize", _nothing)],
+                    "nores": [(fs_fallback, "launch_resolve", _nothing)],
+                    "tiny": [(fs_fallback, "launch_materialize", _tiny), (fs_fallback, "launch_resolve", _tiny)]}
 
 
 @triton.jit
@@ -238,7 +263,6 @@ def graph_times(D, V, B, configs, args, device):
         tag = "" if setting is None else f" pdl={setting}" + (f"#{seen[setting]}" if seen[setting] > 1 else "")
         pdl_runs.append((setting, tag))
     default_pdl = fs_configs.PDL_STAGE2, fs_configs.PDL_FALLBACK
-    default_fallback = fs_sampling.run_fallback
     for (case_name, kw, cap, cfg, warps, wide), (setting, tag) in itertools.product(cases, pdl_runs):
         name = case_name + tag
 
@@ -249,14 +273,16 @@ def graph_times(D, V, B, configs, args, device):
         sf.WIDE_CAP = default_wide if wide is None else wide
         if setting is not None:
             fs_configs.PDL_STAGE2, fs_configs.PDL_FALLBACK = PDL_SETTINGS[setting]
-        if setting == "nofb":
-            fs_sampling.run_fallback = _no_fallback
+        patched = [(mod, attr, getattr(mod, attr)) for mod, attr, _f in FALLBACK_PATCHES.get(setting, [])]
+        for mod, attr, f in FALLBACK_PATCHES.get(setting, []):
+            setattr(mod, attr, f)
         try:
             graph = CapturedGraph(call, [(h,)], calls=5)
         finally:
             sf.DEFAULT_SEARCH_CAP, sf.SELECT_WARPS, sf.WIDE_CAP = default_cap, default_warps, default_wide
             fs_configs.PDL_STAGE2, fs_configs.PDL_FALLBACK = default_pdl
-            fs_sampling.run_fallback = default_fallback
+            for mod, attr, f in patched:
+                setattr(mod, attr, f)
         t = statistics.median(time_graph(graph, warmup=3, reps=max(5, args.reps // 5), flush=flush))
         out[name] = t
         tokens[name] = graph.outputs[0].tokens.clone()
@@ -301,7 +327,8 @@ def main():
                          "empty (default: configs.PAD_HALF_TILE_ROWS; a large value turns that rule off)")
     ap.add_argument("--pdl", default=None,
                     help="time each whole-call case with these PDL settings, in order (comma-separated: off, stage2, "
-                         "fallback, on; e.g. off,on,off; nofb: as shipped without the fallback's launches, an upper bound; "
+                         "fallback, on; e.g. off,on,off; nofb / nomat / nores / tiny: as shipped with the fallback's "
+                         "launches left out or replaced, upper bounds; "
                          "default: the configs' as they are)")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()

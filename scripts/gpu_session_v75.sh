@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One device call on one GPU (nvidia-h200) for v75 (docs/performance.md). PARTS picks (default "probe"):
-#   probe  filter_probe --only graph, D = 4096, B = 24 / 32 (V75_BATCHES): plain / top-k + top-p / min-p as shipped,
-#          without the fallback's launches (--pdl nofb: an upper bound on what removing them saves), as shipped again;
-#          select_filtered at 32 warps beside its 16 (--select-warps 32) in the same run.
+#   probe  filter_probe --only graph, D = 4096, B = 24 / 32 (V75_BATCHES): plain / top-k + top-p / min-p
+#          (V75_CASES) as shipped, without the fallback's launches (--pdl nofb: an upper bound on what removing them
+#          saves), as shipped again (V75_PDL); the first call also timed select_filtered at 32 warps
+#          (V75_WARPS=32 V75_CASES="plain,k50+p0.9,min_p0.05,k50+p0.9 warps=32,min_p0.05 warps=32"); the second
+#          V75_PDL=fallback,nofb,nomat,nores,tiny,fallback.
 #   tests  the GPU tests left from v74: the PDL chain (tests/test_pdl_chain.py), the stagger test, the serving
 #          graph capture with filter tensors, the padded ws 64-row tile's extended candidates and filtered calls,
 #          the processors' PDL tests.
@@ -20,8 +22,8 @@ part_limit() {
 }
 if wants probe; then
   TAIL=3 run_part "probe" "$(part_limit 400)" v75_probe.log python3 bench/filter_probe.py --only graph \
-    --shape 4096x151936 --batches "${V75_BATCHES:-24,32}" --caps 0 --pdl fallback,nofb,fallback --select-warps 32 \
-    --graph-cases "plain,k50+p0.9,min_p0.05,k50+p0.9 warps=32,min_p0.05 warps=32" || rc=1
+    --shape 4096x151936 --batches "${V75_BATCHES:-24,32}" --caps 0 --pdl "${V75_PDL:-fallback,nofb,fallback}" \
+    ${V75_WARPS:+--select-warps $V75_WARPS} --graph-cases "${V75_CASES:-plain,k50+p0.9,min_p0.05}" || rc=1
   grep " graph " "$OUT/v75_probe.log"
 fi
 if wants tests; then
