@@ -44,13 +44,16 @@ from fsdist.ops.utils import flagged_count, pdl_args, pdl_prologue
 from fsdist.params import RowParams
 from fsdist.timing import CapturedGraph, L2Flusher, median_us, time_graph
 
-# --pdl's settings: (configs.PDL_STAGE2, configs.PDL_FALLBACK)
-PDL_SETTINGS = {"off": (False, False), "stage2": (True, False), "fallback": (False, True), "on": (True, True),
+# --pdl's settings: (configs.PDL_STAGE2, configs.PDL_FALLBACK, configs.PDL_SELECT_BESIDE_MERGE); "fallback" is v74's
+# shipped setting, "beside" v75's
+PDL_SETTINGS = {"off": (False, False, False), "stage2": (True, False, False), "fallback": (False, True, False),
+                "on": (True, True, True), "beside": (False, True, True),
                 # a probe's upper bounds, not modes (FALLBACK_PATCHES): as shipped but the fallback's launches
                 # left out of the graph (what a call with no row to resolve would save without them; its tokens
                 # are wrong wherever a row falls back, which the token check against the first --pdl run then
                 # reports), or only materialize's, only resolve's, or both replaced by one-program kernels
-                "nofb": (False, True), "nomat": (False, True), "nores": (False, True), "tiny": (False, True)}
+                "nofb": (False, True, False), "nomat": (False, True, False), "nores": (False, True, False),
+                "tiny": (False, True, False)}
 
 
 def _nothing(*args, **kwargs):
@@ -262,7 +265,7 @@ def graph_times(D, V, B, configs, args, device):
         seen[setting] = seen.get(setting, 0) + 1
         tag = "" if setting is None else f" pdl={setting}" + (f"#{seen[setting]}" if seen[setting] > 1 else "")
         pdl_runs.append((setting, tag))
-    default_pdl = fs_configs.PDL_STAGE2, fs_configs.PDL_FALLBACK
+    default_pdl = fs_configs.PDL_STAGE2, fs_configs.PDL_FALLBACK, fs_configs.PDL_SELECT_BESIDE_MERGE
     for (case_name, kw, cap, cfg, warps, wide), (setting, tag) in itertools.product(cases, pdl_runs):
         name = case_name + tag
 
@@ -272,7 +275,8 @@ def graph_times(D, V, B, configs, args, device):
         sf.SELECT_WARPS = warps or default_warps
         sf.WIDE_CAP = default_wide if wide is None else wide
         if setting is not None:
-            fs_configs.PDL_STAGE2, fs_configs.PDL_FALLBACK = PDL_SETTINGS[setting]
+            (fs_configs.PDL_STAGE2, fs_configs.PDL_FALLBACK,
+             fs_configs.PDL_SELECT_BESIDE_MERGE) = PDL_SETTINGS[setting]
         patched = [(mod, attr, getattr(mod, attr)) for mod, attr, _f in FALLBACK_PATCHES.get(setting, [])]
         for mod, attr, f in FALLBACK_PATCHES.get(setting, []):
             setattr(mod, attr, f)
@@ -280,7 +284,7 @@ def graph_times(D, V, B, configs, args, device):
             graph = CapturedGraph(call, [(h,)], calls=5)
         finally:
             sf.DEFAULT_SEARCH_CAP, sf.SELECT_WARPS, sf.WIDE_CAP = default_cap, default_warps, default_wide
-            fs_configs.PDL_STAGE2, fs_configs.PDL_FALLBACK = default_pdl
+            fs_configs.PDL_STAGE2, fs_configs.PDL_FALLBACK, fs_configs.PDL_SELECT_BESIDE_MERGE = default_pdl
             for mod, attr, f in patched:
                 setattr(mod, attr, f)
         t = statistics.median(time_graph(graph, warmup=3, reps=max(5, args.reps // 5), flush=flush))
@@ -327,8 +331,8 @@ def main():
                          "empty (default: configs.PAD_HALF_TILE_ROWS; a large value turns that rule off)")
     ap.add_argument("--pdl", default=None,
                     help="time each whole-call case with these PDL settings, in order (comma-separated: off, stage2, "
-                         "fallback, on; e.g. off,on,off; nofb / nomat / nores / tiny: as shipped with the fallback's "
-                         "launches left out or replaced, upper bounds; "
+                         "fallback, beside, on; e.g. off,on,off; nofb / nomat / nores / tiny: v74's fallback "
+                         "setting with the fallback's launches left out or replaced, upper bounds; "
                          "default: the configs' as they are)")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()

@@ -12,7 +12,7 @@ import torch
 
 from . import processing as proc
 from . import rows, validation
-from .ops.configs import TileConfig, pdl_fallback, pdl_stage2, triton_twin
+from .ops.configs import TileConfig, pdl_fallback, pdl_select_beside_merge, pdl_stage2, triton_twin
 from .ops.fallback import KeptLogits, run_fallback
 from .ops.layout import BufferPair
 from .ops.merge_candidates import launch_merge
@@ -132,14 +132,17 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     top_ids = top_lp = fallback = None
     # Filtered and top-N calls: select_filtered does the merge's work too where merge_folds says so (merge=True),
     # one launch less than merge + select.
-    fold = bool(filtered or top_logprobs) and merge_folds(plan.layout, dev)
+    # Or, where PDL runs, select_filtered beside the merge: the merge launches first and lets select_filtered launch
+    # at once; it waits for the merge only before its first store (configs.pdl_select_beside_merge).
+    beside = bool(filtered or top_logprobs) and pdl_select_beside_merge(dev)
+    fold = bool(filtered or top_logprobs) and not beside and merge_folds(plan.layout, dev)
     if fold:
         tokens = torch.empty(B, dtype=torch.int64, device=dev)
         lp = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else None
         lse = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else None
     else:
         tokens, lp, lse = launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs, raw=raw,
-                                       pdl_wait=pdl2)
+                                       pdl_wait=pdl2, trigger=beside)
     if filtered or top_logprobs:
         if top_logprobs:
             top_ids = torch.empty(B, top_logprobs, dtype=torch.int64, device=dev)
@@ -148,8 +151,8 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
         fallback = launch_select_filtered(
             plan.layout, buffers, B, params, vocab_size=vocab_size, tokens=tokens, logprobs=lp,
             top_n=top_logprobs, mode=logprobs_mode, top_ids=top_ids, top_lp=top_lp, tile_v=kept.tile_v,
-            need_key=kept.need_key, winners=plan.winner_logits, merge=fold, lse=lse, raw=raw, pdl_wait=pdl2,
-            trigger=pdl_fb)
+            need_key=kept.need_key, winners=plan.winner_logits, merge=fold, lse=lse, raw=raw,
+            pdl_wait=pdl2 and not beside, trigger=pdl_fb, late=beside)
         run_fallback(hidden, weight, params, vocab_size=vocab_size, flags=fallback,
                      tokens=tokens, kept=kept, logprobs=lp, top_n=top_logprobs, mode=logprobs_mode,
                      top_ids=top_ids, top_lp=top_lp, block_k=triton_twin(plan.config, D).block_k, pdl=pdl_fb)

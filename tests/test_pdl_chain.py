@@ -37,6 +37,7 @@ def test_sample_asks_for_the_pdl_chain_where_configured(monkeypatch, stage2, fal
     then run in order: the interpreter has no griddepcontrol)."""
     monkeypatch.setattr(sampling, "pdl_stage2", lambda device: stage2)
     monkeypatch.setattr(sampling, "pdl_fallback", lambda device: fallback)
+    monkeypatch.setattr(sampling, "pdl_select_beside_merge", lambda device: False)
     calls = []
     _record(monkeypatch, "launch_stage1", calls, ["trigger"])
     _record(monkeypatch, "launch_merge", calls, ["pdl_wait"])
@@ -55,6 +56,40 @@ def test_sample_asks_for_the_pdl_chain_where_configured(monkeypatch, stage2, fal
                      ("launch_select_filtered", {"pdl_wait": stage2, "trigger": fallback}),
                      ("run_fallback", {"pdl": fallback})]
     assert bool((out.tokens >= 0).all())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="calls fsdist.sample on CPU tensors, under the interpreter")
+@pytest.mark.parametrize("stage2", [False, True])
+def test_sample_runs_select_beside_the_merge_where_configured(monkeypatch, stage2):
+    """configs.pdl_select_beside_merge (v75): a filtered call launches the merge unfolded, letting select_filtered
+    launch at once (``trigger``; with PDL_STAGE2 the merge, not select_filtered, waits for stage 1), and
+    select_filtered reads the merge's verdict late (``late``). Under the interpreter the launches run in order: the
+    outputs are the folded call's (tokens, flags and top-N bit for bit; logprobs up to fp32 summation order)."""
+    monkeypatch.setattr(sampling, "pdl_stage2", lambda device: stage2)
+    monkeypatch.setattr(sampling, "pdl_fallback", lambda device: True)
+    monkeypatch.setattr(sampling, "merge_folds", lambda layout, device: True)
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(300, 32, generator=g)
+    h = torch.randn(5, 32, generator=g)
+    h[2, 0] = float("nan")  # a row the merge fails: -1 from its verdict, read late
+    kw = dict(temperature=torch.tensor([0.7, 0.0, 0.9, 1.1, 0.8]), seed=torch.arange(5) + 3,
+              top_k=torch.tensor([5, 5, 0, 0, 3], dtype=torch.int32), top_p=torch.tensor([0.9, 0.9, 1.0, 0.0, 0.8]),
+              return_logprobs=True, top_logprobs=2)
+    folded = fsdist.sample(h, w, **kw)
+    monkeypatch.setattr(sampling, "pdl_select_beside_merge", lambda device: True)
+    calls = []
+    _record(monkeypatch, "launch_stage1", calls, ["trigger"])
+    _record(monkeypatch, "launch_merge", calls, ["pdl_wait", "trigger"])
+    _record(monkeypatch, "launch_select_filtered", calls, ["pdl_wait", "trigger", "late", "merge"])
+    beside = fsdist.sample(h, w, **kw)
+    assert [c[0] for c in calls] == ["launch_stage1", "launch_merge", "launch_select_filtered"]
+    assert calls[1][1] == {"pdl_wait": stage2, "trigger": True}
+    assert calls[2][1] == {"pdl_wait": False, "trigger": True, "late": True, "merge": False}
+    assert torch.equal(beside.tokens, folded.tokens) and torch.equal(beside.fallback, folded.fallback)
+    assert torch.equal(beside.top_ids, folded.top_ids)
+    assert beside.tokens[2] == -1 and beside.tokens[3] == -1 and bool((beside.tokens[[0, 1, 4]] >= 0).all())
+    torch.testing.assert_close(beside.logprobs, folded.logprobs, rtol=1e-6, atol=1e-6, equal_nan=True)
+    torch.testing.assert_close(beside.top_logprobs, folded.top_logprobs, rtol=1e-6, atol=1e-6, equal_nan=True)
 
 
 def test_pdl_args_off_without_griddepcontrol(monkeypatch):
@@ -78,13 +113,15 @@ def test_pdl_args_off_without_griddepcontrol(monkeypatch):
 
 
 def test_pdl_switches_follow_the_configs(monkeypatch):
-    """Each switch on: only on an sm_90 GPU; off: nowhere. (Shipped: PDL_FALLBACK on, PDL_STAGE2 off, v74.)"""
-    assert configs.PDL_FALLBACK and not configs.PDL_STAGE2
+    """Each switch on: only on an sm_90 GPU; off: nowhere. (Shipped: PDL_FALLBACK on, PDL_STAGE2 off, v74;
+    PDL_SELECT_BESIDE_MERGE on, v75.)"""
+    assert configs.PDL_FALLBACK and not configs.PDL_STAGE2 and configs.PDL_SELECT_BESIDE_MERGE
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     dev = torch.device("cuda", 0)
-    for flag, fn in (("PDL_STAGE2", configs.pdl_stage2), ("PDL_FALLBACK", configs.pdl_fallback)):
+    for flag, fn in (("PDL_STAGE2", configs.pdl_stage2), ("PDL_FALLBACK", configs.pdl_fallback),
+                     ("PDL_SELECT_BESIDE_MERGE", configs.pdl_select_beside_merge)):
         monkeypatch.setattr(configs, flag, True)
         assert not fn(torch.device("cpu"))
         if torch.version.hip is None:
@@ -120,7 +157,10 @@ def _same(a, b, what):
 @pytest.mark.parametrize("B", [1, 16, 32, 64, 80])
 def test_pdl_chain_is_bit_for_bit(monkeypatch, B):
     """PDL on against PDL off: plain, top-p with top-N logprobs, top-k + top-p, min-p; eager and 12 graph replays whose
-    offsets and hidden change in place. B = 80: two fallback rounds (POOL_ROWS = 64), all rows but a few flat."""
+    offsets and hidden change in place. B = 80: two fallback rounds (POOL_ROWS = 64), all rows but a few flat.
+    On: every switch (stage 2 behind stage 1, the fallback's chain, select_filtered beside the merge, v75); off: the
+    launches in order with the merge unfolded (the same kernels; the folded merge sums logprobs in another order),
+    and the folded call's tokens, flags and top-N too."""
     if not configs.pdl_supported(torch.device("cuda")):
         pytest.skip("programmatic dependent launch needs compute capability 9.0+")
     h, w, params = _inputs(B, seed=700 + B, flat_every=1 if B == 80 else 3)
@@ -135,13 +175,18 @@ def test_pdl_chain_is_bit_for_bit(monkeypatch, B):
              "min_p": dict(min_p=torch.full((B,), 0.05, device="cuda"), return_logprobs=True)}
     fell = 0
     for name, kw in cases.items():
-        def run(pdl):
+        def run(pdl, fold=False):
             monkeypatch.setattr(configs, "PDL_STAGE2", pdl)
             monkeypatch.setattr(configs, "PDL_FALLBACK", pdl)
+            monkeypatch.setattr(configs, "PDL_SELECT_BESIDE_MERGE", pdl)
+            monkeypatch.setattr(sampling, "merge_folds", lambda layout, device: fold)
             return fsdist.sample(h, w, **params, **kw)
 
-        in_order, chained = run(False), run(True)
+        in_order, chained, folded = run(False), run(True), run(False, fold=True)
         _same(chained, in_order, f"{name} eager")
+        for field in ("tokens", "top_ids", "fallback"):
+            assert torch.equal(getattr(chained, field), getattr(folded, field)) if getattr(folded, field) is not None \
+                else getattr(chained, field) is None, f"{name}: {field} differ from the folded call's"
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

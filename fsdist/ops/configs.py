@@ -273,6 +273,13 @@ PDL_STAGE2 = False
 # instruction, so a call with nothing to resolve pays less for the two launches after select_filtered (v74, H200:
 # -0.5 to -2 µs a filtered call at B = 1-64, measured on calls with no row to resolve).
 PDL_FALLBACK = True
+# select_filtered beside the merge (v75): a single-GPU filtered / top-N call launches the merge unfolded, which lets
+# select_filtered launch at once as its programmatic dependent; select_filtered reads only stage 1's candidates
+# until its thresholds are found and waits for the merge's end only before its first store (it needs the merge's
+# verdict on each row then, and must overwrite the merge's tokens). The merge's work (each row's winner over every
+# slot, and its stores) then runs beside select_filtered instead of inside it. False: the merge folded into
+# select_filtered (one program does both), as before.
+PDL_SELECT_BESIDE_MERGE = True
 
 
 def pdl_after_entry_offsets(device) -> bool:
@@ -447,3 +454,9 @@ def choose_path(batch: int, hidden_size: int, device_type: str, elem_size: int =
     if last == 0 or last >= FULL_TILE_ROWS:
         return "fused"
     return "fused" if hidden_size <= PADDED_FUSED_MAX_HIDDEN and batch <= PADDED_FUSED_MAX_BATCH else "chunked"
+
+
+def pdl_select_beside_merge(device) -> bool:
+    """Whether a single-GPU filtered / top-N call runs select_filtered beside the merge (PDL_SELECT_BESIDE_MERGE)
+    instead of folding the merge into it: where PDL runs (``pdl_supported``)."""
+    return PDL_SELECT_BESIDE_MERGE and pdl_supported(device)

@@ -163,7 +163,7 @@ def merge_candidates_kernel(
 def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: RowParams, *,
                  logprobs: bool = False, stats: bool = False, blocks: Optional[Tuple[int, int]] = None,
                  check: Optional[HeaderCheck] = None, raw: bool = False,
-                 end_step: Optional[torch.Tensor] = None, pdl_wait: bool = False):
+                 end_step: Optional[torch.Tensor] = None, pdl_wait: bool = False, trigger: bool = False):
     """Stage 2 over the local buffers ``src``: (tokens int64 [B], logprobs fp32 [B] or None,
     logsumexp fp32 [B] or None), plus, with ``stats``, fp32 [2, B] = (max raw logit M, log S)
     per row, S = sum exp((logit - M) / T) (the group-log-mass reduction publishes them).
@@ -176,7 +176,9 @@ def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: R
     this merge is the step's last reader, and its last program ends the step (``step_check.finish_step``:
     the device counter ``src.parity`` advances, the check's findings join its sticky word) instead of a
     separate ``launch_end_step``. Needs ``check`` and a device counter. pdl_wait: launched as a programmatic
-    dependent of the launch before it (configs.pdl_stage2), which it waits for at its first instruction.
+    dependent of the launch before it (configs.pdl_stage2), which it waits for at its first instruction. trigger:
+    the caller's next launch is a programmatic dependent of this one and may launch now (select_filtered beside the
+    merge, configs.pdl_select_beside_merge).
     """
     if src.peer_table:
         raise ValueError("stage 2 reads this process's buffers, not a peer table")
@@ -213,7 +215,7 @@ def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: R
             BLOCK_R=block_r, BLOCK_S=block_s, LOGPROBS=logprobs, DEVICE_PARITY=par_on,
             TEMP_PER_ROW=temp_row, STATS=stats, CHECK=check is not None, RAW=raw and logprobs,
             END_STEP=end_step is not None, NW=writers_block(layout.n_shards), ONE_SHARD=layout.n_shards == 1,
-            num_warps=4, **pdl_args(device, wait=pdl_wait),
+            num_warps=4, **pdl_args(device, wait=pdl_wait, trigger=trigger),
         )
     out = (tokens, (lp if logprobs else None), (lse if logprobs else None))
     return out + (st,) if stats else out

@@ -103,7 +103,8 @@ from .noise import gumbel_from_bits, vocab_bits
 from .merge_candidates import slot_winner, store_merged
 from .parity import parity_args, parity_offsets
 from .top_logprobs import fill_free_ids, place_pick, top_n_normaliser
-from .utils import fast_log_ok, load_row_param, pdl_args, pdl_prologue, row_param_args
+from .utils import (fast_log_ok, load_row_param, pdl_args, pdl_prologue, pdl_supported, pdl_wait_point,
+                    row_param_args)
 
 MODE_SCALED, MODE_RAW, MODE_PROCESSED = 0, 1, 2
 # Most kept logits above the boundary a row may have for the packed search (else all of U
@@ -524,7 +525,8 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
                 SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TOP_N: tl.constexpr,
                 TOP_N_POW2: tl.constexpr, MODE: tl.constexpr, LOGPROBS: tl.constexpr, FAST_LOG: tl.constexpr,
                 SMALL: tl.constexpr = 0, SMALL_CHUNK: tl.constexpr = 32, WIDE: tl.constexpr = 0,
-                GROUP: tl.constexpr = 1, SORTED: tl.constexpr = True, IDS_AT: tl.constexpr = False):
+                GROUP: tl.constexpr = 1, SORTED: tl.constexpr = True, IDS_AT: tl.constexpr = False,
+                DEAD_LATE: tl.constexpr = False, PDL_LATE: tl.constexpr = False):
     """Thresholds, proof, token, logprobs and top-N of each row from its kept logits ``vals`` /
     ``ids`` [rows, n] (-inf = empty): all of U, or only its elements above the boundary (the
     same outcome: see the module docstring). The fallback calls it too, on a row's logits at or
@@ -544,6 +546,10 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
     lets the packs scan groups instead of lanes (pack_lanes); 1 for any other order. IDS_AT: ``ids`` are pointers
     to the ids (of the lanes vals holds), loaded only where a branch uses them (``ids_where``): a packed branch loads
     P's ids, not all of U's (v52's profile: the eager load of U's ids was 5-9% of select_filtered's stall samples).
+    DEAD_LATE (select_filtered beside the merge, ``launch_select_filtered(late=True)``): the caller took no row for
+    dead (``filtered`` / ``row_bad`` without the merge's verdict); once the thresholds are found, and before the
+    first store, it is read from ``tokens_ptr`` (the merge's -1), with PDL_LATE after waiting for the merge's end
+    (griddepcontrol.wait), and the rows the caller found bad and the merge did not get their -1 / NaN here.
     """
     BLOCK_R: tl.constexpr = vals.shape[0]
     live = vals > float("-inf")
@@ -616,6 +622,17 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
         key_km, key_s, key_t, tok, z_kept, l_tok, best = _search_rows(
             vals, ids_where(ids, live, IDS_AT), skeys, mass, live, kk, lo, hi, n_lo, ask_k, any_k, use_k, k_known,
             key_minp, z_full, use_p, any_p, top_p, floor_key, noise_scale, seed, offset, FAST_LOG)
+    if DEAD_LATE:
+        # Everything above read only stage 1's candidates; from here on the merge's writes matter: its verdict on
+        # each row (-1: no valid token), and its tokens / logprobs, which the stores below overwrite.
+        pdl_wait_point(PDL_LATE)
+        dead = tl.load(tokens_ptr + rows, mask=mask_r, other=-1) < 0
+        newly_bad = row_bad & ~dead & mask_r  # (row_bad: the caller's bad filter values alone)
+        tl.store(tokens_ptr + rows, -1, mask=newly_bad)
+        if LOGPROBS:
+            tl.store(logprob_ptr + rows, float("nan"), mask=newly_bad)
+        filtered = filtered & ~dead
+        row_bad = row_bad | dead
     # Top-p renormalises over S: its sum comes from U only if S lies above B.
     proven = complete | (s_known & (key_t > bkey) & (~use_p | (key_s == 0) | (key_s > bkey)))
     done = filtered & proven & mask_r
@@ -728,6 +745,7 @@ def select_filtered_kernel(
     WINNERS: tl.constexpr = False, WINNERS_UNCHECKED: tl.constexpr = False, WON: tl.constexpr = False,
     MERGE: tl.constexpr = False, RAW: tl.constexpr = False, ONE_SHARD: tl.constexpr = False,
     SORTED: tl.constexpr = True, PDL_WAIT: tl.constexpr = False, TRIGGER: tl.constexpr = False,
+    DEAD_LATE: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
 ):
     # A programmatic dependent of stage 1 (configs.pdl_stage2) waits for it here; the fallback's materialize, a
     # dependent of this launch (configs.pdl_fallback), may launch once every program of this one has started.
@@ -756,6 +774,11 @@ def select_filtered_kernel(
                      stride_field, stride_slot, LOGPROBS, RAW)
         # The rows finished below overwrite these stores, maybe from other threads: order them.
         tl.debug_barrier()
+    elif DEAD_LATE:
+        # Beside the merge (launch_select_filtered(late=True)): it may still run, so its verdict is read only where
+        # it matters, after the thresholds (finish_rows, or the branch without active rows below); until then every
+        # row counts as alive (a dead row's work is thrown away: its NaN / inf keys cannot stall a bounded search).
+        dead = tl.zeros([BLOCK_R], tl.int1)
     else:
         # Stage 2 (merge_candidates) ran first and wrote -1 for rows without a valid token
         # (NaN / +inf logits, bad temperature, no finite logit, a tensor-parallel mismatch).
@@ -772,10 +795,11 @@ def select_filtered_kernel(
     use_minp = min_p > 0.0
     filtered = ~greedy & (use_k | use_p | use_minp) & ~bad_filter & ~dead
     row_bad = dead | bad_filter
-    newly_bad = bad_filter & ~dead & mask_r
-    tl.store(tokens_ptr + rows, -1, mask=newly_bad)
-    if LOGPROBS:
-        tl.store(logprob_ptr + rows, float("nan"), mask=newly_bad)
+    if not DEAD_LATE:  # (else once the merge's verdict is known)
+        newly_bad = bad_filter & ~dead & mask_r
+        tl.store(tokens_ptr + rows, -1, mask=newly_bad)
+        if LOGPROBS:
+            tl.store(logprob_ptr + rows, float("nan"), mask=newly_bad)
     if TOP_N > 0:
         active = mask_r
     else:
@@ -814,7 +838,7 @@ def select_filtered_kernel(
                 seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
                 small_f, small_i, rows.to(tl.int64) * SCRATCH_LANES,
                 SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, SMALL_CAP,
-                SMALL_CHUNK, WIDE_CAP, 1, SORTED)
+                SMALL_CHUNK, WIDE_CAP, 1, SORTED, False, DEAD_LATE, PDL_LATE)
         else:
             need, lower, drew_small, pending, topn_ok, key_minp, tok_u, l_u, best_u = finish_rows(
                 vals, ids_at,
@@ -823,7 +847,8 @@ def select_filtered_kernel(
                 seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
                 small_f, small_i, rows.to(tl.int64) * SCRATCH_LANES,
                 SEED_PER_ROW, OFFSET_PER_ROW, TOP_N, TOP_N_POW2, MODE, LOGPROBS, FAST_LOG, SMALL_CAP,
-                SMALL_CHUNK, WIDE_CAP, KEEP, SORTED, True)  # (U: KEEP lanes a slot, largest first; ids where used)
+                SMALL_CHUNK, WIDE_CAP, KEEP, SORTED, True,  # (U: KEEP lanes a slot, largest first; ids where used)
+                DEAD_LATE, PDL_LATE)
         if DREW:  # instrumentation: 1 / 2 where top-p and the draw ran over P packed in SMALL / WIDE lanes
             tl.store(drew_ptr + rows, drew_small, mask=mask_r)
         # the winners carry no survivor mass: "processed" values are never asked of them (the launcher)
@@ -869,6 +894,12 @@ def select_filtered_kernel(
             fits = (lower > 0) & (n_u + TILE_V * n_tiles <= REFINE_CAP)
             tl.store(need_key_ptr + rows, tl.where(fits, lower, 0), mask=need)
     else:
+        if DEAD_LATE:  # (no row to finish here; the rows with bad filter values still get their -1)
+            pdl_wait_point(PDL_LATE)
+            newly_bad = bad_filter & (tl.load(tokens_ptr + rows, mask=mask_r, other=-1) >= 0) & mask_r
+            tl.store(tokens_ptr + rows, -1, mask=newly_bad)
+            if LOGPROBS:
+                tl.store(logprob_ptr + rows, float("nan"), mask=newly_bad)
         # Every row's flag is written here (the caller allocates them uninitialised: no fill launch).
         tl.store(fallback_ptr + rows, tl.zeros([BLOCK_R], tl.int1), mask=mask_r)
 
@@ -890,7 +921,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
                            drew_small=None, winners: bool = False, won=None, winners_unchecked: bool = False,
                            num_warps: int = None, wide_cap: int = None, merge: bool = False, lse=None,
                            raw: bool = False, sorted_top_p: bool = None, pdl_wait: bool = False,
-                           trigger: bool = False):
+                           trigger: bool = False, late: bool = False):
     """Finish filtered rows and top-N logprobs from an extended candidate buffer ``src``, after
     launch_merge wrote ``tokens`` (and ``logprobs``) for every row; or, with ``merge``, in place of
     launch_merge: the kernel then first writes what the merge would (``tokens``, and with ``logprobs``
@@ -925,11 +956,20 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     for it (tests/ops/test_select_filtered.py runs both against the search).
     pdl_wait: launched as a programmatic dependent of the launch before it (configs.pdl_stage2), which it waits for
     at its first instruction; trigger: the caller's next launch is such a dependent (configs.pdl_fallback).
+    late: the merge (``launch_merge(trigger=True)``, unfolded: ``merge`` False) was launched just before and may still
+    run (configs.pdl_select_beside_merge): the kernel reads only stage 1's candidates until its thresholds are
+    found, and the merge's verdict on each row (its -1 tokens) only then, after waiting for the merge's end where
+    PDL runs (``utils.pdl_wait_point``); elsewhere (a CPU, an older GPU) the launches run in order and the verdict is
+    read at the same point. The same results as the merge first, then select_filtered.
     """
     if not layout.extended:
         raise ValueError("filters and top-N logprobs need an extended candidate layout (layout.fields(extended=True))")
     if merge and (layout.checked or src.peer_table):
         raise ValueError("the merge folds into select_filtered only on an unchecked local buffer (no header check)")
+    if merge and late:
+        raise ValueError("late is for select_filtered beside an unfolded merge (merge=False)")
+    if late and pdl_wait:
+        raise ValueError("late and pdl_wait are two places for one wait: pass one")
     if merge and logprobs is not None and (lse is None or (raw and mode != "raw")):
         raise ValueError("a folded merge with logprobs needs an lse tensor, and raw logprobs need mode='raw'")
     device = src.f.device
@@ -992,6 +1032,10 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     lanes = max(small, wide, 1)
     small_f = torch.empty(max(batch * lanes, 1), dtype=torch.float32, device=device)
     small_i = torch.empty(max(batch * lanes, 1), dtype=torch.int32, device=device)
+    pdl = pdl_args(device, wait=pdl_wait, trigger=trigger)
+    late_pdl = bool(late) and pdl_supported(device)
+    if late_pdl:
+        pdl["launch_pdl"] = True  # a programmatic dependent of the merge, which waits at pdl_wait_point
     select_filtered_kernel[(triton.cdiv(batch, block_r),)](
         src.f, src.i, src.base_f, src.base_i, par_p, par_f, par_i,
         batch, layout.n_slots, layout.n_local, layout.stride_shard, layout.stride_shard_i, layout.stride_field,
@@ -1015,7 +1059,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         # pairwise top-p in [rows, small, chunk] steps: the interpreter's many-row programs stay under
         # Triton's 2**20-element tensors
         SMALL_CHUNK=32 if on_gpu else max(1, min(32, 2 ** 20 // max(1, block_r * small))),
-        **pdl_args(device, wait=pdl_wait, trigger=trigger),
+        **pdl, DEAD_LATE=bool(late), PDL_LATE=late_pdl,
         num_warps=(SELECT_WARPS if num_warps is None else int(num_warps)) if on_gpu else 4,
     )
     return fallback

@@ -30,6 +30,15 @@ def pdl_prologue(WAIT: tl.constexpr, TRIGGER: tl.constexpr):
         gdc_launch_dependents()
 
 
+@triton.jit
+def pdl_wait_point(ON: tl.constexpr):
+    """A programmatic dependent's wait placed later than its first instruction (``launch_select_filtered(late=True)``):
+    with ON, wait here until the launch before it has ended and its writes are visible. Everything before it may
+    read only what was complete when that launch started (it let this one launch only after its own wait)."""
+    if ON:
+        gdc_wait()
+
+
 def pdl_supported(device) -> bool:
     """Whether programmatic dependent launch can run on ``device``: an NVIDIA GPU of compute capability 9 or more
     (griddepcontrol) with a CUDA 12.3+ build of torch, never under the interpreter (it has no griddepcontrol)."""

@@ -139,7 +139,8 @@ CASES = {
                         TOP_N_POW2=8, MODE=2, LOGPROBS=True, FAST_LOG=True, DEVICE_PARITY=True, PACK=True, CAP=2048,
                         SEARCHED=True, TILE_V=128, REFINE_CAP=4096, SMALL_CAP=128, DREW=True, SMALL_CHUNK=32,
                         WIDE_CAP=1024, SCRATCH_LANES=1024, WINNERS=False, WINNERS_UNCHECKED=False, WON=False,
-                        MERGE=False, RAW=False, ONE_SHARD=False, SORTED=True, PDL_WAIT=False, TRIGGER=False),
+                        MERGE=False, RAW=False, ONE_SHARD=False, SORTED=True, PDL_WAIT=False, TRIGGER=False,
+                        DEAD_LATE=False, PDL_LATE=False),
         num_warps=16),  # select_filtered.SELECT_WARPS
     "entry_offsets": dict(
         module="fsdist.ops.entry_offsets", kernel="entry_offsets_kernel",
@@ -294,6 +295,17 @@ for _name in ("fallback_materialize", "fallback_resolve"):
         **(dict(PEER_TABLE=False, NPEERS=1) if _name == "fallback_materialize" else {})),
         types=dict(CASES[_name]["types"], **({"pool_ptr": "*fp32"} if _name == "fallback_materialize" else {})),
         ptx_has=["griddepcontrol.wait", "griddepcontrol.launch_dependents"], wait_first=True)
+# select_filtered beside the merge (v75, configs.pdl_select_beside_merge), as fsdist.sample's filtered calls launch
+# it: the merge lets it launch at once; it reads stage 1's candidates first and waits for the merge only before its
+# first store (so no wait_first check: loads before the wait are the point), and lets the fallback launch.
+CASES["select_filtered_beside_div16"] = dict(
+    CASES["select_filtered"], divisible=True, constexprs=dict(
+        CASES["select_filtered"]["constexprs"], MODE=0, ONE_SHARD=True, PACK=False, CAP=1, SEARCHED=False, DREW=False,
+        MINP_PER_ROW=True, WINNERS=True, TOP_N=0, TOP_N_POW2=1, DEVICE_PARITY=False, TRIGGER=True, DEAD_LATE=True,
+        PDL_LATE=True), ptx_has=["griddepcontrol.wait", "griddepcontrol.launch_dependents"])
+CASES["stage2_one_shard_trigger_div16"] = dict(
+    CASES["stage2_one_shard"], divisible=True, constexprs=dict(CASES["stage2_one_shard"]["constexprs"], TRIGGER=True),
+    ptx_has=["griddepcontrol.launch_dependents"], ptx_lacks=["griddepcontrol.wait"])
 # Stage 1's Triton kernel letting stage 2 launch (v74, PDL_STAGE2), also as v73's dependent of the entry offsets.
 CASES["stage1_fused_trigger"] = dict(
     CASES["stage1_fused_tma"], constexprs=dict(CASES["stage1_fused_tma"]["constexprs"], TRIGGER=True, PDL_WAIT=True),

@@ -493,13 +493,17 @@ def _fold_rows(device):
     return B, logits, params
 
 
-def _merged_select(layout, buffers, B, params, mode, top_n, logprobs, fold):
-    """(tokens, logprobs, lse, top ids, top logprobs, flags, need keys): launch_merge then select_filtered, or
-    select_filtered with the merge folded in (``fold``) on outputs that start as sentinels."""
+def _merged_select(layout, buffers, B, params, mode, top_n, logprobs, fold, late=False, verdict=None):
+    """(tokens, logprobs, lse, top ids, top logprobs, flags, need keys): launch_merge then select_filtered (``late``:
+    select_filtered as beside the merge, reading its verdict only before its first store), or select_filtered with
+    the merge folded in (``fold``) on outputs that start as sentinels. verdict: a function of the merge's tokens
+    whose result select_filtered then finds in their place (power tests)."""
     dev = buffers.f.device
     raw = logprobs and mode == "raw"
     if fold is None:
         tokens, lp, lse = launch_merge(layout, buffers, B, params, logprobs=logprobs, raw=raw)
+        if verdict is not None:
+            tokens = verdict(tokens)
     else:
         tokens = torch.full((B,), -5, dtype=torch.int64, device=dev)
         lp = torch.full((B,), -5.0, device=dev) if logprobs else None
@@ -509,7 +513,7 @@ def _merged_select(layout, buffers, B, params, mode, top_n, logprobs, fold):
     need_key = torch.full((B,), -9, dtype=torch.int64, device=dev)
     fb = sf.launch_select_filtered(layout, buffers, B, params, vocab_size=layout.n_local * BLOCK_V, tokens=tokens,
                                    logprobs=lp, top_n=top_n, mode=mode, top_ids=top_ids, top_lp=top_lp,
-                                   need_key=need_key, merge=bool(fold), lse=lse, raw=raw)
+                                   need_key=need_key, merge=bool(fold), lse=lse, raw=raw, late=late)
     cpu = (lambda t: None if t is None else t.cpu())
     return (tokens.cpu(), cpu(lp), cpu(lse), top_ids.cpu(), top_lp.cpu(), fb.cpu(), need_key.cpu())
 
@@ -532,6 +536,50 @@ def test_the_folded_merge_equals_merge_then_select(device, mode, top_n, logprobs
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, equal_nan=True)
     if logprobs:
         assert torch.isnan(two[2][[6, 7]]).all() and two[2][8] == float("-inf")  # lse of poisoned / empty rows
+
+
+@pytest.mark.parametrize("mode, top_n, logprobs", [("scaled", 0, True), ("raw", 3, True), ("processed", 2, True),
+                                                   ("raw", 4, False)])
+def test_select_beside_the_merge_equals_merge_then_select(device, mode, top_n, logprobs):
+    """select_filtered beside the merge (launch_select_filtered(late=True); on a GPU a programmatic dependent that
+    waits for the merge only before its first store) reads the merge's verdict on each row late: every output, bit
+    for bit, as with the merge's verdict read first, on filtered, unfiltered, greedy, failed and bad-filter rows."""
+    B, logits, params = _fold_rows(device)
+    layout, buffers = _stage1(device, logits, params)
+    first = _merged_select(layout, buffers, B, params, mode, top_n, logprobs, fold=None)
+    late = _merged_select(layout, buffers, B, params, mode, top_n, logprobs, fold=None, late=True)
+    assert (first[0][[6, 7, 8, 9]] == -1).all() and (first[0] >= 0).sum() >= 8
+    for a, b in zip(late, first):
+        if b is not None:
+            a, b = (a.view(torch.int32), b.view(torch.int32)) if a.dtype == torch.float32 else (a, b)
+            assert torch.equal(a, b)
+
+
+def test_a_late_verdict_ignored_would_be_caught(device):
+    """Power: the late read must change what select_filtered writes. With the merge's -1 replaced by a valid token
+    before select_filtered reads it (what a kernel that never looked at the verdict would assume), the poisoned and
+    bad-temperature rows get tokens: the comparison above fails; and with every row dead, nothing is sampled."""
+    B, logits, params = _fold_rows(device)
+    layout, buffers = _stage1(device, logits, params)
+    first = _merged_select(layout, buffers, B, params, "scaled", 0, True, fold=None)
+    alive = _merged_select(layout, buffers, B, params, "scaled", 0, True, fold=None, late=True,
+                           verdict=lambda t: t.clamp(min=0))
+    assert not torch.equal(alive[0], first[0])
+    assert (alive[0][[6, 7]] >= 0).any()
+    dead = _merged_select(layout, buffers, B, params, "scaled", 0, True, fold=None, late=True,
+                          verdict=lambda t: torch.full_like(t, -1))
+    assert (dead[0] == -1).all() and not dead[5].any()
+
+
+def test_late_is_refused_with_a_folded_merge_or_a_first_wait(device):
+    B, logits, params = _fold_rows(device)
+    layout, buffers = _stage1(device, logits, params)
+    tokens = torch.empty(B, dtype=torch.int64, device=buffers.f.device)
+    with pytest.raises(ValueError, match="unfolded merge"):
+        sf.launch_select_filtered(layout, buffers, B, params, vocab_size=4096, tokens=tokens, merge=True, late=True)
+    with pytest.raises(ValueError, match="one wait"):
+        sf.launch_select_filtered(layout, buffers, B, params, vocab_size=4096, tokens=tokens, late=True,
+                                  pdl_wait=True)
 
 
 def test_a_missing_merge_would_be_caught(device):
