@@ -303,6 +303,12 @@ CASES["select_filtered_beside_div16"] = dict(
         CASES["select_filtered"]["constexprs"], MODE=0, ONE_SHARD=True, PACK=False, CAP=1, SEARCHED=False, DREW=False,
         MINP_PER_ROW=True, WINNERS=True, TOP_N=0, TOP_N_POW2=1, DEVICE_PARITY=False, TRIGGER=True, DEAD_LATE=True,
         PDL_LATE=True), ptx_has=["griddepcontrol.wait", "griddepcontrol.launch_dependents"])
+# ... over a small vocabulary (V = 1,024: 32 kept logits a row, where Triton 3.6 once failed select_filtered's
+# layouts on 16 warps): fsdist.sample's filtered calls there run beside the merge too.
+CASES["select_filtered_small_beside_div16"] = dict(
+    CASES["select_filtered_small"], divisible=True, constexprs=dict(
+        CASES["select_filtered_small"]["constexprs"], TRIGGER=True, DEAD_LATE=True, PDL_LATE=True, LOGPROBS=True),
+    ptx_has=["griddepcontrol.wait", "griddepcontrol.launch_dependents"])
 CASES["stage2_one_shard_trigger_div16"] = dict(
     CASES["stage2_one_shard"], divisible=True, constexprs=dict(CASES["stage2_one_shard"]["constexprs"], TRIGGER=True),
     ptx_has=["griddepcontrol.launch_dependents"], ptx_lacks=["griddepcontrol.wait"])
