@@ -45,7 +45,7 @@ from fsdist.params import RowParams
 from fsdist.timing import CapturedGraph, L2Flusher, median_us, time_graph
 
 # --pdl's settings: (configs.PDL_STAGE2, configs.PDL_FALLBACK, configs.PDL_SELECT_BESIDE_MERGE); "fallback" is v74's
-# shipped setting, "beside" v75's
+# shipped setting, "beside" v76's (shipped)
 PDL_SETTINGS = {"off": (False, False, False), "stage2": (True, False, False), "fallback": (False, True, False),
                 "on": (True, True, True), "beside": (False, True, True),
                 # a probe's upper bounds, not modes (FALLBACK_PATCHES): as shipped but the fallback's launches

@@ -126,7 +126,8 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     buffers = BufferPair.alloc(plan.layout, hidden.device)
     dev = hidden.device
     # Programmatic dependent launches (sm_90+): stage 2 launches while stage 1's last tiles run, the fallback's
-    # launches while select_filtered runs; each waits for the launch before it at its first instruction.
+    # launches while select_filtered runs; each waits for the launch before it at its first instruction, except
+    # select_filtered beside the merge, which waits only before its first store (below).
     pdl2, pdl_fb = pdl_stage2(dev), pdl_fallback(dev)
     launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size, trigger=pdl2)
     top_ids = top_lp = fallback = None

@@ -1,8 +1,10 @@
-"""A single-GPU call's programmatic dependent launches (configs.PDL_STAGE2 / PDL_FALLBACK, sm_90+; v74).
+"""A single-GPU call's programmatic dependent launches (configs.PDL_STAGE2 / PDL_FALLBACK, sm_90+, v74;
+PDL_SELECT_BESIDE_MERGE, v76).
 
 * CPU: fsdist.sample asks for them exactly where the configs say (stage 1 lets stage 2 launch, stage 2 waits;
-  select_filtered lets the fallback's first launch start, the fallback chains its launches), and nowhere when
-  they are off; the launchers turn them off on devices without griddepcontrol (a CPU, the interpreter).
+  select_filtered lets the fallback's first launch start, the fallback chains its launches; the merge lets
+  select_filtered launch beside it, which waits late), and nowhere when they are off; the launchers turn them
+  off on devices without griddepcontrol (a CPU, the interpreter).
 * GPU: the chain gives the results of the launches in order, bit for bit (tokens, logprobs, top-N, fallback
   flags), in eager calls and CUDA-graph replays whose inputs change in place, with rows that do fall back (one
   and two fallback rounds) beside rows that do not. A dependent that read before its predecessor ended would
@@ -19,12 +21,15 @@ import fsdist.sampling as sampling
 from fsdist.ops.utils import pdl_args
 
 
-def _record(monkeypatch, name, calls, drop):
-    """Wrap fsdist.sampling's ``name``: record its keyword arguments ``drop`` and call it without them."""
+def _record(monkeypatch, name, calls, drop, keep=()):
+    """Wrap fsdist.sampling's ``name``: record its keyword arguments ``drop`` and call it without them, and those in
+    ``keep`` (recorded too) with them."""
     original = getattr(sampling, name)
 
     def wrapper(*args, **kwargs):
-        calls.append((name, {k: kwargs.pop(k) for k in drop if k in kwargs}))
+        seen = {k: kwargs.pop(k) for k in drop if k in kwargs}
+        seen.update({k: kwargs[k] for k in keep if k in kwargs})
+        calls.append((name, seen))
         return original(*args, **kwargs)
 
     monkeypatch.setattr(sampling, name, wrapper)
@@ -61,7 +66,7 @@ def test_sample_asks_for_the_pdl_chain_where_configured(monkeypatch, stage2, fal
 @pytest.mark.skipif(torch.cuda.is_available(), reason="calls fsdist.sample on CPU tensors, under the interpreter")
 @pytest.mark.parametrize("stage2", [False, True])
 def test_sample_runs_select_beside_the_merge_where_configured(monkeypatch, stage2):
-    """configs.pdl_select_beside_merge (v75): a filtered call launches the merge unfolded, letting select_filtered
+    """configs.pdl_select_beside_merge (v76): a filtered call launches the merge unfolded, letting select_filtered
     launch at once (``trigger``; with PDL_STAGE2 the merge, not select_filtered, waits for stage 1), and
     select_filtered reads the merge's verdict late (``late``). Under the interpreter the launches run in order: the
     outputs are the folded call's (tokens, flags and top-N bit for bit; logprobs up to fp32 summation order)."""
@@ -80,7 +85,8 @@ def test_sample_runs_select_beside_the_merge_where_configured(monkeypatch, stage
     calls = []
     _record(monkeypatch, "launch_stage1", calls, ["trigger"])
     _record(monkeypatch, "launch_merge", calls, ["pdl_wait", "trigger"])
-    _record(monkeypatch, "launch_select_filtered", calls, ["pdl_wait", "trigger", "late", "merge"])
+    # (late and merge reach the launcher: the call really runs select_filtered reading the verdict late)
+    _record(monkeypatch, "launch_select_filtered", calls, ["pdl_wait", "trigger"], keep=["late", "merge"])
     beside = fsdist.sample(h, w, **kw)
     assert [c[0] for c in calls] == ["launch_stage1", "launch_merge", "launch_select_filtered"]
     assert calls[1][1] == {"pdl_wait": stage2, "trigger": True}
@@ -114,7 +120,7 @@ def test_pdl_args_off_without_griddepcontrol(monkeypatch):
 
 def test_pdl_switches_follow_the_configs(monkeypatch):
     """Each switch on: only on an sm_90 GPU; off: nowhere. (Shipped: PDL_FALLBACK on, PDL_STAGE2 off, v74;
-    PDL_SELECT_BESIDE_MERGE on, v75.)"""
+    PDL_SELECT_BESIDE_MERGE on, v76.)"""
     assert configs.PDL_FALLBACK and not configs.PDL_STAGE2 and configs.PDL_SELECT_BESIDE_MERGE
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
@@ -158,7 +164,7 @@ def _same(a, b, what):
 def test_pdl_chain_is_bit_for_bit(monkeypatch, B):
     """PDL on against PDL off: plain, top-p with top-N logprobs, top-k + top-p, min-p; eager and 12 graph replays whose
     offsets and hidden change in place. B = 80: two fallback rounds (POOL_ROWS = 64), all rows but a few flat.
-    On: every switch (stage 2 behind stage 1, the fallback's chain, select_filtered beside the merge, v75); off: the
+    On: every switch (stage 2 behind stage 1, the fallback's chain, select_filtered beside the merge, v76); off: the
     launches in order with the merge unfolded (the same kernels; the folded merge sums logprobs in another order),
     and the folded call's tokens, flags and top-N too."""
     if not configs.pdl_supported(torch.device("cuda")):

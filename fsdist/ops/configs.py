@@ -273,7 +273,7 @@ PDL_STAGE2 = False
 # instruction, so a call with nothing to resolve pays less for the two launches after select_filtered (v74, H200:
 # -0.5 to -2 µs a filtered call at B = 1-64, measured on calls with no row to resolve).
 PDL_FALLBACK = True
-# select_filtered beside the merge (v75): a single-GPU filtered / top-N call launches the merge unfolded, which lets
+# select_filtered beside the merge (v76): a single-GPU filtered / top-N call launches the merge unfolded, which lets
 # select_filtered launch at once as its programmatic dependent; select_filtered reads only stage 1's candidates
 # until its thresholds are found and waits for the merge's end only before its first store (it needs the merge's
 # verdict on each row then, and must overwrite the merge's tokens). The merge's work (each row's winner over every

@@ -747,8 +747,9 @@ def select_filtered_kernel(
     SORTED: tl.constexpr = True, PDL_WAIT: tl.constexpr = False, TRIGGER: tl.constexpr = False,
     DEAD_LATE: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
 ):
-    # A programmatic dependent of stage 1 (configs.pdl_stage2) waits for it here; the fallback's materialize, a
-    # dependent of this launch (configs.pdl_fallback), may launch once every program of this one has started.
+    # A programmatic dependent of stage 1 (configs.pdl_stage2) waits for it here (beside the merge, PDL_LATE: later,
+    # before the first store); the fallback's materialize, a dependent of this launch (configs.pdl_fallback), may
+    # launch once every program of this one has started.
     pdl_prologue(PDL_WAIT, TRIGGER)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rows < B
@@ -921,9 +922,10 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
                            drew_small=None, winners: bool = False, won=None, winners_unchecked: bool = False,
                            num_warps: int = None, wide_cap: int = None, merge: bool = False, lse=None,
                            raw: bool = False, sorted_top_p: bool = None, pdl_wait: bool = False,
-                           trigger: bool = False, late: bool = False):
+                           trigger: bool = False, late: bool = False, rows_per_program: int = None):
     """Finish filtered rows and top-N logprobs from an extended candidate buffer ``src``, after
-    launch_merge wrote ``tokens`` (and ``logprobs``) for every row; or, with ``merge``, in place of
+    launch_merge wrote ``tokens`` (and ``logprobs``) for every row (with ``late``: while it may still run); or, with
+    ``merge``, in place of
     launch_merge: the kernel then first writes what the merge would (``tokens``, and with ``logprobs``
     the logprobs, the logsumexp into ``lse`` and, with ``raw``, raw logprobs; launch_merge's meanings),
     one launch less a call. Not for a checked layout (tensor parallelism: the merge checks the headers).
@@ -960,7 +962,8 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     run (configs.pdl_select_beside_merge): the kernel reads only stage 1's candidates until its thresholds are
     found, and the merge's verdict on each row (its -1 tokens) only then, after waiting for the merge's end where
     PDL runs (``utils.pdl_wait_point``); elsewhere (a CPU, an older GPU) the launches run in order and the verdict is
-    read at the same point. The same results as the merge first, then select_filtered.
+    read at the same point. The same results as the merge first, then select_filtered. rows_per_program (tests):
+    the rows a program takes (a GPU's launch takes one; the interpreter's default takes many).
     """
     if not layout.extended:
         raise ValueError("filters and top-N logprobs need an extended candidate layout (layout.fields(extended=True))")
@@ -976,6 +979,8 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     fallback = torch.empty(batch, dtype=torch.bool, device=device)
     if batch == 0:
         return fallback
+    if rows_per_program is not None and (rows_per_program < 1 or rows_per_program & (rows_per_program - 1)):
+        raise ValueError(f"rows_per_program must be a power of two, got {rows_per_program}")
     dummy = src.i
     args = []
     flags = {}
@@ -993,6 +998,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         # a small vocabulary's [1, 32] kept logits on 16 warps (TritonGPU layout inference; lowering case).
         block_u = max(512, block_u)
     block_r = 1 if on_gpu else max(1, min(1024, triton.next_power_of_2(batch), 2 ** 16 // block_u))
+    block_r = rows_per_program or block_r
     cap = DEFAULT_SEARCH_CAP if cap is None else cap
     if cap < 0 or cap & (cap - 1):
         raise ValueError(f"cap must be 0 or a power of two, got {cap}")
@@ -1033,6 +1039,9 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     small_f = torch.empty(max(batch * lanes, 1), dtype=torch.float32, device=device)
     small_i = torch.empty(max(batch * lanes, 1), dtype=torch.int32, device=device)
     pdl = pdl_args(device, wait=pdl_wait, trigger=trigger)
+    # Beside the merge, this kernel writes its scratch (scratch_f / small_f ...) before waiting for the merge: these
+    # allocations must not reuse memory the merge still writes. They cannot: the merge's outputs (tokens, logprobs,
+    # lse) are alive, held by the caller, and launch_merge frees no temporary its kernel writes.
     late_pdl = bool(late) and pdl_supported(device)
     if late_pdl:
         pdl["launch_pdl"] = True  # a programmatic dependent of the merge, which waits at pdl_wait_point

@@ -57,7 +57,8 @@ def pdl_supported(device) -> bool:
 def pdl_args(device, wait: bool = False, trigger: bool = False) -> dict:
     """The launch arguments of a kernel with a ``pdl_prologue(PDL_WAIT, TRIGGER)``: its two switches and, where it
     waits, ``launch_pdl``. Both off where ``pdl_supported(device)`` is not (a CPU, the interpreter, an older GPU):
-    the launches then run in order, as without PDL."""
+    the launches then run in order, as without PDL. (A kernel that waits later, at a ``pdl_wait_point``, adds
+    ``launch_pdl`` itself: launch_select_filtered's ``late``.)"""
     on = pdl_supported(device)
     wait, trigger = bool(wait) and on, bool(trigger) and on
     return dict(PDL_WAIT=wait, TRIGGER=trigger, **({"launch_pdl": True} if wait else {}))

@@ -48,6 +48,20 @@ if spec.get("wait_first"):
     first = re.search(r"^\s*(@!?%p\d+\s+)?((ld|st)(\.[a-z0-9]+)*\.global|atom\.|red\.|cp\.async)", ptx, re.M)
     if wait < 0 or (first is not None and first.start() < wait):
         sys.exit("PTX check failed: a global memory access precedes griddepcontrol.wait")
+# late_wait: a kernel that waits late (select_filtered beside the merge): some global load (stage 1's candidates)
+# comes before the first griddepcontrol.wait, and every 64-bit global load (the merge's int64 tokens: the cases turn
+# the per-row int64 seed / offset off) after a wait in the text (a heuristic of program order: each branch's wait
+# precedes its own reads of the verdict)
+if spec.get("late_wait"):
+    ptx = k.asm["ptx"]
+    waits = [m.start() for m in re.finditer("griddepcontrol.wait", ptx)]
+    loads = [m.start() for m in re.finditer(r"^\s*(@!?%p\d+\s+)?ld(\.[a-z0-9]+)*\.global(\.[a-z0-9]+)*", ptx, re.M)]
+    wide = [m.start() for m in re.finditer(r"^\s*(@!?%p\d+\s+)?ld(\.[a-z0-9]+)*\.global(\.[a-z0-9]+)*\.[bsu]64",
+                                           ptx, re.M)]
+    if not waits or not loads or loads[0] > waits[0]:
+        sys.exit("PTX check failed: no global load before the late griddepcontrol.wait")
+    if not wide or wide[0] < waits[0]:
+        sys.exit("PTX check failed: a 64-bit global load (the verdict) precedes griddepcontrol.wait")
 print("COMPILED", spec["kernel"], len(k.asm["cubin"]))
 """
 
@@ -295,14 +309,15 @@ for _name in ("fallback_materialize", "fallback_resolve"):
         **(dict(PEER_TABLE=False, NPEERS=1) if _name == "fallback_materialize" else {})),
         types=dict(CASES[_name]["types"], **({"pool_ptr": "*fp32"} if _name == "fallback_materialize" else {})),
         ptx_has=["griddepcontrol.wait", "griddepcontrol.launch_dependents"], wait_first=True)
-# select_filtered beside the merge (v75, configs.pdl_select_beside_merge), as fsdist.sample's filtered calls launch
+# select_filtered beside the merge (v76, configs.pdl_select_beside_merge), as fsdist.sample's filtered calls launch
 # it: the merge lets it launch at once; it reads stage 1's candidates first and waits for the merge only before its
 # first store (so no wait_first check: loads before the wait are the point), and lets the fallback launch.
 CASES["select_filtered_beside_div16"] = dict(
     CASES["select_filtered"], divisible=True, constexprs=dict(
         CASES["select_filtered"]["constexprs"], MODE=0, ONE_SHARD=True, PACK=False, CAP=1, SEARCHED=False, DREW=False,
         MINP_PER_ROW=True, WINNERS=True, TOP_N=0, TOP_N_POW2=1, DEVICE_PARITY=False, TRIGGER=True, DEAD_LATE=True,
-        PDL_LATE=True), ptx_has=["griddepcontrol.wait", "griddepcontrol.launch_dependents"])
+        PDL_LATE=True, SEED_PER_ROW=False, OFFSET_PER_ROW=False),
+    ptx_has=["griddepcontrol.wait", "griddepcontrol.launch_dependents"], late_wait=True)
 # ... over a small vocabulary (V = 1,024: 32 kept logits a row, where Triton 3.6 once failed select_filtered's
 # layouts on 16 warps): fsdist.sample's filtered calls there run beside the merge too.
 CASES["select_filtered_small_beside_div16"] = dict(
@@ -335,6 +350,20 @@ def test_kernel_lowers_to_triton_ir(lowering_available, case):
     proc = subprocess.run([sys.executable, "-c", _LOWER, json.dumps(CASES[case])], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0 and "COMPILED" in proc.stdout, proc.stderr[-4000:]
+
+
+def test_late_wait_check_can_fail(lowering_available):
+    """The PTX order check (late_wait) fails on each thing it looks for: a 64-bit global load before the wait (the
+    beside case with the per-row int64 seed, which finish_rows loads before its wait), and no load before the wait
+    (select_filtered waiting at its first instruction, PDL_STAGE2's way)."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    base = CASES["select_filtered_beside_div16"]
+    for flags, message in ((dict(SEED_PER_ROW=True), "64-bit global load"),
+                           (dict(DEAD_LATE=False, PDL_LATE=False, PDL_WAIT=True), "no global load before")):
+        spec = dict(base, constexprs=dict(base["constexprs"], **flags))
+        proc = subprocess.run([sys.executable, "-c", _LOWER, json.dumps(spec)], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode != 0 and message in proc.stderr, (flags, proc.stderr[-2000:])
 
 
 def test_wait_first_check_can_fail(lowering_available):

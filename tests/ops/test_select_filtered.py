@@ -17,6 +17,7 @@ from fsdist.ops.layout import KEEP, BufferPair, CandidateLayout
 from fsdist.ops.merge_candidates import launch_merge
 from fsdist.ops.sample_logits import launch_sample_logits
 from fsdist.params import RowParams
+from fsdist.ops.utils import global_ns, pdl_args, pdl_prologue, pdl_supported
 
 BLOCK_V = 128
 
@@ -493,7 +494,8 @@ def _fold_rows(device):
     return B, logits, params
 
 
-def _merged_select(layout, buffers, B, params, mode, top_n, logprobs, fold, late=False, verdict=None):
+def _merged_select(layout, buffers, B, params, mode, top_n, logprobs, fold, late=False, verdict=None,
+                   rows_per_program=None):
     """(tokens, logprobs, lse, top ids, top logprobs, flags, need keys): launch_merge then select_filtered (``late``:
     select_filtered as beside the merge, reading its verdict only before its first store), or select_filtered with
     the merge folded in (``fold``) on outputs that start as sentinels. verdict: a function of the merge's tokens
@@ -513,7 +515,8 @@ def _merged_select(layout, buffers, B, params, mode, top_n, logprobs, fold, late
     need_key = torch.full((B,), -9, dtype=torch.int64, device=dev)
     fb = sf.launch_select_filtered(layout, buffers, B, params, vocab_size=layout.n_local * BLOCK_V, tokens=tokens,
                                    logprobs=lp, top_n=top_n, mode=mode, top_ids=top_ids, top_lp=top_lp,
-                                   need_key=need_key, merge=bool(fold), lse=lse, raw=raw, late=late)
+                                   need_key=need_key, merge=bool(fold), lse=lse, raw=raw, late=late,
+                                   rows_per_program=rows_per_program)
     cpu = (lambda t: None if t is None else t.cpu())
     return (tokens.cpu(), cpu(lp), cpu(lse), top_ids.cpu(), top_lp.cpu(), fb.cpu(), need_key.cpu())
 
@@ -538,16 +541,20 @@ def test_the_folded_merge_equals_merge_then_select(device, mode, top_n, logprobs
         assert torch.isnan(two[2][[6, 7]]).all() and two[2][8] == float("-inf")  # lse of poisoned / empty rows
 
 
-@pytest.mark.parametrize("mode, top_n, logprobs", [("scaled", 0, True), ("raw", 3, True), ("processed", 2, True),
-                                                   ("raw", 4, False)])
-def test_select_beside_the_merge_equals_merge_then_select(device, mode, top_n, logprobs):
+@pytest.mark.parametrize("mode, top_n, logprobs, per_row", [("scaled", 0, True, None), ("raw", 3, True, None),
+                                                            ("processed", 2, True, None), ("raw", 4, False, None),
+                                                            ("scaled", 0, True, 1), ("processed", 2, True, 1)])
+def test_select_beside_the_merge_equals_merge_then_select(device, mode, top_n, logprobs, per_row):
     """select_filtered beside the merge (launch_select_filtered(late=True); on a GPU a programmatic dependent that
     waits for the merge only before its first store) reads the merge's verdict on each row late: every output, bit
-    for bit, as with the merge's verdict read first, on filtered, unfiltered, greedy, failed and bad-filter rows."""
+    for bit, as with the merge's verdict read first, on filtered, unfiltered, greedy, failed and bad-filter rows.
+    per_row = 1: one row a program, as on a GPU (a program whose only row has a bad filter value, or none to filter,
+    takes the kernel's branch without active rows, which reads the verdict there)."""
     B, logits, params = _fold_rows(device)
     layout, buffers = _stage1(device, logits, params)
-    first = _merged_select(layout, buffers, B, params, mode, top_n, logprobs, fold=None)
-    late = _merged_select(layout, buffers, B, params, mode, top_n, logprobs, fold=None, late=True)
+    first = _merged_select(layout, buffers, B, params, mode, top_n, logprobs, fold=None, rows_per_program=per_row)
+    late = _merged_select(layout, buffers, B, params, mode, top_n, logprobs, fold=None, late=True,
+                          rows_per_program=per_row)
     assert (first[0][[6, 7, 8, 9]] == -1).all() and (first[0] >= 0).sum() >= 8
     for a, b in zip(late, first):
         if b is not None:
@@ -555,20 +562,81 @@ def test_select_beside_the_merge_equals_merge_then_select(device, mode, top_n, l
             assert torch.equal(a, b)
 
 
-def test_a_late_verdict_ignored_would_be_caught(device):
-    """Power: the late read must change what select_filtered writes. With the merge's -1 replaced by a valid token
-    before select_filtered reads it (what a kernel that never looked at the verdict would assume), the poisoned and
-    bad-temperature rows get tokens: the comparison above fails; and with every row dead, nothing is sampled."""
+@pytest.mark.parametrize("per_row", [None, 1])
+def test_a_late_verdict_ignored_would_be_caught(device, per_row):
+    """Power: the late read decides what select_filtered writes. A verdict that marks healthy filtered rows dead (the
+    merge's -1 on rows 0 and 1) must leave them at -1, unflagged, where the real verdict samples them: a kernel that
+    never read the verdict, or read it before the merge wrote it, would sample them. With every row dead, nothing is
+    sampled and nothing falls back."""
     B, logits, params = _fold_rows(device)
     layout, buffers = _stage1(device, logits, params)
-    first = _merged_select(layout, buffers, B, params, "scaled", 0, True, fold=None)
-    alive = _merged_select(layout, buffers, B, params, "scaled", 0, True, fold=None, late=True,
-                           verdict=lambda t: t.clamp(min=0))
-    assert not torch.equal(alive[0], first[0])
-    assert (alive[0][[6, 7]] >= 0).any()
+    first = _merged_select(layout, buffers, B, params, "scaled", 0, True, fold=None, rows_per_program=per_row)
+    assert (first[0][[0, 1]] >= 0).all() and not first[5][[0, 1]].any()
+    marked = torch.tensor([0, 1], device=buffers.f.device)
+    two_dead = _merged_select(layout, buffers, B, params, "scaled", 0, True, fold=None, late=True,
+                              verdict=lambda t: t.index_fill(0, marked, -1), rows_per_program=per_row)
+    assert (two_dead[0][[0, 1]] == -1).all() and not two_dead[5][[0, 1]].any()
+    rest = [r for r in range(B) if r not in (0, 1)]
+    assert torch.equal(two_dead[0][rest], first[0][rest])
     dead = _merged_select(layout, buffers, B, params, "scaled", 0, True, fold=None, late=True,
-                          verdict=lambda t: torch.full_like(t, -1))
+                          verdict=lambda t: torch.full_like(t, -1), rows_per_program=per_row)
     assert (dead[0] == -1).all() and not dead[5].any()
+
+
+@triton.jit
+def _slow_verdict_kernel(src_t, src_lp, dst_t, dst_lp, B, delay_ns, BLOCK: tl.constexpr, TRIGGER: tl.constexpr):
+    # a merge that lets its dependent launch at once, then takes delay_ns before it writes its verdict
+    pdl_prologue(False, TRIGGER)
+    t0 = global_ns(B)
+    while global_ns(B) - t0 < delay_ns:
+        pass
+    offs = tl.arange(0, BLOCK)
+    m = offs < B
+    tl.store(dst_t + offs, tl.load(src_t + offs, mask=m), mask=m)
+    tl.store(dst_lp + offs, tl.load(src_lp + offs, mask=m), mask=m)
+
+
+def _beside_a_slow_merge(layout, buffers, B, params, ref_tokens, ref_lp):
+    """select_filtered(late=True) launched as the programmatic dependent of a kernel that lets it launch at once and
+    writes the merge's tokens / logprobs (``ref_*``) only ~2 ms later (far past the host's time to launch
+    select_filtered), over outputs that start as 0 / 0.0 (every row alive): (tokens, logprobs, flags)."""
+    dev = buffers.f.device
+    tokens = torch.zeros(B, dtype=torch.int64, device=dev)
+    lp = torch.zeros(B, device=dev)
+    _slow_verdict_kernel[(1,)](ref_tokens, ref_lp, tokens, lp, B, 2_000_000, BLOCK=triton.next_power_of_2(B),
+                               **{k: v for k, v in pdl_args(dev, trigger=True).items() if k == "TRIGGER"})
+    fb = sf.launch_select_filtered(layout, buffers, B, params, vocab_size=layout.n_local * BLOCK_V, tokens=tokens,
+                                   logprobs=lp, late=True)
+    return tokens.cpu(), lp.cpu(), fb.cpu()
+
+
+@pytest.mark.gpu
+def test_select_beside_a_slow_merge_waits_for_it(device, monkeypatch):
+    """On a GPU with PDL: select_filtered beside a merge that writes its verdict only ~2 ms after letting it launch
+    gets the results of the merge first, then select_filtered, bit for bit; it reads the verdict after waiting. Power:
+    the same launch without the wait (the late read alone, launch_pdl kept; compiled by a first call, so that no
+    compile delays its launch past the verdict) reads the outputs before the verdict lands (every row alive) and has
+    its stores overwritten by it: the comparison fails."""
+    if device.type != "cuda" or not pdl_supported(device):
+        pytest.skip("programmatic dependent launch needs an sm_90+ GPU")
+    B, logits, params = _fold_rows(device)
+    layout, buffers = _stage1(device, logits, params)
+    ref_tokens, ref_lp, _lse = launch_merge(layout, buffers, B, params, logprobs=True)
+    first = _merged_select(layout, buffers, B, params, "scaled", 0, True, fold=None)
+    for _ in range(3):  # (the first call may compile; the later ones launch as soon as the host can)
+        tokens, lp, fb = _beside_a_slow_merge(layout, buffers, B, params, ref_tokens, ref_lp)
+        assert torch.equal(tokens, first[0]) and torch.equal(fb, first[5])
+        assert torch.equal(lp.view(torch.int32), first[1].view(torch.int32))
+    # power: no wait (PDL_LATE off) but still an early launch
+    real_args = sf.pdl_args
+    monkeypatch.setattr(sf, "pdl_supported", lambda dev: False)
+    monkeypatch.setattr(sf, "pdl_args", lambda dev, wait=False, trigger=False: dict(
+        real_args(dev, wait=wait, trigger=trigger), launch_pdl=True))
+    _beside_a_slow_merge(layout, buffers, B, params, ref_tokens, ref_lp)  # (compiles the variant)
+    tokens, lp, fb = _beside_a_slow_merge(layout, buffers, B, params, ref_tokens, ref_lp)
+    torch.cuda.synchronize()
+    assert not (torch.equal(tokens, first[0]) and torch.equal(fb, first[5])
+                and torch.equal(lp.view(torch.int32), first[1].view(torch.int32)))
 
 
 def test_late_is_refused_with_a_folded_merge_or_a_first_wait(device):
