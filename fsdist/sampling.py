@@ -135,8 +135,9 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     # one launch less than merge + select.
     # Or, where PDL runs, select_filtered beside the merge: the merge launches first and lets select_filtered launch
     # at once; it waits for the merge only before its first store (configs.pdl_select_beside_merge).
-    beside = bool(filtered or top_logprobs) and pdl_select_beside_merge(dev)
-    fold = bool(filtered or top_logprobs) and not beside and merge_folds(plan.layout, dev)
+    selects = bool(filtered or top_logprobs)  # (select_filtered runs)
+    beside = selects and pdl_select_beside_merge(dev)
+    fold = selects and not beside and merge_folds(plan.layout, dev)
     if fold:
         tokens = torch.empty(B, dtype=torch.int64, device=dev)
         lp = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else None
@@ -144,7 +145,7 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     else:
         tokens, lp, lse = launch_merge(plan.layout, buffers, B, params, logprobs=return_logprobs, raw=raw,
                                        pdl_wait=pdl2, trigger=beside)
-    if filtered or top_logprobs:
+    if selects:
         if top_logprobs:
             top_ids = torch.empty(B, top_logprobs, dtype=torch.int64, device=dev)
             top_lp = torch.empty(B, top_logprobs, dtype=torch.float32, device=dev)

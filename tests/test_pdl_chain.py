@@ -102,6 +102,7 @@ def test_pdl_args_off_without_griddepcontrol(monkeypatch):
     """The launchers' switches: both off on a CPU and under the interpreter, on where asked on an sm_90 GPU."""
     off = dict(PDL_WAIT=False, TRIGGER=False)
     assert pdl_args(torch.device("cpu"), wait=True, trigger=True) == off
+    assert pdl_args(torch.device("cpu"), trigger=True, late=True) == dict(off, PDL_LATE=False)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -111,6 +112,9 @@ def test_pdl_args_off_without_griddepcontrol(monkeypatch):
         assert pdl_args(torch.device("cuda", 0), wait=True, trigger=False) == dict(PDL_WAIT=True, TRIGGER=False,
                                                                                   launch_pdl=True)
         assert pdl_args(torch.device("cuda", 0), trigger=True) == dict(PDL_WAIT=False, TRIGGER=True)
+        # a late wait (select_filtered beside the merge): its switch, and the programmatic launch it needs
+        assert pdl_args(torch.device("cuda", 0), trigger=True, late=True) == dict(PDL_WAIT=False, TRIGGER=True,
+                                                                                 PDL_LATE=True, launch_pdl=True)
         monkeypatch.setattr(torch.version, "cuda", "12.2")  # no PDL launch in graph capture before CUDA 12.3
         assert pdl_args(torch.device("cuda", 0), wait=True, trigger=True) == off
         monkeypatch.setattr(torch.version, "cuda", "12.8")

@@ -103,8 +103,7 @@ from .noise import gumbel_from_bits, vocab_bits
 from .merge_candidates import slot_winner, store_merged
 from .parity import parity_args, parity_offsets
 from .top_logprobs import fill_free_ids, place_pick, top_n_normaliser
-from .utils import (fast_log_ok, load_row_param, pdl_args, pdl_prologue, pdl_supported, pdl_wait_point,
-                    row_param_args)
+from .utils import fast_log_ok, load_row_param, pdl_args, pdl_prologue, pdl_wait_point, row_param_args
 
 MODE_SCALED, MODE_RAW, MODE_PROCESSED = 0, 1, 2
 # Most kept logits above the boundary a row may have for the packed search (else all of U
@@ -518,6 +517,24 @@ def ids_where(ids, mask, IDS_AT: tl.constexpr):
 
 
 @triton.jit
+def merge_verdict(tokens_ptr, rows, mask_r, WAIT: tl.constexpr = False):
+    """The rows the merge left without a valid token (its -1 in ``tokens``: NaN / +inf logits, a bad temperature, no
+    finite logit, a tensor-parallel mismatch). WAIT: read after waiting for the merge's end (a programmatic dependent
+    beside it, ``utils.pdl_wait_point``)."""
+    pdl_wait_point(WAIT)
+    return tl.load(tokens_ptr + rows, mask=mask_r, other=-1) < 0
+
+
+@triton.jit
+def mark_bad_rows(tokens_ptr, logprob_ptr, rows, bad, LOGPROBS: tl.constexpr):
+    """-1 tokens (and NaN logprobs) for the rows ``bad``: filter values a tensor may hold but the API forbids (no
+    sync to raise)."""
+    tl.store(tokens_ptr + rows, -1, mask=bad)
+    if LOGPROBS:
+        tl.store(logprob_ptr + rows, float("nan"), mask=bad)
+
+
+@triton.jit
 def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, complete, m, msafe, z_full, log_z_raw,
                 inv_t, noise_scale, temp, top_k, top_p, min_p, use_k, use_p, use_minp, floor_key, vocab_size,
                 seed_ptr, seed_val, offset_ptr, offset_val, tokens_ptr, logprob_ptr, top_ids_ptr, top_lp_ptr,
@@ -625,12 +642,9 @@ def finish_rows(vals, ids, rows, mask_r, active, filtered, row_bad, bkey, comple
     if DEAD_LATE:
         # Everything above read only stage 1's candidates; from here on the merge's writes matter: its verdict on
         # each row (-1: no valid token), and its tokens / logprobs, which the stores below overwrite.
-        pdl_wait_point(PDL_LATE)
-        dead = tl.load(tokens_ptr + rows, mask=mask_r, other=-1) < 0
-        newly_bad = row_bad & ~dead & mask_r  # (row_bad: the caller's bad filter values alone)
-        tl.store(tokens_ptr + rows, -1, mask=newly_bad)
-        if LOGPROBS:
-            tl.store(logprob_ptr + rows, float("nan"), mask=newly_bad)
+        dead = merge_verdict(tokens_ptr, rows, mask_r, PDL_LATE)
+        # (row_bad: the caller's bad filter values alone)
+        mark_bad_rows(tokens_ptr, logprob_ptr, rows, row_bad & ~dead & mask_r, LOGPROBS)
         filtered = filtered & ~dead
         row_bad = row_bad | dead
     # Top-p renormalises over S: its sum comes from U only if S lies above B.
@@ -783,7 +797,7 @@ def select_filtered_kernel(
     else:
         # Stage 2 (merge_candidates) ran first and wrote -1 for rows without a valid token
         # (NaN / +inf logits, bad temperature, no finite logit, a tensor-parallel mismatch).
-        dead = tl.load(tokens_ptr + rows, mask=mask_r, other=-1) < 0
+        dead = merge_verdict(tokens_ptr, rows, mask_r)
     top_k = load_row_param(topk_ptr, topk_val, rows, mask_r, tl.int32, TOPK_PER_ROW)
     top_p = load_row_param(topp_ptr, topp_val, rows, mask_r, tl.float32, TOPP_PER_ROW)
     min_p = load_row_param(minp_ptr, minp_val, rows, mask_r, tl.float32, MINP_PER_ROW)
@@ -797,10 +811,7 @@ def select_filtered_kernel(
     filtered = ~greedy & (use_k | use_p | use_minp) & ~bad_filter & ~dead
     row_bad = dead | bad_filter
     if not DEAD_LATE:  # (else once the merge's verdict is known)
-        newly_bad = bad_filter & ~dead & mask_r
-        tl.store(tokens_ptr + rows, -1, mask=newly_bad)
-        if LOGPROBS:
-            tl.store(logprob_ptr + rows, float("nan"), mask=newly_bad)
+        mark_bad_rows(tokens_ptr, logprob_ptr, rows, bad_filter & ~dead & mask_r, LOGPROBS)
     if TOP_N > 0:
         active = mask_r
     else:
@@ -896,11 +907,8 @@ def select_filtered_kernel(
             tl.store(need_key_ptr + rows, tl.where(fits, lower, 0), mask=need)
     else:
         if DEAD_LATE:  # (no row to finish here; the rows with bad filter values still get their -1)
-            pdl_wait_point(PDL_LATE)
-            newly_bad = bad_filter & (tl.load(tokens_ptr + rows, mask=mask_r, other=-1) >= 0) & mask_r
-            tl.store(tokens_ptr + rows, -1, mask=newly_bad)
-            if LOGPROBS:
-                tl.store(logprob_ptr + rows, float("nan"), mask=newly_bad)
+            mark_bad_rows(tokens_ptr, logprob_ptr, rows,
+                          bad_filter & ~merge_verdict(tokens_ptr, rows, mask_r, PDL_LATE) & mask_r, LOGPROBS)
         # Every row's flag is written here (the caller allocates them uninitialised: no fill launch).
         tl.store(fallback_ptr + rows, tl.zeros([BLOCK_R], tl.int1), mask=mask_r)
 
@@ -924,11 +932,10 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
                            raw: bool = False, sorted_top_p: bool = None, pdl_wait: bool = False,
                            trigger: bool = False, late: bool = False, rows_per_program: int = None):
     """Finish filtered rows and top-N logprobs from an extended candidate buffer ``src``, after
-    launch_merge wrote ``tokens`` (and ``logprobs``) for every row (with ``late``: while it may still run); or, with
-    ``merge``, in place of
-    launch_merge: the kernel then first writes what the merge would (``tokens``, and with ``logprobs``
-    the logprobs, the logsumexp into ``lse`` and, with ``raw``, raw logprobs; launch_merge's meanings),
-    one launch less a call. Not for a checked layout (tensor parallelism: the merge checks the headers).
+    launch_merge wrote ``tokens`` (and ``logprobs``) for every row (with ``late``: while it may still run); or,
+    with ``merge``, in place of launch_merge: the kernel then first writes what the merge would (``tokens``, and
+    with ``logprobs`` the logprobs, the logsumexp into ``lse`` and, with ``raw``, raw logprobs; launch_merge's
+    meanings), one launch less a call. Not for a checked layout (tensor parallelism: the merge checks the headers).
 
     Overwrites the tokens / logprobs of filtered rows it proves, fills ``top_ids`` /
     ``top_lp`` [B, top_n], and returns the rows the fallback must finish: bool [B] flags
@@ -1038,13 +1045,9 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     lanes = max(small, wide, 1)
     small_f = torch.empty(max(batch * lanes, 1), dtype=torch.float32, device=device)
     small_i = torch.empty(max(batch * lanes, 1), dtype=torch.int32, device=device)
-    pdl = pdl_args(device, wait=pdl_wait, trigger=trigger)
     # Beside the merge, this kernel writes its scratch (scratch_f / small_f ...) before waiting for the merge: these
     # allocations must not reuse memory the merge still writes. They cannot: the merge's outputs (tokens, logprobs,
     # lse) are alive, held by the caller, and launch_merge frees no temporary its kernel writes.
-    late_pdl = bool(late) and pdl_supported(device)
-    if late_pdl:
-        pdl["launch_pdl"] = True  # a programmatic dependent of the merge, which waits at pdl_wait_point
     select_filtered_kernel[(triton.cdiv(batch, block_r),)](
         src.f, src.i, src.base_f, src.base_i, par_p, par_f, par_i,
         batch, layout.n_slots, layout.n_local, layout.stride_shard, layout.stride_shard_i, layout.stride_field,
@@ -1068,7 +1071,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         # pairwise top-p in [rows, small, chunk] steps: the interpreter's many-row programs stay under
         # Triton's 2**20-element tensors
         SMALL_CHUNK=32 if on_gpu else max(1, min(32, 2 ** 20 // max(1, block_r * small))),
-        **pdl, DEAD_LATE=bool(late), PDL_LATE=late_pdl,
+        **pdl_args(device, wait=pdl_wait, trigger=trigger, late=late), DEAD_LATE=bool(late),
         num_warps=(SELECT_WARPS if num_warps is None else int(num_warps)) if on_gpu else 4,
     )
     return fallback

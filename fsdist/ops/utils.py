@@ -18,25 +18,24 @@ def load_row_param(ptr, scalar, offs, mask, DTYPE: tl.constexpr, PER_ROW: tl.con
 
 
 @triton.jit
-def pdl_prologue(WAIT: tl.constexpr, TRIGGER: tl.constexpr):
-    """The first instructions of a kernel in a chain of programmatic dependent launches (sm_90+; configs.pdl_*).
-    WAIT: launched as a dependent (``pdl_args(device, wait=True)``): wait until the launch before it has ended and
-    its writes are visible, before any memory access, so the early launch changes no result, only when the programs
-    start.
-    TRIGGER: the caller's next launch is such a dependent and may launch now (it still waits for this one's end)."""
-    if WAIT:
-        gdc_wait()
-    if TRIGGER:
-        gdc_launch_dependents()
-
-
-@triton.jit
 def pdl_wait_point(ON: tl.constexpr):
     """A programmatic dependent's wait placed later than its first instruction (``launch_select_filtered(late=True)``):
     with ON, wait here until the launch before it has ended and its writes are visible. Everything before it may
     read only what was complete when that launch started (it let this one launch only after its own wait)."""
     if ON:
         gdc_wait()
+
+
+@triton.jit
+def pdl_prologue(WAIT: tl.constexpr, TRIGGER: tl.constexpr):
+    """The first instructions of a kernel in a chain of programmatic dependent launches (sm_90+; configs.pdl_*).
+    WAIT: launched as a dependent (``pdl_args(device, wait=True)``): wait until the launch before it has ended and
+    its writes are visible, before any memory access, so the early launch changes no result, only when the programs
+    start.
+    TRIGGER: the caller's next launch is such a dependent and may launch now (it still waits for this one's end)."""
+    pdl_wait_point(WAIT)
+    if TRIGGER:
+        gdc_launch_dependents()
 
 
 def pdl_supported(device) -> bool:
@@ -54,14 +53,16 @@ def pdl_supported(device) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def pdl_args(device, wait: bool = False, trigger: bool = False) -> dict:
+def pdl_args(device, wait: bool = False, trigger: bool = False, late: bool = False) -> dict:
     """The launch arguments of a kernel with a ``pdl_prologue(PDL_WAIT, TRIGGER)``: its two switches and, where it
-    waits, ``launch_pdl``. Both off where ``pdl_supported(device)`` is not (a CPU, the interpreter, an older GPU):
-    the launches then run in order, as without PDL. (A kernel that waits later, at a ``pdl_wait_point``, adds
-    ``launch_pdl`` itself: launch_select_filtered's ``late``.)"""
+    waits, ``launch_pdl``. late (a kernel whose wait is a ``pdl_wait_point(PDL_LATE)`` further in, not its first
+    instruction: launch_select_filtered's ``late``): its PDL_LATE switch too, and ``launch_pdl`` where it is on. All
+    off where ``pdl_supported(device)`` is not (a CPU, the interpreter, an older GPU): the launches then run in
+    order, as without PDL."""
     on = pdl_supported(device)
-    wait, trigger = bool(wait) and on, bool(trigger) and on
-    return dict(PDL_WAIT=wait, TRIGGER=trigger, **({"launch_pdl": True} if wait else {}))
+    wait, trigger, late_on = bool(wait) and on, bool(trigger) and on, bool(late) and on
+    return dict(PDL_WAIT=wait, TRIGGER=trigger, **({"PDL_LATE": late_on} if late else {}),
+                **({"launch_pdl": True} if wait or late_on else {}))
 
 
 @triton.jit

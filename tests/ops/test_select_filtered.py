@@ -627,11 +627,10 @@ def test_select_beside_a_slow_merge_waits_for_it(device, monkeypatch):
         tokens, lp, fb = _beside_a_slow_merge(layout, buffers, B, params, ref_tokens, ref_lp)
         assert torch.equal(tokens, first[0]) and torch.equal(fb, first[5])
         assert torch.equal(lp.view(torch.int32), first[1].view(torch.int32))
-    # power: no wait (PDL_LATE off) but still an early launch
+    # power: no wait (PDL_LATE off) but still an early launch (launch_pdl kept)
     real_args = sf.pdl_args
-    monkeypatch.setattr(sf, "pdl_supported", lambda dev: False)
-    monkeypatch.setattr(sf, "pdl_args", lambda dev, wait=False, trigger=False: dict(
-        real_args(dev, wait=wait, trigger=trigger), launch_pdl=True))
+    monkeypatch.setattr(sf, "pdl_args", lambda dev, wait=False, trigger=False, late=False: dict(
+        real_args(dev, wait=wait, trigger=trigger, late=late), PDL_LATE=False))
     _beside_a_slow_merge(layout, buffers, B, params, ref_tokens, ref_lp)  # (compiles the variant)
     tokens, lp, fb = _beside_a_slow_merge(layout, buffers, B, params, ref_tokens, ref_lp)
     torch.cuda.synchronize()
