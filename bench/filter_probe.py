@@ -34,6 +34,7 @@ import triton.language as tl
 import fsdist
 import fsdist.ops.configs as fs_configs
 import fsdist.ops.fallback as fs_fallback
+import fsdist.ops.fused_sample as fs_fused
 import fsdist.sampling as fs_sampling
 from fsdist.ops.configs import TileConfig, default_config
 from fsdist.ops.layout import BufferPair
@@ -53,7 +54,11 @@ PDL_SETTINGS = {"off": (False, False, False), "stage2": (True, False, False), "f
                 # are wrong wherever a row falls back, which the token check against the first --pdl run then
                 # reports), or only materialize's, only resolve's, or both replaced by one-program kernels
                 "nofb": (False, True, False), "nomat": (False, True, False), "nores": (False, True, False),
-                "tiny": (False, True, False)}
+                "tiny": (False, True, False),
+                # v77: the shipped PDL setting, the warp-specialised kernel reading a one-tile batch's hidden in boxes
+                # of 8 / 16 / 32 rows, or (box0) one box of the tile's rows on the padded copy, as before
+                "box0": (False, True, True), "box8": (False, True, True), "box16": (False, True, True),
+                "box32": (False, True, True)}
 
 
 def _nothing(*args, **kwargs):
@@ -75,11 +80,12 @@ def _tiny(*args, flags, pdl_wait=False, trigger=False, **kwargs):
                        num_warps=1)
 
 
-# --pdl settings that patch the fallback (module, attribute, replacement)
+# --pdl settings that patch the fallback or a module constant (module, attribute, replacement)
 FALLBACK_PATCHES = {"nofb": [(fs_sampling, "run_fallback", _nothing)],
                     "nomat": [(fs_fallback, "launch_materialize", _nothing)],
                     "nores": [(fs_fallback, "launch_resolve", _nothing)],
-                    "tiny": [(fs_fallback, "launch_materialize", _tiny), (fs_fallback, "launch_resolve", _tiny)]}
+                    "tiny": [(fs_fallback, "launch_materialize", _tiny), (fs_fallback, "launch_resolve", _tiny)],
+                    **{f"box{n}": [(fs_fused, "WS_BOX_ROWS", n)] for n in (0, 8, 16, 32)}}
 
 
 @triton.jit
@@ -332,7 +338,9 @@ def main():
     ap.add_argument("--pdl", default=None,
                     help="time each whole-call case with these PDL settings, in order (comma-separated: off, stage2, "
                          "fallback, beside, on; e.g. off,on,off; nofb / nomat / nores / tiny: v74's fallback "
-                         "setting with the fallback's launches left out or replaced, upper bounds; "
+                         "setting with the fallback's launches left out or replaced, upper bounds; box0 / box8 / "
+                         "box16 / box32: v76's, the ws kernel's one-tile hidden in boxes of that many rows "
+                         "(0: padded); "
                          "default: the configs' as they are)")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()

@@ -28,8 +28,8 @@ from triton.language.extra.cuda import gdc_wait
 from ..params import RowParams
 from ..processing import has_entries
 from ..runtime import interpreting
-from .configs import (PAD_HALF_TILE_ROWS, PAD_TILE_ROWS, TileConfig, fit_num_stages, pdl_after_entry_offsets,
-                      stagger_applies, triton_twin)
+from .configs import (PAD_HALF_TILE_ROWS, PAD_TILE_ROWS, WS_BOX_ROWS, WS_BOX_TILE_ROWS, TileConfig, fit_num_stages,
+                      pdl_after_entry_offsets, stagger_applies, triton_twin)
 from .epilogue import perturb, raw_sum, row_temperature, tile_stats, tile_topk, write_candidates, write_kept
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
@@ -273,10 +273,14 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
                                                   block_v=cfg.block_v, block_b=ws_rows):
         # The same tile on the warp-specialised Hopper kernel (fused_sample_ws.py): same candidates
         # (the tile sums up to their summation order). A partial last tile may read a padded hidden (tile_operand).
-        launch_fused_ws(tile_operand(hidden, ws_rows), weight, params, layout, dest, vocab_size=vocab_size,
-                        vocab_start=vocab_start, shard=shard, stages=cfg.num_stages,
+        # A batch of one partial 64-row tile: the hidden in boxes of WS_BOX_ROWS rows (no padded copy, no box past
+        # its end; configs.WS_BOX_TILE_ROWS)
+        box = WS_BOX_ROWS if B < ws_rows <= WS_BOX_TILE_ROWS else 0
+        launch_fused_ws(hidden if box else tile_operand(hidden, ws_rows), weight, params, layout, dest,
+                        vocab_size=vocab_size, vocab_start=vocab_start, shard=shard, stages=cfg.num_stages,
                         epilogue_warps=8 if cfg.num_warps >= 8 else 4, block_b=ws_rows, logprobs=logprobs,
-                        extended=extended, raw_sums=raw_sums, winner_logit=winner_logit, batch=B, flags=flags)
+                        extended=extended, raw_sums=raw_sums, winner_logit=winner_logit, batch=B, flags=flags,
+                        box_rows=box)
         return
     cfg = triton_twin(cfg, D)  # what the Triton kernel runs of a config meant for the warp-specialised one
     V_rows = weight.shape[0]

@@ -49,7 +49,8 @@ from .utils import fast_log_ok, load_row_param, row_param_args, sm_count
 try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this path is off.
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
     HAVE_GLUON = True
@@ -78,9 +79,20 @@ if HAVE_GLUON:
     @gluon.jit
     def _load_partition(h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
                         BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_K: gl.constexpr,
-                        STAGES: gl.constexpr):
+                        STAGES: gl.constexpr, H_BOXES: gl.constexpr):
         # One warp: wait for a free stage, then let the copy engine fill it (both operands
         # arrive on the stage's "ready" barrier, which counts their bytes).
+        BOX: gl.constexpr = h_desc.block_type.shape[0]
+        if BOX < BLOCK_B:
+            # A one-tile batch loaded in H_BOXES boxes of BOX rows (launch_fused_ws's box_rows): the rows past them
+            # are never loaded, so they are zeroed here once, before the first copy (the zeros keep those rows'
+            # logits finite; they are never sampled). The proxy fence orders these stores before the copy engine's.
+            zl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
+            z = gl.zeros([8, BLOCK_K], h_desc.dtype, zl)  # 8 rows at a time: this warp has few registers
+            for i in gl.static_range(STAGES):
+                for r in gl.static_range(BOX * H_BOXES // 8, BLOCK_B // 8):
+                    h_bufs.index(i).slice(r * 8, 8).store(z)
+            fence_async_shared()
         it = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             off_b = (t % n_btiles) * BLOCK_B
@@ -88,8 +100,13 @@ if HAVE_GLUON:
             for k in range(k_steps):
                 s = it % STAGES
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-                mbarrier.expect(ready.index(s), h_desc.block_type.nbytes + w_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(h_desc, [off_b, k * BLOCK_K], ready.index(s), h_bufs.index(s))
+                mbarrier.expect(ready.index(s), H_BOXES * h_desc.block_type.nbytes + w_desc.block_type.nbytes)
+                if BOX == BLOCK_B:
+                    tma.async_copy_global_to_shared(h_desc, [off_b, k * BLOCK_K], ready.index(s), h_bufs.index(s))
+                else:
+                    for r in gl.static_range(H_BOXES):
+                        tma.async_copy_global_to_shared(h_desc, [off_b + r * BOX, k * BLOCK_K], ready.index(s),
+                                                        h_bufs.index(s).slice(r * BOX, BOX))
                 tma.async_copy_global_to_shared(w_desc, [off_v, k * BLOCK_K], ready.index(s), w_bufs.index(s))
                 it += 1
 
@@ -373,8 +390,11 @@ if HAVE_GLUON:
                                BITMASK: gl.constexpr = False, SPARSE: gl.constexpr = False,
                                PINNED: gl.constexpr = False, PEER_TABLE: gl.constexpr = False,
                                NPEERS: gl.constexpr = 1, DEVICE_PARITY: gl.constexpr = False,
-                               HEADER: gl.constexpr = False, XFP_PER_ROW: gl.constexpr = False):
-        BLOCK_B: gl.constexpr = h_desc.block_type.shape[0]
+                               HEADER: gl.constexpr = False, XFP_PER_ROW: gl.constexpr = False,
+                               TILE_B: gl.constexpr = 0, H_BOXES: gl.constexpr = 1):
+        # The batch tile: the hidden's TMA box, or (TILE_B, launch_fused_ws's box_rows) a one-tile batch's tile whose
+        # rows are loaded in H_BOXES smaller boxes
+        BLOCK_B: gl.constexpr = TILE_B if TILE_B > 0 else h_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
         BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
         dtype: gl.constexpr = h_desc.dtype
@@ -398,7 +418,7 @@ if HAVE_GLUON:
             (_mma_partition, (h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_tiles, k_steps,
                               BLOCK_B, BLOCK_V, STAGES)),
             (_load_partition, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
-                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES)),
+                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES)),
             (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
                                    temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
                                    buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles, stride_field,
@@ -409,6 +429,16 @@ if HAVE_GLUON:
                                    WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE, PINNED, PEER_TABLE, NPEERS, DEVICE_PARITY,
                                    HEADER, XFP_PER_ROW)),
         ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
+
+
+def hidden_boxes(batch: int, block_b: int, box_rows: int = 0) -> tuple:
+    """(rows of the hidden's TMA box, boxes a stage loads) for ``batch`` rows on ``block_b``-row tiles: with box_rows
+    and a batch of one partial tile, as few boxes of box_rows rows as cover the batch; else one box of block_b rows."""
+    if not box_rows or batch >= block_b:
+        return block_b, 1
+    if box_rows % 8 or block_b % box_rows or box_rows <= 0:
+        raise ValueError(f"box_rows must be a positive multiple of 8 dividing block_b ({block_b}), got {box_rows}")
+    return box_rows, triton.cdiv(batch, box_rows)
 
 
 def ws_device(device: torch.device, dtype: torch.dtype = None) -> bool:
@@ -447,7 +477,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     epilogue_warps: int = WS_EPILOGUE_WARPS, grid_cap: int = 0, epilogue_only: bool = False,
                     block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
                     raw_sums: bool = True, winner_logit: bool = False, batch: int = None,
-                    flags: int = None) -> None:
+                    flags: int = None, box_rows: int = 0) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
@@ -465,7 +495,12 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     ``hidden[:batch]``); default all of hidden's rows.
     dest: this process's buffers or, with ``dest.npeers``, every tensor-parallel peer's (the fan-out), the copy
     of a double buffer ``dest.parity`` picks; a checked layout gets the call's header (step_check.py) with
-    ``flags`` (default: the flags of this launch's options), as launch_fused's."""
+    ``flags`` (default: the flags of this launch's options), as launch_fused's.
+    box_rows: a batch of one partial tile (fewer rows than ``block_b``) reads the hidden in boxes of this many rows
+    (a multiple of 8 dividing block_b), as many as its rows need, and zeroes the tile's rows past them once in shared
+    memory, instead of one box of block_b rows reaching past the hidden's end (the copy engine's slow zero fill,
+    docs/performance.md v35 / v65) or a zero-padded copy (``fused_sample.tile_operand``: one launch more); the same
+    candidates. 0 (default), or a batch of whole tiles: one box of block_b rows."""
     if block_b not in (64, 128):
         raise ValueError(f"block_b must be 64 or 128, got {block_b}")
     if extended and not layout.extended:
@@ -483,7 +518,11 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     n_tiles = n_btiles * n_vtiles
     gdt = gl.bfloat16 if hidden.dtype == torch.bfloat16 else gl.float16
     smem = gl.NVMMASharedLayout.get_default_for([block_b, WS_BLOCK_K], gdt)
-    h_desc = GluonDescriptor.from_tensor(hidden, [block_b, WS_BLOCK_K], smem)
+    box, boxes = hidden_boxes(B, block_b, box_rows)
+    if box < block_b and (batch is not None and batch != hidden.shape[0]):
+        raise ValueError("box_rows reads the hidden's own rows: pass an unpadded hidden (no batch)")
+    # (a box of fewer rows has the same 128-byte swizzle, so the tile's buffers keep the tile's layout)
+    h_desc = GluonDescriptor.from_tensor(hidden, [box, WS_BLOCK_K], smem)
     w_desc = GluonDescriptor.from_tensor(weight, [WS_BLOCK_V, WS_BLOCK_K], smem)
     dummy = dest.i
     seed_p, seed_v, seed_row = row_param_args(params.seed, dummy)
@@ -513,7 +552,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), ROW_THREADS=row_threads,
         LOGPROBS=logprobs or extended, EXTENDED=extended, WINNER_LOGIT=logprobs or winner_logit, RAW_SUM=raw_sums,
         **proc_flags, PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1, DEVICE_PARITY=par_on, HEADER=header,
-        XFP_PER_ROW=xfp_row,
+        XFP_PER_ROW=xfp_row, TILE_B=block_b if box < block_b else 0, H_BOXES=boxes,
         num_warps=4, maxnreg=maxnreg,
     )
 

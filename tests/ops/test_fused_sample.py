@@ -571,3 +571,21 @@ def test_ws_config_without_a_hopper_gpu_runs_the_triton_kernel(device, monkeypat
             launch_fused(h, w, params, c, layout, dest, vocab_size=697)
             got.append((dest.f.clone(), dest.i.clone()))
         assert torch.equal(got[0][1], got[1][1]) and torch.equal(got[0][0], got[1][0])
+
+
+def test_hidden_boxes_cover_a_one_tile_batch():
+    """launch_fused_ws's box_rows: a batch of one partial tile loads as few boxes of box_rows rows as cover it (the
+    last may end past the hidden), whole tiles and box_rows = 0 one box of the tile's rows; bad sizes are refused."""
+    from fsdist.ops.fused_sample_ws import hidden_boxes
+
+    assert hidden_boxes(24, 64, 8) == (8, 3)
+    assert hidden_boxes(17, 64, 8) == (8, 3)
+    assert hidden_boxes(1, 64, 8) == (8, 1)
+    assert hidden_boxes(63, 64, 16) == (16, 4)
+    assert hidden_boxes(96, 128, 8) == (8, 12)
+    assert hidden_boxes(64, 64, 8) == (64, 1)  # a whole tile
+    assert hidden_boxes(200, 128, 8) == (128, 1)  # several tiles: one box each
+    assert hidden_boxes(24, 64, 0) == (64, 1)
+    for bad in (12, 48, -8):
+        with pytest.raises(ValueError, match="box_rows"):
+            hidden_boxes(24, 64, bad)

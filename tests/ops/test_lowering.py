@@ -31,9 +31,18 @@ consts = {(names.index(n),): v for n, v in spec["constexprs"].items()}
 # changes vectorisation and layouts: some compiler failures show only then.
 attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if spec.get("divisible")
          and n not in spec["constexprs"] and (spec["types"][n].startswith("*") or spec["types"][n] == "i32")}
+options = dict(num_warps=spec.get("num_warps", 4))
+source = ASTSource
+if spec.get("gluon"):  # a Gluon kernel (fused_sample_ws): its tensor descriptors carry their shared-memory layout
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    nvmma = repr(gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16))
+    sig = {n: (t.replace("NVMMA", nvmma) if isinstance(t, str) else t) for n, t in sig.items()}
+    source = GluonASTSource
+    options["maxnreg"] = spec["maxnreg"]
 # All the way to a cubin (Triton's wheel carries ptxas): GPU-only compiler failures show up here.
-k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                   options=dict(num_warps=spec.get("num_warps", 4)))
+k = triton.compile(source(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                   options=options)
 # optional PTX checks: instructions a variant must (ptx_has) or must not (ptx_lacks) contain
 missing = [t for t in spec.get("ptx_has", []) if t not in k.asm["ptx"]]
 present = [t for t in spec.get("ptx_lacks", []) if t in k.asm["ptx"]]
@@ -331,6 +340,26 @@ CASES["stage2_one_shard_trigger_div16"] = dict(
 CASES["stage1_fused_trigger"] = dict(
     CASES["stage1_fused_tma"], constexprs=dict(CASES["stage1_fused_tma"]["constexprs"], TRIGGER=True, PDL_WAIT=True),
     ptx_has=["griddepcontrol.launch_dependents", "griddepcontrol.wait"], ptx_lacks=[])
+
+
+# The warp-specialised Hopper kernel (Gluon), extended 64-row tile: the hidden in one box of the tile's rows, and a
+# one-tile batch of 24 rows in three boxes of 8 rows (launch_fused_ws's box_rows: the copies, the zeroed rows' stores
+# and the proxy fence ordering them before the copy engine's writes).
+WS_TYPES = dict(h_desc="tensordesc<bf16[64, 64],NVMMA>", w_desc="tensordesc<bf16[128, 64],NVMMA>", cand_f="*fp32",
+                cand_i="*i32", B="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", buf_offset="i32",
+                buf_offset_i="i32", stride_slot="i32", n_btiles="i32", n_tiles="i32", k_steps="i32",
+                stride_field="i32", stride_ifield="i32", hdr_off_i="i32", flags="i32", xfp_ptr="*i64", xfp_val="i64",
+                **ROW_PARAMS, **PARITY, **PROC)
+WS_CONST = dict(STAGES=5, EPI_WARPS=8, EPI_REGS=160, LOAD_REGS=24, SEED_PER_ROW=True, OFFSET_PER_ROW=True,
+                TEMP_PER_ROW=True, NOISE=True, FAST_LOG=True, ROW_THREADS=8, LOGPROBS=True, EXTENDED=True,
+                WINNER_LOGIT=False, RAW_SUM=False, BITMASK=False, SPARSE=False, PINNED=True, PEER_TABLE=False,
+                NPEERS=1, DEVICE_PARITY=False, HEADER=False, XFP_PER_ROW=False, TILE_B=0, H_BOXES=1)
+CASES["stage1_ws_extended"] = dict(module="fsdist.ops.fused_sample_ws", kernel="fused_sample_ws_kernel", gluon=True,
+                                   maxnreg=128, types=WS_TYPES, constexprs=WS_CONST, ptx_lacks=["fence.proxy.async"])
+CASES["stage1_ws_boxes"] = dict(CASES["stage1_ws_extended"],
+                                types=dict(WS_TYPES, h_desc="tensordesc<bf16[8, 64],NVMMA>"),
+                                constexprs=dict(WS_CONST, TILE_B=64, H_BOXES=3),
+                                ptx_has=["fence.proxy.async", "st.shared"], ptx_lacks=[])
 
 
 @pytest.fixture(scope="module")
