@@ -174,8 +174,8 @@ def default_config(batch: int, hidden_size: int, device, *, extended: bool = Fal
 WS_BOX_ROWS = 8
 WS_BOX_TILE_ROWS = 64
 
-# Calls with logit bias / penalty entries from this many rows take the warp-specialised 64-row tile (on a zero-padded
-# hidden, PAD_HALF_TILE_ROWS) instead of the 32-row Triton tile: its processors run beside the next tile's wgmmas, where
+# Calls with logit bias / penalty entries from this many rows take the warp-specialised 64-row tile (reading the hidden
+# in boxes, WS_BOX_ROWS; a zero-padded copy before v77) instead of the 32-row Triton tile: its processors run beside the next tile's wgmmas, where
 # the Triton tile's epilogue waits for them, and at 17-32 rows that cost twice B = 16's (docs/performance.md v66 /
 # v67, H200, 1,000 entries a row, graph replays, µs, shipped 32-row tile / ws tile padded): D = 4096 B = 24 340.0 /
 # 314.7, B = 32 331.4 / 319.0 (plain 295.7 / 297.5); D = 8192 B = 32 513.3 / 512.9. At B = 16 the ws tile loses
@@ -432,7 +432,9 @@ PAD_TILE_ROWS = 128
 # least half empty (B = 17-32 with bias / penalty entries, SPARSE_WS_MIN_BATCH; B = 65-96 of such calls, two 64-row
 # tiles, were not measured and stay unpadded). The warp-specialised 64-row tile on an H200 (D = 4096, graph replays,
 # µs): at B = 32 the unpadded box cost ~17 µs (plain 321.6 against 304.9 padded, v58 / v65), at B = 48 the padded
-# copy cost ~3 (every kind of call, v68's A/B/A: plain 296.2 -> 299.5).
+# copy cost ~3 (every kind of call, v68's A/B/A: plain 296.2 -> 299.5). Since v77 that kernel reads a one-tile batch
+# of a 64-row tile in smaller boxes instead (WS_BOX_ROWS): this rule then serves the Triton kernel's 64-row TMA tile
+# and WS_BOX_ROWS = 0.
 PAD_HALF_TILE_ROWS = 64
 
 
