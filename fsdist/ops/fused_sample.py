@@ -241,6 +241,16 @@ def tile_operand(hidden: torch.Tensor, block_b: int, min_rows: int = None) -> to
     return pad_rows(hidden, triton.cdiv(B, block_b) * block_b) if pad else hidden
 
 
+def ws_box_rows(batch: int, block_b: int) -> int:
+    """The rows of the hidden's TMA boxes on the warp-specialised kernel (launch_fused_ws's box_rows) for ``batch`` rows
+    on ``block_b``-row tiles: configs.WS_BOX_ROWS for a batch of one partial tile of at most WS_BOX_TILE_ROWS rows that
+    leaves at least one box of the tile unloaded (B <= 56 on the 64-row tile; B = 57-63 keep one 64-row box, at most 7
+    rows past the hidden's end, as before); else 0 (one box of the tile's rows, on tile_operand's hidden)."""
+    if not WS_BOX_ROWS or block_b > WS_BOX_TILE_ROWS or batch >= block_b:
+        return 0
+    return WS_BOX_ROWS if triton.cdiv(batch, WS_BOX_ROWS) * WS_BOX_ROWS < block_b else 0
+
+
 def _tma_capable(device: torch.device) -> bool:
     if device.type == "cpu":
         return interpreting()  # Triton's interpreter emulates descriptor loads (tests)
@@ -273,9 +283,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
                                                   block_v=cfg.block_v, block_b=ws_rows):
         # The same tile on the warp-specialised Hopper kernel (fused_sample_ws.py): same candidates
         # (the tile sums up to their summation order). A partial last tile may read a padded hidden (tile_operand).
-        # A batch of one partial 64-row tile: the hidden in boxes of WS_BOX_ROWS rows (no padded copy, no box past
-        # its end; configs.WS_BOX_TILE_ROWS)
-        box = WS_BOX_ROWS if B < ws_rows <= WS_BOX_TILE_ROWS else 0
+        box = ws_box_rows(B, ws_rows)
         launch_fused_ws(hidden if box else tile_operand(hidden, ws_rows), weight, params, layout, dest,
                         vocab_size=vocab_size, vocab_start=vocab_start, shard=shard, stages=cfg.num_stages,
                         epilogue_warps=8 if cfg.num_warps >= 8 else 4, block_b=ws_rows, logprobs=logprobs,

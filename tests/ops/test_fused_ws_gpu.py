@@ -193,14 +193,15 @@ def test_a_partial_64_row_tile_reads_a_padded_hidden(B, extended, monkeypatch):
 @pytest.mark.parametrize("extended", [False, True])
 @pytest.mark.parametrize("B, block_b", [(1, 64), (17, 64), (24, 64), (32, 64), (48, 64), (63, 64), (96, 128)])
 def test_a_partial_tile_in_boxes_writes_the_padded_launchs_candidates(B, block_b, extended, monkeypatch):
-    """A batch of one partial tile reads the hidden in boxes of configs.WS_BOX_ROWS rows, as many as it needs, the
-    tile's other rows zeroed once in shared memory (launch_fused_ws's box_rows): every field of the launch on a
-    zero-padded hidden, bit for bit, plain and extended (the 128-row tile, which the default keeps on its padded copy,
-    told to: configs.WS_BOX_TILE_ROWS). B = 17 / 63 end inside a box (its last rows past the hidden's
-    end); a box left unloaded, or a row's data from another box, would change that row's logits here."""
+    """A batch of one partial tile read in boxes of configs.WS_BOX_ROWS rows, as many as it needs, the tile's other
+    rows zeroed once in shared memory (launch_fused_ws's box_rows): every field of the launch on a zero-padded hidden,
+    bit for bit, plain and extended; forced here on B = 63 and on the 128-row tile, which the default keeps on one box
+    (fused_sample.ws_box_rows). B = 17 / 63 end inside a box (its last rows past the hidden's end); a box left unloaded,
+    or a row's data from another box, would change that row's logits. V = 40,000: 313 vocabulary tiles, so each
+    persistent program runs two or three of them on the same zeroed buffers."""
     if extended and block_b == 128:
         pytest.skip("kept logits run on the 64-row tile only")
-    V = 5000
+    V = 40000
     h, w = _operands(B, 4096, V, torch.bfloat16, B + 7)
     params = _row_params(B, torch.Generator().manual_seed(B), "rows")
     cfg = TileConfig(block_b, 128, 64, 8, 5, tma=True, ws=True)
@@ -214,19 +215,18 @@ def test_a_partial_tile_in_boxes_writes_the_padded_launchs_candidates(B, block_b
         return real(hidden, *a, **k)
 
     monkeypatch.setattr(fused_sample, "launch_fused_ws", spy)
-    monkeypatch.setattr(fused_sample, "WS_BOX_TILE_ROWS", 128)  # (the 128-row tile reads boxes only when told)
-    got, shipped = [], fused_sample.WS_BOX_ROWS
-    assert shipped > 0
-    for box in (shipped, 0):
-        monkeypatch.setattr(fused_sample, "WS_BOX_ROWS", box)
-        if not box:  # the reference: the hidden zero-padded to the tile, whatever the padding rules say
-            monkeypatch.setattr(fused_sample, "tile_operand", lambda x, b, min_rows=None: real_pad(x, b, min_rows=1))
+    # the reference: the hidden zero-padded to the tile, whatever the padding rules say
+    monkeypatch.setattr(fused_sample, "tile_operand", lambda x, b, min_rows=None: real_pad(x, b, min_rows=1))
+    got, box = [], fused_sample.WS_BOX_ROWS
+    assert box > 0
+    for rows in (box, 0):
+        monkeypatch.setattr(fused_sample, "ws_box_rows", lambda batch, block, rows=rows: rows)
         dest = BufferPair.alloc(layout, "cuda")
         dest.f.fill_(7.0)
         dest.i.fill_(7)
         launch_fused(h, w, params, cfg, layout, dest, vocab_size=V - 3, logprobs=extended, extended=extended)
         got.append((dest.f.nan_to_num(-12345.0), dest.i))
-    assert seen == [(B, shipped), (block_b, 0)]  # the hidden's own rows in boxes, then the padded copy
+    assert seen == [(B, box), (block_b, 0)]  # the hidden's own rows in boxes, then the padded copy
     assert torch.equal(got[0][1], got[1][1])
     assert torch.equal(got[0][0], got[1][0])
 

@@ -48,6 +48,10 @@ missing = [t for t in spec.get("ptx_has", []) if t not in k.asm["ptx"]]
 present = [t for t in spec.get("ptx_lacks", []) if t in k.asm["ptx"]]
 if missing or present:
     sys.exit(f"PTX check failed: missing {missing}, unexpected {present}")
+# optional counts: instructions a variant must contain exactly this many times (ptx_count)
+counts = {t: k.asm["ptx"].count(t) for t in spec.get("ptx_count", {})}
+if counts != spec.get("ptx_count", {}):
+    sys.exit(f"PTX check failed: counts {counts}, expected {spec['ptx_count']}")
 # wait_first: a programmatic dependent's griddepcontrol.wait comes before every global memory access in the PTX
 # (the compiler may not hoist a load above it: an early load could read what the launch before it still writes)
 if spec.get("wait_first"):
@@ -343,8 +347,9 @@ CASES["stage1_fused_trigger"] = dict(
 
 
 # The warp-specialised Hopper kernel (Gluon), extended 64-row tile: the hidden in one box of the tile's rows, and a
-# one-tile batch of 24 rows in three boxes of 8 rows (launch_fused_ws's box_rows: the copies, the zeroed rows' stores
-# and the proxy fence ordering them before the copy engine's writes).
+# one-tile batch of 24 rows in three boxes of 8 rows (launch_fused_ws's box_rows): four TMA copies a stage instead of
+# two, the stage's barrier expecting 3 x 1 KB of the hidden + 16 KB of the weight, and the proxy fence that orders the
+# zeroed rows' stores before the copy engine's writes.
 WS_TYPES = dict(h_desc="tensordesc<bf16[64, 64],NVMMA>", w_desc="tensordesc<bf16[128, 64],NVMMA>", cand_f="*fp32",
                 cand_i="*i32", B="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", buf_offset="i32",
                 buf_offset_i="i32", stride_slot="i32", n_btiles="i32", n_tiles="i32", k_steps="i32",
@@ -355,11 +360,15 @@ WS_CONST = dict(STAGES=5, EPI_WARPS=8, EPI_REGS=160, LOAD_REGS=24, SEED_PER_ROW=
                 WINNER_LOGIT=False, RAW_SUM=False, BITMASK=False, SPARSE=False, PINNED=True, PEER_TABLE=False,
                 NPEERS=1, DEVICE_PARITY=False, HEADER=False, XFP_PER_ROW=False, TILE_B=0, H_BOXES=1)
 CASES["stage1_ws_extended"] = dict(module="fsdist.ops.fused_sample_ws", kernel="fused_sample_ws_kernel", gluon=True,
-                                   maxnreg=128, types=WS_TYPES, constexprs=WS_CONST, ptx_lacks=["fence.proxy.async"])
+                                   maxnreg=128, types=WS_TYPES, constexprs=WS_CONST, ptx_lacks=["fence.proxy.async"],
+                                   ptx_count={"cp.async.bulk.tensor": 2, "expect_tx.shared.b64 _, [%r": 1,
+                                              ", 24576;": 1})
 CASES["stage1_ws_boxes"] = dict(CASES["stage1_ws_extended"],
                                 types=dict(WS_TYPES, h_desc="tensordesc<bf16[8, 64],NVMMA>"),
                                 constexprs=dict(WS_CONST, TILE_B=64, H_BOXES=3),
-                                ptx_has=["fence.proxy.async", "st.shared"], ptx_lacks=[])
+                                ptx_has=["fence.proxy.async"], ptx_lacks=[],
+                                ptx_count={"cp.async.bulk.tensor": 4, "expect_tx.shared.b64 _, [%r": 1,
+                                           ", 19456;": 1})
 
 
 @pytest.fixture(scope="module")
@@ -403,3 +412,13 @@ def test_wait_first_check_can_fail(lowering_available):
     proc = subprocess.run([sys.executable, "-c", _LOWER, json.dumps(spec)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode != 0 and "precedes griddepcontrol.wait" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_ptx_count_check_can_fail(lowering_available):
+    """The count check (ptx_count) fails when the kernel has another number of the instruction: the boxed kernel
+    held to the one-box kernel's two TMA copies a stage and 24 KB expected."""
+    spec = dict(CASES["stage1_ws_boxes"], ptx_count=CASES["stage1_ws_extended"]["ptx_count"])
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-c", _LOWER, json.dumps(spec)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0 and "PTX check failed: counts" in proc.stderr, proc.stderr[-2000:]
