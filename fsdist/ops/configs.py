@@ -163,13 +163,14 @@ def default_config(batch: int, hidden_size: int, device, *, extended: bool = Fal
                        extended=extended, sparse_processors=sparse_processors and ws, extended_ws=extended and ws)
 
 
-# The warp-specialised kernel on a batch of one partial 64-row tile (B <= 56) reads the hidden in TMA boxes of this
+# The warp-specialised kernel on a batch of one partial 64-row tile (B <= 48) reads the hidden in TMA boxes of this
 # many rows, as many as the batch needs, and keeps the tile's other rows zero in shared memory
 # (fused_sample_ws.launch_fused_ws's box_rows; fused_sample.ws_box_rows decides): no zero-padded copy (tile_operand's
 # launch), and at most the last box's 7 rows past the hidden's end instead of up to 63 (the copy engine's slow zero
 # fill, v35 / v65). 0: one box of the tile's rows, padded by tile_operand's rules. docs/performance.md v77 (H200,
 # D = 4096, graph replays, µs, padded copy / boxes of 8): filtered and bias + penalty calls at B = 17 / 24 / 32 -4.6 to
-# -6.7 (top-k + top-p at B = 24 326.6 / 322.0), B = 48 level, plain there unchanged (the 32-row Triton tile). The box
+# -6.7 (top-k + top-p at B = 24 326.6 / 322.0), B = 40 / 48 level or better, B = 56 0.2-1.2 worse (v77c, so
+# fused_sample.ws_box_rows stops at 48), plain at B <= 32 unchanged (the 32-row Triton tile). The box
 # count is a compile-time constant: one compile per 8 rows of batch. Tiles of at most WS_BOX_TILE_ROWS rows only: on
 # the 128-row tile (B = 96, plain) the boxes cost +2 µs against its padded copy.
 WS_BOX_ROWS = 8

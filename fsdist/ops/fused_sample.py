@@ -243,12 +243,12 @@ def tile_operand(hidden: torch.Tensor, block_b: int, min_rows: int = None) -> to
 
 def ws_box_rows(batch: int, block_b: int) -> int:
     """The rows of the hidden's TMA boxes on the warp-specialised kernel (launch_fused_ws's box_rows) for ``batch`` rows
-    on ``block_b``-row tiles: configs.WS_BOX_ROWS for a batch of one partial tile of at most WS_BOX_TILE_ROWS rows that
-    leaves at least one box of the tile unloaded (B <= 56 on the 64-row tile; B = 57-63 keep one 64-row box, at most 7
-    rows past the hidden's end, as before); else 0 (one box of the tile's rows, on tile_operand's hidden)."""
+    on ``block_b``-row tiles: configs.WS_BOX_ROWS for a batch of one partial tile of at most WS_BOX_TILE_ROWS rows whose
+    boxes cover at most three quarters of it (B <= 48 on the 64-row tile; v77c: at B = 56 seven boxes lost 0.2-1.2 µs
+    to one 64-row box); else 0 (one box of the tile's rows, on tile_operand's hidden)."""
     if not WS_BOX_ROWS or block_b > WS_BOX_TILE_ROWS or batch >= block_b:
         return 0
-    return WS_BOX_ROWS if triton.cdiv(batch, WS_BOX_ROWS) * WS_BOX_ROWS < block_b else 0
+    return WS_BOX_ROWS if 4 * triton.cdiv(batch, WS_BOX_ROWS) * WS_BOX_ROWS <= 3 * block_b else 0
 
 
 def _tma_capable(device: torch.device) -> bool:

@@ -593,13 +593,14 @@ def test_hidden_boxes_cover_a_one_tile_batch():
 
 def test_ws_box_rows_where_the_boxes_were_measured(monkeypatch):
     """fused_sample.ws_box_rows, the shipped rule (docs/performance.md v77): boxes of configs.WS_BOX_ROWS rows for a
-    one-tile batch on the 64-row tile that leaves a box unloaded (B <= 56); one box of the tile's rows for B = 57-64,
-    several tiles, and the 128-row tile (whose padded copy was faster); none when WS_BOX_ROWS is 0."""
+    one-tile batch on the 64-row tile whose boxes cover at most three quarters of it (B <= 48); one box of the
+    tile's rows for B = 49-64, several tiles, and the 128-row tile (whose padded copy was faster); none when
+    WS_BOX_ROWS is 0."""
     from fsdist.ops import fused_sample
 
     assert fused_sample.WS_BOX_ROWS == 8
-    assert [fused_sample.ws_box_rows(b, 64) for b in (1, 17, 24, 32, 48, 56)] == [8] * 6
-    assert [fused_sample.ws_box_rows(b, 64) for b in (57, 63, 64, 65, 200)] == [0] * 5
+    assert [fused_sample.ws_box_rows(b, 64) for b in (1, 17, 24, 32, 40, 48)] == [8] * 6
+    assert [fused_sample.ws_box_rows(b, 64) for b in (49, 56, 63, 64, 65, 200)] == [0] * 6
     assert [fused_sample.ws_box_rows(b, 128) for b in (24, 96, 127)] == [0] * 3
     monkeypatch.setattr(fused_sample, "WS_BOX_ROWS", 0)
     assert fused_sample.ws_box_rows(24, 64) == 0
