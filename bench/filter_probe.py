@@ -58,7 +58,9 @@ PDL_SETTINGS = {"off": (False, False, False), "stage2": (True, False, False), "f
                 # v77: the shipped PDL setting, the warp-specialised kernel reading a one-tile batch's hidden in boxes
                 # of 8 / 16 / 32 rows, or (box0) one box of the tile's rows on the padded copy, as before
                 "box0": (False, True, True), "box8": (False, True, True), "box16": (False, True, True),
-                "box32": (False, True, True)}
+                "box32": (False, True, True),
+                # ... and on the 128-row tile too (one-tile batches of B = 65-127 there; v77: boxes of 8 lost 2 µs)
+                "box8w": (False, True, True), "box16w": (False, True, True), "box32w": (False, True, True)}
 
 
 def _nothing(*args, **kwargs):
@@ -85,7 +87,9 @@ FALLBACK_PATCHES = {"nofb": [(fs_sampling, "run_fallback", _nothing)],
                     "nomat": [(fs_fallback, "launch_materialize", _nothing)],
                     "nores": [(fs_fallback, "launch_resolve", _nothing)],
                     "tiny": [(fs_fallback, "launch_materialize", _tiny), (fs_fallback, "launch_resolve", _tiny)],
-                    **{f"box{n}": [(fs_fused, "WS_BOX_ROWS", n)] for n in (0, 8, 16, 32)}}
+                    **{f"box{n}": [(fs_fused, "WS_BOX_ROWS", n)] for n in (0, 8, 16, 32)},
+                    **{f"box{n}w": [(fs_fused, "WS_BOX_ROWS", n), (fs_fused, "WS_BOX_TILE_ROWS", 128)]
+                       for n in (8, 16, 32)}}
 
 
 @triton.jit
@@ -340,7 +344,7 @@ def main():
                          "fallback, beside, on; e.g. off,on,off; nofb / nomat / nores / tiny: v74's fallback "
                          "setting with the fallback's launches left out or replaced, upper bounds; box0 / box8 / "
                          "box16 / box32: v76's, the ws kernel's one-tile hidden in boxes of that many rows "
-                         "(0: padded); "
+                         "(0: padded; box8w / box16w / box32w: on the 128-row tile too); "
                          "default: the configs' as they are)")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
