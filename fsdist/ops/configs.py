@@ -177,12 +177,13 @@ WS_BOX_ROWS = 8
 WS_BOX_TILE_ROWS = 64
 
 # Calls with logit bias / penalty entries from this many rows take the warp-specialised 64-row tile (reading the hidden
-# in boxes, WS_BOX_ROWS; a zero-padded copy before v77) instead of the 32-row Triton tile: its processors run beside the next tile's wgmmas, where
-# the Triton tile's epilogue waits for them, and at 17-32 rows that cost twice B = 16's (docs/performance.md v66 /
-# v67, H200, 1,000 entries a row, graph replays, µs, shipped 32-row tile / ws tile padded): D = 4096 B = 24 340.0 /
-# 314.7, B = 32 331.4 / 319.0 (plain 295.7 / 297.5); D = 8192 B = 32 513.3 / 512.9. At B = 16 the ws tile loses
-# (plain +13 µs, v65). Fast-memory GPUs only (``fast_memory``): on an H100 the 32-row tile's epilogue costs less
-# (v58: its B = 32 plain call pays +4 µs over B = 16, the H200's +19) and this was not measured there.
+# in boxes, WS_BOX_ROWS; a zero-padded copy before v77) instead of the 32-row Triton tile: its processors run beside the
+# next tile's wgmmas, where the Triton tile's epilogue waits for them, and at 17-32 rows that cost twice B = 16's
+# (docs/performance.md v66 / v67, H200, 1,000 entries a row, graph replays, µs, shipped 32-row tile / ws tile
+# padded): D = 4096 B = 24 340.0 / 314.7, B = 32 331.4 / 319.0 (plain 295.7 / 297.5); D = 8192 B = 32 513.3 / 512.9.
+# At B = 16 the ws tile loses (plain +13 µs, v65). Fast-memory GPUs only (``fast_memory``): on an H100 the 32-row
+# tile's epilogue costs less (v58: its B = 32 plain call pays +4 µs over B = 16, the H200's +19) and this was not
+# measured there.
 SPARSE_WS_MIN_BATCH = 17
 # Extended calls (filters, top-N or raw logprobs) on one GPU take that tile at B = 17-32 too, where D <= this: its
 # extended epilogue runs beside the next tile's wgmmas (+9.5 µs over the plain call at B = 32 / 64 against the 32-row

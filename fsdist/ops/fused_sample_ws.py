@@ -520,7 +520,8 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     smem = gl.NVMMASharedLayout.get_default_for([block_b, WS_BLOCK_K], gdt)
     box, boxes = hidden_boxes(B, block_b, box_rows)
     if box < block_b and (batch is not None and batch != hidden.shape[0]):
-        raise ValueError("box_rows reads the hidden's own rows: pass an unpadded hidden (no batch)")
+        raise ValueError("box_rows reads the hidden's own rows: pass the unpadded hidden (batch, if given, must be "
+                         "its row count)")
     # (a box of fewer rows has the same 128-byte swizzle, so the tile's buffers keep the tile's layout)
     h_desc = GluonDescriptor.from_tensor(hidden, [box, WS_BLOCK_K], smem)
     w_desc = GluonDescriptor.from_tensor(weight, [WS_BLOCK_V, WS_BLOCK_K], smem)
