@@ -16,6 +16,8 @@
 #                                   under $AB_TIMEOUT s (default 130), logs NAME_ab_{before,after,before2}.log
 #   part_for_gpu ON_H200 OTHERWISE  the part a one-call script runs on the GPU that came ($FORCE wins)
 #   tests_in_the_time_left GROUP..  gpu_tests_parallel.sh cut at what is left of $CALL_BUDGET s
+#   part_limit SECONDS              SECONDS, or what is left of the call's $CALL_BUDGET s (default $CALL_BUDGET_DEFAULT,
+#                                   else 560) if less, at least 10: a part's timeout
 start=$SECONDS  # first: callers budget their parts against the whole call
 source scripts/gpu_env.sh
 OUT="${OUT:-bench/results}"
@@ -127,4 +129,10 @@ tests_in_the_time_left() {
   echo "tests get ${left}s"
   (( left > 60 )) || return 0
   TESTS_TIMEOUT=$left bash scripts/gpu_tests_parallel.sh "$@"
+}
+
+# part_limit SECONDS: a part's timeout, SECONDS or what is left of the call's budget if less (at least 10 s).
+part_limit() {
+  local left=$(( ${CALL_BUDGET:-${CALL_BUDGET_DEFAULT:-560}} - (SECONDS - start) ))
+  echo $(( left < $1 ? (left > 10 ? left : 10) : $1 ))
 }

@@ -15,10 +15,7 @@ PARTS="${PARTS:-tp1 tp2}"
 carried_wheels
 rc=0
 # each part's timeout, cut so the whole call ends inside the device tool's 600 s (the packed logs need a few seconds)
-part_limit() {
-  local left=$(( ${CALL_BUDGET:-570} - (SECONDS - start) ))
-  echo $(( left < $1 ? (left > 10 ? left : 10) : $1 ))
-}
+CALL_BUDGET_DEFAULT=570  # (part_limit's budget when $CALL_BUDGET is unset)
 for filt in ${V64_FILTERS:-none bias_pen}; do
   ARGS=(bench/tp_sweep.py --max-minutes 2 --shapes 4096x151936 --batches "${V64_BATCHES:-1,16,64}" --filters "$filt"
         --transports nvshmem --reductions candidates --baselines matmul_shard --runs 3 --iters 50 --graph

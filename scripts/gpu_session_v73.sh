@@ -16,10 +16,7 @@ source scripts/gpu_session_lib.sh
 pack_on_exit v73
 carried_wheels
 rc=0
-part_limit() {
-  local left=$(( ${CALL_BUDGET:-540} - (SECONDS - start) ))
-  echo $(( left < $1 ? (left > 10 ? left : 10) : $1 ))
-}
+CALL_BUDGET_DEFAULT=540  # (part_limit's budget when $CALL_BUDGET is unset)
 sweep() {  # sweep FILTER TP: tp_sweep's arguments
   echo bench/tp_sweep.py --max-minutes 2 --shapes 4096x151936 --batches "${V73_BATCHES:-1,16,64}" --filters "$1" \
     --transports nvshmem --reductions candidates --baselines matmul_shard --runs 3 --iters 50 --graph \

@@ -13,10 +13,7 @@ cd "$(dirname "$0")/.."
 source scripts/gpu_session_lib.sh
 pack_on_exit v74
 rc=0
-part_limit() {
-  local left=$(( ${CALL_BUDGET:-540} - (SECONDS - start) ))
-  echo $(( left < $1 ? (left > 10 ? left : 10) : $1 ))
-}
+CALL_BUDGET_DEFAULT=540  # (part_limit's budget when $CALL_BUDGET is unset)
 TAIL=10 run_part "gpu tests" "$(part_limit 230)" v74_gpu_tests.log python3 -m pytest -q -p no:warnings \
   -p no:cacheprovider -rfE --durations=8 tests/test_pdl_chain.py tests/test_processors_gpu.py \
   tests/test_gpu_serving.py tests/ops/test_fused_ws_gpu.py \

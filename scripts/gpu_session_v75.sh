@@ -18,10 +18,6 @@ source scripts/gpu_session_lib.sh
 pack_on_exit v75
 PARTS="${PARTS:-probe}"
 rc=0
-part_limit() {
-  local left=$(( ${CALL_BUDGET:-560} - (SECONDS - start) ))
-  echo $(( left < $1 ? (left > 10 ? left : 10) : $1 ))
-}
 if wants probe; then
   TAIL=3 run_part "probe" "$(part_limit 400)" v75_probe.log python3 bench/filter_probe.py --only graph \
     --shape 4096x151936 --batches "${V75_BATCHES:-24,32}" --caps 0 --pdl "${V75_PDL:-fallback,nofb,fallback}" \

@@ -15,10 +15,6 @@ source scripts/gpu_session_lib.sh
 pack_on_exit v77
 PARTS="${PARTS:-tests}"
 rc=0
-part_limit() {
-  local left=$(( ${CALL_BUDGET:-560} - (SECONDS - start) ))
-  echo $(( left < $1 ? (left > 10 ? left : 10) : $1 ))
-}
 if wants tests; then
   # the ws kernel's partial-tile tests (boxes against the padded copy, the padded launches, processed calls and the
   # processors at B = 24) and the processors' GPU suite beside the filter kernels' suites (their B = 17-32 calls now
