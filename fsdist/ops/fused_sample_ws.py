@@ -381,8 +381,8 @@ if HAVE_GLUON:
                                stride_slot, n_btiles, n_tiles, k_steps, stride_field, stride_ifield,
                                bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr,
                                pen_stride, parity_ptr, parity_stride_f, parity_stride_i, hdr_off_i, flags, xfp_ptr,
-                               xfp_val, STAGES: gl.constexpr, EPI_WARPS: gl.constexpr, EPI_REGS: gl.constexpr,
-                               LOAD_REGS: gl.constexpr,
+                               xfp_val, STAGES: gl.constexpr, BLOCK_B: gl.constexpr, EPI_WARPS: gl.constexpr,
+                               EPI_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
                                SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr,
                                NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr = 8,
                                LOGPROBS: gl.constexpr = False, EXTENDED: gl.constexpr = False,
@@ -391,10 +391,9 @@ if HAVE_GLUON:
                                PINNED: gl.constexpr = False, PEER_TABLE: gl.constexpr = False,
                                NPEERS: gl.constexpr = 1, DEVICE_PARITY: gl.constexpr = False,
                                HEADER: gl.constexpr = False, XFP_PER_ROW: gl.constexpr = False,
-                               TILE_B: gl.constexpr = 0, H_BOXES: gl.constexpr = 1):
-        # The batch tile: the hidden's TMA box, or (TILE_B, launch_fused_ws's box_rows) a one-tile batch's tile whose
-        # rows are loaded in H_BOXES smaller boxes
-        BLOCK_B: gl.constexpr = TILE_B if TILE_B > 0 else h_desc.block_type.shape[0]
+                               H_BOXES: gl.constexpr = 1):
+        # BLOCK_B: the batch tile, loaded as one TMA box of the hidden, or (launch_fused_ws's box_rows: a one-tile
+        # batch) as H_BOXES smaller boxes
         BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
         BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
         dtype: gl.constexpr = h_desc.dtype
@@ -553,7 +552,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), ROW_THREADS=row_threads,
         LOGPROBS=logprobs or extended, EXTENDED=extended, WINNER_LOGIT=logprobs or winner_logit, RAW_SUM=raw_sums,
         **proc_flags, PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1, DEVICE_PARITY=par_on, HEADER=header,
-        XFP_PER_ROW=xfp_row, TILE_B=block_b if box < block_b else 0, H_BOXES=boxes,
+        XFP_PER_ROW=xfp_row, BLOCK_B=block_b, H_BOXES=boxes,
         num_warps=4, maxnreg=maxnreg,
     )
 

@@ -358,14 +358,14 @@ WS_TYPES = dict(h_desc="tensordesc<bf16[64, 64],NVMMA>", w_desc="tensordesc<bf16
 WS_CONST = dict(STAGES=5, EPI_WARPS=8, EPI_REGS=160, LOAD_REGS=24, SEED_PER_ROW=True, OFFSET_PER_ROW=True,
                 TEMP_PER_ROW=True, NOISE=True, FAST_LOG=True, ROW_THREADS=8, LOGPROBS=True, EXTENDED=True,
                 WINNER_LOGIT=False, RAW_SUM=False, BITMASK=False, SPARSE=False, PINNED=True, PEER_TABLE=False,
-                NPEERS=1, DEVICE_PARITY=False, HEADER=False, XFP_PER_ROW=False, TILE_B=0, H_BOXES=1)
+                NPEERS=1, DEVICE_PARITY=False, HEADER=False, XFP_PER_ROW=False, BLOCK_B=64, H_BOXES=1)
 CASES["stage1_ws_extended"] = dict(module="fsdist.ops.fused_sample_ws", kernel="fused_sample_ws_kernel", gluon=True,
                                    maxnreg=128, types=WS_TYPES, constexprs=WS_CONST, ptx_lacks=["fence.proxy.async"],
                                    ptx_count={"cp.async.bulk.tensor": 2, "expect_tx.shared.b64 _, [%r": 1,
                                               ", 24576;": 1})
 CASES["stage1_ws_boxes"] = dict(CASES["stage1_ws_extended"],
                                 types=dict(WS_TYPES, h_desc="tensordesc<bf16[8, 64],NVMMA>"),
-                                constexprs=dict(WS_CONST, TILE_B=64, H_BOXES=3),
+                                constexprs=dict(WS_CONST, H_BOXES=3),
                                 ptx_has=["fence.proxy.async"], ptx_lacks=[],
                                 ptx_count={"cp.async.bulk.tensor": 4, "expect_tx.shared.b64 _, [%r": 1,
                                            ", 19456;": 1})
