@@ -57,10 +57,9 @@ PDL_SETTINGS = {"off": (False, False, False), "stage2": (True, False, False), "f
                 "tiny": (False, True, False),
                 # v77: the shipped PDL setting, the warp-specialised kernel reading a one-tile batch's hidden in boxes
                 # of 8 / 16 / 32 rows, or (box0) one box of the tile's rows on the padded copy, as before
-                "box0": (False, True, True), "box8": (False, True, True), "box16": (False, True, True),
-                "box32": (False, True, True),
-                # ... and on the 128-row tile too (one-tile batches of B = 65-127 there; v77: boxes of 8 lost 2 µs)
-                "box8w": (False, True, True), "box16w": (False, True, True), "box32w": (False, True, True)}
+                # (... and with a "w", on the 128-row tile too: one-tile batches of B = 65-127; v77: boxes of 8 lost
+                # 2 µs there)
+                **{f"box{n}": (False, True, True) for n in ("0", "8", "16", "32", "8w", "16w", "32w")}}
 
 
 def _nothing(*args, **kwargs):
