@@ -10,6 +10,9 @@ inputs rotated:
   triton        fused_sample_kernel with 128x128x64 w8 s5 TMA tiles (what the dispatcher runs at these B)
   ws_s<S>r<R>   fused_sample_ws_kernel with S operand stages and R rows per warp in the epilogue layout
   ...e8         the same with 8 epilogue warps (two warpgroups) instead of 4
+  ...L<R>       a batch whose last 128-row tile holds at most 64 rows: that tile read in boxes of R rows and
+                multiplied as half a tile (launch_fused_ws's last_box_rows; checked bit for bit like every variant,
+                and with --pad against the padded whole-tile launch)
   *_greedy      the same with T = 0 (no noise): the main loop with the lightest epilogue
   epi_<variant> the variant with its main loop skipped (zero logits): the epilogue's own time
   pad_<variant> with --pad: the variant on a hidden zero-padded to whole batch tiles, the pad's copy included
@@ -102,26 +105,30 @@ def processing_for(B, V, dev, g, which="all"):
         batch=B, vocab_size=V, device=dev)
 
 
-def run_ws(h, W, params, layout, cand, V, stages, rows, warps=4, epilogue_only=False, block_b=128, pad=False):
+def run_ws(h, W, params, layout, cand, V, stages, rows, warps=4, epilogue_only=False, block_b=128, pad=False,
+           last=0):
     batch = None
     if pad:
         # Zero rows up to whole batch tiles (the 64-row tile too), so that no TMA box of the hidden reaches past
         # its rows (v17 / v25: a half-empty box looked slow). The pad's allocation and copy are part of the timed call.
-        h, batch = tile_operand(h, block_b, min_rows=1), h.shape[0]
+        h, batch, last = tile_operand(h, block_b, min_rows=1), h.shape[0], 0
     launch_fused_ws(h, W, params, layout, cand, vocab_size=V, vocab_start=0, stages=stages, row_threads=rows,
-                    epilogue_warps=warps, epilogue_only=epilogue_only, block_b=block_b, batch=batch)
+                    epilogue_warps=warps, epilogue_only=epilogue_only, block_b=block_b, batch=batch,
+                    last_box_rows=last)
 
 
 def variants(text):
-    """'s4r8' -> ('s4r8', 4 stages, 8 rows per warp, 4 epilogue warps, 128-row tile); 's5r8e8': 8 epilogue
-    warps; 's5r8e8b64': a 64-row batch tile."""
+    """'s4r8' -> ('s4r8', 4 stages, 8 rows per warp, 4 epilogue warps, 128-row tile, 0); 's5r8e8': 8 epilogue
+    warps; 's5r8e8b64': a 64-row batch tile; 's5r8e8L8': a last tile of at most 64 rows read in boxes of 8 rows and
+    multiplied as half a tile (launch_fused_ws's last_box_rows; other batches: as without it)."""
     out = []
     for v in text.split(","):
         v = v.strip()
-        m = re.fullmatch(r"s(\d+)r(\d+)(?:e(\d+))?(?:b(\d+))?", v)
+        m = re.fullmatch(r"s(\d+)r(\d+)(?:e(\d+))?(?:b(\d+))?(?:L(\d+))?", v)
         if not m:
-            raise SystemExit(f"bad variant {v!r}: want s<stages>r<rows>[e<epilogue warps>][b<batch tile>]")
-        out.append((v, int(m.group(1)), int(m.group(2)), int(m.group(3) or 4), int(m.group(4) or 128)))
+            raise SystemExit(f"bad variant {v!r}: want s<stages>r<rows>[e<epilogue warps>][b<batch tile>][L<rows>]")
+        out.append((v, int(m.group(1)), int(m.group(2)), int(m.group(3) or 4), int(m.group(4) or 128),
+                    int(m.group(5) or 0)))
     return out
 
 
@@ -140,12 +147,12 @@ def check_cell(D, V, B, dev, vs, failures, W=None):
         if not ws_supported(h, W, params):
             failures.append(f"D={D} V={V} B={B}: ws_supported said no")
             return W
-        for name, s, r, e, bb in vs:
+        for name, s, r, e, bb, lb in vs:
             got = BufferPair.alloc(layout, dev)
             got.f.fill_(7.0)
             got.i.fill_(7)
             try:
-                run_ws(h, W, params, layout, got, V, s, r, e, block_b=bb)
+                run_ws(h, W, params, layout, got, V, s, r, e, block_b=bb, last=lb)
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001  (report, keep going)
                 failures.append(f"D={D} V={V} B={B} {name}: {type(e).__name__}: {str(e)[:400]}")
@@ -171,14 +178,14 @@ def check_processors(h, W, pp, block_b, twin, layout, V, failures, label):
         failures.append(f"{label} processors: ws and Triton twin differ ({_score_diff(got.f, ref.f)})")
 
 
-def check_pad(h, W, params, layout, V, s, r, e, bb, failures, label):
-    """The padded launch writes the unpadded launch's candidates, bit for bit."""
+def check_pad(h, W, params, layout, V, s, r, e, bb, failures, label, lb=0):
+    """The padded launch writes the unpadded launch's candidates (with lb: its short last tile's), bit for bit."""
     ref = BufferPair.alloc(layout, h.device)
     got = BufferPair.alloc(layout, h.device)
     for buf in (ref, got):
         buf.f.fill_(float("nan"))
         buf.i.fill_(-7)
-    run_ws(h, W, params, layout, ref, V, s, r, e, block_b=bb)
+    run_ws(h, W, params, layout, ref, V, s, r, e, block_b=bb, last=lb)
     run_ws(h, W, params, layout, got, V, s, r, e, block_b=bb, pad=True)
     torch.cuda.synchronize()
     same = torch.equal(ref.i, got.i) and torch.equal(ref.f.view(torch.int32), got.f.view(torch.int32))
@@ -237,21 +244,23 @@ def main(argv=None) -> int:
                        "triton": lambda h: run_triton(h, W, params, layout, cand, V)}
             if shipped != TRITON_CFG:  # what fsdist.sample runs at this B (launch_fused: ws or its Triton twin)
                 methods["shipped"] = lambda h: launch_fused(h, W, params, shipped, layout, cand, vocab_size=V)
-            for name, s, r, e, bb in vs:
-                methods["ws_" + name] = lambda h, s=s, r=r, e=e, bb=bb: run_ws(h, W, params, layout, cand, V, s, r, e,
-                                                                                block_b=bb)
+            for name, s, r, e, bb, lb in vs:
+                methods["ws_" + name] = lambda h, s=s, r=r, e=e, bb=bb, lb=lb: run_ws(h, W, params, layout, cand, V,
+                                                                                       s, r, e, block_b=bb, last=lb)
             if args.pad:
-                for name, s, r, e, bb in vs:
-                    check_pad(hs[0], W, params, layout, V, s, r, e, bb, failures, f"D={D} B={B} {name}")
+                for name, s, r, e, bb, lb in vs:
+                    check_pad(hs[0], W, params, layout, V, s, r, e, bb, failures, f"D={D} B={B} {name}", lb)
+                    if lb:
+                        continue  # (padded, a short-tile variant is its variant without L: timed once)
                     methods["pad_" + name] = lambda h, s=s, r=r, e=e, bb=bb: run_ws(h, W, params, layout, cand, V, s,
                                                                                     r, e, block_b=bb, pad=True)
             # Greedy (no noise): the main loops alone, so the epilogue's share shows.
             greedy = RowParams(0.0, 0, 0)
             methods["triton_greedy"] = lambda h: run_triton(h, W, greedy, layout, cand, V)
-            _, s0, r0, e0, b0 = vs[0]
+            _, s0, r0, e0, b0, _ = vs[0]
             methods["ws_greedy"] = lambda h: run_ws(h, W, greedy, layout, cand, V, s0, r0, e0, block_b=b0)
             # The epilogue alone (zero logits, no main loop): what it costs when nothing hides it.
-            for name, s, r, e, bb in vs:
+            for name, s, r, e, bb, _ in vs:
                 methods["epi_" + name] = lambda h, s=s, r=r, e=e, bb=bb: run_ws(h, W, params, layout, cand, V, s, r,
                                                                                 e, epilogue_only=True, block_b=bb)
             if args.processors and shipped.ws:

@@ -175,6 +175,11 @@ def default_config(batch: int, hidden_size: int, device, *, extended: bool = Fal
 # the 128-row tile (B = 96, plain) the boxes cost +2 µs against its padded copy.
 WS_BOX_ROWS = 8
 WS_BOX_TILE_ROWS = 64
+# Past one 128-row tile, a batch whose last tile holds at most 64 rows (B % 128 in 1-64) runs that tile on the
+# warp-specialised kernel as half a tile (fused_sample_ws.launch_fused_ws's last_box_rows): its rows read in boxes of
+# this many rows, one 64-row wgmma a k-step instead of two, instead of a whole tile on a zero-padded copy. 0: off.
+# docs/performance.md v78.
+WS_LAST_BOX_ROWS = 8
 
 # Calls with logit bias / penalty entries from this many rows take the warp-specialised 64-row tile (reading the hidden
 # in boxes, WS_BOX_ROWS; a zero-padded copy before v77) instead of the 32-row Triton tile: its processors run beside the

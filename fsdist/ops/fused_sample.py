@@ -28,8 +28,8 @@ from triton.language.extra.cuda import gdc_wait
 from ..params import RowParams
 from ..processing import has_entries
 from ..runtime import interpreting
-from .configs import (PAD_HALF_TILE_ROWS, PAD_TILE_ROWS, WS_BOX_ROWS, WS_BOX_TILE_ROWS, TileConfig, fit_num_stages,
-                      pdl_after_entry_offsets, stagger_applies, triton_twin)
+from .configs import (PAD_HALF_TILE_ROWS, PAD_TILE_ROWS, WS_BOX_ROWS, WS_BOX_TILE_ROWS, WS_LAST_BOX_ROWS, TileConfig,
+                      fit_num_stages, pdl_after_entry_offsets, stagger_applies, triton_twin)
 from .epilogue import perturb, raw_sum, row_temperature, tile_stats, tile_topk, write_candidates, write_kept
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
@@ -251,6 +251,16 @@ def ws_box_rows(batch: int, block_b: int) -> int:
     return WS_BOX_ROWS if 4 * triton.cdiv(batch, WS_BOX_ROWS) * WS_BOX_ROWS <= 3 * block_b else 0
 
 
+def ws_last_box_rows(batch: int, block_b: int) -> int:
+    """The rows of the TMA boxes of a short last tile on the warp-specialised kernel (launch_fused_ws's last_box_rows):
+    configs.WS_LAST_BOX_ROWS for a batch of more than one 128-row tile whose last tile holds at most 64 rows; else 0
+    (the last tile whole, on tile_operand's hidden)."""
+    rest = batch % block_b
+    if not WS_LAST_BOX_ROWS or block_b != 128 or batch < block_b or rest == 0 or 2 * rest > block_b:
+        return 0
+    return WS_LAST_BOX_ROWS
+
+
 def _tma_capable(device: torch.device) -> bool:
     if device.type == "cpu":
         return interpreting()  # Triton's interpreter emulates descriptor loads (tests)
@@ -282,13 +292,15 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     if cfg.ws and _ws_tile(cfg) and ws_supported(hidden, weight, params, logprobs=logprobs, extended=extended,
                                                   block_v=cfg.block_v, block_b=ws_rows):
         # The same tile on the warp-specialised Hopper kernel (fused_sample_ws.py): same candidates
-        # (the tile sums up to their summation order). A partial last tile may read a padded hidden (tile_operand).
+        # (the tile sums up to their summation order). A partial last tile may read a padded hidden (tile_operand),
+        # or run as half a tile (ws_last_box_rows).
         box = ws_box_rows(B, ws_rows)
-        launch_fused_ws(hidden if box else tile_operand(hidden, ws_rows), weight, params, layout, dest,
+        last = 0 if box else ws_last_box_rows(B, ws_rows)
+        launch_fused_ws(hidden if box or last else tile_operand(hidden, ws_rows), weight, params, layout, dest,
                         vocab_size=vocab_size, vocab_start=vocab_start, shard=shard, stages=cfg.num_stages,
                         epilogue_warps=8 if cfg.num_warps >= 8 else 4, block_b=ws_rows, logprobs=logprobs,
                         extended=extended, raw_sums=raw_sums, winner_logit=winner_logit, batch=B, flags=flags,
-                        box_rows=box)
+                        box_rows=box, last_box_rows=last)
         return
     cfg = triton_twin(cfg, D)  # what the Triton kernel runs of a config meant for the warp-specialised one
     V_rows = weight.shape[0]

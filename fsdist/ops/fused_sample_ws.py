@@ -77,9 +77,30 @@ HEAD_N = triton.language.constexpr(4)  # entries per (row, column half) walked f
 if HAVE_GLUON:
 
     @gluon.jit
-    def _load_partition(h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
+    def _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps, BLOCK_K: gl.constexpr,
+                   STAGES: gl.constexpr, BOXES: gl.constexpr):
+        """One tile's copies: BOXES boxes of h_desc's rows from row off_b and the weight's box from off_v, a stage a
+        k-step; the advanced stage counter. (Fewer rows than the stage holds: the rows past them keep an earlier
+        tile's data, or the zeros _load_partition wrote, for rows that are never stored.)"""
+        BOX: gl.constexpr = h_desc.block_type.shape[0]
+        for k in range(k_steps):
+            s = it % STAGES
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), BOXES * h_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            if BOX == h_bufs.shape[1]:
+                tma.async_copy_global_to_shared(h_desc, [off_b, k * BLOCK_K], ready.index(s), h_bufs.index(s))
+            else:
+                for r in gl.static_range(BOXES):
+                    tma.async_copy_global_to_shared(h_desc, [off_b + r * BOX, k * BLOCK_K], ready.index(s),
+                                                    h_bufs.index(s).slice(r * BOX, BOX))
+            tma.async_copy_global_to_shared(w_desc, [off_v, k * BLOCK_K], ready.index(s), w_bufs.index(s))
+            it += 1
+        return it
+
+    @gluon.jit
+    def _load_partition(h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
                         BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_K: gl.constexpr,
-                        STAGES: gl.constexpr, H_BOXES: gl.constexpr):
+                        STAGES: gl.constexpr, H_BOXES: gl.constexpr, LAST_BOXES: gl.constexpr):
         # One warp: wait for a free stage, then let the copy engine fill it (both operands
         # arrive on the stage's "ready" barrier, which counts their bytes).
         BOX: gl.constexpr = h_desc.block_type.shape[0]
@@ -97,52 +118,79 @@ if HAVE_GLUON:
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             off_b = (t % n_btiles) * BLOCK_B
             off_v = (t // n_btiles) * BLOCK_V
-            for k in range(k_steps):
-                s = it % STAGES
-                mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-                mbarrier.expect(ready.index(s), H_BOXES * h_desc.block_type.nbytes + w_desc.block_type.nbytes)
-                if BOX == BLOCK_B:
-                    tma.async_copy_global_to_shared(h_desc, [off_b, k * BLOCK_K], ready.index(s), h_bufs.index(s))
+            if LAST_BOXES > 0:  # (static: a launch without it compiles the whole-tile copies alone)
+                if t % n_btiles == n_btiles - 1:
+                    it = _load_tile(hl_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps,
+                                    BLOCK_K, STAGES, LAST_BOXES)
                 else:
-                    for r in gl.static_range(H_BOXES):
-                        tma.async_copy_global_to_shared(h_desc, [off_b + r * BOX, k * BLOCK_K], ready.index(s),
-                                                        h_bufs.index(s).slice(r * BOX, BOX))
-                tma.async_copy_global_to_shared(w_desc, [off_v, k * BLOCK_K], ready.index(s), w_bufs.index(s))
-                it += 1
+                    it = _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps,
+                                    BLOCK_K, STAGES, H_BOXES)
+            else:
+                it = _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps, BLOCK_K,
+                                STAGES, H_BOXES)
 
     @gluon.jit
-    def _mma_partition(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_tiles, k_steps,
-                       BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr):
-        # One warpgroup: acc[BLOCK_B, BLOCK_V] = h_tile @ w_tile^T over k, one wgmma group in
-        # flight while the next stage's data is awaited; a stage is released as soon as the
-        # wgmma that read it has retired.
+    def _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc, k_steps,
+                  ROWS: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr, WHOLE: gl.constexpr):
+        """One tile's main loop over the first ROWS rows of the stages (WHOLE: all of them) and its hand-off; the
+        advanced (it, hc)."""
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, BLOCK_V, 16])
+        acc = gl.zeros([ROWS, BLOCK_V], gl.float32, acc_layout)
+        for k in range(k_steps):
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            if WHOLE:
+                acc = warpgroup_mma(h_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
+            else:
+                acc = warpgroup_mma(h_bufs.index(s).slice(0, ROWS), w_bufs.index(s).permute((1, 0)), acc,
+                                    is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            # the previous stage's wgmma has retired: its buffers may be refilled
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
+            it += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k_steps > 0)
+        # Hand the tile to the epilogue in two column halves through one 32 KB buffer, each
+        # once the epilogue has read the previous one out. (Column 64 is a register bit of
+        # the wgmma layout: the split moves no data.) A short tile fills the buffer's first ROWS rows: the
+        # epilogue reads the others too (an earlier tile's values), for rows it never stores.
+        left, right = gl.split(gl.permute(gl.reshape(acc, [ROWS, 2, BLOCK_V // 2]), (0, 2, 1)))
+        mbarrier.wait(acc_empty, (hc & 1) ^ 1)
+        if WHOLE:
+            acc_smem.store(left)
+        else:
+            acc_smem.slice(0, ROWS).store(left)
+        mbarrier.arrive(acc_ready)
+        mbarrier.wait(acc_empty, hc & 1)
+        if WHOLE:
+            acc_smem.store(right)
+        else:
+            acc_smem.slice(0, ROWS).store(right)
+        mbarrier.arrive(acc_ready)
+        return it, hc + 2
+
+    @gluon.jit
+    def _mma_partition(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles, k_steps,
+                       BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr,
+                       LAST_BOXES: gl.constexpr):
+        # One warpgroup: acc[BLOCK_B, BLOCK_V] = h_tile @ w_tile^T over k, one wgmma group in
+        # flight while the next stage's data is awaited; a stage is released as soon as the
+        # wgmma that read it has retired. With LAST_BOXES the batch's last tile (at most half a tile of rows)
+        # runs as half a tile: one 64-row wgmma a k-step instead of two (the same products for its rows).
         it = 0
         hc = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            acc = gl.zeros([BLOCK_B, BLOCK_V], gl.float32, acc_layout)
-            for k in range(k_steps):
-                s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                acc = warpgroup_mma(h_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-                # the previous stage's wgmma has retired: its buffers may be refilled
-                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
-                it += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k_steps > 0)
-            # Hand the tile to the epilogue in two column halves through one 32 KB buffer, each
-            # once the epilogue has read the previous one out. (Column 64 is a register bit of
-            # the wgmma layout: the split moves no data.)
-            left, right = gl.split(gl.permute(gl.reshape(acc, [BLOCK_B, 2, BLOCK_V // 2]), (0, 2, 1)))
-            mbarrier.wait(acc_empty, (hc & 1) ^ 1)
-            acc_smem.store(left)
-            mbarrier.arrive(acc_ready)
-            mbarrier.wait(acc_empty, hc & 1)
-            acc_smem.store(right)
-            mbarrier.arrive(acc_ready)
-            hc += 2
+            if LAST_BOXES > 0:  # (static: a launch without it compiles the whole-tile loop alone)
+                if t % n_btiles == n_btiles - 1:
+                    it, hc = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc,
+                                       k_steps, BLOCK_B // 2, BLOCK_V, STAGES, False)
+                else:
+                    it, hc = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc,
+                                       k_steps, BLOCK_B, BLOCK_V, STAGES, True)
+            else:
+                it, hc = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc, k_steps,
+                                   BLOCK_B, BLOCK_V, STAGES, True)
 
     @gluon.jit
     def _half_bits(seed, offset, first_id, HALF: gl.constexpr, quad_layout: gl.constexpr):
@@ -376,7 +424,7 @@ if HAVE_GLUON:
                                   PEER_TABLE, NPEERS)
 
     @gluon.jit
-    def fused_sample_ws_kernel(h_desc, w_desc, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
+    def fused_sample_ws_kernel(h_desc, hl_desc, w_desc, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
                                cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
                                stride_slot, n_btiles, n_tiles, k_steps, stride_field, stride_ifield,
                                bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr,
@@ -391,9 +439,10 @@ if HAVE_GLUON:
                                PINNED: gl.constexpr = False, PEER_TABLE: gl.constexpr = False,
                                NPEERS: gl.constexpr = 1, DEVICE_PARITY: gl.constexpr = False,
                                HEADER: gl.constexpr = False, XFP_PER_ROW: gl.constexpr = False,
-                               H_BOXES: gl.constexpr = 1):
+                               H_BOXES: gl.constexpr = 1, LAST_BOXES: gl.constexpr = 0):
         # BLOCK_B: the batch tile, loaded as one TMA box of the hidden, or (launch_fused_ws's box_rows: a one-tile
-        # batch) as H_BOXES smaller boxes
+        # batch) as H_BOXES smaller boxes. LAST_BOXES (launch_fused_ws's last_box_rows): the batch's last tile, of
+        # at most BLOCK_B / 2 rows, loaded as that many boxes of hl_desc's rows and multiplied as half a tile.
         BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
         BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
         dtype: gl.constexpr = h_desc.dtype
@@ -414,10 +463,10 @@ if HAVE_GLUON:
         mbarrier.init(acc_empty, count=1)
 
         gl.warp_specialize([
-            (_mma_partition, (h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_tiles, k_steps,
-                              BLOCK_B, BLOCK_V, STAGES)),
-            (_load_partition, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
-                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES)),
+            (_mma_partition, (h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles,
+                              k_steps, BLOCK_B, BLOCK_V, STAGES, LAST_BOXES)),
+            (_load_partition, (h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
+                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES, LAST_BOXES)),
             (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
                                    temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
                                    buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles, stride_field,
@@ -438,6 +487,19 @@ def hidden_boxes(batch: int, block_b: int, box_rows: int = 0) -> tuple:
     if box_rows % 8 or block_b % box_rows or box_rows <= 0:
         raise ValueError(f"box_rows must be a positive multiple of 8 dividing block_b ({block_b}), got {box_rows}")
     return box_rows, triton.cdiv(batch, box_rows)
+
+
+def last_tile_boxes(batch: int, block_b: int, last_box_rows: int = 0) -> tuple:
+    """(rows of the last batch tile's TMA boxes, boxes a stage loads) for ``batch`` rows on ``block_b``-row tiles:
+    with last_box_rows and a last tile of at most half of block_b's rows (the 128-row tile: half is one 64-row
+    wgmma), as few boxes of last_box_rows rows as cover that tile's rows; else (0, 0), the last tile read and
+    multiplied whole."""
+    rest = batch % block_b
+    if not last_box_rows or block_b != 2 * 64 or rest == 0 or 2 * rest > block_b:
+        return 0, 0
+    if last_box_rows % 8 or 64 % last_box_rows or last_box_rows <= 0:
+        raise ValueError(f"last_box_rows must be a positive multiple of 8 dividing 64, got {last_box_rows}")
+    return last_box_rows, triton.cdiv(rest, last_box_rows)
 
 
 def ws_device(device: torch.device, dtype: torch.dtype = None) -> bool:
@@ -476,7 +538,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     epilogue_warps: int = WS_EPILOGUE_WARPS, grid_cap: int = 0, epilogue_only: bool = False,
                     block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
                     raw_sums: bool = True, winner_logit: bool = False, batch: int = None,
-                    flags: int = None, box_rows: int = 0) -> None:
+                    flags: int = None, box_rows: int = 0, last_box_rows: int = 0) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
@@ -499,7 +561,12 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     (a multiple of 8 dividing block_b), as many as its rows need, and zeroes the tile's rows past them once in shared
     memory, instead of one box of block_b rows reaching past the hidden's end (the copy engine's slow zero fill,
     docs/performance.md v35 / v65) or a zero-padded copy (``fused_sample.tile_operand``: one launch more); the same
-    candidates. 0 (default), or a batch of whole tiles: one box of block_b rows."""
+    candidates. 0 (default), or a batch of whole tiles: one box of block_b rows.
+    last_box_rows: on 128-row tiles, a batch whose last tile holds at most 64 rows reads that tile in boxes of this
+    many rows (a multiple of 8 dividing 64; :func:`last_tile_boxes`) and multiplies it as a 64-row tile (one wgmma a
+    k-step instead of two; each row's products the same), instead of a whole tile on a padded hidden: the same
+    candidates for half the tile's MMA work. It also needs the hidden's own rows; 0 (default), or another batch: the
+    last tile whole."""
     if block_b not in (64, 128):
         raise ValueError(f"block_b must be 64 or 128, got {block_b}")
     if extended and not layout.extended:
@@ -518,11 +585,16 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     gdt = gl.bfloat16 if hidden.dtype == torch.bfloat16 else gl.float16
     smem = gl.NVMMASharedLayout.get_default_for([block_b, WS_BLOCK_K], gdt)
     box, boxes = hidden_boxes(B, block_b, box_rows)
-    if box < block_b and (batch is not None and batch != hidden.shape[0]):
-        raise ValueError("box_rows reads the hidden's own rows: pass the unpadded hidden (batch, if given, must be "
-                         "its row count)")
+    last_box, last_boxes = last_tile_boxes(B, block_b, last_box_rows)
+    if last_boxes and box < block_b:
+        raise ValueError("box_rows (a one-tile batch) and last_box_rows (a short last tile) exclude each other")
+    if (box < block_b or last_boxes) and (batch is not None and batch != hidden.shape[0]):
+        raise ValueError("box_rows and last_box_rows read the hidden's own rows: pass the unpadded hidden (batch, if "
+                         "given, must be its row count)")
     # (a box of fewer rows has the same 128-byte swizzle, so the tile's buffers keep the tile's layout)
     h_desc = GluonDescriptor.from_tensor(hidden, [box, WS_BLOCK_K], smem)
+    # (unused without last_boxes: the kernel then never reads it)
+    hl_desc = GluonDescriptor.from_tensor(hidden, [last_box, WS_BLOCK_K], smem) if last_boxes else h_desc
     w_desc = GluonDescriptor.from_tensor(weight, [WS_BLOCK_V, WS_BLOCK_K], smem)
     dummy = dest.i
     seed_p, seed_v, seed_row = row_param_args(params.seed, dummy)
@@ -541,7 +613,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     if grid_cap:
         programs = min(programs, grid_cap)
     fused_sample_ws_kernel[(programs, )](
-        h_desc, w_desc, seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
+        h_desc, hl_desc, w_desc, seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
         dest.f, dest.i, B, V_rows, vocab_size, vocab_start,
         dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i, layout.stride_slot,
         n_btiles, n_tiles, 0 if epilogue_only else triton.cdiv(D, WS_BLOCK_K), layout.stride_field,
@@ -552,7 +624,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), ROW_THREADS=row_threads,
         LOGPROBS=logprobs or extended, EXTENDED=extended, WINNER_LOGIT=logprobs or winner_logit, RAW_SUM=raw_sums,
         **proc_flags, PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1, DEVICE_PARITY=par_on, HEADER=header,
-        XFP_PER_ROW=xfp_row, BLOCK_B=block_b, H_BOXES=boxes,
+        XFP_PER_ROW=xfp_row, BLOCK_B=block_b, H_BOXES=boxes, LAST_BOXES=last_boxes,
         num_warps=4, maxnreg=maxnreg,
     )
 

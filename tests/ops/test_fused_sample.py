@@ -591,6 +591,39 @@ def test_hidden_boxes_cover_a_one_tile_batch():
             hidden_boxes(24, 64, bad)
 
 
+def test_last_tile_boxes_cover_a_short_last_tile():
+    """launch_fused_ws's last_box_rows: on 128-row tiles a last tile of 1-64 rows loads as few boxes of last_box_rows
+    rows as cover it (the last box may end past the hidden); a last tile of more than 64 rows, whole tiles, the 64-row
+    tile and last_box_rows = 0 none (the last tile whole); bad sizes are refused."""
+    from fsdist.ops.fused_sample_ws import last_tile_boxes
+
+    assert last_tile_boxes(129, 128, 8) == (8, 1)
+    assert last_tile_boxes(150, 128, 8) == (8, 3)
+    assert last_tile_boxes(192, 128, 8) == (8, 8)
+    assert last_tile_boxes(192, 128, 64) == (64, 1)
+    assert last_tile_boxes(320, 128, 16) == (16, 4)
+    assert last_tile_boxes(24, 128, 8) == (8, 3)  # one tile: the kernel accepts it (the dispatch never asks)
+    for batch, block_b, rows in ((193, 128, 8), (256, 128, 8), (200, 128, 8), (96, 64, 8), (150, 128, 0)):
+        assert last_tile_boxes(batch, block_b, rows) == (0, 0), (batch, block_b, rows)
+    for bad in (12, 48, -8, 128):
+        with pytest.raises(ValueError, match="last_box_rows"):
+            last_tile_boxes(150, 128, bad)
+
+
+def test_ws_last_box_rows_past_one_tile(monkeypatch):
+    """fused_sample.ws_last_box_rows (docs/performance.md v78): configs.WS_LAST_BOX_ROWS for a batch of more than one
+    128-row tile whose last tile holds 1-64 rows; 0 for one-tile batches, a last tile of 65-127 rows, whole tiles, the
+    64-row tile, and when WS_LAST_BOX_ROWS is 0."""
+    from fsdist.ops import fused_sample
+
+    assert fused_sample.WS_LAST_BOX_ROWS == 8
+    assert [fused_sample.ws_last_box_rows(b, 128) for b in (129, 150, 192, 257, 320, 1050)] == [8] * 6
+    assert [fused_sample.ws_last_box_rows(b, 128) for b in (64, 100, 128, 193, 256, 383)] == [0] * 6
+    assert fused_sample.ws_last_box_rows(150, 64) == 0
+    monkeypatch.setattr(fused_sample, "WS_LAST_BOX_ROWS", 0)
+    assert fused_sample.ws_last_box_rows(150, 128) == 0
+
+
 def test_ws_box_rows_where_the_boxes_were_measured(monkeypatch):
     """fused_sample.ws_box_rows, the shipped rule (docs/performance.md v77): boxes of configs.WS_BOX_ROWS rows for a
     one-tile batch on the 64-row tile whose boxes cover at most three quarters of it (B <= 48); one box of the

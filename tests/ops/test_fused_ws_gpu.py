@@ -232,6 +232,47 @@ def test_a_partial_tile_in_boxes_writes_the_padded_launchs_candidates(B, block_b
 
 
 @hopper
+@pytest.mark.parametrize("B", [129, 150, 192, 200, 257, 320])
+def test_a_short_last_tile_writes_the_padded_launchs_candidates(B, monkeypatch):
+    """A batch whose last 128-row tile holds at most 64 rows runs that tile as half a tile (launch_fused_ws's
+    last_box_rows: its rows in boxes of configs.WS_LAST_BOX_ROWS, one 64-row wgmma a k-step): every candidate of the
+    launch on a zero-padded hidden with whole tiles, bit for bit, [B] parameters with greedy, hot, cold and poisoned
+    rows. B = 129 / 150 end inside a box (its last rows past the hidden's end); B = 200 (a last tile of 72 rows)
+    keeps the whole tile. V = 40,000: 313 vocabulary tiles, so programs run short tiles after whole ones and the
+    reverse (the rows a short tile leaves hold an earlier tile's data, or nothing, and must never reach a candidate)."""
+    V = 40000
+    h, w = _operands(B, 4096, V, torch.bfloat16, B + 11)
+    params = _row_params(B, torch.Generator().manual_seed(B), "rows")
+    params.temperature[B - 2] = float("nan")  # a poisoned row in the last tile too
+    cfg = TileConfig(128, 128, 64, 8, 5, tma=True, ws=True)
+    layout = CandidateLayout(1, triton.cdiv(V, 128), B)
+    seen = []
+    real, real_pad = fused_sample.launch_fused_ws, fused_sample.tile_operand
+
+    def spy(hidden, *a, **k):
+        seen.append((hidden.shape[0], k.get("last_box_rows")))
+        return real(hidden, *a, **k)
+
+    monkeypatch.setattr(fused_sample, "launch_fused_ws", spy)
+    # the reference: the hidden zero-padded to whole tiles, whatever the padding rules say
+    monkeypatch.setattr(fused_sample, "tile_operand", lambda x, b, min_rows=None: real_pad(x, b, min_rows=1))
+    got, rows = [], fused_sample.WS_LAST_BOX_ROWS
+    short = 0 < B % 128 <= 64
+    for last in (rows, 0):
+        monkeypatch.setattr(fused_sample, "WS_LAST_BOX_ROWS", last)
+        dest = BufferPair.alloc(layout, "cuda")
+        dest.f.fill_(7.0)
+        dest.i.fill_(7)
+        launch_fused(h, w, params, cfg, layout, dest, vocab_size=V - 3)
+        got.append((dest.f.nan_to_num(-12345.0), dest.i))
+    padded = triton.cdiv(B, 128) * 128
+    assert seen == ([(B, rows), (padded, 0)] if short else [(padded, 0), (padded, 0)])
+    assert torch.equal(got[0][1], got[1][1])
+    assert torch.equal(got[0][0], got[1][0])
+    assert (got[0][1] == -1).any() and (got[0][1] >= 0).sum() > B  # poisoned rows and real candidates both
+
+
+@hopper
 def test_a_padded_partial_tile_writes_the_kept_logits_unchanged(monkeypatch):
     """Filtered calls past B = 64 run the Triton twin's 128-row tile with the extended epilogue (kept logits,
     boundaries, tile sums): with a partial last tile its padded launch writes every field of the unpadded one."""
