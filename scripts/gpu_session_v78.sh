@@ -28,12 +28,13 @@ fi
 if wants bench; then
   M=cublas,fsdist_fused,fsdist_chunked
   lim=$(part_limit 400)
-  TAIL=30 run_part bench "$lim" kernel_bench_console.log env BENCH_TIMEOUT="$((lim - 15))" bash bench/run_gpu.sh kernel \
-    --methods "$M" --graph-methods "$M" --shapes 4096x151936,8192x128256 --batches "$B78" --reps "${REPS:-20}" \
-    --repeats 1 --warmup 5 || rc=1
+  TAIL=30 run_part bench "$lim" kernel_bench_console.log env BENCH_TIMEOUT="$((lim - 15))" \
+    bash bench/run_gpu.sh kernel --methods "$M" --graph-methods "$M" --shapes 4096x151936,8192x128256 \
+    --batches "$B78" --reps "${REPS:-20}" --repeats 1 --warmup 5 || rc=1
 fi
 if wants tests; then
-  TAIL=6 run_part tests "$(part_limit 400)" v78_gpu_tests.log python3 -m pytest -q -p no:warnings \
-    tests/ops/test_fused_ws_gpu.py tests/test_gpu_serving.py || rc=1
+  # V78_TESTS: another selection (pytest arguments), e.g. the short-tile test alone
+  eval "sel=(${V78_TESTS:-tests/ops/test_fused_ws_gpu.py tests/test_gpu_serving.py})"
+  TAIL=6 run_part tests "$(part_limit 400)" v78_gpu_tests.log python3 -m pytest -q -p no:warnings "${sel[@]}" || rc=1
 fi
 exit $rc

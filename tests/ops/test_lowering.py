@@ -350,7 +350,8 @@ CASES["stage1_fused_trigger"] = dict(
 # one-tile batch of 24 rows in three boxes of 8 rows (launch_fused_ws's box_rows): four TMA copies a stage instead of
 # two, the stage's barrier expecting 3 x 1 KB of the hidden + 16 KB of the weight, and the proxy fence that orders the
 # zeroed rows' stores before the copy engine's writes.
-WS_TYPES = dict(h_desc="tensordesc<bf16[64, 64],NVMMA>", hl_desc="tensordesc<bf16[64, 64],NVMMA>", w_desc="tensordesc<bf16[128, 64],NVMMA>", cand_f="*fp32",
+WS_TYPES = dict(h_desc="tensordesc<bf16[64, 64],NVMMA>", hl_desc="tensordesc<bf16[64, 64],NVMMA>",
+                w_desc="tensordesc<bf16[128, 64],NVMMA>", cand_f="*fp32",
                 cand_i="*i32", B="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", buf_offset="i32",
                 buf_offset_i="i32", stride_slot="i32", n_btiles="i32", n_tiles="i32", k_steps="i32",
                 stride_field="i32", stride_ifield="i32", hdr_off_i="i32", flags="i32", xfp_ptr="*i64", xfp_val="i64",
