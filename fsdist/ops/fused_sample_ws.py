@@ -32,6 +32,8 @@ layout gets the call's header (``step_check.py``), as in the Triton kernel. ``ws
 this kernel applies, and every other call runs the Triton kernel (``configs.triton_twin``).
 """
 
+import math
+
 import torch
 import triton
 
@@ -502,6 +504,21 @@ def last_tile_boxes(batch: int, block_b: int, last_box_rows: int = 0) -> tuple:
     return last_box_rows, triton.cdiv(rest, last_box_rows)
 
 
+def balanced_programs(sms: int, n_btiles: int, short_last: bool) -> int:
+    """The persistent programs of a launch on ``sms`` SMs: one per SM, or, where the batch's last tile is short
+    (last_box_rows), the most programs (<= sms) that share no divisor with n_btiles. Program p runs tiles p, p + P,
+    p + 2P, ... with the batch tile innermost, so a count that n_btiles divides (132 SMs, two batch tiles) gives every
+    program one batch tile for good: half the programs would run only whole tiles and the other half only short
+    ones, and the call would take as long as with whole tiles everywhere (v78's first probe). A coprime count cycles
+    every program through every batch tile."""
+    if not short_last or n_btiles <= 1:
+        return sms
+    p = sms
+    while p > 1 and math.gcd(p, n_btiles) != 1:
+        p -= 1
+    return p
+
+
 def ws_device(device: torch.device, dtype: torch.dtype = None) -> bool:
     """Whether ``device`` runs this kernel at all (Gluon present, a CUDA sm_90 GPU, bf16 / fp16 operands; dtype None:
     assumed so): what a plan can know before it has the tensors (ws_supported checks the call itself)."""
@@ -609,7 +626,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     # Token bitmask, bias and penalties: the epilogue gathers the bitmask words and searches each
     # row's entries itself (no entry-offset table: the searches run while the tile's MMAs do).
     proc_args, proc_flags = processor_args(params.processing, dummy)
-    programs = min(n_tiles, sm_count(hidden.device))
+    programs = min(n_tiles, balanced_programs(sm_count(hidden.device), n_btiles, last_boxes > 0))
     if grid_cap:
         programs = min(programs, grid_cap)
     fused_sample_ws_kernel[(programs, )](

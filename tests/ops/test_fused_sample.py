@@ -610,6 +610,21 @@ def test_last_tile_boxes_cover_a_short_last_tile():
             last_tile_boxes(150, 128, bad)
 
 
+def test_balanced_programs_cycle_through_the_batch_tiles():
+    """fused_sample_ws.balanced_programs: with a short last tile, a program count coprime with the batch tiles (132
+    SMs: 131 for 2, 3, 4 or 6 tiles, 132 for 5 or 7), so that program p's tiles p, p + P, ... visit every batch tile
+    equally; one per SM otherwise."""
+    from fsdist.ops.fused_sample_ws import balanced_programs
+
+    assert [balanced_programs(132, n, True) for n in (1, 2, 3, 4, 5, 6, 7)] == [132, 131, 131, 131, 132, 131, 132]
+    assert balanced_programs(132, 2, False) == 132
+    assert balanced_programs(114, 2, True) == 113
+    for sms, n in ((132, 2), (132, 3), (114, 4)):
+        p = balanced_programs(sms, n, True)
+        visits = [sorted({(q + r * p) % n for r in range(n)}) for q in range(p)]
+        assert all(v == list(range(n)) for v in visits), (sms, n)
+
+
 def test_ws_last_box_rows_past_one_tile(monkeypatch):
     """fused_sample.ws_last_box_rows (docs/performance.md v78): configs.WS_LAST_BOX_ROWS for a batch of more than one
     128-row tile whose last tile holds 1-64 rows; 0 for one-tile batches, a last tile of 65-127 rows, whole tiles, the
