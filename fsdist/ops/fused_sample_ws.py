@@ -79,6 +79,17 @@ HEAD_N = triton.language.constexpr(4)  # entries per (row, column half) walked f
 if HAVE_GLUON:
 
     @gluon.jit
+    def _tile_coords(t, n_btiles, ROTATE: gl.constexpr):
+        """(batch tile, vocabulary tile) of tile t, batch tiles innermost. ROTATE (balanced_programs): the batch tiles
+        of each vocabulary tile rotate by the program's round t // P, so that with P a multiple of n_btiles every
+        program still visits every batch tile (each round's P tiles are whole groups of one vocabulary tile: the
+        rotation permutes within them)."""
+        pid_b = t % n_btiles
+        if ROTATE:
+            pid_b = (pid_b + t // gl.num_programs(0)) % n_btiles
+        return pid_b, t // n_btiles
+
+    @gluon.jit
     def _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps, BLOCK_K: gl.constexpr,
                    STAGES: gl.constexpr, BOXES: gl.constexpr):
         """One tile's copies: BOXES boxes of h_desc's rows from row off_b and the weight's box from off_v, a stage a
@@ -102,7 +113,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _load_partition(h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
                         BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_K: gl.constexpr,
-                        STAGES: gl.constexpr, H_BOXES: gl.constexpr, LAST_BOXES: gl.constexpr):
+                        STAGES: gl.constexpr, H_BOXES: gl.constexpr, LAST_BOXES: gl.constexpr,
+                        ROTATE: gl.constexpr):
         # One warp: wait for a free stage, then let the copy engine fill it (both operands
         # arrive on the stage's "ready" barrier, which counts their bytes).
         BOX: gl.constexpr = h_desc.block_type.shape[0]
@@ -118,10 +130,11 @@ if HAVE_GLUON:
             fence_async_shared()
         it = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            off_b = (t % n_btiles) * BLOCK_B
-            off_v = (t // n_btiles) * BLOCK_V
+            pid_b, pid_v = _tile_coords(t, n_btiles, ROTATE)
+            off_b = pid_b * BLOCK_B
+            off_v = pid_v * BLOCK_V
             if LAST_BOXES > 0:  # (static: a launch without it compiles the whole-tile copies alone)
-                if t % n_btiles == n_btiles - 1:
+                if pid_b == n_btiles - 1:
                     it = _load_tile(hl_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps,
                                     BLOCK_K, STAGES, LAST_BOXES)
                 else:
@@ -175,7 +188,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _mma_partition(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles, k_steps,
                        BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr,
-                       LAST_BOXES: gl.constexpr):
+                       LAST_BOXES: gl.constexpr, ROTATE: gl.constexpr):
         # One warpgroup: acc[BLOCK_B, BLOCK_V] = h_tile @ w_tile^T over k, one wgmma group in
         # flight while the next stage's data is awaited; a stage is released as soon as the
         # wgmma that read it has retired. With LAST_BOXES the batch's last tile (at most half a tile of rows)
@@ -184,7 +197,8 @@ if HAVE_GLUON:
         hc = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             if LAST_BOXES > 0:  # (static: a launch without it compiles the whole-tile loop alone)
-                if t % n_btiles == n_btiles - 1:
+                pid_b, _pid_v = _tile_coords(t, n_btiles, ROTATE)
+                if pid_b == n_btiles - 1:
                     it, hc = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc,
                                        k_steps, BLOCK_B // 2, BLOCK_V, STAGES, False)
                 else:
@@ -301,7 +315,8 @@ if HAVE_GLUON:
                             LOGPROBS: gl.constexpr, EXTENDED: gl.constexpr, WINNER_LOGIT: gl.constexpr,
                             RAW_SUM: gl.constexpr, BITMASK: gl.constexpr, SPARSE: gl.constexpr,
                             PINNED: gl.constexpr, PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr,
-                            DEVICE_PARITY: gl.constexpr, HEADER: gl.constexpr, XFP_PER_ROW: gl.constexpr):
+                            DEVICE_PARITY: gl.constexpr, HEADER: gl.constexpr, XFP_PER_ROW: gl.constexpr,
+                            ROTATE: gl.constexpr):
         HALF: gl.constexpr = BLOCK_V // 2
         # the copy of a double buffer this call writes (parity.py), read once
         buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
@@ -313,8 +328,7 @@ if HAVE_GLUON:
         row_layout: gl.constexpr = gl.SliceLayout(1, quad_layout)
         hc = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            pid_b = t % n_btiles
-            pid_v = t // n_btiles
+            pid_b, pid_v = _tile_coords(t, n_btiles, ROTATE)
             offs_b = pid_b * BLOCK_B + gl.arange(0, BLOCK_B, row_layout)
             mask_b = offs_b < B
             temp = load_row_param(temp_ptr, temp_val, offs_b, mask_b, gl.float32, TEMP_PER_ROW)
@@ -441,10 +455,12 @@ if HAVE_GLUON:
                                PINNED: gl.constexpr = False, PEER_TABLE: gl.constexpr = False,
                                NPEERS: gl.constexpr = 1, DEVICE_PARITY: gl.constexpr = False,
                                HEADER: gl.constexpr = False, XFP_PER_ROW: gl.constexpr = False,
-                               H_BOXES: gl.constexpr = 1, LAST_BOXES: gl.constexpr = 0):
+                               H_BOXES: gl.constexpr = 1, LAST_BOXES: gl.constexpr = 0,
+                               ROTATE: gl.constexpr = False):
         # BLOCK_B: the batch tile, loaded as one TMA box of the hidden, or (launch_fused_ws's box_rows: a one-tile
         # batch) as H_BOXES smaller boxes. LAST_BOXES (launch_fused_ws's last_box_rows): the batch's last tile, of
-        # at most BLOCK_B / 2 rows, loaded as that many boxes of hl_desc's rows and multiplied as half a tile.
+        # at most BLOCK_B / 2 rows, loaded as that many boxes of hl_desc's rows and multiplied as half a tile. ROTATE:
+        # the batch tiles rotate by round (_tile_coords; balanced_programs).
         BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
         BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
         dtype: gl.constexpr = h_desc.dtype
@@ -466,9 +482,9 @@ if HAVE_GLUON:
 
         gl.warp_specialize([
             (_mma_partition, (h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles,
-                              k_steps, BLOCK_B, BLOCK_V, STAGES, LAST_BOXES)),
+                              k_steps, BLOCK_B, BLOCK_V, STAGES, LAST_BOXES, ROTATE)),
             (_load_partition, (h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
-                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES, LAST_BOXES)),
+                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES, LAST_BOXES, ROTATE)),
             (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
                                    temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
                                    buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles, stride_field,
@@ -477,7 +493,7 @@ if HAVE_GLUON:
                                    hdr_off_i, flags, xfp_ptr, xfp_val, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW,
                                    OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, ROW_THREADS, LOGPROBS, EXTENDED,
                                    WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE, PINNED, PEER_TABLE, NPEERS, DEVICE_PARITY,
-                                   HEADER, XFP_PER_ROW)),
+                                   HEADER, XFP_PER_ROW, ROTATE)),
         ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
 
 
@@ -504,19 +520,17 @@ def last_tile_boxes(batch: int, block_b: int, last_box_rows: int = 0) -> tuple:
     return last_box_rows, triton.cdiv(rest, last_box_rows)
 
 
-def balanced_programs(sms: int, n_btiles: int, short_last: bool) -> int:
-    """The persistent programs of a launch on ``sms`` SMs: one per SM, or, where the batch's last tile is short
-    (last_box_rows), the most programs (<= sms) that share no divisor with n_btiles. Program p runs tiles p, p + P,
-    p + 2P, ... with the batch tile innermost, so a count that n_btiles divides (132 SMs, two batch tiles) gives every
-    program one batch tile for good: half the programs would run only whole tiles and the other half only short
-    ones, and the call would take as long as with whole tiles everywhere (v78's first probe). A coprime count cycles
-    every program through every batch tile."""
-    if not short_last or n_btiles <= 1:
-        return sms
-    p = sms
-    while p > 1 and math.gcd(p, n_btiles) != 1:
-        p -= 1
-    return p
+def balanced_programs(sms: int, n_btiles: int, short_last: bool) -> tuple:
+    """(persistent programs, rotate) of a launch on ``sms`` SMs. Program p runs tiles p, p + P, p + 2P, ... with the
+    batch tile innermost, so with a P that shares a divisor with n_btiles (132 SMs, two batch tiles) each program
+    visits some batch tiles only: with a short last tile (last_box_rows) half the programs would run only whole tiles
+    and the other half only short ones, and the call would take as long as with whole tiles everywhere (v78's first
+    probe). So with a short last tile: one program per SM where sms and n_btiles share no divisor (the rounds cycle
+    through the batch tiles); else the most programs that n_btiles divides, with the batch tiles rotating by round
+    (the kernel's ROTATE). Otherwise one program per SM, as before."""
+    if not short_last or n_btiles <= 1 or math.gcd(sms, n_btiles) == 1:
+        return sms, False
+    return max(n_btiles, sms - sms % n_btiles), True
 
 
 def ws_device(device: torch.device, dtype: torch.dtype = None) -> bool:
@@ -626,9 +640,11 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     # Token bitmask, bias and penalties: the epilogue gathers the bitmask words and searches each
     # row's entries itself (no entry-offset table: the searches run while the tile's MMAs do).
     proc_args, proc_flags = processor_args(params.processing, dummy)
-    programs = min(n_tiles, balanced_programs(sm_count(hidden.device), n_btiles, last_boxes > 0))
+    programs, rotate = balanced_programs(sm_count(hidden.device), n_btiles, last_boxes > 0)
+    programs = min(n_tiles, programs)
     if grid_cap:
         programs = min(programs, grid_cap)
+    rotate = rotate and programs % n_btiles == 0  # (the rotation permutes within a round's whole groups only)
     fused_sample_ws_kernel[(programs, )](
         h_desc, hl_desc, w_desc, seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
         dest.f, dest.i, B, V_rows, vocab_size, vocab_start,
@@ -641,7 +657,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), ROW_THREADS=row_threads,
         LOGPROBS=logprobs or extended, EXTENDED=extended, WINNER_LOGIT=logprobs or winner_logit, RAW_SUM=raw_sums,
         **proc_flags, PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1, DEVICE_PARITY=par_on, HEADER=header,
-        XFP_PER_ROW=xfp_row, BLOCK_B=block_b, H_BOXES=boxes, LAST_BOXES=last_boxes,
+        XFP_PER_ROW=xfp_row, BLOCK_B=block_b, H_BOXES=boxes, LAST_BOXES=last_boxes, ROTATE=rotate,
         num_warps=4, maxnreg=maxnreg,
     )
 

@@ -611,18 +611,26 @@ def test_last_tile_boxes_cover_a_short_last_tile():
 
 
 def test_balanced_programs_cycle_through_the_batch_tiles():
-    """fused_sample_ws.balanced_programs: with a short last tile, a program count coprime with the batch tiles (132
-    SMs: 131 for 2, 3, 4 or 6 tiles, 132 for 5 or 7), so that program p's tiles p, p + P, ... visit every batch tile
-    equally; one per SM otherwise."""
+    """fused_sample_ws.balanced_programs with a short last tile: 132 SMs and 2, 3, 4 or 6 batch tiles (a common divisor)
+    keep 132 programs with the batch tiles rotating by round; 8 tiles take 128; 5 or 7 (coprime) 132 unrotated. Each
+    way every program visits every batch tile equally often, and the tiles of a launch are a permutation of them
+    all (the kernel's _tile_coords, mirrored here). Without a short tile: one program per SM, unrotated."""
     from fsdist.ops.fused_sample_ws import balanced_programs
 
-    assert [balanced_programs(132, n, True) for n in (1, 2, 3, 4, 5, 6, 7)] == [132, 131, 131, 131, 132, 131, 132]
-    assert balanced_programs(132, 2, False) == 132
-    assert balanced_programs(114, 2, True) == 113
-    for sms, n in ((132, 2), (132, 3), (114, 4)):
-        p = balanced_programs(sms, n, True)
-        visits = [sorted({(q + r * p) % n for r in range(n)}) for q in range(p)]
-        assert all(v == list(range(n)) for v in visits), (sms, n)
+    assert [balanced_programs(132, n, True) for n in (1, 2, 3, 4, 5, 6, 7, 8)] == [
+        (132, False), (132, True), (132, True), (132, True), (132, False), (132, True), (132, False), (128, True)]
+    assert balanced_programs(132, 2, False) == (132, False)
+    for sms, n in ((132, 2), (132, 3), (132, 5), (132, 8), (114, 4)):
+        p, rotate = balanced_programs(sms, n, True)
+        n_tiles = n * 101
+        seen, visits = [], {q: [0] * n for q in range(p)}
+        for q in range(p):
+            for t in range(q, n_tiles, p):
+                b = (t % n + (t // p if rotate else 0)) % n
+                seen.append((t // n, b))
+                visits[q][b] += 1
+        assert sorted(seen) == [(v, b) for v in range(101) for b in range(n)], (sms, n)
+        assert all(max(c) - min(c) <= 1 for c in visits.values()), (sms, n)
 
 
 def test_ws_last_box_rows_past_one_tile(monkeypatch):

@@ -360,7 +360,7 @@ WS_CONST = dict(STAGES=5, EPI_WARPS=8, EPI_REGS=160, LOAD_REGS=24, SEED_PER_ROW=
                 TEMP_PER_ROW=True, NOISE=True, FAST_LOG=True, ROW_THREADS=8, LOGPROBS=True, EXTENDED=True,
                 WINNER_LOGIT=False, RAW_SUM=False, BITMASK=False, SPARSE=False, PINNED=True, PEER_TABLE=False,
                 NPEERS=1, DEVICE_PARITY=False, HEADER=False, XFP_PER_ROW=False, BLOCK_B=64, H_BOXES=1,
-                LAST_BOXES=0)
+                LAST_BOXES=0, ROTATE=False)
 CASES["stage1_ws_extended"] = dict(module="fsdist.ops.fused_sample_ws", kernel="fused_sample_ws_kernel", gluon=True,
                                    maxnreg=128, types=WS_TYPES, constexprs=WS_CONST, ptx_lacks=["fence.proxy.async"],
                                    ptx_count={"cp.async.bulk.tensor": 2, "expect_tx.shared.b64 _, [%r": 1,
@@ -375,7 +375,7 @@ CASES["stage1_ws_boxes"] = dict(CASES["stage1_ws_extended"],
 # The plain 128-row tile (B > 64: no logprobs, no kept logits), and a batch whose last tile holds 20 rows
 # (launch_fused_ws's last_box_rows): that tile's stages load three boxes of 8 rows (3 x 1 KB + 16 KB expected) beside
 # the whole tiles' one box of 128 rows (32 KB; each with its weight copy), and its main loop runs one 64-row
-# wgmma a k-step.
+# wgmma a k-step; its batch tiles rotate by round (fused_sample_ws.balanced_programs).
 WS_PLAIN = dict(WS_CONST, LOGPROBS=False, EXTENDED=False, PINNED=False, BLOCK_B=128)
 WS_PLAIN_TYPES = dict(WS_TYPES, h_desc="tensordesc<bf16[128, 64],NVMMA>", hl_desc="tensordesc<bf16[128, 64],NVMMA>")
 CASES["stage1_ws_plain"] = dict(CASES["stage1_ws_extended"], types=WS_PLAIN_TYPES, constexprs=WS_PLAIN,
@@ -383,7 +383,7 @@ CASES["stage1_ws_plain"] = dict(CASES["stage1_ws_extended"], types=WS_PLAIN_TYPE
                                            ", 32768;": 1})
 CASES["stage1_ws_last_boxes"] = dict(CASES["stage1_ws_plain"],
                                      types=dict(WS_PLAIN_TYPES, hl_desc="tensordesc<bf16[8, 64],NVMMA>"),
-                                     constexprs=dict(WS_PLAIN, LAST_BOXES=3),
+                                     constexprs=dict(WS_PLAIN, LAST_BOXES=3, ROTATE=True),
                                      ptx_count={"cp.async.bulk.tensor": 6, "expect_tx.shared.b64 _, [%r": 2,
                                                 ", 32768;": 1, ", 19456;": 1})
 
