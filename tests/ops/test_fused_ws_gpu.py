@@ -191,6 +191,30 @@ def test_a_partial_64_row_tile_reads_a_padded_hidden(B, extended, monkeypatch):
     assert torch.equal(got[0][0], got[1][0])
 
 
+def _spy_on_padded_launches(monkeypatch, option):
+    """Make tile_operand pad every partial tile (the references below: whole tiles on a zero-padded hidden, whatever
+    the padding rules say) and record (hidden rows, launch_fused_ws's ``option``) of each launch of the ws kernel."""
+    seen = []
+    real, real_pad = fused_sample.launch_fused_ws, fused_sample.tile_operand
+
+    def spy(hidden, *a, **k):
+        seen.append((hidden.shape[0], k.get(option)))
+        return real(hidden, *a, **k)
+
+    monkeypatch.setattr(fused_sample, "launch_fused_ws", spy)
+    monkeypatch.setattr(fused_sample, "tile_operand", lambda x, b, min_rows=None: real_pad(x, b, min_rows=1))
+    return seen
+
+
+def _launch_into_fresh(h, w, params, cfg, layout, vocab_size, **kw):
+    """launch_fused into buffers filled with 7s first; every field (NaN as -12345) and the ids."""
+    dest = BufferPair.alloc(layout, "cuda")
+    dest.f.fill_(7.0)
+    dest.i.fill_(7)
+    launch_fused(h, w, params, cfg, layout, dest, vocab_size=vocab_size, **kw)
+    return dest.f.nan_to_num(-12345.0), dest.i
+
+
 @hopper
 @pytest.mark.parametrize("extended", [False, True])
 @pytest.mark.parametrize("B, block_b", [(1, 64), (17, 64), (24, 64), (32, 64), (48, 64), (63, 64), (96, 128)])
@@ -209,25 +233,12 @@ def test_a_partial_tile_in_boxes_writes_the_padded_launchs_candidates(B, block_b
     cfg = TileConfig(block_b, 128, 64, 8, 5, tma=True, ws=True)
     layout = CandidateLayout(CandidateLayout.fields(extended, extended=extended), triton.cdiv(V, 128), B,
                              n_ifields=1 + KEEP if extended else 1)
-    seen = []
-    real, real_pad = fused_sample.launch_fused_ws, fused_sample.tile_operand
-
-    def spy(hidden, *a, **k):
-        seen.append((hidden.shape[0], k.get("box_rows")))
-        return real(hidden, *a, **k)
-
-    monkeypatch.setattr(fused_sample, "launch_fused_ws", spy)
-    # the reference: the hidden zero-padded to the tile, whatever the padding rules say
-    monkeypatch.setattr(fused_sample, "tile_operand", lambda x, b, min_rows=None: real_pad(x, b, min_rows=1))
+    seen = _spy_on_padded_launches(monkeypatch, "box_rows")
     got, box = [], fused_sample.WS_BOX_ROWS
     assert box > 0
     for rows in (box, 0):
         monkeypatch.setattr(fused_sample, "ws_box_rows", lambda batch, block, rows=rows: rows)
-        dest = BufferPair.alloc(layout, "cuda")
-        dest.f.fill_(7.0)
-        dest.i.fill_(7)
-        launch_fused(h, w, params, cfg, layout, dest, vocab_size=V - 3, logprobs=extended, extended=extended)
-        got.append((dest.f.nan_to_num(-12345.0), dest.i))
+        got.append(_launch_into_fresh(h, w, params, cfg, layout, V - 3, logprobs=extended, extended=extended))
     assert seen == [(B, box), (block_b, 0)]  # the hidden's own rows in boxes, then the padded copy
     assert torch.equal(got[0][1], got[1][1])
     assert torch.equal(got[0][0], got[1][0])
@@ -248,25 +259,12 @@ def test_a_short_last_tile_writes_the_padded_launchs_candidates(B, monkeypatch):
     params.temperature[B - 2] = float("nan")  # a poisoned row in the last tile too
     cfg = TileConfig(128, 128, 64, 8, 5, tma=True, ws=True)
     layout = CandidateLayout(1, triton.cdiv(V, 128), B)
-    seen = []
-    real, real_pad = fused_sample.launch_fused_ws, fused_sample.tile_operand
-
-    def spy(hidden, *a, **k):
-        seen.append((hidden.shape[0], k.get("last_box_rows")))
-        return real(hidden, *a, **k)
-
-    monkeypatch.setattr(fused_sample, "launch_fused_ws", spy)
-    # the reference: the hidden zero-padded to whole tiles, whatever the padding rules say
-    monkeypatch.setattr(fused_sample, "tile_operand", lambda x, b, min_rows=None: real_pad(x, b, min_rows=1))
+    seen = _spy_on_padded_launches(monkeypatch, "last_box_rows")
     got, rows = [], fused_sample.WS_LAST_BOX_ROWS
     short = 0 < B % 128 <= 64
     for last in (rows, 0):
         monkeypatch.setattr(fused_sample, "WS_LAST_BOX_ROWS", last)
-        dest = BufferPair.alloc(layout, "cuda")
-        dest.f.fill_(7.0)
-        dest.i.fill_(7)
-        launch_fused(h, w, params, cfg, layout, dest, vocab_size=V - 3)
-        got.append((dest.f.nan_to_num(-12345.0), dest.i))
+        got.append(_launch_into_fresh(h, w, params, cfg, layout, V - 3))
     padded = triton.cdiv(B, 128) * 128
     assert seen == ([(B, rows), (padded, 0)] if short else [(padded, 0), (padded, 0)])
     assert torch.equal(got[0][1], got[1][1])
