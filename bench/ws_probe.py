@@ -260,9 +260,9 @@ def main(argv=None) -> int:
             _, s0, r0, e0, b0, _ = vs[0]
             methods["ws_greedy"] = lambda h: run_ws(h, W, greedy, layout, cand, V, s0, r0, e0, block_b=b0)
             # The epilogue alone (zero logits, no main loop): what it costs when nothing hides it.
-            for name, s, r, e, bb, _ in vs:
-                methods["epi_" + name] = lambda h, s=s, r=r, e=e, bb=bb: run_ws(h, W, params, layout, cand, V, s, r,
-                                                                                e, epilogue_only=True, block_b=bb)
+            for name, s, r, e, bb, lb in vs:
+                methods["epi_" + name] = lambda h, s=s, r=r, e=e, bb=bb, lb=lb: run_ws(
+                    h, W, params, layout, cand, V, s, r, e, epilogue_only=True, block_b=bb, last=lb)
             if args.processors and shipped.ws:
                 pp = dataclasses.replace(params, processing=processing_for(B, V, dev, g, args.processor_set))
                 twin = triton_twin(shipped, D)

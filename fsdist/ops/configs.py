@@ -178,7 +178,9 @@ WS_BOX_TILE_ROWS = 64
 # Past one 128-row tile, a batch whose last tile holds at most 64 rows (B % 128 in 1-64) runs that tile on the
 # warp-specialised kernel as half a tile (fused_sample_ws.launch_fused_ws's last_box_rows): its rows read in boxes of
 # this many rows, one 64-row wgmma a k-step instead of two, instead of a whole tile on a zero-padded copy. 0: off.
-# docs/performance.md v78.
+# docs/performance.md v78 (H200): stage 1 2-11% faster than the padded launch at B = 136-320, whole calls still slower
+# than the chunked path there, so it runs where the fused path takes such a batch: choose_path's padded cases on other
+# GPUs (D <= PADDED_FUSED_MAX_HIDDEN, B = 129-192), path="fused", and tensor-parallel shards on the fused path.
 WS_LAST_BOX_ROWS = 8
 
 # Calls with logit bias / penalty entries from this many rows take the warp-specialised 64-row tile (reading the hidden

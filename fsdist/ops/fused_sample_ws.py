@@ -73,6 +73,7 @@ WS_ROW_THREADS = 8  # rows a warp spans in the epilogue's layout
 WS_EPILOGUE_WARPS = 4
 WS_REGISTERS = {4: (168, 232), 8: (128, 160)}
 WS_LOAD_REGS = 24
+WGMMA_ROWS = 64  # the rows of one warpgroup's wgmma: a short last tile (last_box_rows) runs one of them a k-step
 _PROBES = triton.language.constexpr(_PROBES_INT)  # the entry search's probes per round (processors.py)
 HEAD_N = triton.language.constexpr(4)  # entries per (row, column half) walked from registers (processors.py)
 
@@ -80,10 +81,10 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _tile_coords(t, n_btiles, ROTATE: gl.constexpr):
-        """(batch tile, vocabulary tile) of tile t, batch tiles innermost. ROTATE (balanced_programs): the batch tiles
-        of each vocabulary tile rotate by the program's round t // P, so that with P a multiple of n_btiles every
-        program still visits every batch tile (each round's P tiles are whole groups of one vocabulary tile: the
-        rotation permutes within them)."""
+        """(batch tile, vocabulary tile) of tile t, batch tiles innermost. ROTATE (persistent_grid, which asks for it
+        only with P a multiple of n_btiles): the batch tiles of each vocabulary tile rotate by the program's round
+        t // P, so that every program visits every batch tile (each round's P tiles are whole groups of one
+        vocabulary tile's batch tiles: the rotation permutes within them, so every tile still runs once)."""
         pid_b = t % n_btiles
         if ROTATE:
             pid_b = (pid_b + t // gl.num_programs(0)) % n_btiles
@@ -93,8 +94,9 @@ if HAVE_GLUON:
     def _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps, BLOCK_K: gl.constexpr,
                    STAGES: gl.constexpr, BOXES: gl.constexpr):
         """One tile's copies: BOXES boxes of h_desc's rows from row off_b and the weight's box from off_v, a stage a
-        k-step; the advanced stage counter. (Fewer rows than the stage holds: the rows past them keep an earlier
-        tile's data, or the zeros _load_partition wrote, for rows that are never stored.)"""
+        k-step; the advanced stage counter. Fewer rows than the stage holds: with box_rows the rest are the zeros
+        _load_partition wrote; with LAST_BOXES they hold an earlier tile's data (or, in a stage not yet used, whatever
+        shared memory held), for rows past the batch, which the epilogue never stores."""
         BOX: gl.constexpr = h_desc.block_type.shape[0]
         for k in range(k_steps):
             s = it % STAGES
@@ -169,7 +171,8 @@ if HAVE_GLUON:
         # Hand the tile to the epilogue in two column halves through one 32 KB buffer, each
         # once the epilogue has read the previous one out. (Column 64 is a register bit of
         # the wgmma layout: the split moves no data.) A short tile fills the buffer's first ROWS rows: the
-        # epilogue reads the others too (an earlier tile's values), for rows it never stores.
+        # epilogue reads the others too (an earlier tile's values, or never-written shared memory), for rows past
+        # the batch, which it never stores.
         left, right = gl.split(gl.permute(gl.reshape(acc, [ROWS, 2, BLOCK_V // 2]), (0, 2, 1)))
         mbarrier.wait(acc_empty, (hc & 1) ^ 1)
         if WHOLE:
@@ -460,7 +463,7 @@ if HAVE_GLUON:
         # BLOCK_B: the batch tile, loaded as one TMA box of the hidden, or (launch_fused_ws's box_rows: a one-tile
         # batch) as H_BOXES smaller boxes. LAST_BOXES (launch_fused_ws's last_box_rows): the batch's last tile, of
         # at most BLOCK_B / 2 rows, loaded as that many boxes of hl_desc's rows and multiplied as half a tile. ROTATE:
-        # the batch tiles rotate by round (_tile_coords; balanced_programs).
+        # the batch tiles rotate by round (_tile_coords; persistent_grid).
         BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
         BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
         dtype: gl.constexpr = h_desc.dtype
@@ -509,28 +512,36 @@ def hidden_boxes(batch: int, block_b: int, box_rows: int = 0) -> tuple:
 
 def last_tile_boxes(batch: int, block_b: int, last_box_rows: int = 0) -> tuple:
     """(rows of the last batch tile's TMA boxes, boxes a stage loads) for ``batch`` rows on ``block_b``-row tiles:
-    with last_box_rows and a last tile of at most half of block_b's rows (the 128-row tile: half is one 64-row
-    wgmma), as few boxes of last_box_rows rows as cover that tile's rows; else (0, 0), the last tile read and
-    multiplied whole."""
+    with last_box_rows and a last tile of at most WGMMA_ROWS rows on the 128-row tile (half of it: one 64-row wgmma),
+    as few boxes of last_box_rows rows as cover that tile's rows; else (0, 0), the last tile read and multiplied
+    whole. A bad last_box_rows is refused whatever the batch."""
+    if last_box_rows and (last_box_rows % 8 or WGMMA_ROWS % last_box_rows or last_box_rows < 0):
+        raise ValueError(f"last_box_rows must be a positive multiple of 8 dividing {WGMMA_ROWS}, got {last_box_rows}")
     rest = batch % block_b
-    if not last_box_rows or block_b != 2 * 64 or rest == 0 or 2 * rest > block_b:
+    if not last_box_rows or block_b != 2 * WGMMA_ROWS or rest == 0 or rest > WGMMA_ROWS:
         return 0, 0
-    if last_box_rows % 8 or 64 % last_box_rows or last_box_rows <= 0:
-        raise ValueError(f"last_box_rows must be a positive multiple of 8 dividing 64, got {last_box_rows}")
     return last_box_rows, triton.cdiv(rest, last_box_rows)
 
 
-def balanced_programs(sms: int, n_btiles: int, short_last: bool) -> tuple:
-    """(persistent programs, rotate) of a launch on ``sms`` SMs. Program p runs tiles p, p + P, p + 2P, ... with the
-    batch tile innermost, so with a P that shares a divisor with n_btiles (132 SMs, two batch tiles) each program
-    visits some batch tiles only: with a short last tile (last_box_rows) half the programs would run only whole tiles
-    and the other half only short ones, and the call would take as long as with whole tiles everywhere (v78's first
-    probe). So with a short last tile: one program per SM where sms and n_btiles share no divisor (the rounds cycle
-    through the batch tiles); else the most programs that n_btiles divides, with the batch tiles rotating by round
-    (the kernel's ROTATE). Otherwise one program per SM, as before."""
-    if not short_last or n_btiles <= 1 or math.gcd(sms, n_btiles) == 1:
-        return sms, False
-    return max(n_btiles, sms - sms % n_btiles), True
+def persistent_grid(sms: int, n_btiles: int, n_tiles: int, short_last: bool, grid_cap: int = 0) -> tuple:
+    """(persistent programs, rotate) of a launch of n_tiles tiles (n_btiles batch tiles a vocabulary tile) on ``sms``
+    SMs, at most grid_cap programs (0: no cap). Program p runs tiles p, p + P, p + 2P, ... with the batch tile
+    innermost, so where P and n_btiles have a common divisor (132 SMs, two batch tiles) a program visits some batch
+    tiles only. Tiles that cost the same do not mind; with a short last tile (last_box_rows) half the programs would
+    run only whole tiles and the other half only short ones, and the call would take as long as with whole tiles
+    everywhere (v78's first probe). So with a short last tile: P programs, P a multiple of n_btiles, with each
+    vocabulary tile's batch tiles rotating by the program's round (the kernel's ROTATE: a round's tiles are then whole
+    groups, permuted within); else the most programs coprime with n_btiles (the rounds cycle every program through
+    every batch tile; at most a few SMs idle, v78b). Without a short last tile: one program per SM (or the cap)."""
+    cap = min(sms, grid_cap) if grid_cap else sms
+    if not short_last or n_btiles <= 1:
+        return min(n_tiles, cap), False
+    if cap % n_btiles == 0:
+        return min(n_tiles, cap), True  # (n_tiles is a multiple of n_btiles too)
+    p = cap
+    while p > 1 and math.gcd(p, n_btiles) != 1:
+        p -= 1
+    return min(n_tiles, p), False
 
 
 def ws_device(device: torch.device, dtype: torch.dtype = None) -> bool:
@@ -596,7 +607,8 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     last_box_rows: on 128-row tiles, a batch whose last tile holds at most 64 rows reads that tile in boxes of this
     many rows (a multiple of 8 dividing 64; :func:`last_tile_boxes`) and multiplies it as a 64-row tile (one wgmma a
     k-step instead of two; each row's products the same), instead of a whole tile on a padded hidden: the same
-    candidates for half the tile's MMA work. It also needs the hidden's own rows; 0 (default), or another batch: the
+    candidates for half the tile's MMA work (the epilogue still runs the tile's 128 rows, the unused ones never
+    stored; the grid: :func:`persistent_grid`). It also needs the hidden's own rows; 0 (default), or another batch: the
     last tile whole."""
     if block_b not in (64, 128):
         raise ValueError(f"block_b must be 64 or 128, got {block_b}")
@@ -640,11 +652,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     # Token bitmask, bias and penalties: the epilogue gathers the bitmask words and searches each
     # row's entries itself (no entry-offset table: the searches run while the tile's MMAs do).
     proc_args, proc_flags = processor_args(params.processing, dummy)
-    programs, rotate = balanced_programs(sm_count(hidden.device), n_btiles, last_boxes > 0)
-    programs = min(n_tiles, programs)
-    if grid_cap:
-        programs = min(programs, grid_cap)
-    rotate = rotate and programs % n_btiles == 0  # (the rotation permutes within a round's whole groups only)
+    programs, rotate = persistent_grid(sm_count(hidden.device), n_btiles, n_tiles, last_boxes > 0, grid_cap)
     fused_sample_ws_kernel[(programs, )](
         h_desc, hl_desc, w_desc, seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
         dest.f, dest.i, B, V_rows, vocab_size, vocab_start,

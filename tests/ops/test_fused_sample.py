@@ -606,31 +606,38 @@ def test_last_tile_boxes_cover_a_short_last_tile():
     for batch, block_b, rows in ((193, 128, 8), (256, 128, 8), (200, 128, 8), (96, 64, 8), (150, 128, 0)):
         assert last_tile_boxes(batch, block_b, rows) == (0, 0), (batch, block_b, rows)
     for bad in (12, 48, -8, 128):
-        with pytest.raises(ValueError, match="last_box_rows"):
-            last_tile_boxes(150, 128, bad)
+        for batch in (150, 256):  # (refused whatever the batch)
+            with pytest.raises(ValueError, match="last_box_rows"):
+                last_tile_boxes(batch, 128, bad)
 
 
-def test_balanced_programs_cycle_through_the_batch_tiles():
-    """fused_sample_ws.balanced_programs with a short last tile: 132 SMs and 2, 3, 4 or 6 batch tiles (a common divisor)
-    keep 132 programs with the batch tiles rotating by round; 8 tiles take 128; 5 or 7 (coprime) 132 unrotated. Each
-    way every program visits every batch tile equally often, and the tiles of a launch are a permutation of them
-    all (the kernel's _tile_coords, mirrored here). Without a short tile: one program per SM, unrotated."""
-    from fsdist.ops.fused_sample_ws import balanced_programs
+def test_persistent_grid_cycles_every_program_through_the_batch_tiles():
+    """fused_sample_ws.persistent_grid with a short last tile: 132 SMs and 2, 3, 4 or 6 batch tiles (a multiple) keep
+    132 programs with the batch tiles rotating by round; 5 or 7 (coprime) 132 unrotated; 8, 18 or 50 (a common
+    divisor, not a multiple) 131 unrotated; a cap counts as the SMs. Each way, with 1,000 vocabulary tiles, the
+    launch's tiles are a permutation of them all and every program visits every batch tile equally often, +-1 (the
+    kernel's _tile_coords, mirrored here). Without a short tile: one program per SM or the cap, unrotated; never more
+    programs than tiles."""
+    from fsdist.ops.fused_sample_ws import persistent_grid
 
-    assert [balanced_programs(132, n, True) for n in (1, 2, 3, 4, 5, 6, 7, 8)] == [
-        (132, False), (132, True), (132, True), (132, True), (132, False), (132, True), (132, False), (128, True)]
-    assert balanced_programs(132, 2, False) == (132, False)
-    for sms, n in ((132, 2), (132, 3), (132, 5), (132, 8), (114, 4)):
-        p, rotate = balanced_programs(sms, n, True)
-        n_tiles = n * 101
+    grid = {n: persistent_grid(132, n, 1000 * n, True) for n in (1, 2, 3, 4, 5, 6, 7, 8, 18, 50)}
+    assert grid == {1: (132, False), 2: (132, True), 3: (132, True), 4: (132, True), 5: (132, False),
+                    6: (132, True), 7: (132, False), 8: (131, False), 18: (131, False), 50: (131, False)}
+    assert persistent_grid(132, 2, 1000, False) == (132, False)
+    assert persistent_grid(132, 2, 1000, False, grid_cap=7) == (7, False)
+    assert persistent_grid(132, 2, 1000, True, grid_cap=64) == (64, True)
+    assert persistent_grid(132, 2, 1000, True, grid_cap=63) == (63, False)
+    assert persistent_grid(132, 2, 10, True) == (10, True)  # fewer tiles than SMs
+    for sms, n, cap in ((132, 2, 0), (132, 3, 0), (132, 5, 0), (132, 8, 0), (114, 4, 0), (132, 2, 63), (132, 6, 60)):
+        p, rotate = persistent_grid(sms, n, 1000 * n, True, cap)
         seen, visits = [], {q: [0] * n for q in range(p)}
         for q in range(p):
-            for t in range(q, n_tiles, p):
+            for t in range(q, 1000 * n, p):
                 b = (t % n + (t // p if rotate else 0)) % n
                 seen.append((t // n, b))
                 visits[q][b] += 1
-        assert sorted(seen) == [(v, b) for v in range(101) for b in range(n)], (sms, n)
-        assert all(max(c) - min(c) <= 1 for c in visits.values()), (sms, n)
+        assert sorted(seen) == [(v, b) for v in range(1000) for b in range(n)], (sms, n, cap)
+        assert all(max(c) - min(c) <= 1 for c in visits.values()), (sms, n, cap)
 
 
 def test_ws_last_box_rows_past_one_tile(monkeypatch):

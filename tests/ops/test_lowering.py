@@ -375,7 +375,7 @@ CASES["stage1_ws_boxes"] = dict(CASES["stage1_ws_extended"],
 # The plain 128-row tile (B > 64: no logprobs, no kept logits), and a batch whose last tile holds 20 rows
 # (launch_fused_ws's last_box_rows): that tile's stages load three boxes of 8 rows (3 x 1 KB + 16 KB expected) beside
 # the whole tiles' one box of 128 rows (32 KB; each with its weight copy), and its main loop runs one 64-row
-# wgmma a k-step; its batch tiles rotate by round (fused_sample_ws.balanced_programs).
+# wgmma a k-step; its batch tiles rotate by round (fused_sample_ws.persistent_grid).
 WS_PLAIN = dict(WS_CONST, LOGPROBS=False, EXTENDED=False, PINNED=False, BLOCK_B=128)
 WS_PLAIN_TYPES = dict(WS_TYPES, h_desc="tensordesc<bf16[128, 64],NVMMA>", hl_desc="tensordesc<bf16[128, 64],NVMMA>")
 CASES["stage1_ws_plain"] = dict(CASES["stage1_ws_extended"], types=WS_PLAIN_TYPES, constexprs=WS_PLAIN,
