@@ -348,9 +348,10 @@ EXCLUSIONS = ["logprobs", "extended", "processors", "hidden-misaligned", "hidden
 # at once ("tp-head": the candidates head's stage 1; "-even": the step counter even, so the first copy), on the
 # head's own layout (room for kept logits, capacity above the batch, two shards, this rank shard 1 at a vocabulary
 # offset: "-shard"), on the 64-row tile with kept logits and logprobs ("-64-extended": a filtered TP call at
-# B = 33-64) and with bias entries ("-bias": the 64-row tile past B = 64).
+# B = 33-64) and with bias entries ("-bias": the 64-row tile past B = 64), and with a last batch tile of 22 rows run
+# as half a tile ("-short": B = 150, launch_fused_ws's last_box_rows).
 TP_CASES = ["peer-table", "parity", "checked", "flags", "tp-head", "tp-head-even", "tp-head-shard",
-            "tp-head-64-extended", "tp-head-bias"]
+            "tp-head-64-extended", "tp-head-bias", "tp-head-short"]
 # The header flags the tp-head cases pass: not any launch's defaults, so that only a pass-through writes them.
 TP_FLAGS = call_flags(True, True, extended=True, top_n=3, mode=1)
 
@@ -384,11 +385,11 @@ def _call_processing(B, vocab_size, bias):
 
 
 class _Call:
-    """A launch_fused call that differs from a plain warp-specialised one (B = 200, two batch tiles; V = 1000,
-    a partial last tile) by ``case`` alone; "plain" is the plain call."""
+    """A launch_fused call that differs from a plain warp-specialised one (B = 200, two batch tiles, the last of 72
+    rows; V = 1000, a partial last tile) by ``case`` alone; "plain" is the plain call. ("...-short": B = 150.)"""
 
     def __init__(self, case):
-        B, D, V = 200, 256, 1000
+        B, D, V = 150 if case.endswith("-short") else 200, 256, 1000
         if case == "weight-row-stride":
             D = 100  # contiguous weight rows of 200 bytes
         self.h, self.w = _operands(B, D, V, torch.float32 if case == "fp32" else torch.bfloat16, 29)
