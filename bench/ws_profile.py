@@ -7,10 +7,14 @@ fixed order, each call in an NVTX range named "<round>:<case>", so that ncu with
   cublas_B<B>   F.linear(h, W), bf16 (issue 14's yardstick)
   greedy_B<B>   fused_sample_ws_kernel, T = 0 (the main loop with the lightest epilogue)
   noise_B<B>    fused_sample_ws_kernel, [B] temperatures (the serving case)
+  padded_B<B>   the same on a hidden zero-padded to whole batch tiles (the copy not profiled)
+  short_B<B>    the same with a short last tile run as half a tile (last_box_rows=8; B % 128 in 1-64)
 
 for each B of --batches at one shape. GPU (sm_90) only; prints the case order and the kernels launched.
 Used by scripts/gpu_profile_ws.sh; the question it answers (v19 in docs/performance.md) is what the noise
-epilogue competes with when it slows the wgmma main loop, and why B = 192 is slower than B = 256.
+epilogue competes with when it slows the wgmma main loop, and why B = 192 is slower than B = 256; with
+``--cases padded,short`` (v78) whether a short last tile's pairs of programs read each weight tile twice from DRAM
+(the MemoryWorkloadAnalysis section's DRAM bytes against the padded launch's).
 """
 import common as C  # first: the repo root on sys.path, fsdist.env.apply_safe_env() before torch
 
@@ -22,6 +26,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 from fsdist.ops.configs import pick_config  # noqa: E402
+from fsdist.ops.fused_sample import tile_operand  # noqa: E402
 from fsdist.ops.fused_sample_ws import launch_fused_ws  # noqa: E402
 from fsdist.ops.layout import BufferPair, CandidateLayout  # noqa: E402
 from fsdist.params import RowParams  # noqa: E402
@@ -34,9 +39,10 @@ def main(argv=None) -> int:
     p.add_argument("--cases", default="cublas,greedy,noise")
     args = p.parse_args(argv)
     cases = args.cases.split(",")
-    unknown = sorted(set(cases) - {"cublas", "greedy", "noise"})
+    known = ("cublas", "greedy", "noise", "padded", "short")
+    unknown = sorted(set(cases) - set(known))
     if unknown:
-        p.error(f"--cases: unknown {unknown}; choose from cublas, greedy, noise")
+        p.error(f"--cases: unknown {unknown}; choose from {', '.join(known)}")
     dev = C.bench_device()
     if dev.type != "cuda" or torch.cuda.get_device_capability(dev) != (9, 0):
         print("ws_profile: skipped, needs a Hopper (sm_90) GPU.", flush=True)
@@ -60,6 +66,12 @@ def main(argv=None) -> int:
         for case in cases:
             if case == "cublas":
                 calls.append((f"cublas_B{B}", lambda h=h: F.linear(h, W)))
+            elif case in ("padded", "short"):
+                hp = tile_operand(h, cfg.block_b, min_rows=1) if case == "padded" else h  # (padded once, here)
+                last = 8 if case == "short" else 0
+                calls.append((f"{case}_B{B}", lambda hp=hp, B=B, layout=layout, cand=cand, prm=serving, last=last:
+                              launch_fused_ws(hp, W, prm, layout, cand, vocab_size=V, stages=cfg.num_stages,
+                                              epilogue_warps=epilogue_warps, batch=B, last_box_rows=last)))
             else:
                 prm = greedy if case == "greedy" else serving
                 calls.append((f"{case}_B{B}", lambda h=h, layout=layout, cand=cand, prm=prm: launch_fused_ws(

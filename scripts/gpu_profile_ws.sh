@@ -3,7 +3,8 @@
 # and cuBLAS (bench/ws_profile.py: one profiled call per case, chosen by NVTX range), to see what the noise
 # epilogue competes with (pipe activity, L1/shared-memory and L2 throughput, issue slots, stall reasons)
 # and why B = 192 runs slower than B = 256. Text reports under $OUT; the table ncu prints last.
-# Usage: OUT=... SHAPE=4096x151936 BATCHES=1024,256,192 bash scripts/gpu_profile_ws.sh
+# Usage: OUT=... SHAPE=4096x151936 BATCHES=1024,256,192 [CASES=cublas,greedy,noise] bash scripts/gpu_profile_ws.sh
+# (v78's question, DRAM bytes of a short last tile against the padded launch: BATCHES=192 CASES=padded,short)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -17,17 +18,17 @@ SECTIONS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section Mem
 timeout -k 10 "${PROFILE_TIMEOUT:-420}" ncu --clock-control none --nvtx --nvtx-include "regex:profiled:.*/" \
   $SECTIONS --print-units base --page details \
   python3 bench/ws_profile.py --shape "${SHAPE:-4096x151936}" --batches "${BATCHES:-1024,256,192}" \
-  > "$OUT/ws_profile_ncu.txt" 2>&1
+  --cases "${CASES:-cublas,greedy,noise}" > "$OUT/ws_profile_ncu.txt" 2>&1
 rc=$?
 echo "ncu rc=$rc after $((SECONDS - start))s"
 if grep -q "No kernels were profiled" "$OUT/ws_profile_ncu.txt"; then
   # The NVTX filter matched nothing: skip the warm-up round's launches by count instead.
-  n=$(( $(echo "${BATCHES:-1024,256,192}" | tr ',' '\n' | wc -l) * 3 ))
+  n=$(( $(echo "${BATCHES:-1024,256,192}" | tr ',' '\n' | wc -l) * $(echo "${CASES:-cublas,greedy,noise}" | tr ',' '\n' | wc -l) ))
   timeout -k 10 "${PROFILE_TIMEOUT:-420}" ncu --clock-control none \
     --kernel-name "regex:fused_sample_ws|nvjet|gemm|xmma|cutlass" --launch-skip "$n" --launch-count "$n" \
     $SECTIONS --print-units base --page details \
     python3 bench/ws_profile.py --shape "${SHAPE:-4096x151936}" --batches "${BATCHES:-1024,256,192}" \
-    > "$OUT/ws_profile_ncu.txt" 2>&1
+    --cases "${CASES:-cublas,greedy,noise}" > "$OUT/ws_profile_ncu.txt" 2>&1
   rc=$?
   echo "ncu (by launch count) rc=$rc after $((SECONDS - start))s"
 fi
