@@ -23,7 +23,9 @@ rc=$?
 echo "ncu rc=$rc after $((SECONDS - start))s"
 if grep -q "No kernels were profiled" "$OUT/ws_profile_ncu.txt"; then
   # The NVTX filter matched nothing: skip the warm-up round's launches by count instead.
-  n=$(( $(echo "${BATCHES:-1024,256,192}" | tr ',' '\n' | wc -l) * $(echo "${CASES:-cublas,greedy,noise}" | tr ',' '\n' | wc -l) ))
+  nb=$(echo "${BATCHES:-1024,256,192}" | tr ',' '\n' | wc -l)
+  nc=$(echo "${CASES:-cublas,greedy,noise}" | tr ',' '\n' | wc -l)
+  n=$((nb * nc))
   timeout -k 10 "${PROFILE_TIMEOUT:-420}" ncu --clock-control none \
     --kernel-name "regex:fused_sample_ws|nvjet|gemm|xmma|cutlass" --launch-skip "$n" --launch-count "$n" \
     $SECTIONS --print-units base --page details \
