@@ -36,7 +36,7 @@ from .noise import gumbel_from_bits, vocab_bits_tile
 from .pad_rows import pad_rows
 from .parity import parity_args, parity_offsets
 from .entry_offsets import HEAD as ENTRY_HEAD, launch_entry_offsets
-from .fused_sample_ws import WS_BLOCK_B, WS_BLOCK_K, WS_BLOCK_V, launch_fused_ws, ws_supported
+from .fused_sample_ws import WS_BLOCK_B, WS_BLOCK_K, WS_BLOCK_V, last_tile_boxes, launch_fused_ws, ws_supported
 from .processors import process_tile, processor_args, row_penalties, table_slice, tile_bitmask_words
 from .step_check import call_flags, write_row_fingerprints, write_step_record, writes_header
 from .utils import fast_log_ok, load_row_param, pdl_args, pdl_prologue, row_param_args, sm_count, stagger_start
@@ -254,9 +254,9 @@ def ws_box_rows(batch: int, block_b: int) -> int:
 def ws_last_box_rows(batch: int, block_b: int) -> int:
     """The rows of the TMA boxes of a short last tile on the warp-specialised kernel (launch_fused_ws's last_box_rows):
     configs.WS_LAST_BOX_ROWS for a batch of more than one 128-row tile whose last tile holds at most 64 rows; else 0
-    (the last tile whole, on tile_operand's hidden)."""
-    rest = batch % block_b
-    if not WS_LAST_BOX_ROWS or block_b != 128 or batch < block_b or rest == 0 or 2 * rest > block_b:
+    (the last tile whole, on tile_operand's hidden). Which last tiles are short is launch_fused_ws's rule
+    (last_tile_boxes); this adds only that one-tile batches keep their tile whole."""
+    if batch < block_b or not last_tile_boxes(batch, block_b, WS_LAST_BOX_ROWS)[1]:
         return 0
     return WS_LAST_BOX_ROWS
 
