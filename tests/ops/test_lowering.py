@@ -7,6 +7,9 @@ stage 1 (fused kernel and chunked path's pass) / stage 2 with the peer table and
 parity (the head's variants), is
 lowered to Triton IR for an sm_90 target in a subprocess with the interpreter off: no GPU
 is needed for that step, and a failure here would otherwise only show up on the GPU machine.
+One subprocess lowers every case (``lower_all``), reporting each on its own line: on a cold
+Triton cache the compiles take ~4 min of a CI core, and a process per case added ~2.5 s of
+start-up to each.
 """
 import json
 import os
@@ -18,64 +21,82 @@ import torch
 
 
 _LOWER = r"""
-import json, re, sys, importlib
+import json, re, sys, importlib, traceback
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-spec = json.loads(sys.argv[1])
-fn = getattr(importlib.import_module(spec["module"]), spec["kernel"])
-names = fn.arg_names
-sig = {n: ("constexpr" if n in spec["constexprs"] else spec["types"][n]) for n in names}
-consts = {(names.index(n),): v for n, v in spec["constexprs"].items()}
-# "divisible": as a GPU launch specialises aligned arguments (16-byte pointers, integers divisible by 16), which
-# changes vectorisation and layouts: some compiler failures show only then.
-attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if spec.get("divisible")
-         and n not in spec["constexprs"] and (spec["types"][n].startswith("*") or spec["types"][n] == "i32")}
-options = dict(num_warps=spec.get("num_warps", 4))
-source = ASTSource
-if spec.get("gluon"):  # a Gluon kernel (fused_sample_ws): its tensor descriptors carry their shared-memory layout
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-    nvmma = repr(gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16))
-    sig = {n: (t.replace("NVMMA", nvmma) if isinstance(t, str) else t) for n, t in sig.items()}
-    source = GluonASTSource
-    options["maxnreg"] = spec["maxnreg"]
-# All the way to a cubin (Triton's wheel carries ptxas): GPU-only compiler failures show up here.
-k = triton.compile(source(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                   options=options)
-# optional PTX checks: instructions a variant must (ptx_has) or must not (ptx_lacks) contain
-missing = [t for t in spec.get("ptx_has", []) if t not in k.asm["ptx"]]
-present = [t for t in spec.get("ptx_lacks", []) if t in k.asm["ptx"]]
-if missing or present:
-    sys.exit(f"PTX check failed: missing {missing}, unexpected {present}")
-# optional counts: instructions a variant must contain exactly this many times (ptx_count)
-counts = {t: k.asm["ptx"].count(t) for t in spec.get("ptx_count", {})}
-if counts != spec.get("ptx_count", {}):
-    sys.exit(f"PTX check failed: counts {counts}, expected {spec['ptx_count']}")
-# wait_first: a programmatic dependent's griddepcontrol.wait comes before every global memory access in the PTX
-# (the compiler may not hoist a load above it: an early load could read what the launch before it still writes)
-if spec.get("wait_first"):
-    ptx = k.asm["ptx"]
-    wait = ptx.find("griddepcontrol.wait")
-    # (instructions only: an optional predicate, then the opcode; ".loc" comments name files like "filtered.py")
-    first = re.search(r"^\s*(@!?%p\d+\s+)?((ld|st)(\.[a-z0-9]+)*\.global|atom\.|red\.|cp\.async)", ptx, re.M)
-    if wait < 0 or (first is not None and first.start() < wait):
-        sys.exit("PTX check failed: a global memory access precedes griddepcontrol.wait")
-# late_wait: a kernel that waits late (select_filtered beside the merge): some global load (stage 1's candidates)
-# comes before the first griddepcontrol.wait, and every 64-bit global load (the merge's int64 tokens: the cases turn
-# the per-row int64 seed / offset off) after a wait in the text (a heuristic of program order: each branch's wait
-# precedes its own reads of the verdict)
-if spec.get("late_wait"):
-    ptx = k.asm["ptx"]
-    waits = [m.start() for m in re.finditer("griddepcontrol.wait", ptx)]
-    loads = [m.start() for m in re.finditer(r"^\s*(@!?%p\d+\s+)?ld(\.[a-z0-9]+)*\.global(\.[a-z0-9]+)*", ptx, re.M)]
-    wide = [m.start() for m in re.finditer(r"^\s*(@!?%p\d+\s+)?ld(\.[a-z0-9]+)*\.global(\.[a-z0-9]+)*\.[bsu]64",
-                                           ptx, re.M)]
-    if not waits or not loads or loads[0] > waits[0]:
-        sys.exit("PTX check failed: no global load before the late griddepcontrol.wait")
-    if not wide or wide[0] < waits[0]:
-        sys.exit("PTX check failed: a 64-bit global load (the verdict) precedes griddepcontrol.wait")
-print("COMPILED", spec["kernel"], len(k.asm["cubin"]))
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def lower(spec):
+    fn = getattr(importlib.import_module(spec["module"]), spec["kernel"])
+    names = fn.arg_names
+    sig = {n: ("constexpr" if n in spec["constexprs"] else spec["types"][n]) for n in names}
+    consts = {(names.index(n),): v for n, v in spec["constexprs"].items()}
+    # "divisible": as a GPU launch specialises aligned arguments (16-byte pointers, integers divisible by 16), which
+    # changes vectorisation and layouts: some compiler failures show only then.
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if spec.get("divisible")
+             and n not in spec["constexprs"] and (spec["types"][n].startswith("*") or spec["types"][n] == "i32")}
+    options = dict(num_warps=spec.get("num_warps", 4))
+    source = ASTSource
+    if spec.get("gluon"):  # a Gluon kernel (fused_sample_ws): its tensor descriptors carry their shared-memory layout
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon._runtime import GluonASTSource
+        nvmma = repr(gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16))
+        sig = {n: (t.replace("NVMMA", nvmma) if isinstance(t, str) else t) for n, t in sig.items()}
+        source = GluonASTSource
+        options["maxnreg"] = spec["maxnreg"]
+    # All the way to a cubin (Triton's wheel carries ptxas): GPU-only compiler failures show up here.
+    k = triton.compile(source(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                       options=options)
+    # optional PTX checks: instructions a variant must (ptx_has) or must not (ptx_lacks) contain
+    missing = [t for t in spec.get("ptx_has", []) if t not in k.asm["ptx"]]
+    present = [t for t in spec.get("ptx_lacks", []) if t in k.asm["ptx"]]
+    if missing or present:
+        raise CheckFailed(f"PTX check failed: missing {missing}, unexpected {present}")
+    # optional counts: instructions a variant must contain exactly this many times (ptx_count)
+    counts = {t: k.asm["ptx"].count(t) for t in spec.get("ptx_count", {})}
+    if counts != spec.get("ptx_count", {}):
+        raise CheckFailed(f"PTX check failed: counts {counts}, expected {spec['ptx_count']}")
+    # wait_first: a programmatic dependent's griddepcontrol.wait comes before every global memory access in the PTX
+    # (the compiler may not hoist a load above it: an early load could read what the launch before it still writes)
+    if spec.get("wait_first"):
+        ptx = k.asm["ptx"]
+        wait = ptx.find("griddepcontrol.wait")
+        # (instructions only: an optional predicate, then the opcode; ".loc" comments name files like "filtered.py")
+        first = re.search(r"^\s*(@!?%p\d+\s+)?((ld|st)(\.[a-z0-9]+)*\.global|atom\.|red\.|cp\.async)", ptx, re.M)
+        if wait < 0 or (first is not None and first.start() < wait):
+            raise CheckFailed("PTX check failed: a global memory access precedes griddepcontrol.wait")
+    # late_wait: a kernel that waits late (select_filtered beside the merge): some global load (stage 1's candidates)
+    # comes before the first griddepcontrol.wait, and every 64-bit global load (the merge's int64 tokens: the cases turn
+    # the per-row int64 seed / offset off) after a wait in the text (a heuristic of program order: each branch's wait
+    # precedes its own reads of the verdict)
+    if spec.get("late_wait"):
+        ptx = k.asm["ptx"]
+        waits = [m.start() for m in re.finditer("griddepcontrol.wait", ptx)]
+        loads = [m.start() for m in re.finditer(r"^\s*(@!?%p\d+\s+)?ld(\.[a-z0-9]+)*\.global(\.[a-z0-9]+)*", ptx, re.M)]
+        wide = [m.start() for m in re.finditer(r"^\s*(@!?%p\d+\s+)?ld(\.[a-z0-9]+)*\.global(\.[a-z0-9]+)*\.[bsu]64",
+                                               ptx, re.M)]
+        if not waits or not loads or loads[0] > waits[0]:
+            raise CheckFailed("PTX check failed: no global load before the late griddepcontrol.wait")
+        if not wide or wide[0] < waits[0]:
+            raise CheckFailed("PTX check failed: a 64-bit global load (the verdict) precedes griddepcontrol.wait")
+    return len(k.asm["cubin"])
+
+
+# One process lowers every case it is given (a JSON object, name -> spec, on stdin): the interpreter's start-up and
+# the imports are paid once, not once per case. One line per case, written as soon as it is done.
+for name, spec in json.load(sys.stdin).items():
+    try:
+        result = dict(case=name, ok=True, msg=f"COMPILED {spec['kernel']} {lower(spec)}")
+    except CheckFailed as e:
+        result = dict(case=name, ok=False, msg=str(e))
+    except Exception:
+        result = dict(case=name, ok=False, msg=traceback.format_exc()[-4000:])
+    print("RESULT " + json.dumps(result), flush=True)
 """
 
 ROW_PARAMS = {"seed_ptr": "*i64", "seed_val": "i64", "offset_ptr": "*i64", "offset_val": "i64",
@@ -388,6 +409,27 @@ CASES["stage1_ws_last_boxes"] = dict(CASES["stage1_ws_plain"],
                                                 ", 32768;": 1, ", 19456;": 1})
 
 
+# The checks' power: specs a check must refuse, each with the message it must give.
+FAILING = {
+    # late_wait fails on each thing it looks for: a 64-bit global load before the wait (the beside case with the
+    # per-row int64 seed, which finish_rows loads before its wait), and no load before the wait (select_filtered
+    # waiting at its first instruction, PDL_STAGE2's way)
+    "late_wait_seed_per_row": (dict(CASES["select_filtered_beside_div16"], constexprs=dict(
+        CASES["select_filtered_beside_div16"]["constexprs"], SEED_PER_ROW=True)), "64-bit global load"),
+    "late_wait_waits_first": (dict(CASES["select_filtered_beside_div16"], constexprs=dict(
+        CASES["select_filtered_beside_div16"]["constexprs"], DEAD_LATE=False, PDL_LATE=False, PDL_WAIT=True)),
+        "no global load before"),
+    # wait_first fails where loads do come before griddepcontrol.wait: v73's fused kernel, whose main loop reads
+    # the hidden and the weight before it waits for the entry offsets
+    "wait_first_v73": (dict(CASES["stage1_fused_pdl"], wait_first=True), "precedes griddepcontrol.wait"),
+    # ptx_count fails when the kernel has another number of the instruction: the boxed kernel held to the one-box
+    # kernel's two TMA copies a stage and 24 KB expected
+    "ptx_count_boxes": (dict(CASES["stage1_ws_boxes"], ptx_count=CASES["stage1_ws_extended"]["ptx_count"]),
+                        "PTX check failed: counts"),
+}
+LOWER_TIMEOUT_S = 1200  # every case in one process: ~1 s a case on a CI core, ~60 cases
+
+
 @pytest.fixture(scope="module")
 def lowering_available():
     if torch.cuda.is_available():
@@ -399,43 +441,47 @@ def lowering_available():
         pytest.skip(f"Triton's NVIDIA backend is unavailable: {e}")
 
 
+def lower_all(specs, timeout=LOWER_TIMEOUT_S):
+    """{name: (ok, message)} for every spec, lowered in one subprocess with the interpreter off. A spec the process
+    never reported (it crashed or ran out of time on or before it) maps to (False, why, with its stderr's tail)."""
+    proc = subprocess.Popen([sys.executable, "-c", _LOWER], env=dict(os.environ, TRITON_INTERPRET="0"),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(json.dumps(specs), timeout=timeout)
+        why = f"the lowering process exited with {proc.returncode} before this case"
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        why = f"the lowering process ran past {timeout} s"
+    results = {}
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            r = json.loads(line[len("RESULT "):])
+            results[r["case"]] = (r["ok"], r["msg"])
+    return {name: results.get(name, (False, f"{why}; stderr: {err[-3000:]}")) for name in specs}
+
+
+@pytest.fixture(scope="module")
+def lowered(lowering_available):
+    return lower_all(dict(CASES, **{name: spec for name, (spec, _) in FAILING.items()}))
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_kernel_lowers_to_triton_ir(lowering_available, case):
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-c", _LOWER, json.dumps(CASES[case])], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0 and "COMPILED" in proc.stdout, proc.stderr[-4000:]
+def test_kernel_lowers_to_triton_ir(lowered, case):
+    ok, msg = lowered[case]
+    assert ok and msg.startswith("COMPILED"), msg
 
 
-def test_late_wait_check_can_fail(lowering_available):
-    """The PTX order check (late_wait) fails on each thing it looks for: a 64-bit global load before the wait (the
-    beside case with the per-row int64 seed, which finish_rows loads before its wait), and no load before the wait
-    (select_filtered waiting at its first instruction, PDL_STAGE2's way)."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    base = CASES["select_filtered_beside_div16"]
-    for flags, message in ((dict(SEED_PER_ROW=True), "64-bit global load"),
-                           (dict(DEAD_LATE=False, PDL_LATE=False, PDL_WAIT=True), "no global load before")):
-        spec = dict(base, constexprs=dict(base["constexprs"], **flags))
-        proc = subprocess.run([sys.executable, "-c", _LOWER, json.dumps(spec)], env=env, capture_output=True,
-                              text=True, timeout=300)
-        assert proc.returncode != 0 and message in proc.stderr, (flags, proc.stderr[-2000:])
+@pytest.mark.parametrize("case", list(FAILING))
+def test_each_ptx_check_can_fail(lowered, case):
+    """The PTX checks above are not vacuous: each refuses a kernel that breaks what it looks for."""
+    ok, msg = lowered[case]
+    assert not ok and FAILING[case][1] in msg, msg
 
 
-def test_wait_first_check_can_fail(lowering_available):
-    """The PTX order check (wait_first) fails where loads do come before griddepcontrol.wait: v73's fused kernel,
-    whose main loop reads the hidden and the weight before it waits for the entry offsets."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    spec = dict(CASES["stage1_fused_pdl"], wait_first=True)
-    proc = subprocess.run([sys.executable, "-c", _LOWER, json.dumps(spec)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode != 0 and "precedes griddepcontrol.wait" in proc.stderr, proc.stderr[-2000:]
-
-
-def test_ptx_count_check_can_fail(lowering_available):
-    """The count check (ptx_count) fails when the kernel has another number of the instruction: the boxed kernel
-    held to the one-box kernel's two TMA copies a stage and 24 KB expected."""
-    spec = dict(CASES["stage1_ws_boxes"], ptx_count=CASES["stage1_ws_extended"]["ptx_count"])
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-c", _LOWER, json.dumps(spec)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode != 0 and "PTX check failed: counts" in proc.stderr, proc.stderr[-2000:]
+def test_a_failing_case_does_not_hide_the_others(lowering_available):
+    """The batch reports each case on its own: a kernel that does not exist fails alone, its neighbours compile."""
+    good = CASES["pad_rows"]
+    got = lower_all({"before": good, "missing": dict(good, kernel="no_such_kernel"), "after": good})
+    assert got["before"][0] and got["after"][0], got
+    assert not got["missing"][0] and "no_such_kernel" in got["missing"][1], got
