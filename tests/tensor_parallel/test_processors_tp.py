@@ -11,8 +11,8 @@ import torch
 
 import fsdist
 from fsdist.reference import bitmask_from_allowed
-from tp_helpers import (ALL_TRANSPORTS, assert_same_on_all_ranks, gather_objects, loaded_head, mismatch_outcomes,
-                        problem, reference_group_logmass, tp_ranges)
+from tp_helpers import (ALL_TRANSPORTS, PEER_TRANSPORTS, assert_same_on_all_ranks, gather_objects, loaded_head,
+                        mismatch_outcomes, only_some_beyond_two_ranks, problem, reference_group_logmass, tp_ranges)
 
 mpi = pytest.mark.mpi(min_size=2)
 V, D, B = 1000, 16, 12
@@ -52,6 +52,8 @@ def temperatures(B, device):
 @pytest.mark.parametrize("filtered", [False, True], ids=["plain", "filtered"])
 @pytest.mark.parametrize("transport", ALL_TRANSPORTS)
 def test_processed_head_equals_sample_on_the_full_weight(dist_ctx, transport, filtered):
+    only_some_beyond_two_ranks(dist_ctx, not filtered or transport == PEER_TRANSPORTS[0],
+                               "the filtered case with the first peer transport, the plain one with each")
     dev = dist_ctx.device
     W, h = problem(V, D, B, torch.float32, seed=61, scale=3.0, device=dev)
     head = loaded_head(dist_ctx, W, transport, max_batch_size=B)

@@ -7,13 +7,14 @@ fixed, so it is deterministic). Log-probabilities and log-sum-exps must match fl
 log_softmax / logsumexp within 1e-4 absolute.
 
 V = 300 pads to 512: with 4 ranks of 128 rows, rank 3 holds only padding (a shard with
-no probability mass), rank 2 is partly padding.
+no probability mass), rank 2 is partly padding. Beyond 2 ranks two of the four cases run:
+each reduction and each transport once.
 """
 import pytest
 import torch
 
 import fsdist
-from tp_helpers import P_MIN, chi2_pvalue, problem, scaled_logits64
+from tp_helpers import P_MIN, chi2_pvalue, only_some_beyond_two_ranks, problem, scaled_logits64
 
 N_SAMPLES = 20480
 
@@ -24,6 +25,8 @@ N_SAMPLES = 20480
 def test_chi_squared_and_logprobs(dist_ctx, reduction, transport):
     from tp_helpers import PEER_TRANSPORTS
 
+    diagonal = (reduction, transport) in (("candidates", "peer"), ("group_logmass", "collective"))
+    only_some_beyond_two_ranks(dist_ctx, diagonal, "each reduction once, each transport once")
     if transport == "peer":
         transport = PEER_TRANSPORTS[0]
     V, D, T = 300, 16, 0.8
