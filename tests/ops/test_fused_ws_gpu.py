@@ -725,6 +725,33 @@ def test_filtered_calls_on_the_64_row_tile(ws_calls):
     assert len(ws_calls) == 3
 
 
+
+@hopper
+@pytest.mark.parametrize("B", [96, 256])
+def test_filtered_calls_past_64_rows_keep_the_64_row_tile_on_fast_memory(B, ws_calls, monkeypatch):
+    """v80: past one 64-row tile a filtered / top-N call on fast memory (forced here, so an H100 runs it too) at
+    D <= 4096 takes the warp-specialised 64-row tile by default (B = 96: a partial last tile on a padded copy) and
+    gives what the 128-row Triton tile gives: tokens, fallback flags, top-N ids, logprobs within fp32 rounding."""
+    from fsdist.ops import plan
+
+    monkeypatch.setattr(plan, "device_fast_memory", lambda device: True)
+    D, V = 512, 20_000
+    h, w = _operands(B, D, V, torch.bfloat16, 80)
+    g = torch.Generator().manual_seed(8)
+    rows = dict(temperature=(torch.rand(B, generator=g) + 0.3).cuda(), seed=torch.arange(B).cuda() * 5 + 2,
+                offset=torch.full((B,), 7).cuda())
+    for filt in (dict(top_k=torch.full((B,), 40, dtype=torch.int32).cuda(), top_p=torch.full((B,), 0.9).cuda()),
+                 dict(min_p=torch.full((B,), 0.05).cuda())):
+        kw = dict(rows, **filt, return_logprobs=True, top_logprobs=3, path="fused")
+        ws_calls.clear()
+        got = fsdist.sample(h, w, **kw)
+        assert ws_calls == [64], ws_calls  # the default config: one launch of the 64-row tile
+        ref = fsdist.sample(h, w, **kw, config=TRITON)
+        assert torch.equal(got.tokens, ref.tokens)
+        assert torch.equal(got.fallback, ref.fallback)
+        assert torch.equal(got.top_ids, ref.top_ids)
+        torch.testing.assert_close(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5)
+
 # ---- the 64-row tile: token bitmask, logit bias and penalties ---------------------------------------------------
 def _processing(B, vocab_start, vocab_size, which, seed):
     """A call's processors on global ids [vocab_start, vocab_size): a random bitmask (80% allowed; row 3 allows
