@@ -300,48 +300,30 @@ def test_pdl_after_entry_offsets_only_on_sm90_gpus(monkeypatch):
     assert not configs.pdl_after_entry_offsets(torch.device("cuda", 0))
 
 
-def test_extended_calls_take_the_ws_64_row_tile_at_17_to_32_rows_up_to_d4096(monkeypatch):
-    """Filtered / top-N calls on one GPU at B = 17-32 run on the warp-specialised 64-row tile where D <= 4096 on
-    fast memory (v65 / v74: 2-3 µs faster at D = 4096, 7-8 slower at 8192); B <= 16, D = 8192, other GPUs, plain
-    calls and the tensor-parallel heads' checked layouts keep the Triton tiles."""
+@pytest.mark.parametrize("batches, kept", [((17, 24, 32), 32), ((65, 96, 128, 200, 256, 1024), 128)],
+                         ids=["17-32", "past-64"])
+def test_extended_calls_take_the_ws_64_row_tile_up_to_d4096(monkeypatch, batches, kept):
+    """Filtered / top-N calls on one GPU at B = 17-32 and past B = 64 run on the warp-specialised 64-row tile where
+    D <= 4096 on fast memory (v65 / v74: 2-3 µs faster at B = 17-32, D = 4096, 7-8 slower at 8192; v80: 5-9% faster
+    than the 128-row tile's Triton twin at B = 96-256, D = 4096, 4-9% slower at 8192); B <= 16, D = 8192, other GPUs,
+    plain calls and the tensor-parallel heads' checked layouts keep the tile they had (``kept`` rows)."""
     ws64 = configs.pick_config(64, 4096, "cuda", fast_memory=True)
-    for B in (17, 24, 32):
+    for B in batches:
         assert configs.pick_config(B, 4096, "cuda", fast_memory=True, extended=True, extended_ws=True) == ws64
-        assert configs.pick_config(B, 8192, "cuda", fast_memory=True, extended=True, extended_ws=True).block_b == 32
-        assert configs.pick_config(B, 4096, "cuda", extended=True, extended_ws=True).block_b == 32  # H100: kept
-        assert configs.pick_config(B, 4096, "cuda", fast_memory=True, extended=True).block_b == 32
+        assert configs.pick_config(B, 8192, "cuda", fast_memory=True, extended=True, extended_ws=True).block_b == kept
+        assert configs.pick_config(B, 4096, "cuda", extended=True, extended_ws=True).block_b == kept  # H100: kept
+        assert configs.pick_config(B, 4096, "cuda", fast_memory=True, extended=True).block_b == kept
+        assert configs.pick_config(B, 4096, "cuda", fast_memory=True).block_b == kept
     assert configs.pick_config(16, 4096, "cuda", fast_memory=True, extended=True, extended_ws=True).block_b == 16
     assert configs.EXTENDED_WS_MAX_HIDDEN == 4096
     from fsdist.ops import plan
 
     monkeypatch.setattr(plan, "device_fast_memory", lambda device: True)
     monkeypatch.setattr(plan, "ws_device", lambda device, dtype=None: True)
-    kw = dict(batch=32, hidden_size=4096, weight_rows=151936, device=torch.device("cuda", 0), path="fused")
+    kw = dict(batch=kept, hidden_size=4096, weight_rows=151936, device=torch.device("cuda", 0), path="fused")
     assert plan.plan_sample(**kw, extended=True).config == ws64
-    assert plan.plan_sample(**kw).config.block_b == 32
-    assert plan.plan_sample(**kw, extended=True, checked=True, n_shards=2).config.block_b == 32
-    assert plan.plan_sample(**dict(kw, hidden_size=8192), extended=True).config.block_b == 32
+    assert plan.plan_sample(**kw).config.block_b == kept
+    assert plan.plan_sample(**kw, extended=True, checked=True, n_shards=2).config.block_b == kept
+    assert plan.plan_sample(**dict(kw, hidden_size=8192), extended=True).config.block_b == kept
     monkeypatch.setattr(plan, "ws_device", lambda device, dtype=None: False)
-    assert plan.plan_sample(**kw, extended=True).config.block_b == 32
-
-
-def test_extended_calls_keep_the_ws_64_row_tile_past_64_rows_up_to_d4096(monkeypatch):
-    """Past one 64-row tile, filtered / top-N calls on one GPU stay on the warp-specialised 64-row tile where D <= 4096
-    on fast memory (v80: 5-9% faster than the 128-row tile's Triton twin at B = 96-256, D = 4096; 4-9% slower at
-    8192); plain calls, D = 8192, other GPUs and the tensor-parallel heads' checked layouts keep the 128-row tile."""
-    ws64 = configs.pick_config(64, 4096, "cuda", fast_memory=True)
-    for B in (65, 96, 128, 200, 256, 1024):
-        assert configs.pick_config(B, 4096, "cuda", fast_memory=True, extended=True, extended_ws=True) == ws64
-        assert configs.pick_config(B, 8192, "cuda", fast_memory=True, extended=True, extended_ws=True).block_b == 128
-        assert configs.pick_config(B, 4096, "cuda", extended=True, extended_ws=True).block_b == 128  # H100: kept
-        assert configs.pick_config(B, 4096, "cuda", fast_memory=True, extended=True).block_b == 128
-        assert configs.pick_config(B, 4096, "cuda", fast_memory=True).block_b == 128
-    from fsdist.ops import plan
-
-    monkeypatch.setattr(plan, "device_fast_memory", lambda device: True)
-    monkeypatch.setattr(plan, "ws_device", lambda device, dtype=None: True)
-    kw = dict(batch=128, hidden_size=4096, weight_rows=151936, device=torch.device("cuda", 0), path="fused")
-    assert plan.plan_sample(**kw, extended=True).config == ws64
-    assert plan.plan_sample(**kw).config.block_b == 128
-    assert plan.plan_sample(**kw, extended=True, checked=True, n_shards=2).config.block_b == 128
-    assert plan.plan_sample(**dict(kw, hidden_size=8192), extended=True).config.block_b == 128
+    assert plan.plan_sample(**kw, extended=True).config.block_b == kept
