@@ -159,12 +159,18 @@ def test_filtered_call_memory_is_bounded():
     assert extra < B * V * 4 / 2, "no more than half of what materialized fp32 logits would take"
 
 
-# 64: the warp-specialised 64-row tile on an sm_90 GPU; 80: a padded 128-row tile (the Triton twin)
-@pytest.mark.parametrize("B", [32, 64, 80])
-def test_cuda_graph_with_filter_tensors(B):
+# 64: the warp-specialised 64-row tile on an sm_90 GPU; 80: on a fast-memory sm_90 GPU (the H200) that tile too, twice,
+# the last one read past the hidden's end (v80), elsewhere a padded 128-row tile (the Triton twin); "80-128": that
+# padded 128-row tile on every GPU (the 128-row config passed to the call)
+@pytest.mark.parametrize("B, config", [(32, None), (64, None), (80, None), (80, "128x128x64w8s5t-ws")],
+                         ids=["32", "64", "80", "80-128"])
+def test_cuda_graph_with_filter_tensors(B, config):
+    from fsdist.ops.configs import TileConfig
+
     D, V = 1024, 32000
     h, w, params, filters = _serving_inputs(B, D, V, seed=3)
-    kw = dict(params, **filters, return_logprobs=True, top_logprobs=3)
+    kw = dict(params, **filters, return_logprobs=True, top_logprobs=3,
+              config=TileConfig.parse(config) if config else None)
     fsdist.sample(h, w, **kw)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

@@ -202,7 +202,7 @@ SPARSE_WS_MIN_BATCH = 17
 # measured across TP, whose shards keep the 32-row tile (plan_sample passes extended_ws for unchecked layouts only).
 # Past 64 rows too, instead of the 128-row tile's Triton twin (v80, H200, graph replays, µs, 128-row / 64-row, top-k
 # 50 + top-p 0.9 and min-p 0.05, two runs): D = 4096 B = 96 440-441 / 414-415, 442-443 / 411-412; B = 128 441-451 /
-# 416-427, 446-450 / 412-415; B = 256 773-783 / 723-727, 755-761 / 713-717 (5-9% faster); D = 8192 4-9% slower.
+# 416-427, 446-450 / 412-415; B = 256 773-783 / 723-727, 755-761 / 713-717 (5-8% faster); D = 8192 3-9% slower.
 EXTENDED_WS_MAX_HIDDEN = 4096
 
 

@@ -304,8 +304,8 @@ def test_pdl_after_entry_offsets_only_on_sm90_gpus(monkeypatch):
                          ids=["17-32", "past-64"])
 def test_extended_calls_take_the_ws_64_row_tile_up_to_d4096(monkeypatch, batches, kept):
     """Filtered / top-N calls on one GPU at B = 17-32 and past B = 64 run on the warp-specialised 64-row tile where
-    D <= 4096 on fast memory (v65 / v74: 2-3 µs faster at B = 17-32, D = 4096, 7-8 slower at 8192; v80: 5-9% faster
-    than the 128-row tile's Triton twin at B = 96-256, D = 4096, 4-9% slower at 8192); B <= 16, D = 8192, other GPUs,
+    D <= 4096 on fast memory (v65 / v74: 2-3 µs faster at B = 17-32, D = 4096, 7-8 slower at 8192; v80: 5-8% faster
+    than the 128-row tile's Triton twin at B = 96-256, D = 4096, 3-9% slower at 8192); B <= 16, D = 8192, other GPUs,
     plain calls and the tensor-parallel heads' checked layouts keep the tile they had (``kept`` rows)."""
     ws64 = configs.pick_config(64, 4096, "cuda", fast_memory=True)
     for B in batches:

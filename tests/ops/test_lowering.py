@@ -13,8 +13,10 @@ start-up to each.
 """
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -90,6 +92,7 @@ def lower(spec):
 # One process lowers every case it is given (a JSON object, name -> spec, on stdin): the interpreter's start-up and
 # the imports are paid once, not once per case. One line per case, written as soon as it is done.
 for name, spec in json.load(sys.stdin).items():
+    print("START " + name, flush=True)  # (a case that starts and never reports crashed the process)
     try:
         result = dict(case=name, ok=True, msg=f"COMPILED {spec['kernel']} {lower(spec)}")
     except CheckFailed as e:
@@ -441,24 +444,56 @@ def lowering_available():
         pytest.skip(f"Triton's NVIDIA backend is unavailable: {e}")
 
 
-def lower_all(specs, timeout=LOWER_TIMEOUT_S):
-    """{name: (ok, message)} for every spec, lowered in one subprocess with the interpreter off. A spec the process
-    never reported (it crashed or ran out of time on or before it) maps to (False, why, with its stderr's tail)."""
+def _lower_batch(specs, timeout):
+    """One process over ``specs``: ({name: (ok, message)} it reported, the case it started and never reported or None,
+    its exit status, its stderr, whether it ran out of time). Its own session, so that a timeout kills the compiler
+    processes it started too (ptxas inherits its pipes: they would keep communicate() waiting)."""
     proc = subprocess.Popen([sys.executable, "-c", _LOWER], env=dict(os.environ, TRITON_INTERPRET="0"),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    timed_out = False
     try:
         out, err = proc.communicate(json.dumps(specs), timeout=timeout)
-        why = f"the lowering process exited with {proc.returncode} before this case"
     except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        why = f"the lowering process ran past {timeout} s"
-    results = {}
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    got, started = {}, None
     for line in out.splitlines():
-        if line.startswith("RESULT "):
+        if line.startswith("START "):
+            started = line[len("START "):]
+        elif line.startswith("RESULT "):
             r = json.loads(line[len("RESULT "):])
-            results[r["case"]] = (r["ok"], r["msg"])
-    return {name: results.get(name, (False, f"{why}; stderr: {err[-3000:]}")) for name in specs}
+            got[r["case"]] = (r["ok"], r["msg"])
+    return got, (started if started not in got else None), proc.returncode, err, timed_out
+
+
+def lower_all(specs, timeout=LOWER_TIMEOUT_S):
+    """{name: (ok, message)} for every spec, lowered with the interpreter off in one subprocess (the imports once, not
+    once per case). A case that kills the process (a compiler abort, a segfault) fails with that and the process's
+    stderr, and the cases after it run in a fresh process; past ``timeout`` seconds in all, the running case fails as
+    timed out and the rest as not run. A process that exits with an error after reporting every case fails them."""
+    results, pending = {}, dict(specs)
+    deadline = time.monotonic() + timeout
+    while pending:
+        got, culprit, rc, err, timed_out = _lower_batch(pending, max(1.0, deadline - time.monotonic()))
+        results.update(got)
+        for name in got:
+            pending.pop(name)
+        if culprit is None and not pending:
+            if rc != 0:  # every case reported, then the process failed (e.g. at exit)
+                results.update({n: (False, f"the lowering process exited with {rc} after its cases; stderr: "
+                                           f"{err[-3000:]}") for n in got})
+            break
+        why = f"ran past {timeout} s" if timed_out else f"exited with {rc}"
+        if culprit is not None:
+            results[culprit] = (False, f"the lowering process {why} while lowering this case; stderr: {err[-3000:]}")
+            pending.pop(culprit)
+        if timed_out or culprit is None:  # (no case to blame: nothing would change on a retry)
+            results.update({n: (False, f"not lowered: the lowering process {why} before this case; stderr: "
+                                       f"{err[-3000:]}") for n in pending})
+            break
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -479,9 +514,27 @@ def test_each_ptx_check_can_fail(lowered, case):
     assert not ok and FAILING[case][1] in msg, msg
 
 
-def test_a_failing_case_does_not_hide_the_others(lowering_available):
-    """The batch reports each case on its own: a kernel that does not exist fails alone, its neighbours compile."""
+def test_a_failing_case_does_not_hide_the_others(lowering_available, tmp_path, monkeypatch):
+    """The batch reports each case on its own: a kernel that does not exist fails alone, and so does a case that kills
+    the process (a module that exits at import, as a compiler abort would), its neighbours compile all the same."""
+    (tmp_path / "exits_at_import.py").write_text("import os\nos._exit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     good = CASES["pad_rows"]
-    got = lower_all({"before": good, "missing": dict(good, kernel="no_such_kernel"), "after": good})
+    got = lower_all({"before": good, "missing": dict(good, kernel="no_such_kernel"),
+                     "crash": dict(good, module="exits_at_import"), "after": good})
     assert got["before"][0] and got["after"][0], got
     assert not got["missing"][0] and "no_such_kernel" in got["missing"][1], got
+    assert not got["crash"][0] and "exited with 3 while lowering this case" in got["crash"][1], got
+
+
+def test_a_hanging_case_fails_in_time(lowering_available, tmp_path, monkeypatch):
+    """A case that never ends fails as timed out once the batch's time is spent (the process group killed), and the
+    cases after it as not run: a hang cannot stall the suite."""
+    (tmp_path / "hangs_at_import.py").write_text("import time\ntime.sleep(600)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    good = CASES["pad_rows"]
+    t0 = time.monotonic()
+    got = lower_all({"hang": dict(good, module="hangs_at_import"), "after": good}, timeout=10)
+    assert time.monotonic() - t0 < 60
+    assert not got["hang"][0] and "ran past 10 s while lowering this case" in got["hang"][1], got
+    assert not got["after"][0] and "not lowered" in got["after"][1], got

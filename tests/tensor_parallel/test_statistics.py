@@ -8,7 +8,8 @@ log_softmax / logsumexp within 1e-4 absolute.
 
 V = 300 pads to 512: with 4 ranks of 128 rows, rank 3 holds only padding (a shard with
 no probability mass), rank 2 is partly padding. Beyond 2 ranks two of the four cases run:
-each reduction and each transport once.
+each reduction and each transport once, so (candidates, collective) and (group_logmass, peer)
+meet a padding-only shard only with FSDIST_TEST_EVERY_CASE=1.
 """
 import pytest
 import torch
