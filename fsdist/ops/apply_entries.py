@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ..processing import SENTINEL, LogitProcessing, has_entries
 from .processors import processed_logit
-from .utils import pinned_products_ok
+from .utils import cdiv, next_pow2, pinned_products_ok
 
 _SENTINEL = tl.constexpr(SENTINEL)
 
@@ -76,9 +76,9 @@ def launch_apply_entries(logits: torch.Tensor, processing: LogitProcessing, id_l
     on_gpu = logits.device.type == "cuda"
     # GPU: a program per (row, 256 entries). Interpreter: a program's cost is mostly fixed (and
     # the run loop is Python), so whole rows and many of them per program.
-    block_s = min(256 if on_gpu else 4096, max(16, triton.next_power_of_2(S)))
-    block_r = 1 if on_gpu else max(1, min(triton.next_power_of_2(B), 16384 // block_s))
-    apply_entries_kernel[(triton.cdiv(B, block_r), triton.cdiv(S, block_s))](
+    block_s = min(256 if on_gpu else 4096, max(16, next_pow2(S)))
+    block_r = 1 if on_gpu else max(1, min(next_pow2(B), 16384 // block_s))
+    apply_entries_kernel[(cdiv(B, block_r), cdiv(S, block_s))](
         logits, logits.stride(0), int(id_lo), logits.shape[1], ent, processing.values, ent.stride(0), S, B,
         processing.penalties, processing.penalties.stride(0), BLOCK_R=block_r, BLOCK_S=block_s,
         PINNED=pinned_products_ok(logits.device), num_warps=4 if block_s >= 128 else 1)

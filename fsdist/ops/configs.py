@@ -19,10 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-import triton
-
 from ..runtime import interpreting
-from .utils import pdl_supported
+from .utils import cdiv, next_pow2, pdl_supported
 
 
 @dataclass(frozen=True)
@@ -101,7 +99,7 @@ class TileConfig:
 
 
 def _block_k(hidden_size: int, cap: int) -> int:
-    return max(16, min(cap, triton.next_power_of_2(hidden_size)))
+    return max(16, min(cap, next_pow2(hidden_size)))
 
 
 def default_block_v(device_type: str) -> int:
@@ -122,7 +120,7 @@ def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int 
     block_v = block_v or default_block_v(device_type)
     if device_type == "cpu":
         # Interpreter: every program costs Python overhead, so use few, large ones.
-        return TileConfig(block_b=max(16, min(512, triton.next_power_of_2(batch))), block_v=block_v,
+        return TileConfig(block_b=max(16, min(512, next_pow2(batch))), block_v=block_v,
                           block_k=_block_k(hidden_size, 128), num_warps=4, num_stages=1)
     # Winners of bench/tune.py on an H200 (bench/results/tune_NVIDIA_H200_2026-11-21_v1-philox1x.json
     # and _v2-quads.json), the same for D = 4096 and 8192 within ~1%.
@@ -372,9 +370,9 @@ def chunk_rows_for(batch: int, V_rows: int, block_v: int, budget_bytes: int) -> 
     budget, all of about the same size (a small last chunk would run cuBLAS at a poor
     wave fill), in whole tiles of block_v."""
     cap = max(block_v, budget_bytes // (4 * max(batch, 1)) // block_v * block_v)  # rows that fit, >= 1 tile
-    n_chunks = triton.cdiv(V_rows, cap)
+    n_chunks = cdiv(V_rows, cap)
     # cdiv(V_rows, n_chunks) <= cap and cap is whole tiles, so rounding up stays within it.
-    return triton.cdiv(triton.cdiv(V_rows, n_chunks), block_v) * block_v
+    return cdiv(cdiv(V_rows, n_chunks), block_v) * block_v
 
 
 # Up to this batch size stage 1 is always the fused kernel: one batch tile covers the batch and

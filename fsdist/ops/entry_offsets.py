@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .prepare_processors import PROBES, SENTINEL, search_rounds
 from .processors import lower_bound
-from .utils import pdl_prologue
+from .utils import cdiv, next_pow2, pdl_prologue
 
 _PROBES = tl.constexpr(PROBES)
 _SENTINEL = tl.constexpr(SENTINEL)
@@ -109,8 +109,8 @@ def launch_entry_offsets(entries: torch.Tensor, values: torch.Tensor, first_id: 
     lanes = B * (n_tiles + 1)
     # GPU: 128 (row, bound) lanes a program (B = 1 at V = 151936: 10 programs). Interpreter: a
     # program's cost is mostly fixed, so few, wide ones.
-    block = 128 if dev.type == "cuda" else min(1 << 16, triton.next_power_of_2(lanes))
-    entry_offsets_kernel[(triton.cdiv(lanes, block),)](
+    block = 128 if dev.type == "cuda" else min(1 << 16, next_pow2(lanes))
+    entry_offsets_kernel[(cdiv(lanes, block),)](
         entries, values, entries.stride(0), S, search_rounds(S), out.offsets, out.offsets.stride(0), out.head,
         out.head_values, out.head.stride(0), B, n_tiles, int(first_id), int(tile), BLOCK=block, TRIGGER=bool(trigger),
         num_warps=4)

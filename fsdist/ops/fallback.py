@@ -42,7 +42,8 @@ from .parity import parity_args, parity_offsets
 from .processors import apply_processors, processor_args
 from .select_filtered import REFINE_CAP, finish_rows, kept_logits, order_key, row_slot_stats, tile_reaches
 from .top_logprobs import fill_free_ids, place_pick, top_n_normaliser
-from .utils import fast_log_ok, flagged_count, load_row_param, pdl_args, pdl_prologue, row_param_args, sm_count
+from .utils import (cdiv, fast_log_ok, flagged_count, load_row_param, next_pow2, pdl_args, pdl_prologue, row_param_args,
+                    sm_count)
 
 # Rows resolved per round on a GPU: one round covers B <= 64, so a decode batch pays two empty
 # launches when nothing falls back (a fp32 pool of 64 x 151936 = 39 MB at V = 151936, only in filtered calls).
@@ -494,7 +495,7 @@ def launch_materialize(hidden: torch.Tensor, weight: torch.Tensor, pool: PoolLay
     caller's next launch is such a dependent (configs.pdl_fallback)."""
     D = hidden.shape[1]
     on_gpu = hidden.device.type == "cuda"
-    n_tiles = triton.cdiv(weight.shape[0], kept.tile_v)
+    n_tiles = cdiv(weight.shape[0], kept.tile_v)
     if n_tiles != kept.layout.n_local:
         raise ValueError(f"{weight.shape[0]} weight rows in tiles of {kept.tile_v} are not the candidate "
                          f"layout's {kept.layout.n_local} tiles")
@@ -510,7 +511,7 @@ def launch_materialize(hidden: torch.Tensor, weight: torch.Tensor, pool: PoolLay
         hidden, weight, dest, flags, flags.shape[0], start, D, weight.shape[0], vocab_size, vocab_start,
         hidden.stride(0),
         shard * pool.stride_shard, pool.shard_cols, *proc_args, *bnd_args,
-        POOL=pool.rows, BLOCK_V=kept.tile_v, BLOCK_K=max(16, min(block_k, triton.next_power_of_2(D))),
+        POOL=pool.rows, BLOCK_V=kept.tile_v, BLOCK_K=max(16, min(block_k, next_pow2(D))),
         DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         DOT_UPCAST=hidden.dtype == torch.bfloat16 and not on_gpu, PEER_TABLE=npeers is not None,
         NPEERS=npeers or 1, **proc_flags, DEVICE_PARITY=par_on, SCAN=SCAN, num_warps=4 if kept.tile_v <= 128 else 8,
@@ -533,13 +534,13 @@ def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, fl
     # Lanes per gathered row: REFINE_CAP, or fewer where every tile and all of U fit in fewer (a
     # small vocabulary: the same rows fit, in less work per row; select_filtered's REFINE_CAP test
     # can then never reject one).
-    rcap = min(REFINE_CAP, triton.next_power_of_2(kept.layout.n_slots * (kept.tile_v + KEEP)))
+    rcap = min(REFINE_CAP, next_pow2(kept.layout.n_slots * (kept.tile_v + KEEP)))
     scratch_f = torch.empty(pool.rows * rcap, dtype=torch.float32, device=device)
     scratch_i = torch.empty(pool.rows * rcap, dtype=torch.int32, device=device)
     scratch_t = torch.empty(pool.rows * max(1, rcap // kept.tile_v), dtype=torch.int32, device=device)
     # At least 512 lanes: Triton 3.6 fails to compile this kernel for sm_90 with 16 warps over
     # [1, 64] kept-logit tensors (TritonGPURemoveLayoutConversions); the extra lanes are masked.
-    block_u = max(512, triton.next_power_of_2(kept.layout.n_slots * KEEP))
+    block_u = max(512, next_pow2(kept.layout.n_slots * KEEP))
     block = 8192 if on_gpu else 1024
     # GPU: a pooled row per program. Interpreter: as many as fit Triton's 2**20-element tensors
     # ([rows, lanes] with the widest of U's lanes, the gathered logits and a pass's step): all 256
@@ -547,12 +548,12 @@ def launch_resolve(pool: PoolLayout, src: torch.Tensor, params: RowParams, *, fl
     block_r = 1 if on_gpu else min(pool.rows, max(1, 2**20 // max(block_u, rcap, block)))
     # A whole-row pass over the pool is latency-bound (one program per row): 8,192 logits per
     # step halves the steps of 4,096 (no spills at 16 warps, sm_90).
-    resolve_kernel[(triton.cdiv(pool.rows, block_r),)](
+    resolve_kernel[(cdiv(pool.rows, block_r),)](
         src, pool.shard_cols, flags, flags.shape[0], start, vocab_size, *args,
         tokens, logprobs if logprobs is not None else tokens,
         top_ids if top_ids is not None else tokens, top_lp if top_lp is not None else tokens,
         *buf_args, scratch_f, scratch_i, scratch_t,
-        **pflags, BLOCK=block, TOP_N=top_n, TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)),
+        **pflags, BLOCK=block, TOP_N=top_n, TOP_N_POW2=next_pow2(max(top_n, 1)),
         MODE=LOGPROBS_MODES.index(mode), LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device),
         POOL=pool.rows, BLOCK_R=block_r, KEEP=KEEP, BLOCK_U=block_u,
         TILE_V=kept.tile_v, RCAP=rcap, DEVICE_PARITY=par_on, SCAN=SCAN, num_warps=16 if on_gpu else 4,

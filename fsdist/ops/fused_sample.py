@@ -39,7 +39,7 @@ from .entry_offsets import HEAD as ENTRY_HEAD, launch_entry_offsets
 from .fused_sample_ws import WS_BLOCK_B, WS_BLOCK_K, WS_BLOCK_V, last_tile_boxes, launch_fused_ws, ws_supported
 from .processors import process_tile, processor_args, row_penalties, table_slice, tile_bitmask_words
 from .step_check import call_flags, write_row_fingerprints, write_step_record, writes_header
-from .utils import fast_log_ok, load_row_param, pdl_args, pdl_prologue, row_param_args, sm_count, stagger_start
+from .utils import cdiv, fast_log_ok, load_row_param, pdl_args, pdl_prologue, row_param_args, sm_count, stagger_start
 
 
 @triton.jit(do_not_specialize=["first_wave", "stagger_ns"])  # (one compile whatever the SM count and the delay)
@@ -238,7 +238,7 @@ def tile_operand(hidden: torch.Tensor, block_b: int, min_rows: int = None) -> to
     else:  # (the half rule was measured on one-tile batches only, v65 / v68)
         pad = block_b >= PAD_TILE_ROWS or (block_b >= PAD_HALF_TILE_ROWS and B < block_b and 2 * rest <= block_b)
     # the pad rows' logits are computed, never sampled: zeros keep them finite
-    return pad_rows(hidden, triton.cdiv(B, block_b) * block_b) if pad else hidden
+    return pad_rows(hidden, cdiv(B, block_b) * block_b) if pad else hidden
 
 
 def ws_box_rows(batch: int, block_b: int) -> int:
@@ -248,7 +248,7 @@ def ws_box_rows(batch: int, block_b: int) -> int:
     to one 64-row box); else 0 (one box of the tile's rows, on tile_operand's hidden)."""
     if not WS_BOX_ROWS or block_b > WS_BOX_TILE_ROWS or batch >= block_b:
         return 0
-    return WS_BOX_ROWS if 4 * triton.cdiv(batch, WS_BOX_ROWS) * WS_BOX_ROWS <= 3 * block_b else 0
+    return WS_BOX_ROWS if 4 * cdiv(batch, WS_BOX_ROWS) * WS_BOX_ROWS <= 3 * block_b else 0
 
 
 def ws_last_box_rows(batch: int, block_b: int) -> int:
@@ -322,8 +322,8 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         eoff_args, pdl = (dummy, 0, dummy, dummy, 0), False
     # The first-wave stagger where it pays (configs.stagger_applies: NVIDIA GPU, one batch tile, several waves).
     sms = sm_count(hidden.device) if hidden.device.type == "cuda" else 0
-    stagger = stagger_applies(cfg, hidden.device, triton.cdiv(B, cfg.block_b), n_vtiles, sms)
-    fused_sample_kernel[(triton.cdiv(B, cfg.block_b), n_vtiles)](
+    stagger = stagger_applies(cfg, hidden.device, cdiv(B, cfg.block_b), n_vtiles, sms)
+    fused_sample_kernel[(cdiv(B, cfg.block_b), n_vtiles)](
         h_arg, w_arg,
         seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
         dest.f, dest.i,

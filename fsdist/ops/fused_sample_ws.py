@@ -46,7 +46,7 @@ from .prepare_processors import PROBES as _PROBES_INT
 from .processors import (process_tile, processor_args, row_penalties, slice_heads, span_allowed, span_words,
                          split_slices)
 from .step_check import call_flags, write_record_words, write_row_fingerprints, writes_header
-from .utils import fast_log_ok, load_row_param, row_param_args, sm_count
+from .utils import cdiv, fast_log_ok, load_row_param, row_param_args, sm_count
 
 try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this path is off.
     from triton.experimental import gluon
@@ -507,7 +507,7 @@ def hidden_boxes(batch: int, block_b: int, box_rows: int = 0) -> tuple:
         return block_b, 1
     if box_rows % 8 or block_b % box_rows or box_rows <= 0:
         raise ValueError(f"box_rows must be a positive multiple of 8 dividing block_b ({block_b}), got {box_rows}")
-    return box_rows, triton.cdiv(batch, box_rows)
+    return box_rows, cdiv(batch, box_rows)
 
 
 def last_tile_boxes(batch: int, block_b: int, last_box_rows: int = 0) -> tuple:
@@ -520,7 +520,7 @@ def last_tile_boxes(batch: int, block_b: int, last_box_rows: int = 0) -> tuple:
     rest = batch % block_b
     if not last_box_rows or block_b != 2 * WGMMA_ROWS or rest == 0 or rest > WGMMA_ROWS:
         return 0, 0
-    return last_box_rows, triton.cdiv(rest, last_box_rows)
+    return last_box_rows, cdiv(rest, last_box_rows)
 
 
 def persistent_grid(sms: int, n_btiles: int, n_tiles: int, short_last: bool, grid_cap: int = 0) -> tuple:
@@ -623,7 +623,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         B = batch
     V_rows = weight.shape[0]
     n_vtiles = layout.check_fit(B, V_rows, WS_BLOCK_V, shard, vocab_start)
-    n_btiles = triton.cdiv(B, block_b)
+    n_btiles = cdiv(B, block_b)
     n_tiles = n_btiles * n_vtiles
     gdt = gl.bfloat16 if hidden.dtype == torch.bfloat16 else gl.float16
     smem = gl.NVMMASharedLayout.get_default_for([block_b, WS_BLOCK_K], gdt)
@@ -657,7 +657,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         h_desc, hl_desc, w_desc, seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
         dest.f, dest.i, B, V_rows, vocab_size, vocab_start,
         dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i, layout.stride_slot,
-        n_btiles, n_tiles, 0 if epilogue_only else triton.cdiv(D, WS_BLOCK_K), layout.stride_field,
+        n_btiles, n_tiles, 0 if epilogue_only else cdiv(D, WS_BLOCK_K), layout.stride_field,
         layout.stride_ifield, *proc_args, par_p, par_f, par_i, layout.fingerprint_slot,
         call_flags(logprobs, chunked=False) if flags is None else flags, xfp_p, xfp_v,
         STAGES=stages, EPI_WARPS=epilogue_warps, EPI_REGS=epi_regs, LOAD_REGS=WS_LOAD_REGS,

@@ -45,7 +45,7 @@ from .noise import STREAM_GROUP, gumbel
 from .parity import parity_args, parity_offsets
 from .step_check import (HeaderCheck, judge_headers, load_headers, write_row_fingerprints, write_step_record,
                          writers_block)
-from .utils import load_row_param, row_param_args
+from .utils import cdiv, load_row_param, next_pow2, row_param_args
 
 # fp32 fields per rank and row: 0 the log-probability of the rank's local sample within its
 # shard, 1 the shard's largest raw logit M_k, 2 log S_k (S_k = sum exp((logit - M_k) / T)).
@@ -212,7 +212,7 @@ def group_select_kernel(
 
 def _block_rows(batch: int, device: torch.device) -> int:
     if device.type == "cpu":  # interpreter: few, large programs
-        return min(1024, max(16, triton.next_power_of_2(batch)))
+        return min(1024, max(16, next_pow2(batch)))
     return 128
 
 
@@ -237,7 +237,7 @@ def launch_group_publish(tokens: torch.Tensor, logprobs: torch.Tensor, stats: to
     seed_p, seed_v, seed_row = row_param_args(p.seed, dest.i)
     off_p, off_v, off_row = row_param_args(p.offset, dest.i)
     temp_p, temp_v, temp_row = row_param_args(p.temperature, dest.i)
-    group_publish_kernel[(triton.cdiv(B, block),)](
+    group_publish_kernel[(cdiv(B, block),)](
         tokens, logprobs, stats, dest.f, dest.i,
         dest.base_f + rank * layout.stride_rank, dest.base_i + rank * layout.stride_rank_i, layout.stride_field, B,
         par_p, par_f, par_i,
@@ -268,7 +268,7 @@ def launch_group_select(layout: ExchangeLayout, src: BufferPair, batch: int, par
         temp_p, temp_v, temp_row = row_param_args(params.temperature, dummy)
         block = _block_rows(batch, device)
         par_p, par_f, par_i, par_on = parity_args(src.parity, dummy)
-        group_select_kernel[(triton.cdiv(batch, block),)](
+        group_select_kernel[(cdiv(batch, block),)](
             src.f, src.i, src.base_f, src.base_i, layout.stride_rank, layout.stride_field, layout.stride_rank_i,
             layout.n_ranks,
             seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),

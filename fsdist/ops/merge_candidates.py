@@ -34,7 +34,7 @@ from .epilogue import row_temperature
 from .layout import BufferPair, CandidateLayout, slot_offset
 from .parity import parity_args, parity_offsets
 from .step_check import HeaderCheck, judge_headers, last_program_finishes_step, load_headers, writers_block
-from .utils import load_row_param, pdl_args, pdl_prologue, row_param_args
+from .utils import cdiv, load_row_param, next_pow2, pdl_args, pdl_prologue, row_param_args
 
 
 @triton.jit
@@ -196,16 +196,16 @@ def launch_merge(layout: CandidateLayout, src: BufferPair, batch: int, params: R
     st = torch.empty(2, batch, dtype=torch.float32, device=device) if stats else tokens
     if batch:
         if device.type == "cpu":  # interpreter: few, large programs
-            block_r = min(128, max(16, triton.next_power_of_2(batch)))
-            block_s = min(triton.next_power_of_2(layout.n_slots), 2048)
+            block_r = min(128, max(16, next_pow2(batch)))
+            block_s = min(next_pow2(layout.n_slots), 2048)
         else:
             # Latency bound: many programs of a few rows each, one pass over <= 1024 slots,
             # so a decode batch spreads over SMs instead of looping in one program.
-            block_r, block_s = (2 if batch <= 64 else 4), min(triton.next_power_of_2(layout.n_slots), 1024)
+            block_r, block_s = (2 if batch <= 64 else 4), min(next_pow2(layout.n_slots), 1024)
         block_r, block_s = blocks or (block_r, block_s)
         par_p, par_f, par_i, par_on = parity_args(src.parity, src.i)
         temp_p, temp_v, temp_row = row_param_args(params.temperature, src.i)
-        merge_candidates_kernel[(triton.cdiv(batch, block_r),)](
+        merge_candidates_kernel[(cdiv(batch, block_r),)](
             src.f, src.i, tokens, lp, lse, st,
             batch, layout.n_slots, layout.n_local, src.base_f, src.base_i, layout.stride_shard,
             layout.stride_shard_i, layout.stride_field, layout.stride_slot, par_p, par_f, par_i,

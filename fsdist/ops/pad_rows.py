@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .utils import cdiv
+
 # Elements a program writes (a power of two): 64 rows x 4,096 columns of bf16 in 32 programs.
 PAD_BLOCK = 8192
 
@@ -35,6 +37,6 @@ def pad_rows(hidden: torch.Tensor, rows: int) -> torch.Tensor:
     out = hidden.new_empty(rows, D)
     total = rows * D
     if total:
-        pad_rows_kernel[(triton.cdiv(total, PAD_BLOCK),)](hidden, out, B, D, hidden.stride(0), total,
-                                                          BLOCK=PAD_BLOCK, num_warps=8)
+        pad_rows_kernel[(cdiv(total, PAD_BLOCK),)](hidden, out, B, D, hidden.stride(0), total,
+                                                   BLOCK=PAD_BLOCK, num_warps=8)
     return out

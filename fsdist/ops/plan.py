@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import triton
 
 from ..params import RowParams
 from .configs import STAGE1_PATHS, TileConfig, choose_path, pick_config
@@ -21,6 +20,7 @@ from .fused_sample_ws import ws_device
 from .layout import KEEP, BufferPair, CandidateLayout
 from .sample_logits import launch_chunked
 from .step_check import call_flags
+from .utils import cdiv
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     roomy = extended or n_fields == CandidateLayout.fields(True, extended=True)
     if extended:
         n_fields = CandidateLayout.fields(logprobs, extended=True)
-    layout = CandidateLayout(n_fields or CandidateLayout.fields(logprobs), triton.cdiv(weight_rows, cfg.block_v),
+    layout = CandidateLayout(n_fields or CandidateLayout.fields(logprobs), cdiv(weight_rows, cfg.block_v),
                              max(batch_cap or batch, 1), n_shards, checked, 1 + KEEP if roomy else 1)
     return SamplePlan(path, cfg, layout, bool(logprobs), bool(extended), bool(raw_sums),
                       bool(logprobs or winner_logits))

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .sort_entries import launch_sort_entries, rank_sort_pays
 from .step_check import fold_processor_fingerprint
-from .utils import load_row_param
+from .utils import cdiv, load_row_param, next_pow2
 
 SENTINEL = 2**31 - 1  # an entry past every tile (kept equal to fsdist.processing.SENTINEL)
 KIND_BIAS, KIND_OUTPUT, KIND_PROMPT = 0, 1, 2
@@ -266,7 +266,7 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
         raise ValueError(f"temperature_out must be an fp32 tensor of at least {batch} elements")
     temp = _param(1.0 if temperature is None else temperature, values)
     fp = _fingerprint_args(fingerprint_out, fingerprint_xor, bitmask, batch, entries)
-    s_pow2 = max(16, triton.next_power_of_2(S))
+    s_pow2 = max(16, next_pow2(S))
     on_gpu = device.type == "cuda"
     if sort is None:
         sort = default_sort(on_gpu, batch, S)
@@ -276,13 +276,13 @@ def launch_prepare(batch: int, vocab_size: int, device: torch.device, *, bias_id
     # so many rows per program (and no bitonic sort by default: the interpreter runs tl.sort's
     # xor-reductions element by element, seconds per call). tests/ops/test_prepare_processors.py
     # checks that the three sorts agree.
-    block_r = 1 if on_gpu or sort == "bitonic" else max(1, min(triton.next_power_of_2(batch), 8192 // s_pow2))
+    block_r = 1 if on_gpu or sort == "bitonic" else max(1, min(next_pow2(batch), 8192 // s_pow2))
     fits = key32_fits(vocab_size, s_pow2)
     key32 = fits if key32 is None else bool(key32)
     if key32 and not fits and sort == "bitonic":  # (only the in-kernel sort uses the key)
         raise ValueError(f"32-bit sort keys do not fit rows of {s_pow2} slots at vocab_size {vocab_size}")
     num_warps = prepare_warps(s_pow2) if num_warps is None else int(num_warps)
-    prepare_processors_kernel[(triton.cdiv(batch, block_r),)](
+    prepare_processors_kernel[(cdiv(batch, block_r),)](
         bi, bi_s, bv, bv_s, K, oi, oi_s, L, pi, pi_s, P,
         rep[0], rep[1], freq[0], freq[1], pres[0], pres[1],
         entries, values, entries.stride(0), pen, pen.stride(0), bad, batch, vocab_size,

@@ -35,7 +35,7 @@ from .noise import gumbel_from_bits, vocab_quad_bits
 from .parity import parity_args, parity_offsets
 from .processors import apply_processors, processor_args
 from .step_check import call_flags, write_row_fingerprints, write_step_record, writes_header
-from .utils import fast_log_ok, load_row_param, row_param_args
+from .utils import cdiv, fast_log_ok, load_row_param, next_pow2, row_param_args
 
 
 @triton.jit
@@ -225,10 +225,10 @@ def launch_sample_logits(logits: torch.Tensor, params: RowParams, layout: Candid
     if block_b is None:
         # GPU (bench/epilogue_bench.py, H100 and H200): 16-row blocks while that still fills
         # the SMs, 32 rows on 8 warps past B = 128. Interpreter: few, big programs.
-        block_b = (16 if B <= 128 else 32) if on_gpu else max(16, min(256, triton.next_power_of_2(B)))
+        block_b = (16 if B <= 128 else 32) if on_gpu else max(16, min(256, next_pow2(B)))
     if num_warps is None:
         num_warps = 8 if block_b >= 32 and on_gpu else 4
-    grid = (triton.cdiv(B, block_b), triton.cdiv(tiles[1] - tiles[0], tiles_per_program))
+    grid = (cdiv(B, block_b), cdiv(tiles[1] - tiles[0], tiles_per_program))
     proc_args, proc_flags = processor_args(params.processing, dummy, sparse_in_tile)
     sample_logits_kernel[grid](
         logits, logits.stride(0), tiles[0], tiles[1],
@@ -286,7 +286,7 @@ def launch_chunked(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams
         logits = chunk_logits(hidden, weight[r0:r1], buf[: B * (r1 - r0)].view(B, r1 - r0))
         launch_apply_entries(logits, params.processing, vocab_start + r0)
         launch_sample_logits(logits, params, layout, dest, block_v=cfg.block_v,
-                             tiles=(r0 // cfg.block_v, triton.cdiv(r1, cfg.block_v)), V_rows=V_rows,
+                             tiles=(r0 // cfg.block_v, cdiv(r1, cfg.block_v)), V_rows=V_rows,
                              vocab_size=vocab_size, vocab_start=vocab_start, shard=shard, logprobs=logprobs,
                              extended=extended, flags=flags, sparse_in_tile=False, raw_sums=raw_sums,
                              winner_logit=winner_logit)

@@ -103,7 +103,7 @@ from .noise import gumbel_from_bits, vocab_bits
 from .merge_candidates import slot_winner, store_merged
 from .parity import parity_args, parity_offsets
 from .top_logprobs import fill_free_ids, place_pick, top_n_normaliser
-from .utils import fast_log_ok, load_row_param, pdl_args, pdl_prologue, pdl_wait_point, row_param_args
+from .utils import cdiv, fast_log_ok, load_row_param, next_pow2, pdl_args, pdl_prologue, pdl_wait_point, row_param_args
 
 MODE_SCALED, MODE_RAW, MODE_PROCESSED = 0, 1, 2
 # Most kept logits above the boundary a row may have for the packed search (else all of U
@@ -999,12 +999,12 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     par_p, par_f, par_i, par_on = parity_args(src.parity, dummy)
     on_gpu = device.type == "cuda"
     # GPU: one row per program, a decode batch spreads over the SMs. Interpreter: big blocks.
-    block_u = triton.next_power_of_2(layout.n_slots * KEEP)
+    block_u = next_pow2(layout.n_slots * KEEP)
     if on_gpu and merge:
         # At least 512 lanes (the extra ones masked): Triton 3.6 fails to compile the folded merge for sm_90 over
         # a small vocabulary's [1, 32] kept logits on 16 warps (TritonGPU layout inference; lowering case).
         block_u = max(512, block_u)
-    block_r = 1 if on_gpu else max(1, min(1024, triton.next_power_of_2(batch), 2 ** 16 // block_u))
+    block_r = 1 if on_gpu else max(1, min(1024, next_pow2(batch), 2 ** 16 // block_u))
     block_r = rows_per_program or block_r
     cap = DEFAULT_SEARCH_CAP if cap is None else cap
     if cap < 0 or cap & (cap - 1):
@@ -1048,7 +1048,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
     # Beside the merge, this kernel writes its scratch (scratch_f / small_f ...) before waiting for the merge: these
     # allocations must not reuse memory the merge still writes. They cannot: the merge's outputs (tokens, logprobs,
     # lse) are alive, held by the caller, and launch_merge frees no temporary its kernel writes.
-    select_filtered_kernel[(triton.cdiv(batch, block_r),)](
+    select_filtered_kernel[(cdiv(batch, block_r),)](
         src.f, src.i, src.base_f, src.base_i, par_p, par_f, par_i,
         batch, layout.n_slots, layout.n_local, layout.stride_shard, layout.stride_shard_i, layout.stride_field,
         layout.stride_ifield, layout.stride_slot,
@@ -1060,7 +1060,7 @@ def launch_select_filtered(layout: CandidateLayout, src: BufferPair, batch: int,
         lse if lse is not None else dummy,
         **flags,
         BLOCK_R=block_r, BLOCK_U=block_u, KEEP=KEEP, TOP_N=top_n,
-        TOP_N_POW2=triton.next_power_of_2(max(top_n, 1)), MODE=LOGPROBS_MODES.index(mode),
+        TOP_N_POW2=next_pow2(max(top_n, 1)), MODE=LOGPROBS_MODES.index(mode),
         LOGPROBS=logprobs is not None, FAST_LOG=fast_log_ok(device), DEVICE_PARITY=par_on,
         PACK=cap > 0, CAP=max(cap, 1), SEARCHED=searched is not None, TILE_V=tile_v, REFINE_CAP=refine_cap,
         SMALL_CAP=small, WIDE_CAP=wide, SCRATCH_LANES=lanes, DREW=drew_small is not None, WINNERS=winners,

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .utils import cdiv, next_pow2
+
 # When the rank sort is chosen over the preparation's in-kernel bitonic sort (one program a row, on a
 # GPU). The bitonic sort's cost is latency, nearly flat in B but steep in the row's width; the rank
 # sort's grows with B x S^2. Measured on an H200 (2026-11-26, bench/prepare_probe.py):
@@ -82,9 +84,9 @@ def launch_sort_entries(entries: torch.Tensor, values: torch.Tensor):
     on_gpu = entries.device.type == "cuda"
     # GPU: 64 entries a program (B = 1, S = 1,000: 16 programs, each ~64k comparisons).
     # Interpreter: a program's cost is mostly fixed, so whole rows.
-    block_i = 64 if on_gpu else min(1024, triton.next_power_of_2(S))
-    block_j = 128 if on_gpu else min(1024, triton.next_power_of_2(S))
-    sort_entries_kernel[(B, triton.cdiv(S, block_i))](
+    block_i = 64 if on_gpu else min(1024, next_pow2(S))
+    block_j = 128 if on_gpu else min(1024, next_pow2(S))
+    sort_entries_kernel[(B, cdiv(S, block_i))](
         entries, values, out_e, out_v, entries.stride(0), out_e.stride(0), S,
         BLOCK_I=block_i, BLOCK_J=block_j, num_warps=4)
     return out_e, out_v

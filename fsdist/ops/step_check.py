@@ -36,6 +36,7 @@ import triton.language as tl
 from .layout import BufferPair, store_fan_out
 from .noise import philox_bits
 from .parity import parity_args, parity_offsets
+from .utils import cdiv, next_pow2
 
 RECORD_WORDS = 4  # step, batch, flags, error
 # Flags of a call (record word 2): everything that changes what the merge must do.
@@ -136,7 +137,7 @@ def filter_fingerprint(top_k, top_p, min_p):
         else:
             args.append((out, _filter_bits(x, is_int)))  # out: a pointer the kernel never reads
     (kp, kb), (pp, pb), (mp, mb) = args
-    grid = (triton.cdiv(max(B, 1), FINGERPRINT_BLOCK),)
+    grid = (cdiv(max(B, 1), FINGERPRINT_BLOCK),)
     filter_fingerprint_kernel[grid](out, kp, kb, pp, pb, mp, mb, B,
                                     K_ROW=isinstance(top_k, torch.Tensor), P_ROW=isinstance(top_p, torch.Tensor),
                                     M_ROW=isinstance(min_p, torch.Tensor), BLOCK=FINGERPRINT_BLOCK)
@@ -367,7 +368,7 @@ def judge_headers(records, prints, sticky, me, n_writers, mask, status_ptr, NW: 
 
 def writers_block(n_writers: int) -> int:
     """The NW of load_headers / judge_headers for ``n_writers`` writers (a power of two, at least 2)."""
-    return max(2, triton.next_power_of_2(int(n_writers)))
+    return max(2, next_pow2(int(n_writers)))
 
 
 @triton.jit
