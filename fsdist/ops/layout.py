@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from .parity import DeviceParity
+from .utils import cdiv
 
 N_FIELDS_SAMPLE = 1  # score only
 N_FIELDS_LOGPROBS = 4  # score, winner's logit, tile max, tile sum
@@ -110,7 +111,7 @@ class CandidateLayout:
             raise ValueError(f"batch {batch} exceeds the candidate buffer's capacity {self.batch_cap}")
         if vocab_start % 4:
             raise ValueError(f"vocab_start must be a multiple of 4 (the noise is drawn in quads), got {vocab_start}")
-        n_vtiles = -(-weight_rows // block_v)
+        n_vtiles = cdiv(weight_rows, block_v)
         if n_vtiles != self.n_local or not 0 <= shard < self.n_shards:
             raise ValueError(f"candidate layout {self} does not fit {weight_rows} rows in tiles of "
                              f"{block_v} (shard {shard})")

@@ -44,7 +44,7 @@ def search_rounds(width: int, probes: int = PROBES) -> int:
     round leaves at most ceil(span / probes) - 1 of a span of candidate positions."""
     rounds, span = 0, int(width)
     while span > 0:
-        span = -(-span // probes) - 1
+        span = cdiv(span, probes) - 1
         rounds += 1
     return rounds
 

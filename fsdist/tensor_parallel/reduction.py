@@ -24,6 +24,7 @@ import torch
 from ..ops.plan import SamplePlan, plan_sample, raw_sums_needed, winner_logits_needed
 from ..ops.step_check import (HeaderCheck, call_flags, launch_end_step, launch_step_record, launch_verify_step,
                               new_ticket, STATUS_PEER_TIMEOUT)
+from ..ops.utils import cdiv
 from ..params import LOGPROBS_MODES, RowParams
 from .health import StepMonitor
 from .testing import HeadTestSeam
@@ -94,7 +95,7 @@ class Reduction:
         self.device = device
         self.rank = transport.rank
         self.tp = transport.world_size
-        self.n_local = -(-partition.rows // block_v)  # vocabulary tiles per rank
+        self.n_local = cdiv(partition.rows, block_v)  # vocabulary tiles per rank
         self.capacity = 0
         # The group's answer to configs.fast_memory (the head sets it after construction agrees on it).
         self.fast_memory = False
