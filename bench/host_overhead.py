@@ -58,6 +58,8 @@ def main() -> int:
     C.add_problem_options(p)
     p.add_argument("--head", default="", help="comma list of transports for a ShardedFlashLMHead (needs a "
                    "torch.distributed launch, e.g. launch/torchrun.sh 1 ...)")
+    p.add_argument("--filters", action="store_true", help="also time top-k 50 + top-p 0.9 and min-p 0.05 calls "
+                   "([B] device tensors), whose host path plans and launches more (select_filtered, the fallback)")
     p.add_argument("--profile", action="store_true")
     args = p.parse_args()
     device, D, V, batches, iters, dtype = C.problem_from_args(args, gpu_iters=50, cpu_iters=3)
@@ -83,6 +85,14 @@ def main() -> int:
         seed = torch.arange(B, device=device) * 7 + 1
         off = torch.zeros(B, dtype=torch.int64, device=device)
         methods = {"fsdist.sample": lambda: fsdist.sample(h, W, temperature=temp, seed=seed, offset=off)}
+        if args.filters:
+            top_k = torch.full((B, ), 50, dtype=torch.int64, device=device)
+            top_p = torch.full((B, ), 0.9, device=device)
+            min_p = torch.full((B, ), 0.05, device=device)
+            methods["sample k50+p0.9"] = lambda: fsdist.sample(h, W, temperature=temp, seed=seed, offset=off,
+                                                               top_k=top_k, top_p=top_p)
+            methods["sample min_p0.05"] = lambda: fsdist.sample(h, W, temperature=temp, seed=seed, offset=off,
+                                                                min_p=min_p)
         for t, head in heads.items():
             methods[f"head/{t}"] = (lambda _h=head: _h(h, temperature=temp, seed=seed, offset=off))
         for name, fn in methods.items():
