@@ -13,6 +13,10 @@ temperature / seed / offset, 4 calls a graph), side by side:
 
     python3 bench/wide_tile_probe.py [--shapes 4096x151936,8192x128256] [--batches 128,192,256,384,512,768,1024]
 
+``--stage1`` times stage 1 alone instead (CUDA events, L2 flushed, medians; the check first as above): each tile
+with `[B]` parameters (noise), all-greedy (no noise: the main loop with the lightest epilogue) and with its main loop
+skipped (``epilogue_only``: the epilogue's own time), to split a difference between the main loop and the epilogue.
+
 Prints a table last; the JSON goes to $OUT (default bench/results) as wide_tile_probe_<gpu>_<date>.json. sm_90 only.
 """
 import common as C  # first: the repo root on sys.path, fsdist.env.apply_safe_env() before torch
@@ -107,6 +111,63 @@ def check_cell(D, V, B, dev, stages, failures):
     C.log(f"check D={D} V={V} B={B}: {n} comparisons")
 
 
+def stage1_table(args, dev, stages, failures, flush) -> int:
+    from fsdist.timing import median_us
+
+    rows = []
+    for shape in args.shapes.split(","):
+        D, V = (int(x) for x in shape.split("x"))
+        g = torch.Generator(device=dev).manual_seed(7)
+        W = (torch.randn(V, D, device=dev, generator=g) * D ** -0.5).to(torch.bfloat16)
+        for B in (int(x) for x in args.batches.split(",")):
+            h = tile_operand(torch.randn(B, D, device=dev, generator=g).to(torch.bfloat16), 128, min_rows=1)
+            noisy = serving_params(B, dev, g)
+            greedy = RowParams(0.0, 0, 0)
+            cell = {"D": D, "V": V, "B": B, "cublas": median_us(lambda: F.linear(h[:B], W), flush=flush,
+                                                                reps=args.reps)}
+            tiles = [("ws128", 128, 4)] + [(f"wide_s{s}", WS_WIDE_BLOCK_V, s) for s in stages]
+            for name, bv, st in tiles:
+                lay = CandidateLayout(1, cdiv(V, bv), B)
+                buf = BufferPair.alloc(lay, dev)
+                for kind, params, epi in (("", noisy, False), ("_greedy", greedy, False), ("_epi", noisy, True)):
+                    def call(params=params, epi=epi, lay=lay, buf=buf, bv=bv, st=st):
+                        launch_fused_ws(h, W, params, lay, buf, vocab_size=V, batch=B, stages=st, block_v=bv,
+                                        epilogue_only=epi)
+                    try:
+                        cell[name + kind] = median_us(call, flush=flush, reps=args.reps)
+                    except Exception as e:  # noqa: BLE001
+                        failures.append(f"D={D} B={B} {name}{kind}: {type(e).__name__}: {str(e)[:300]}")
+                        cell[name + kind] = None
+            rows.append(cell)
+            C.log(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in cell.items()))
+    return report(args, dev, rows, failures, "stage 1 alone, CUDA events, L2 flushed, µs (ratio to cublas)",
+                  "wide_tile_stage1")
+
+
+def report(args, dev, rows, failures, title, stem) -> int:
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"{stem}_{C.gpu_slug(dev)}_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
+    with open(path, "w") as f:
+        json.dump({"schema": C.SCHEMA, "env": C.env_info(), "rows": rows, "failures": failures,
+                   "command": " ".join(os.sys.argv)}, f, indent=1, default=str)
+    names = [k for k in rows[0] if k not in ("D", "V", "B")] if rows else []
+    print(f"\n{title}")
+    print(f"{'D':>5} {'B':>5} " + " ".join(f"{n:>16}" for n in names))
+    for r in rows:
+        base = r.get("cublas")
+        cells = []
+        for n in names:
+            v = r.get(n)
+            cells.append(f"{'-':>16}" if v is None else
+                         f"{v:9.1f} ({v / base:4.2f})" if base else f"{v:16.1f}")
+        print(f"{r['D']:>5} {r['B']:>5} " + " ".join(cells))
+    print(f"failures: {len(failures)}")
+    for fl in failures:
+        print("  " + fl)
+    print(f"results: {path}")
+    return 1 if failures else 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="4096x151936,8192x128256")
@@ -114,6 +175,7 @@ def main() -> int:
     p.add_argument("--stages", default="3,4", help="the wide tile's stage counts to run")
     p.add_argument("--check-cells", default="4096x1000:200,4096x151936:128,8192x128256:384,4096x151936:1000")
     p.add_argument("--reps", type=int, default=40)
+    p.add_argument("--stage1", action="store_true", help="time stage 1 alone: noise, greedy, epilogue only")
     p.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     args = p.parse_args()
     dev = torch.device("cuda")
@@ -126,6 +188,8 @@ def main() -> int:
             check_cell(D, V, int(b), dev, stages, failures)
     flush = L2Flusher(dev)
     rows = []
+    if args.stage1:
+        return stage1_table(args, dev, stages, failures, flush)
     for shape in args.shapes.split(","):
         D, V = (int(x) for x in shape.split("x"))
         g = torch.Generator(device=dev).manual_seed(7)
@@ -161,28 +225,8 @@ def main() -> int:
                     cell[name] = None
             rows.append(cell)
             C.log(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in cell.items()))
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"wide_tile_probe_{C.gpu_slug(dev)}_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-                                  ".json")
-    with open(path, "w") as f:
-        json.dump({"schema": C.SCHEMA, "env": C.env_info(), "rows": rows, "failures": failures,
-                   "command": " ".join(os.sys.argv)}, f, indent=1, default=str)
-    names = [k for k in rows[0] if k not in ("D", "V", "B")] if rows else []
-    print("\ngraph replays, L2 flushed, [B] parameters, µs (ratio to cublas)")
-    print(f"{'D':>5} {'B':>5} " + " ".join(f"{n:>16}" for n in names))
-    for r in rows:
-        base = r.get("cublas")
-        cells = []
-        for n in names:
-            v = r.get(n)
-            cells.append(f"{'-':>16}" if v is None else
-                         f"{v:9.1f} ({v / base:4.2f})" if base else f"{v:16.1f}")
-        print(f"{r['D']:>5} {r['B']:>5} " + " ".join(cells))
-    print(f"failures: {len(failures)}")
-    for fl in failures:
-        print("  " + fl)
-    print(f"results: {path}")
-    return 1 if failures else 0
+    return report(args, dev, rows, failures, "graph replays, L2 flushed, [B] parameters, µs (ratio to cublas)",
+                  "wide_tile_probe")
 
 
 if __name__ == "__main__":
