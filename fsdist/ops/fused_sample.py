@@ -36,8 +36,7 @@ from .noise import gumbel_from_bits, vocab_bits_tile
 from .pad_rows import pad_rows
 from .parity import parity_args, parity_offsets
 from .entry_offsets import HEAD as ENTRY_HEAD, launch_entry_offsets
-from .fused_sample_ws import (WS_BLOCK_B, WS_BLOCK_K, WS_BLOCK_V, WS_WIDE_BLOCK_V, last_tile_boxes, launch_fused_ws,
-                              ws_supported)
+from .fused_sample_ws import WS_BLOCK_B, WS_BLOCK_K, WS_BLOCK_V, last_tile_boxes, launch_fused_ws, ws_supported
 from .processors import process_tile, processor_args, row_penalties, table_slice, tile_bitmask_words
 from .step_check import call_flags, write_row_fingerprints, write_step_record, writes_header
 from .utils import cdiv, fast_log_ok, load_row_param, pdl_args, pdl_prologue, row_param_args, sm_count, stagger_start
@@ -296,12 +295,12 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         # (the tile sums up to their summation order). A partial last tile may read a padded hidden (tile_operand),
         # or run as half a tile (ws_last_box_rows).
         box = ws_box_rows(B, ws_rows)
-        last = 0 if box or cfg.block_v != WS_BLOCK_V else ws_last_box_rows(B, ws_rows)  # (not on the wide tile)
+        last = 0 if box else ws_last_box_rows(B, ws_rows)
         launch_fused_ws(hidden if box or last else tile_operand(hidden, ws_rows), weight, params, layout, dest,
                         vocab_size=vocab_size, vocab_start=vocab_start, shard=shard, stages=cfg.num_stages,
                         epilogue_warps=8 if cfg.num_warps >= 8 else 4, block_b=ws_rows, logprobs=logprobs,
                         extended=extended, raw_sums=raw_sums, winner_logit=winner_logit, batch=B, flags=flags,
-                        box_rows=box, last_box_rows=last, block_v=cfg.block_v)
+                        box_rows=box, last_box_rows=last)
         return
     cfg = triton_twin(cfg, D)  # what the Triton kernel runs of a config meant for the warp-specialised one
     V_rows = weight.shape[0]
@@ -357,10 +356,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
 
 
 def _ws_tile(cfg: TileConfig) -> bool:
-    """The tiles the warp-specialised kernel runs (128 or 64 x 128 x 64, and the wide 128 x 256 x 64, TMA)."""
-    if cfg.block_v == WS_WIDE_BLOCK_V:  # 48 KB a stage: 4 x 48 KB + 32 KB is at the limit
-        return (cfg.tma and cfg.block_b == WS_BLOCK_B and cfg.block_k == WS_BLOCK_K and cfg.max_regs is None
-                and 2 <= cfg.num_stages <= 4)
+    """The tiles the warp-specialised kernel runs (128 or 64 x 128 x 64, TMA)."""
     return (cfg.tma and cfg.block_b in (WS_BLOCK_B, 64) and (cfg.block_v, cfg.block_k) == (WS_BLOCK_V, WS_BLOCK_K)
             and cfg.max_regs is None and 3 <= cfg.num_stages <= 5)  # 6 x 32 KB + 32 KB: at the limit
 

@@ -73,21 +73,6 @@ WS_ROW_THREADS = 8  # rows a warp spans in the epilogue's layout
 WS_EPILOGUE_WARPS = 4
 WS_REGISTERS = {4: (168, 232), 8: (128, 160)}
 WS_LOAD_REGS = 24
-# The wide tile (issue 14, B > 64, plain calls): 128 rows x WS_WIDE_BLOCK_V ids, multiplied by two MMA warpgroups
-# (WS_WIDE_MMA_WARPS; each wgmma 64 x 256 x 16, 128 accumulator registers a thread) that share one shared-memory copy of
-# the weight tile, where the 128 x 128 tile's single warpgroup reads a copy of half the width per 64-row wgmma: per
-# product the shared-memory traffic (copy-engine writes and wgmma operand reads) falls by a fifth (v79's profile: the
-# shared-memory pipe was the busiest). The accumulator reaches the epilogue in WS_CHUNK-column chunks through the same
-# 32 KB buffer. The MMA warpgroups issue the copies themselves (_mma_load_partition): ptxas needs >= 154 registers a
-# thread for that wgmma, which 8 + 4 warps allow (12 x 32 x 168 <= 64K) and 8 + a load warp (a warpgroup's share) + 4
-# do not. Registers: (maxnreg, epilogue; the MMA warpgroups keep what is left, 160). Stages: 48 KB each, 3 or 4
-# (+ 32 KB for the hand-off: 4 stages use 224 of the 227 KB).
-WS_WIDE_BLOCK_V = 256
-WS_WIDE_MMA_WARPS = 8
-WS_WIDE_REGISTERS = (168, 184)
-WS_WIDE_ROW_THREADS = 16  # rows a warp spans in its epilogue (8 spills ~550 bytes a thread at 184 registers, 16 ~20)
-WS_WIDE_STAGES = 3
-WS_CHUNK = triton.language.constexpr(64)  # columns of the accumulator a hand-off carries
 WGMMA_ROWS = 64  # the rows of one warpgroup's wgmma: a short last tile (last_box_rows) runs one of them a k-step
 _PROBES = triton.language.constexpr(_PROBES_INT)  # the entry search's probes per round (processors.py)
 HEAD_N = triton.language.constexpr(4)  # entries per (row, column half) walked from registers (processors.py)
@@ -162,23 +147,6 @@ if HAVE_GLUON:
                                 STAGES, H_BOXES)
 
     @gluon.jit
-    def _column_halves(x):
-        """x [rows, n] as its columns 0 .. n/2 - 1 and n/2 .. n - 1 (in the wgmma layout a column bit past the third
-        is a register bit: the split moves no data)."""
-        return gl.split(gl.permute(gl.reshape(x, [x.shape[0], 2, x.shape[1] // 2]), (0, 2, 1)))
-
-    @gluon.jit
-    def _hand_off(x, acc_smem, acc_ready, acc_empty, hc, ROWS: gl.constexpr, WHOLE: gl.constexpr):
-        """One chunk of the accumulator to the epilogue, once it has read the previous one out; the advanced hc."""
-        mbarrier.wait(acc_empty, (hc & 1) ^ 1)
-        if WHOLE:
-            acc_smem.store(x)
-        else:
-            acc_smem.slice(0, ROWS).store(x)
-        mbarrier.arrive(acc_ready)
-        return hc + 1
-
-    @gluon.jit
     def _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc, k_steps,
                   ROWS: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr, WHOLE: gl.constexpr):
         """One tile's main loop over the first ROWS rows of the stages (WHOLE: all of them) and its hand-off; the
@@ -200,14 +168,25 @@ if HAVE_GLUON:
             it += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k_steps > 0)
-        # Hand the tile to the epilogue in WS_CHUNK-column chunks through one 32 KB buffer, each once the epilogue
-        # has read the previous one out. A short tile fills the buffer's first ROWS rows: the epilogue reads the
-        # others too (an earlier tile's values, or never-written shared memory), for rows past the batch, which it
-        # never stores.
-        left, right = _column_halves(acc)
-        hc = _hand_off(left, acc_smem, acc_ready, acc_empty, hc, ROWS, WHOLE)
-        hc = _hand_off(right, acc_smem, acc_ready, acc_empty, hc, ROWS, WHOLE)
-        return it, hc
+        # Hand the tile to the epilogue in two column halves through one 32 KB buffer, each
+        # once the epilogue has read the previous one out. (Column 64 is a register bit of
+        # the wgmma layout: the split moves no data.) A short tile fills the buffer's first ROWS rows: the
+        # epilogue reads the others too (an earlier tile's values, or never-written shared memory), for rows past
+        # the batch, which it never stores.
+        left, right = gl.split(gl.permute(gl.reshape(acc, [ROWS, 2, BLOCK_V // 2]), (0, 2, 1)))
+        mbarrier.wait(acc_empty, (hc & 1) ^ 1)
+        if WHOLE:
+            acc_smem.store(left)
+        else:
+            acc_smem.slice(0, ROWS).store(left)
+        mbarrier.arrive(acc_ready)
+        mbarrier.wait(acc_empty, hc & 1)
+        if WHOLE:
+            acc_smem.store(right)
+        else:
+            acc_smem.slice(0, ROWS).store(right)
+        mbarrier.arrive(acc_ready)
+        return it, hc + 2
 
     @gluon.jit
     def _mma_partition(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles, k_steps,
@@ -231,57 +210,6 @@ if HAVE_GLUON:
             else:
                 it, hc = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc, k_steps,
                                    BLOCK_B, BLOCK_V, STAGES, True)
-
-    @gluon.jit
-    def _issue_load(j, h_desc, w_desc, h_bufs, w_bufs, ready, n_btiles, k_steps, BLOCK_B: gl.constexpr,
-                    BLOCK_V: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, ROTATE: gl.constexpr):
-        """The copies of this program's j-th k-step (over all its tiles, in order) into stage j % STAGES."""
-        t = gl.program_id(0) + (j // k_steps) * gl.num_programs(0)
-        k = j % k_steps
-        pid_b, pid_v = _tile_coords(t, n_btiles, ROTATE)
-        s = j % STAGES
-        mbarrier.expect(ready.index(s), h_desc.block_type.nbytes + w_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(h_desc, [pid_b * BLOCK_B, k * BLOCK_K], ready.index(s), h_bufs.index(s))
-        tma.async_copy_global_to_shared(w_desc, [pid_v * BLOCK_V, k * BLOCK_K], ready.index(s), w_bufs.index(s))
-
-    @gluon.jit
-    def _mma_load_partition(h_desc, w_desc, h_bufs, w_bufs, ready, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles,
-                            k_steps, BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_K: gl.constexpr,
-                            STAGES: gl.constexpr, ROTATE: gl.constexpr):
-        # The wide tile's two MMA warpgroups issue their own copies: a separate load warp would take a warpgroup's
-        # registers (a partition's warps are rounded up to one), and the 64 x 256 x 16 wgmma needs more than 16
-        # warps leave a thread (>= 154 of 64K / 512). The copies run STAGES - 1 k-steps ahead, over tile
-        # boundaries; a stage is refilled as soon as the wgmma that read it has retired, so no "empty" barriers.
-        pid = gl.program_id(0)
-        total = gl.cdiv(n_tiles - pid, gl.num_programs(0)) * k_steps  # this program's k-steps, all its tiles
-        for j in gl.static_range(STAGES - 1):
-            if j < total:
-                _issue_load(j, h_desc, w_desc, h_bufs, w_bufs, ready, n_btiles, k_steps, BLOCK_B, BLOCK_V, BLOCK_K,
-                            STAGES, ROTATE)
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                             instr_shape=[16, BLOCK_V, 16])
-        it = 0
-        hc = 0
-        for t in range(pid, n_tiles, gl.num_programs(0)):
-            acc = gl.zeros([BLOCK_B, BLOCK_V], gl.float32, acc_layout)
-            for k in range(k_steps):
-                s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                acc = warpgroup_mma(h_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-                # the previous k-step's wgmma has retired: its stage takes the copies STAGES - 1 k-steps ahead
-                if it + STAGES - 1 < total:
-                    _issue_load(it + STAGES - 1, h_desc, w_desc, h_bufs, w_bufs, ready, n_btiles, k_steps, BLOCK_B,
-                                BLOCK_V, BLOCK_K, STAGES, ROTATE)
-                it += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            left, right = _column_halves(acc)
-            q0, q1 = _column_halves(left)
-            q2, q3 = _column_halves(right)
-            hc = _hand_off(q0, acc_smem, acc_ready, acc_empty, hc, BLOCK_B, True)
-            hc = _hand_off(q1, acc_smem, acc_ready, acc_empty, hc, BLOCK_B, True)
-            hc = _hand_off(q2, acc_smem, acc_ready, acc_empty, hc, BLOCK_B, True)
-            hc = _hand_off(q3, acc_smem, acc_ready, acc_empty, hc, BLOCK_B, True)
 
     @gluon.jit
     def _half_bits(seed, offset, first_id, HALF: gl.constexpr, quad_layout: gl.constexpr):
@@ -442,107 +370,77 @@ if HAVE_GLUON:
                 h1 = h0
                 hv1 = hv0
 
-            if BLOCK_V > 2 * WS_CHUNK:
-                # The wide tile (plain calls only: ws_supported): its chunks in column order, a later one winning
-                # only when strictly larger (ties to the lower id), as the halves below.
-                best, at, bad, _l, _c = _epilogue_half(acc_smem, acc_ready, acc_empty, hc & 1, 0, seed, offset,
-                                                       noise_scale, tile_start, V_rows, vocab_size, vocab_start,
-                                                       offs_b, mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr,
-                                                       ent_stride, s0, n0, h0, hv0, rep, freq, pres, WS_CHUNK,
-                                                       NOISE, FAST_LOG, quad_layout, False, False, PINNED, False)
-                for c in gl.static_range(1, BLOCK_V // WS_CHUNK):
-                    best_c, at_c, bad_c, _l, _c = _epilogue_half(acc_smem, acc_ready, acc_empty, (hc + c) & 1, c,
-                                                                 seed, offset, noise_scale, tile_start, V_rows,
-                                                                 vocab_size, vocab_start, offs_b, mask_b, bm_ptr,
-                                                                 bm_stride, ent_ptr, val_ptr, ent_stride, s0, n0, h0,
-                                                                 hv0, rep, freq, pres, WS_CHUNK, NOISE, FAST_LOG,
-                                                                 quad_layout, False, False, PINNED, False)
-                    take = best_c > best
-                    best = gl.where(take, best_c, best)
-                    at = gl.where(take, at_c, at)
-                    bad = bad | bad_c
-                hc += BLOCK_V // WS_CHUNK
-                dst = buf_offset + pid_v * stride_slot + offs_b
-                dst_i = buf_offset_i + pid_v * stride_slot + offs_b
-                best = gl.convert_layout(best, row_layout)
-                at = gl.convert_layout(at, row_layout)
-                poisoned = gl.convert_layout(bad > 0, row_layout) | bad_temp
-                score = gl.where(poisoned, float("nan"), best)
-                idx = gl.where(poisoned, -1, vocab_start + tile_start + at).to(gl.int32)
-                store_fan_out(cand_f, dst, score, mask_b, gl.float32, PEER_TABLE, NPEERS)
-                store_fan_out(cand_i, dst_i, idx, mask_b, gl.int32, PEER_TABLE, NPEERS)
-            else:
-                best0, at0, bad0, l0, col0 = _epilogue_half(acc_smem, acc_ready, acc_empty, hc & 1, 0, seed, offset,
-                                                            noise_scale, tile_start, V_rows, vocab_size, vocab_start,
-                                                            offs_b, mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr,
-                                                            ent_stride, s0, n0, h0, hv0, rep, freq, pres,
-                                                            HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
-                                                            PINNED, SPARSE and BLOCK_B > 64)
-                best1, at1, bad1, l1, col1 = _epilogue_half(acc_smem, acc_ready, acc_empty, (hc + 1) & 1, 1, seed,
-                                                            offset, noise_scale, tile_start, V_rows, vocab_size,
-                                                            vocab_start, offs_b, mask_b, bm_ptr, bm_stride, ent_ptr,
-                                                            val_ptr, ent_stride, s1, n1, h1, hv1, rep, freq, pres,
-                                                            HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
-                                                            PINNED, SPARSE and BLOCK_B > 64)
-                hc += 2
-                dst = buf_offset + pid_v * stride_slot + offs_b
-                dst_i = buf_offset_i + pid_v * stride_slot + offs_b
-                # Merge the halves: the second wins only when strictly larger (ties to the lower id).
-                take1 = best1 > best0
-                best = gl.convert_layout(gl.where(take1, best1, best0), row_layout)
-                at = gl.convert_layout(gl.where(take1, at1, at0), row_layout)
-                bad = gl.convert_layout((bad0 | bad1) > 0, row_layout)
-                poisoned = bad | bad_temp
-                score = gl.where(poisoned, float("nan"), best)
-                idx = gl.where(poisoned, -1, vocab_start + tile_start + at).to(gl.int32)
-                store_fan_out(cand_f, dst, score, mask_b, gl.float32, PEER_TABLE, NPEERS)
-                store_fan_out(cand_i, dst_i, idx, mask_b, gl.int32, PEER_TABLE, NPEERS)
-                if LOGPROBS:
-                    # epilogue.tile_stats / raw_sum over both halves (held in registers until the second
-                    # arrives: each exp needs the whole tile's max); the sums add the halves' partial sums.
-                    # The halves' padding is -inf already, so every column counts as valid.
-                    lay: gl.constexpr = l0.type.layout
-                    tmax = gl.maximum(gl.max(l0, axis=1), gl.max(l1, axis=1))
-                    it = gl.convert_layout(inv_t, gl.SliceLayout(1, lay))
-                    tsum = scaled_sum(l0, True, tmax, it) + scaled_sum(l1, True, tmax, it)
-                    store_fan_out(cand_f, 2 * stride_field + dst, gl.convert_layout(tmax, row_layout), mask_b,
+            best0, at0, bad0, l0, col0 = _epilogue_half(acc_smem, acc_ready, acc_empty, hc & 1, 0, seed, offset,
+                                                        noise_scale, tile_start, V_rows, vocab_size, vocab_start,
+                                                        offs_b, mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr,
+                                                        ent_stride, s0, n0, h0, hv0, rep, freq, pres,
+                                                        HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
+                                                        PINNED, SPARSE and BLOCK_B > 64)
+            best1, at1, bad1, l1, col1 = _epilogue_half(acc_smem, acc_ready, acc_empty, (hc + 1) & 1, 1, seed,
+                                                        offset, noise_scale, tile_start, V_rows, vocab_size,
+                                                        vocab_start, offs_b, mask_b, bm_ptr, bm_stride, ent_ptr,
+                                                        val_ptr, ent_stride, s1, n1, h1, hv1, rep, freq, pres,
+                                                        HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
+                                                        PINNED, SPARSE and BLOCK_B > 64)
+            hc += 2
+            dst = buf_offset + pid_v * stride_slot + offs_b
+            dst_i = buf_offset_i + pid_v * stride_slot + offs_b
+            # Merge the halves: the second wins only when strictly larger (ties to the lower id).
+            take1 = best1 > best0
+            best = gl.convert_layout(gl.where(take1, best1, best0), row_layout)
+            at = gl.convert_layout(gl.where(take1, at1, at0), row_layout)
+            bad = gl.convert_layout((bad0 | bad1) > 0, row_layout)
+            poisoned = bad | bad_temp
+            score = gl.where(poisoned, float("nan"), best)
+            idx = gl.where(poisoned, -1, vocab_start + tile_start + at).to(gl.int32)
+            store_fan_out(cand_f, dst, score, mask_b, gl.float32, PEER_TABLE, NPEERS)
+            store_fan_out(cand_i, dst_i, idx, mask_b, gl.int32, PEER_TABLE, NPEERS)
+            if LOGPROBS:
+                # epilogue.tile_stats / raw_sum over both halves (held in registers until the second
+                # arrives: each exp needs the whole tile's max); the sums add the halves' partial sums.
+                # The halves' padding is -inf already, so every column counts as valid.
+                lay: gl.constexpr = l0.type.layout
+                tmax = gl.maximum(gl.max(l0, axis=1), gl.max(l1, axis=1))
+                it = gl.convert_layout(inv_t, gl.SliceLayout(1, lay))
+                tsum = scaled_sum(l0, True, tmax, it) + scaled_sum(l1, True, tmax, it)
+                store_fan_out(cand_f, 2 * stride_field + dst, gl.convert_layout(tmax, row_layout), mask_b,
+                              gl.float32, PEER_TABLE, NPEERS)
+                store_fan_out(cand_f, 3 * stride_field + dst, gl.convert_layout(tsum, row_layout), mask_b,
+                              gl.float32, PEER_TABLE, NPEERS)
+                if WINNER_LOGIT:
+                    w0 = gl.max(gl.where(col0[None, :] == at0[:, None], l0, float("-inf")), axis=1)
+                    w1 = gl.max(gl.where(col1[None, :] == at1[:, None], l1, float("-inf")), axis=1)
+                    wl = gl.convert_layout(gl.where(best1 > best0, w1, w0), row_layout)
+                else:  # field 1 only feeds the winner's logprob, which this call does not return
+                    wl = score
+                store_fan_out(cand_f, 1 * stride_field + dst, wl, mask_b, gl.float32, PEER_TABLE, NPEERS)
+            if EXTENDED:
+                # epilogue.tile_topk: each half's 4 largest (the halves' columns never interleave), merged.
+                a0, a1, a2, a3, ac0, ac1, ac2, ac3, abnd = _half_top4(l0, col0)
+                b0, b1, b2, b3, bc0, bc1, bc2, bc3, bbnd = _half_top4(l1, col1)
+                ia = gl.zeros_like(ac0)
+                ib = gl.zeros_like(bc0)
+                id0 = vocab_start + tile_start
+                for j in gl.static_range(4):
+                    v, c, ia, ib = _merged_slot(ia, ib, a0, a1, a2, a3, ac0, ac1, ac2, ac3, b0, b1, b2, b3,
+                                                bc0, bc1, bc2, bc3)
+                    store_fan_out(cand_f, (5 + j) * stride_field + dst, gl.convert_layout(v, row_layout), mask_b,
                                   gl.float32, PEER_TABLE, NPEERS)
-                    store_fan_out(cand_f, 3 * stride_field + dst, gl.convert_layout(tsum, row_layout), mask_b,
+                    store_fan_out(cand_i, (1 + j) * stride_ifield + dst_i, gl.convert_layout(id0 + c, row_layout),
+                                  mask_b, gl.int32, PEER_TABLE, NPEERS)
+                # the boundary: the larger of the lists' next heads (a list used up: its own boundary)
+                na = gl.where(ia == 4, abnd, _pick4(ia, a0, a1, a2, a3))
+                nb = gl.where(ib == 4, bbnd, _pick4(ib, b0, b1, b2, b3))
+                store_fan_out(cand_f, 9 * stride_field + dst, gl.convert_layout(gl.maximum(na, nb), row_layout),
+                              mask_b, gl.float32, PEER_TABLE, NPEERS)
+                if RAW_SUM:
+                    rsum = raw_sum(l0, True, tmax) + raw_sum(l1, True, tmax)
+                    store_fan_out(cand_f, 4 * stride_field + dst, gl.convert_layout(rsum, row_layout), mask_b,
                                   gl.float32, PEER_TABLE, NPEERS)
-                    if WINNER_LOGIT:
-                        w0 = gl.max(gl.where(col0[None, :] == at0[:, None], l0, float("-inf")), axis=1)
-                        w1 = gl.max(gl.where(col1[None, :] == at1[:, None], l1, float("-inf")), axis=1)
-                        wl = gl.convert_layout(gl.where(best1 > best0, w1, w0), row_layout)
-                    else:  # field 1 only feeds the winner's logprob, which this call does not return
-                        wl = score
-                    store_fan_out(cand_f, 1 * stride_field + dst, wl, mask_b, gl.float32, PEER_TABLE, NPEERS)
-                if EXTENDED:
-                    # epilogue.tile_topk: each half's 4 largest (the halves' columns never interleave), merged.
-                    a0, a1, a2, a3, ac0, ac1, ac2, ac3, abnd = _half_top4(l0, col0)
-                    b0, b1, b2, b3, bc0, bc1, bc2, bc3, bbnd = _half_top4(l1, col1)
-                    ia = gl.zeros_like(ac0)
-                    ib = gl.zeros_like(bc0)
-                    id0 = vocab_start + tile_start
-                    for j in gl.static_range(4):
-                        v, c, ia, ib = _merged_slot(ia, ib, a0, a1, a2, a3, ac0, ac1, ac2, ac3, b0, b1, b2, b3,
-                                                    bc0, bc1, bc2, bc3)
-                        store_fan_out(cand_f, (5 + j) * stride_field + dst, gl.convert_layout(v, row_layout), mask_b,
-                                      gl.float32, PEER_TABLE, NPEERS)
-                        store_fan_out(cand_i, (1 + j) * stride_ifield + dst_i, gl.convert_layout(id0 + c, row_layout),
-                                      mask_b, gl.int32, PEER_TABLE, NPEERS)
-                    # the boundary: the larger of the lists' next heads (a list used up: its own boundary)
-                    na = gl.where(ia == 4, abnd, _pick4(ia, a0, a1, a2, a3))
-                    nb = gl.where(ib == 4, bbnd, _pick4(ib, b0, b1, b2, b3))
-                    store_fan_out(cand_f, 9 * stride_field + dst, gl.convert_layout(gl.maximum(na, nb), row_layout),
-                                  mask_b, gl.float32, PEER_TABLE, NPEERS)
-                    if RAW_SUM:
-                        rsum = raw_sum(l0, True, tmax) + raw_sum(l1, True, tmax)
-                        store_fan_out(cand_f, 4 * stride_field + dst, gl.convert_layout(rsum, row_layout), mask_b,
-                                      gl.float32, PEER_TABLE, NPEERS)
-                    else:  # only "raw" logprobs read it: NaN, so that a wrong reader shows
-                        store_fan_out(cand_f, 4 * stride_field + dst,
-                                      gl.full([BLOCK_B], float("nan"), gl.float32, row_layout), mask_b, gl.float32,
-                                      PEER_TABLE, NPEERS)
+                else:  # only "raw" logprobs read it: NaN, so that a wrong reader shows
+                    store_fan_out(cand_f, 4 * stride_field + dst,
+                                  gl.full([BLOCK_B], float("nan"), gl.float32, row_layout), mask_b, gl.float32,
+                                  PEER_TABLE, NPEERS)
 
     @gluon.jit
     def fused_sample_ws_kernel(h_desc, hl_desc, w_desc, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
@@ -573,7 +471,7 @@ if HAVE_GLUON:
         w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_V, BLOCK_K], w_desc.layout)
         # The accumulator hand-off, swizzled so the wgmma layout's row-strided stores and the
         # epilogue's quad loads spread over the banks.
-        acc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_B, WS_CHUNK],
+        acc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_B, BLOCK_V // 2],
                                              gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -585,36 +483,21 @@ if HAVE_GLUON:
         mbarrier.init(acc_ready, count=1)
         mbarrier.init(acc_empty, count=1)
 
-        if BLOCK_V > 2 * WS_CHUNK:  # the wide tile: the MMA warpgroups load for themselves
-            gl.warp_specialize([
-                (_mma_load_partition, (h_desc, w_desc, h_bufs, w_bufs, ready, acc_smem, acc_ready, acc_empty,
-                                       n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, BLOCK_K, STAGES, ROTATE)),
-                (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
-                                       temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
-                                       buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles, stride_field,
-                                       stride_ifield, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width,
-                                       search_steps, pen_ptr, pen_stride, parity_ptr, parity_stride_f,
-                                       parity_stride_i, hdr_off_i, flags, xfp_ptr, xfp_val, BLOCK_B, BLOCK_V,
-                                       EPI_WARPS, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG,
-                                       ROW_THREADS, LOGPROBS, EXTENDED, WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE,
-                                       PINNED, PEER_TABLE, NPEERS, DEVICE_PARITY, HEADER, XFP_PER_ROW, ROTATE)),
-            ], [EPI_WARPS], [EPI_REGS])
-        else:
-            gl.warp_specialize([
-                (_mma_partition, (h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles,
-                                  k_steps, BLOCK_B, BLOCK_V, STAGES, LAST_BOXES, ROTATE)),
-                (_load_partition, (h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
-                                   BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES, LAST_BOXES, ROTATE)),
-                (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
-                                       temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
-                                       buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles, stride_field,
-                                       stride_ifield, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width,
-                                       search_steps, pen_ptr, pen_stride, parity_ptr, parity_stride_f,
-                                       parity_stride_i, hdr_off_i, flags, xfp_ptr, xfp_val, BLOCK_B, BLOCK_V,
-                                       EPI_WARPS, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG,
-                                       ROW_THREADS, LOGPROBS, EXTENDED, WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE,
-                                       PINNED, PEER_TABLE, NPEERS, DEVICE_PARITY, HEADER, XFP_PER_ROW, ROTATE)),
-            ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
+        gl.warp_specialize([
+            (_mma_partition, (h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles,
+                              k_steps, BLOCK_B, BLOCK_V, STAGES, LAST_BOXES, ROTATE)),
+            (_load_partition, (h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
+                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES, LAST_BOXES, ROTATE)),
+            (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
+                                   temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
+                                   buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles, stride_field,
+                                   stride_ifield, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width,
+                                   search_steps, pen_ptr, pen_stride, parity_ptr, parity_stride_f, parity_stride_i,
+                                   hdr_off_i, flags, xfp_ptr, xfp_val, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW,
+                                   OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, ROW_THREADS, LOGPROBS, EXTENDED,
+                                   WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE, PINNED, PEER_TABLE, NPEERS, DEVICE_PARITY,
+                                   HEADER, XFP_PER_ROW, ROTATE)),
+        ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
 
 
 def hidden_boxes(batch: int, block_b: int, box_rows: int = 0) -> tuple:
@@ -678,20 +561,13 @@ def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     bf16 / fp16 operands TMA can read, the 128-id vocabulary tile (with or without the tensor-parallel
     fan-out, device parity and call header); logprobs, kept logits (filters, top-N) and processors
     (bitmask, bias, penalties) only on the 64-row batch tile (the epilogue then holds a whole tile's
-    logits, and has the registers for the processors' per-row state); the wide tile (128 x
-    WS_WIDE_BLOCK_V) for plain calls only. Everything else keeps
+    logits, and has the registers for the processors' per-row state). Everything else keeps
     fused_sample_kernel. Every candidate layout and destination is supported."""
     if not ws_device(hidden.device, hidden.dtype) or weight.dtype != hidden.dtype:
         return False
-    plain = not (logprobs or extended or params.processing is not None)
-    if not plain and (block_b != 64 or KEEP != 4):
+    if (logprobs or extended or params.processing is not None) and (block_b != 64 or KEEP != 4):
         return False
-    if block_v == WS_WIDE_BLOCK_V:
-        if not plain or block_b != WS_BLOCK_B:
-            return False
-    elif block_v != WS_BLOCK_V:
-        return False
-    if hidden.shape[0] == 0:
+    if block_v != WS_BLOCK_V or hidden.shape[0] == 0:
         return False
     elem = hidden.element_size()
     return all(t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * elem) % 16 == 0
@@ -700,11 +576,11 @@ def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
 
 def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, layout: CandidateLayout,
                     dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0,
-                    stages: int = WS_STAGES, row_threads: int = None,
+                    stages: int = WS_STAGES, row_threads: int = WS_ROW_THREADS,
                     epilogue_warps: int = WS_EPILOGUE_WARPS, grid_cap: int = 0, epilogue_only: bool = False,
                     block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
                     raw_sums: bool = True, winner_logit: bool = False, batch: int = None,
-                    flags: int = None, box_rows: int = 0, last_box_rows: int = 0, block_v: int = WS_BLOCK_V) -> None:
+                    flags: int = None, box_rows: int = 0, last_box_rows: int = 0) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
@@ -733,20 +609,9 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     k-step instead of two; each row's products the same), instead of a whole tile on a padded hidden: the same
     candidates for half the tile's MMA work (the epilogue still runs the tile's 128 rows, the unused ones never
     stored; the grid: :func:`persistent_grid`). It also needs the hidden's own rows; 0 (default), or another batch: the
-    last tile whole.
-    block_v: the vocabulary tile, WS_BLOCK_V (128) or the wide WS_WIDE_BLOCK_V (256: 128-row tiles of plain calls,
-    two MMA warpgroups, 4 epilogue warps, stages WS_WIDE_STAGES by default; neither box_rows nor last_box_rows); it
-    must be the layout's. Each row's tile winner over 256 ids is the larger of its two 128-id tiles' winners (the lower
-    id on ties), so stage 2 draws the same tokens from either layout."""
+    last tile whole."""
     if block_b not in (64, 128):
         raise ValueError(f"block_b must be 64 or 128, got {block_b}")
-    wide = block_v == WS_WIDE_BLOCK_V
-    if block_v not in (WS_BLOCK_V, WS_WIDE_BLOCK_V):
-        raise ValueError(f"block_v must be {WS_BLOCK_V} or {WS_WIDE_BLOCK_V}, got {block_v}")
-    if wide and (block_b != WS_BLOCK_B or logprobs or extended or params.processing is not None or box_rows
-                 or last_box_rows):
-        raise ValueError(f"the wide tile (block_v = {WS_WIDE_BLOCK_V}) runs plain calls on {WS_BLOCK_B}-row tiles, "
-                         "without box_rows / last_box_rows")
     if extended and not layout.extended:
         raise ValueError("kept logits need an extended candidate layout")
     if (logprobs or extended) and block_b != 64:
@@ -757,7 +622,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
             raise ValueError(f"batch must be in [1, {B}] (hidden's rows), got {batch}")
         B = batch
     V_rows = weight.shape[0]
-    n_vtiles = layout.check_fit(B, V_rows, block_v, shard, vocab_start)
+    n_vtiles = layout.check_fit(B, V_rows, WS_BLOCK_V, shard, vocab_start)
     n_btiles = cdiv(B, block_b)
     n_tiles = n_btiles * n_vtiles
     gdt = gl.bfloat16 if hidden.dtype == torch.bfloat16 else gl.float16
@@ -773,7 +638,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     h_desc = GluonDescriptor.from_tensor(hidden, [box, WS_BLOCK_K], smem)
     # (unused without last_boxes: the kernel then never reads it)
     hl_desc = GluonDescriptor.from_tensor(hidden, [last_box, WS_BLOCK_K], smem) if last_boxes else h_desc
-    w_desc = GluonDescriptor.from_tensor(weight, [block_v, WS_BLOCK_K], smem)
+    w_desc = GluonDescriptor.from_tensor(weight, [WS_BLOCK_V, WS_BLOCK_K], smem)
     dummy = dest.i
     seed_p, seed_v, seed_row = row_param_args(params.seed, dummy)
     off_p, off_v, off_row = row_param_args(params.offset, dummy)
@@ -784,12 +649,6 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     if epilogue_warps not in WS_REGISTERS:
         raise ValueError(f"epilogue_warps must be one of {sorted(WS_REGISTERS)}, got {epilogue_warps}")
     maxnreg, epi_regs = WS_REGISTERS[epilogue_warps]
-    mma_warps = 4
-    if wide:  # two MMA warpgroups beside 4 epilogue warps (WS_WIDE_REGISTERS)
-        mma_warps, epilogue_warps = WS_WIDE_MMA_WARPS, 4
-        maxnreg, epi_regs = WS_WIDE_REGISTERS
-    if row_threads is None:
-        row_threads = WS_WIDE_ROW_THREADS if wide else WS_ROW_THREADS
     # Token bitmask, bias and penalties: the epilogue gathers the bitmask words and searches each
     # row's entries itself (no entry-offset table: the searches run while the tile's MMAs do).
     proc_args, proc_flags = processor_args(params.processing, dummy)
@@ -807,7 +666,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         LOGPROBS=logprobs or extended, EXTENDED=extended, WINNER_LOGIT=logprobs or winner_logit, RAW_SUM=raw_sums,
         **proc_flags, PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1, DEVICE_PARITY=par_on, HEADER=header,
         XFP_PER_ROW=xfp_row, BLOCK_B=block_b, H_BOXES=boxes, LAST_BOXES=last_boxes, ROTATE=rotate,
-        num_warps=mma_warps, maxnreg=maxnreg,
+        num_warps=4, maxnreg=maxnreg,
     )
 
 

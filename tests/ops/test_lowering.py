@@ -411,17 +411,6 @@ CASES["stage1_ws_last_boxes"] = dict(CASES["stage1_ws_plain"],
                                      ptx_count={"cp.async.bulk.tensor": 6, "expect_tx.shared.b64 _, [%r": 2,
                                                 ", 32768;": 1, ", 19456;": 1})
 
-# The wide tile (issue 14: 128 x 256 x 64, plain calls): two MMA warpgroups (the kernel's 8 warps) that issue their
-# own copies (no load warp: 12 warps, 168 registers at launch), one 64 x 256 x 16 wgmma each a 16-wide k-step, 4 stages
-# of 48 KB expected (16 KB of the hidden + 32 KB of the weight), each stage's copies issued from the prologue (3) and
-# the main loop (1).
-CASES["stage1_ws_wide"] = dict(CASES["stage1_ws_plain"], num_warps=8, maxnreg=168,
-                               types=dict(WS_PLAIN_TYPES, w_desc="tensordesc<bf16[256, 64],NVMMA>"),
-                               constexprs=dict(WS_PLAIN, STAGES=4, EPI_WARPS=4, EPI_REGS=184, ROW_THREADS=16),
-                               ptx_has=["wgmma.mma_async.sync.aligned.m64n256k16"],
-                               ptx_lacks=["m64n128k16"],
-                               ptx_count={"cp.async.bulk.tensor": 8, "expect_tx.shared.b64 _, [%r": 4,
-                                          ", 49152;": 4})
 
 # The checks' power: specs a check must refuse, each with the message it must give.
 FAILING = {
