@@ -10,7 +10,9 @@ Triton's interpreter every launch ``kernel[grid](...)`` ends in ``InterpretedFun
 this script replaces that one method with a function that returns at once, so what is timed is
 fsdist's validation, planning, allocations and launch-argument building, and nothing of the
 kernels' bodies. Outputs are then uninitialised memory, which is fine: the host never reads a
-device value (no synchronisation), so the same host path runs whatever they hold.
+device value (no synchronisation), so the same host path runs whatever they hold; except on a CPU device,
+where the fallback counts its flagged rows on the host: the stub sets every bool argument (the flags) to
+True, so every filtered call runs one fallback round, as a GPU launches its rounds whatever the flags.
 
 What it does not measure: Triton's own launch cost on a GPU (argument specialisation, the
 driver), and the GPU-only host paths that the interpreter never takes (the warp-specialised
@@ -59,6 +61,12 @@ def stub_launches() -> dict:
         # (the real method also evaluates a callable grid; fsdist passes tuples)
         name = self.fn.__name__
         counts[name] = counts.get(name, 0) + 1
+        for a in args:
+            # Flag every row for the fallback: on a CPU device fallback.run_fallback counts the flagged rows on
+            # the host (a GPU launches every round without looking), so uninitialised flags would make the number
+            # of fallback launches vary from call to call.
+            if isinstance(a, torch.Tensor) and a.dtype == torch.bool:
+                a.fill_(True)
 
     InterpretedFunction.run = run
     return counts
