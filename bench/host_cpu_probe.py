@@ -11,8 +11,8 @@ this script replaces that one method with a function that returns at once, so wh
 fsdist's validation, planning, allocations and launch-argument building, and nothing of the
 kernels' bodies. Outputs are then uninitialised memory, which is fine: the host never reads a
 device value (no synchronisation), so the same host path runs whatever they hold; except on a CPU device,
-where the fallback counts its flagged rows on the host: the stub sets every bool argument (the flags) to
-True, so every filtered call runs one fallback round, as a GPU launches its rounds whatever the flags.
+where the fallback counts its flagged rows on the host: the probe sets select_filtered's flags to True, so
+every filtered call runs one fallback round, as a GPU launches its rounds whatever the flags.
 
 What it does not measure: Triton's own launch cost on a GPU (argument specialisation, the
 driver), and the GPU-only host paths that the interpreter never takes (the warp-specialised
@@ -46,6 +46,7 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 import fsdist  # noqa: E402
+from fsdist import sampling  # noqa: E402
 from fsdist.runtime import interpreting  # noqa: E402
 
 KINDS = ("plain", "topk_topp", "minp", "logprobs", "processors")
@@ -61,14 +62,17 @@ def stub_launches() -> dict:
         # (the real method also evaluates a callable grid; fsdist passes tuples)
         name = self.fn.__name__
         counts[name] = counts.get(name, 0) + 1
-        for a in args:
-            # Flag every row for the fallback: on a CPU device fallback.run_fallback counts the flagged rows on
-            # the host (a GPU launches every round without looking), so uninitialised flags would make the number
-            # of fallback launches vary from call to call.
-            if isinstance(a, torch.Tensor) and a.dtype == torch.bool:
-                a.fill_(True)
 
     InterpretedFunction.run = run
+    # Flag every row for the fallback: on a CPU device fallback.run_fallback counts the flagged rows on the host (a
+    # GPU launches every round without looking), so uninitialised flags would make the number of fallback launches
+    # vary from call to call.
+    select = sampling.launch_select_filtered
+
+    def select_flagging_every_row(*args, **kwargs):
+        return select(*args, **kwargs).fill_(True)
+
+    sampling.launch_select_filtered = select_flagging_every_row
     return counts
 
 
