@@ -4,7 +4,8 @@ Both callers, ``fsdist.sample`` and the tensor-parallel head, make their decisio
 and nowhere else: which stage-1 path (``fused``: logits tiles computed in the kernel;
 ``chunked``: cuBLAS logits per L2-sized vocabulary chunk, then a sampling pass), which
 tile configuration, and the candidate buffer's layout. A plan is a pure function of
-its inputs, so every tensor-parallel rank with the same batch plans the same launch.
+its inputs, so every tensor-parallel rank with the same batch plans the same launch (and a call
+reuses the plan of an earlier call with the same inputs: ``plan_sample``'s cache).
 :func:`launch_stage1` then runs a plan's stage 1; stage 2 is ``launch_merge``.
 """
 import functools
@@ -84,6 +85,10 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
         fast_memory = device_fast_memory(device)
     # What the plan asks of the device and of the environment, asked here on every call (so a changed answer, or a
     # test's stand-in, takes effect at once); the rest is a pure function of these answers and the arguments, cached.
+    # (the 64-row tile of calls with entries at B = 17-32 was measured on the warp-specialised kernel only: where
+    # that kernel cannot run, such calls keep the 32-row Triton tile)
+    # (and extended calls there at D <= 4096, measured on one GPU only: a checked layout, the TP heads', keeps
+    # the 32-row tile for them)
     extended_ws = extended and not checked
     ws = bool(sparse_processors or extended_ws) and ws_device(device, dtype)
     default_v = default_block_v(device.type)
@@ -106,10 +111,6 @@ def _plan(batch, hidden_size, weight_rows, device_type, logprobs, config, path, 
                                sparse_processors, fast_memory=fast_memory)
     if path not in STAGE1_PATHS:
         raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
-    # (the 64-row tile of calls with entries at B = 17-32 was measured on the warp-specialised kernel only: where
-    # that kernel cannot run, such calls keep the 32-row Triton tile)
-    # (and extended calls there at D <= 4096, measured on one GPU only: a checked layout, the TP heads', keeps
-    # the 32-row tile for them)
     extended_ws = extended and not checked
     cfg = config or pick_config(batch, hidden_size, device_type, block_v=block_v or default_v,
                                 fast_memory=fast_memory, extended=extended, sparse_processors=sparse_processors and ws,
@@ -125,9 +126,9 @@ def _plan(batch, hidden_size, weight_rows, device_type, logprobs, config, path, 
                       bool(logprobs or winner_logits))
 
 
-# A serving loop plans the same few shapes over and over (~10-30 µs of Python a call on a slow host); a plan is
-# frozen (its config and layout too), so one object serves every call with the same key. An exception (a bad path,
-# a block_v the config contradicts) is not cached: it is raised again at every such call.
+# A serving loop plans the same few shapes over and over (~6 µs of Python a call on a CPU, bench/host_cpu_probe.py,
+# more on a slower GPU host); a plan is frozen (its config and layout too), so one object serves every call with the
+# same key. An exception (a bad path, a block_v the config contradicts) is not cached: it is raised at every call.
 _cached_plan = functools.lru_cache(maxsize=256)(_plan)
 
 
