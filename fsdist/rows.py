@@ -62,6 +62,8 @@ def _table(x, name: str, lead: Tuple[int, ...], n: int):
 
 def flatten_row_args(lead: Tuple[int, ...], **params) -> dict:
     """The per-row parameters (by keyword) as scalars or [N] tensors."""
+    if len(lead) == 1:  # (2-D hidden: every parameter as given, what _row returns for each)
+        return params
     n = math.prod(lead)
     return {k: _row(v, k, lead, n) for k, v in params.items()}
 

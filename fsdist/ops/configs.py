@@ -254,6 +254,7 @@ def stagger_applies(cfg: TileConfig, device, batch_tiles: int, vocab_tiles: int,
             and batch_tiles == 1 and vocab_tiles >= STAGGER_MIN_WAVES * sms)
 
 
+@functools.lru_cache(maxsize=64)  # (pure; a filtered call asks it on every call: a new TileConfig is ~5 µs)
 def triton_twin(cfg: TileConfig, hidden_size: int) -> TileConfig:
     """The Triton kernel's config for a call ``cfg`` sends to the warp-specialised kernel when that kernel
     cannot run it: for the 64-row tile the Triton kernel's best 64-row tile (64x128x128 w8 s4: the 64x128x64

@@ -39,7 +39,8 @@ from .entry_offsets import HEAD as ENTRY_HEAD, launch_entry_offsets
 from .fused_sample_ws import WS_BLOCK_B, WS_BLOCK_K, WS_BLOCK_V, last_tile_boxes, launch_fused_ws, ws_supported
 from .processors import process_tile, processor_args, row_penalties, table_slice, tile_bitmask_words
 from .step_check import call_flags, write_row_fingerprints, write_step_record, writes_header
-from .utils import cdiv, fast_log_ok, load_row_param, pdl_args, pdl_prologue, row_param_args, sm_count, stagger_start
+from .utils import (cdiv, device_capability, fast_log_ok, load_row_param, pdl_args, pdl_prologue, row_param_args,
+                    sm_count, stagger_start)
 
 
 @triton.jit(do_not_specialize=["first_wave", "stagger_ns"])  # (one compile whatever the SM count and the delay)
@@ -264,7 +265,7 @@ def ws_last_box_rows(batch: int, block_b: int) -> int:
 def _tma_capable(device: torch.device) -> bool:
     if device.type == "cpu":
         return interpreting()  # Triton's interpreter emulates descriptor loads (tests)
-    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
+    return device.type == "cuda" and torch.version.hip is None and device_capability(device)[0] >= 9
 
 
 def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, cfg: TileConfig,

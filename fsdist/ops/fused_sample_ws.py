@@ -46,7 +46,7 @@ from .prepare_processors import PROBES as _PROBES_INT
 from .processors import (process_tile, processor_args, row_penalties, slice_heads, span_allowed, span_words,
                          split_slices)
 from .step_check import call_flags, write_record_words, write_row_fingerprints, writes_header
-from .utils import cdiv, fast_log_ok, load_row_param, row_param_args, sm_count
+from .utils import cdiv, device_capability, fast_log_ok, load_row_param, row_param_args, sm_count
 
 try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this path is off.
     from triton.experimental import gluon
@@ -552,7 +552,7 @@ def ws_device(device: torch.device, dtype: torch.dtype = None) -> bool:
         return False
     if dtype is not None and dtype not in (torch.bfloat16, torch.float16):
         return False
-    return torch.cuda.get_device_capability(device) == (9, 0)
+    return device_capability(device) == (9, 0)
 
 
 def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, *, logprobs: bool = False,

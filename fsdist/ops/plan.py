@@ -4,16 +4,18 @@ Both callers, ``fsdist.sample`` and the tensor-parallel head, make their decisio
 and nowhere else: which stage-1 path (``fused``: logits tiles computed in the kernel;
 ``chunked``: cuBLAS logits per L2-sized vocabulary chunk, then a sampling pass), which
 tile configuration, and the candidate buffer's layout. A plan is a pure function of
-its inputs, so every tensor-parallel rank with the same batch plans the same launch.
+its inputs, so every tensor-parallel rank with the same batch plans the same launch (and a call
+reuses the plan of an earlier call with the same inputs: ``plan_sample``'s cache).
 :func:`launch_stage1` then runs a plan's stage 1; stage 2 is ``launch_merge``.
 """
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from ..params import RowParams
-from .configs import STAGE1_PATHS, TileConfig, choose_path, pick_config
+from .configs import STAGE1_PATHS, TileConfig, choose_path, default_block_v, pick_config
 from .configs import fast_memory as device_fast_memory
 from .fused_sample import launch_fused
 from .fused_sample_ws import ws_device
@@ -81,18 +83,37 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     device = torch.device(device)
     if fast_memory is None:
         fast_memory = device_fast_memory(device)
-    path = path or choose_path(batch, hidden_size, device.type, dtype.itemsize if dtype is not None else 2,
-                               sparse_processors, fast_memory=fast_memory)
-    if path not in STAGE1_PATHS:
-        raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
+    # What the plan asks of the device and of the environment, asked here on every call (so a changed answer, or a
+    # test's stand-in, takes effect at once); the rest is a pure function of these answers and the arguments, cached.
     # (the 64-row tile of calls with entries at B = 17-32 was measured on the warp-specialised kernel only: where
     # that kernel cannot run, such calls keep the 32-row Triton tile)
     # (and extended calls there at D <= 4096, measured on one GPU only: a checked layout, the TP heads', keeps
     # the 32-row tile for them)
     extended_ws = extended and not checked
-    ws = (sparse_processors or extended_ws) and ws_device(device, dtype)
-    cfg = config or pick_config(batch, hidden_size, device.type, block_v=block_v, fast_memory=fast_memory,
-                                extended=extended, sparse_processors=sparse_processors and ws,
+    ws = bool(sparse_processors or extended_ws) and ws_device(device, dtype)
+    default_v = default_block_v(device.type)
+    key = (batch, hidden_size, weight_rows, device.type, logprobs, config, path, block_v, n_shards, batch_cap,
+           n_fields, checked, extended, dtype, raw_sums, winner_logits, sparse_processors, bool(fast_memory), ws,
+           default_v)
+    try:
+        hash(key)
+    except TypeError:  # (an unhashable argument, e.g. a symbolic batch size under tracing: plan it uncached)
+        return _plan(*key)
+    return _cached_plan(*key)
+
+
+def _plan(batch, hidden_size, weight_rows, device_type, logprobs, config, path, block_v, n_shards, batch_cap,
+          n_fields, checked, extended, dtype, raw_sums, winner_logits, sparse_processors, fast_memory, ws,
+          default_v) -> SamplePlan:
+    """plan_sample's decisions from its arguments and the device's answers (ws: the warp-specialised kernel runs
+    where the call would use it; default_v: the device's default vocabulary tile)."""
+    path = path or choose_path(batch, hidden_size, device_type, dtype.itemsize if dtype is not None else 2,
+                               sparse_processors, fast_memory=fast_memory)
+    if path not in STAGE1_PATHS:
+        raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
+    extended_ws = extended and not checked
+    cfg = config or pick_config(batch, hidden_size, device_type, block_v=block_v or default_v,
+                                fast_memory=fast_memory, extended=extended, sparse_processors=sparse_processors and ws,
                                 extended_ws=extended_ws and ws)
     if block_v is not None and cfg.block_v != block_v:
         raise ValueError(f"config.block_v = {cfg.block_v} but the buffers are laid out for block_v = {block_v}")
@@ -103,6 +124,12 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
                              max(batch_cap or batch, 1), n_shards, checked, 1 + KEEP if roomy else 1)
     return SamplePlan(path, cfg, layout, bool(logprobs), bool(extended), bool(raw_sums),
                       bool(logprobs or winner_logits))
+
+
+# A serving loop plans the same few shapes over and over (~6 µs of Python a call on a CPU, bench/host_cpu_probe.py,
+# more on a slower GPU host); a plan is frozen (its config and layout too), so one object serves every call with the
+# same key. An exception (a bad path, a block_v the config contradicts) is not cached: it is raised at every call.
+_cached_plan = functools.lru_cache(maxsize=256)(_plan)
 
 
 def launch_stage1(plan: SamplePlan, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams,

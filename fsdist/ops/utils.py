@@ -6,6 +6,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from ..runtime import interpreting
+
 
 @triton.jit
 def load_row_param(ptr, scalar, offs, mask, DTYPE: tl.constexpr, PER_ROW: tl.constexpr):
@@ -41,16 +43,35 @@ def pdl_prologue(WAIT: tl.constexpr, TRIGGER: tl.constexpr):
 def pdl_supported(device) -> bool:
     """Whether programmatic dependent launch can run on ``device``: an NVIDIA GPU of compute capability 9 or more
     (griddepcontrol) with a CUDA 12.3+ build of torch, never under the interpreter (it has no griddepcontrol)."""
-    from ..runtime import interpreting
-
     if getattr(device, "type", None) != "cuda" or torch.version.hip is not None or interpreting():
         return False
     # (CUDA 12.3+: a programmatic launch inside CUDA-graph capture, which serving stacks use)
-    cuda = tuple(int(x) for x in (torch.version.cuda or "0.0").split(".")[:2])
-    if cuda < (12, 3):
+    if _version_pair(torch.version.cuda) < (12, 3):
         return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    return device_capability(device)[0] >= 9
+
+
+@functools.lru_cache(maxsize=8)
+def _version_pair(version) -> tuple:
+    """(major, minor) of a version string such as torch.version.cuda ("12.8"); (0, 0) for None. Cached by the
+    string: a launch asks it several times a call."""
+    return tuple(int(x) for x in (version or "0.0").split(".")[:2])
+
+
+def device_capability(device) -> tuple:
+    """``torch.cuda.get_device_capability(device)`` (a CUDA torch.device or index), asked once per device: a sample
+    call asks it several times (PDL, the ws kernel, TMA), each a few µs of Python on a slow host. The cache is keyed
+    by the query function too, so that a stand-in installed in its place (tests monkeypatch
+    torch.cuda.get_device_capability) is asked, never a cached answer of the real one."""
+    if not isinstance(device, int):  # (a device without an index means the current one: key by its index)
+        device = torch.device(device)
+        device = device.index if device.index is not None else torch.cuda.current_device()
+    return _capability_of(torch.cuda.get_device_capability, device)
+
+
+@functools.lru_cache(maxsize=32)
+def _capability_of(query, index: int) -> tuple:
+    return tuple(query(index))
 
 
 def pdl_args(device, wait: bool = False, trigger: bool = False, late: bool = False) -> dict:
@@ -59,7 +80,8 @@ def pdl_args(device, wait: bool = False, trigger: bool = False, late: bool = Fal
     instruction: launch_select_filtered's ``late``): its PDL_LATE switch too, and ``launch_pdl`` where it is on. All
     off where ``pdl_supported(device)`` is not (a CPU, the interpreter, an older GPU): the launches then run in
     order, as without PDL."""
-    on = pdl_supported(device)
+    # (nothing asked: every switch is off whatever the device, so it is not asked)
+    on = bool(wait or trigger or late) and pdl_supported(device)
     wait, trigger, late_on = bool(wait) and on, bool(trigger) and on, bool(late) and on
     return dict(PDL_WAIT=wait, TRIGGER=trigger, **({"PDL_LATE": late_on} if late else {}),
                 **({"launch_pdl": True} if wait or late_on else {}))

@@ -157,6 +157,11 @@ def test_large_batch_config_runs_warp_specialised_where_it_can():
     # ... else the Triton kernel's 64-row tile; a 128-row ws tile keeps its tile on the Triton kernel
     assert configs.triton_twin(small, 4096).name == "64x128x128w8s4"
     assert configs.triton_twin(cfg, 4096).name == "128x128x64w8s5t"
+    # (cached: keyed by the config and the hidden size, the same twins as computed afresh)
+    assert configs.triton_twin(small, 64).block_k == 64 and configs.triton_twin(small, 4096).block_k == 128
+    for c in (small, cfg, configs.pick_config(16, 4096, "cuda")):
+        for d in (64, 4096):
+            assert configs.triton_twin(c, d) == configs.triton_twin.__wrapped__(c, d)
     assert not configs.pick_config(32, 4096, "cuda").ws
     with pytest.raises(ValueError, match="ws must be a bool"):
         TileConfig(128, 128, 64, ws="yes")
