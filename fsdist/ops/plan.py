@@ -129,6 +129,8 @@ def _plan(batch, hidden_size, weight_rows, device_type, logprobs, config, path, 
 # A serving loop plans the same few shapes over and over (~6 µs of Python a call on a CPU, bench/host_cpu_probe.py,
 # more on a slower GPU host); a plan is frozen (its config and layout too), so one object serves every call with the
 # same key. An exception (a bad path, a block_v the config contradicts) is not cached: it is raised at every call.
+# configs' module constants (SPARSE_WS_MIN_BATCH, FAST_MEMORY_FULL_TILE_ROWS, ...) are read inside: code that changes
+# one at run time (a probe) must call ``_cached_plan.cache_clear()`` after, or reuse plans of the old value.
 _cached_plan = functools.lru_cache(maxsize=256)(_plan)
 
 
