@@ -18,8 +18,9 @@ What it does not measure: Triton's own launch cost on a GPU (argument specialisa
 driver), and the GPU-only host paths that the interpreter never takes (the warp-specialised
 Hopper kernel, programmatic dependent launches, TMA descriptors, device queries such as the
 capability). It measures the host code that every device shares, plus a little that only a CPU
-runs (the processors' entries sorted by torch.sort and the fallback's host count of its rows). The CPU is also faster per Python operation than some GPU hosts
-(the H200's: ~5x), so compare before / after on one machine, not with GPU figures.
+runs (the processors' entries sorted by torch.sort and the fallback's host count of its rows). The CPU
+is also faster per Python operation than some GPU hosts (the H200's: ~4-5x), so compare before /
+after on one machine, not with GPU figures.
 
 Calls: the serving case, ``[B]`` tensors for temperature, seed and offset (distinct
 temperatures), and per kind: ``plain``; ``topk_topp`` (top-k 50 + top-p 0.9 as ``[B]``

@@ -5,7 +5,7 @@ under the lightest epilogue) and the epilogue alone (main loop skipped), each ov
 cell, with the 1.0 line (issue 14's yardstick) drawn across.
 
     python3 bench/plot_stage1_split.py bench/results/wide_tile_stage1_h200_20261203T195553Z_v82b.json \\
-        [--out docs/plots/wide_tile_stage1_h200_20261203.png]
+        --out docs/plots/wide_tile_stage1_h200_20261203_v82b.png   # (the committed plot)
 """
 import argparse
 import json

@@ -92,14 +92,17 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     extended_ws = extended and not checked
     ws = bool(sparse_processors or extended_ws) and ws_device(device, dtype)
     default_v = default_block_v(device.type)
-    key = (batch, hidden_size, weight_rows, device.type, logprobs, config, path, block_v, n_shards, batch_cap,
-           n_fields, checked, extended, dtype, raw_sums, winner_logits, sparse_processors, bool(fast_memory), ws,
-           default_v)
+    # (by name: a key in another order than _plan's parameters cannot pass one answer as another)
+    key = dict(batch=batch, hidden_size=hidden_size, weight_rows=weight_rows, device_type=device.type,
+               logprobs=logprobs, config=config, path=path, block_v=block_v, n_shards=n_shards, batch_cap=batch_cap,
+               n_fields=n_fields, checked=checked, extended=extended, dtype=dtype, raw_sums=raw_sums,
+               winner_logits=winner_logits, sparse_processors=sparse_processors, fast_memory=bool(fast_memory), ws=ws,
+               default_v=default_v)
     try:
-        hash(key)
+        hash(tuple(key.values()))
     except TypeError:  # (an unhashable argument, e.g. a symbolic batch size under tracing: plan it uncached)
-        return _plan(*key)
-    return _cached_plan(*key)
+        return _plan(**key)
+    return _cached_plan(**key)
 
 
 def _plan(batch, hidden_size, weight_rows, device_type, logprobs, config, path, block_v, n_shards, batch_cap,

@@ -32,12 +32,12 @@ CUDA = dict(BASE, device=torch.device("cuda", 0), fast_memory=True, batch=24, hi
 
 @pytest.mark.parametrize("base,change", [
     (BASE, dict(batch=64)), (BASE, dict(batch=600)), (BASE, dict(hidden_size=4096)), (BASE, dict(weight_rows=1000)),
-    (BASE, dict(logprobs=True)), (BASE, dict(extended=True)), (BASE, dict(extended=True, raw_sums=False)),
+    (BASE, dict(logprobs=True)), (BASE, dict(extended=True)), (dict(BASE, extended=True), dict(raw_sums=False)),
     (BASE, dict(winner_logits=True)), (BASE, dict(n_shards=2)), (BASE, dict(batch_cap=40)),
     (BASE, dict(checked=True)), (BASE, dict(config=TileConfig(32, 512, 64))), (BASE, dict(path="chunked")),
     (BASE, dict(block_v=256)), (BASE, dict(n_fields=6)), (BASE, dict(device=torch.device("cuda", 0))),
-    (CUDA, dict(sparse_processors=True)), (CUDA, dict(fast_memory=False, batch=200)),
-    (CUDA, dict(batch=100, dtype=torch.float32)), (CUDA, dict(extended=True, checked=True))])
+    (CUDA, dict(sparse_processors=True)), (dict(CUDA, batch=200), dict(fast_memory=False)),
+    (dict(CUDA, batch=100), dict(dtype=torch.float32)), (dict(CUDA, extended=True), dict(checked=True))])
 def test_every_argument_is_in_the_key(base, change, monkeypatch):
     """Each changed argument gives the plan the uncached code makes for it, which differs from the base's."""
     monkeypatch.setattr(plan, "ws_device", lambda device, dtype=None: True)
