@@ -66,6 +66,22 @@ def per_kernel_us(prof, device, iters: int) -> Dict[str, float]:
     return out
 
 
+def profile_top(fn, calls: int, n: int = 25) -> str:
+    """cProfile's top ``n`` functions by own time over ``calls`` calls of fn, as text (the host overhead probes)."""
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        fn()
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(n)
+    return s.getvalue()
+
+
 # --------------------------------------------------------------------------- logging
 def log(*parts, rank: Optional[int] = None):
     """Progress line with the seconds since start, flushed at once (the GPU tool keeps only the tail)."""

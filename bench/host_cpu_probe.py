@@ -35,12 +35,9 @@ own time for each kind at the last batch size.
 import common as C  # first: repo root on sys.path, safe NVSHMEM/NCCL environment
 
 import argparse  # noqa: E402
-import cProfile  # noqa: E402
 import functools  # noqa: E402
 import gc  # noqa: E402
-import io  # noqa: E402
 import os  # noqa: E402
-import pstats  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -117,17 +114,6 @@ def time_rounds(fn, calls: int, rounds: int) -> list:
     return out
 
 
-def profile_top(fn, calls: int, n: int) -> str:
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(calls):
-        fn()
-    pr.disable()
-    s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(n)
-    return s.getvalue()
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="512x8192", help="DxV of the weight (small: only the host is timed)")
@@ -179,7 +165,7 @@ def main() -> int:
                   f"({', '.join(sorted(launched[kind]))})")
             if args.profile and B == batches[-1]:
                 print(f"--- cProfile, B={B} {kind}, {args.calls} calls, by own time")
-                print(profile_top(fns[kind], args.calls, args.top))
+                print(C.profile_top(fns[kind], args.calls, args.top))
     print(f"\n{'B':>5} {'kind':<11} {'launches':>8} {'best µs':>9} {'median µs':>10}")
     for B, kind, launches, best, med in table:
         print(f"{B:>5} {kind:<11} {launches:>8} {best:>9.1f} {med:>10.1f}")

@@ -16,11 +16,8 @@ to --out (default $OUT or bench/results).
 import common as C  # first: repo root on sys.path, safe NVSHMEM/NCCL environment
 
 import argparse  # noqa: E402
-import cProfile  # noqa: E402
-import io  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import pstats  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
@@ -40,17 +37,6 @@ def host_and_stream_us(fn, iters: int, warmup: int, device):
     end = C.Stamp(device)
     C.sync(device)
     return host, start.us_to(end) / iters
-
-
-def profile_top(fn, iters: int, n: int = 25) -> str:
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(iters):
-        fn()
-    pr.disable()
-    s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(n)
-    return s.getvalue()
 
 
 def main() -> int:
@@ -101,7 +87,7 @@ def main() -> int:
             C.log(f"B={B:<4} {name:<22} host {host:8.1f} us/call  stream {stream:8.1f} us/call", rank=rank)
             if args.profile and B == batches[-1] and rank == 0:
                 prof = (prof or "") + f"\n=== cProfile {name} B={B}, {iters} calls, by own time ===\n"
-                prof += profile_top(fn, iters)
+                prof += C.profile_top(fn, iters)
     C.sync(device)
     for head in heads.values():
         head.close()
