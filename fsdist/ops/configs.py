@@ -5,8 +5,8 @@ so a program covers the whole batch (one batch tile) and enough vocabulary rows
 to keep many loads in flight. Past that, the batch is split into tiles and the
 grid orders them so that programs sharing a weight tile run together (the tile
 comes from L2 the second time). From 33 rows on (from 17 for calls with bias / penalty entries on
-fast-memory GPUs, SPARSE_WS_MIN_BATCH, and for one GPU's extended calls there at D <= EXTENDED_WS_MAX_HIDDEN, which
-keep it past 64 rows), an sm_90 GPU runs the tile on the
+fast-memory GPUs, SPARSE_WS_MIN_BATCH, and for one GPU's extended calls there at D <= EXTENDED_WS_MAX_HIDDEN; such
+calls keep it past 64 rows on every sm_90 GPU), an sm_90 GPU runs the tile on the
 warp-specialised kernel (its epilogue beside the next tile's main loop) where that kernel
 applies, else on the Triton kernel (``triton_twin``). Configs are a pure function of the
 shape, the GPU kind's memory speed (``fast_memory``, one answer agreed by a tensor-parallel group) and the
@@ -115,8 +115,8 @@ def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int 
     keeps the tiles' largest logits (filters, top-N, raw logprobs): the 32-row tile's first-wave stagger is then
     longer (``first_wave_stagger_us``). sparse_processors: the call applies logit bias or penalty entries: on
     fast memory, from SPARSE_WS_MIN_BATCH rows it takes the warp-specialised 64-row tile. extended_ws: an extended
-    call on one GPU where that kernel runs: on fast memory at D <= EXTENDED_WS_MAX_HIDDEN, from SPARSE_WS_MIN_BATCH rows
-    it takes that tile too, past 64 rows as well. None changes a candidate."""
+    call on one GPU where that kernel runs: at D <= EXTENDED_WS_MAX_HIDDEN it takes that tile past 64 rows too, and on
+    fast memory from SPARSE_WS_MIN_BATCH rows. None changes a candidate."""
     block_v = block_v or default_block_v(device_type)
     if device_type == "cpu":
         # Interpreter: every program costs Python overhead, so use few, large ones.
@@ -132,13 +132,13 @@ def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int 
         return TileConfig(32, block_v, _block_k(hidden_size, 128), num_warps=4,
                           num_stages=FAST_MEMORY_32_ROW_STAGES if fast_memory else 4,
                           stagger_us=first_wave_stagger_us(hidden_size, rows=32, extended=extended))
-    if batch <= 64 or (extended_ws and fast_memory and hidden_size <= EXTENDED_WS_MAX_HIDDEN):
+    if batch <= 64 or (extended_ws and hidden_size <= EXTENDED_WS_MAX_HIDDEN):
         # The warp-specialised kernel's 64-row tile where it runs (v25b, H100: the plain call as fast as the
         # Triton tile, a filtered one 19-20 us faster at B = 48 / 64: its epilogue runs beside the next
         # tile's wgmmas; so do the processors', v26); wherever fused_sample_ws.ws_supported says no (fp32,
         # misaligned operands, not sm_90) the Triton kernel's tile, triton_twin. The TP heads' shards run it too (v40).
-        # Past 64 rows one GPU's extended calls keep it where D <= EXTENDED_WS_MAX_HIDDEN on fast memory (v80): the
-        # 128-row ws tile has no registers for the extended epilogue, and its Triton twin waits for the MMA.
+        # Past 64 rows one GPU's extended calls keep it where D <= EXTENDED_WS_MAX_HIDDEN (v80 on an H200, v85 on an
+        # H100): the 128-row ws tile has no registers for the extended epilogue, and its Triton twin waits for the MMA.
         return TileConfig(64, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5, tma=True, ws=True)
     # Past one 64-row tile: 128-row tiles fed by TMA, 5 stages (bench/epilogue_bench.py, H200,
     # 2026-11-24, docs/performance.md v16): 1.2-1.4x faster than the configs used before (64-row
@@ -201,6 +201,10 @@ SPARSE_WS_MIN_BATCH = 17
 # Past 64 rows too, instead of the 128-row tile's Triton twin (v80, H200, graph replays, µs, 128-row / 64-row, top-k
 # 50 + top-p 0.9 and min-p 0.05, two runs): D = 4096 B = 96 440-441 / 414-415, 442-443 / 411-412; B = 128 441-451 /
 # 416-427, 446-450 / 412-415; B = 256 773-783 / 723-727, 755-761 / 713-717 (5-8% faster); D = 8192 3-9% slower.
+# Past 64 rows the rule holds on an H100 too, so it asks no fast memory there (v85, two runs each): D = 4096 top-k +
+# top-p B = 96 548-549 / 496, B = 128 550-551 / 503, B = 256 819-830 / 757-779; min-p 549-550 / 492-493, 553 / 500,
+# 822-832 / 745-758 (5-10% faster); D = 8192 level at B = 96 / 128, 4-7% slower at 256. At B = 17-32 the H100 keeps
+# the 32-row tile: the ws tile with v77's boxes cost it 3-6 µs there at both D (v85).
 EXTENDED_WS_MAX_HIDDEN = 4096
 
 

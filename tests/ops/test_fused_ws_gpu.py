@@ -728,14 +728,11 @@ def test_filtered_calls_on_the_64_row_tile(ws_calls):
 
 @hopper
 @pytest.mark.parametrize("B", [96, 256])
-def test_filtered_calls_past_64_rows_keep_the_64_row_tile_on_fast_memory(B, ws_calls, monkeypatch):
-    """v80: past one 64-row tile a filtered / top-N call on fast memory (forced here, so an H100 runs it too) at
-    D <= 4096 takes the warp-specialised 64-row tile by default (B = 96: a partial last tile read past the hidden's
-    end, which TMA fills with zeros) and gives what the 128-row Triton tile gives: tokens, fallback flags, top-N ids,
-    logprobs within fp32 rounding."""
-    from fsdist.ops import plan
-
-    monkeypatch.setattr(plan, "device_fast_memory", lambda device: True)
+def test_filtered_calls_past_64_rows_keep_the_64_row_tile(B, ws_calls):
+    """v80 / v85: past one 64-row tile a filtered / top-N call at D <= 4096 takes the warp-specialised 64-row tile by
+    default on an H100 and an H200 alike (B = 96: a partial last tile read past the hidden's end, which TMA fills with
+    zeros) and gives what the 128-row Triton tile gives: tokens, fallback flags, top-N ids, logprobs within fp32
+    rounding."""
     D, V = 512, 20_000
     h, w = _operands(B, D, V, torch.bfloat16, 80)
     g = torch.Generator().manual_seed(8)
