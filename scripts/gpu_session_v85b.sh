@@ -2,7 +2,9 @@
 # One device call on one GPU (nvidia-h100-x1) after v85 shipped the ws 64-row tile for one GPU's extended calls past
 # 64 rows at D <= 4096 on every sm_90 GPU: the GPU tests through that path on an H100 (no fast memory forced now), and
 # the shipped dispatch's graph replays at D = 4096, B = 96 / 128 / 256 (filter_probe.py: plain, top-k 50 + top-p 0.9,
-# min-p 0.05), which should match v85's forced-config timings. JSONs in $OUT, logs in $OUT/v85b_logs.tgz.
+# min-p 0.05), which should match v85's forced-config timings; then bench/fallback_rate.py on the current code (issue
+# 11's fallback-rate report; its last run, v8, predates select_filtered's rewrites), cut at $FALLBACK_SECONDS (150).
+# JSONs in $OUT, logs in $OUT/v85b_logs.tgz.
 # Usage: export OUT; bash scripts/gpu_session_v85b.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,8 +13,10 @@ pack_on_exit v85b
 rc=0
 TAIL=10 run_part probe "$(part_limit 100)" v85b_probe.log python3 bench/filter_probe.py --shape 4096x151936 \
   --batches 96,128,256 --only graph --caps 0 --graph-cases "plain,k50+p0.9,min_p0.05" || rc=1
-TESTS_TIMEOUT=$(part_limit 330) bash scripts/gpu_tests_parallel.sh \
+TESTS_TIMEOUT=$(part_limit 250) bash scripts/gpu_tests_parallel.sh \
   "tests/ops/test_fused_ws_gpu.py -k 'past_64_rows_keep or filtered_calls_on or partial_64_row'" \
   "tests/test_gpu_serving.py -k 'cuda_graph'" \
   "tests/test_gpu_serving.py -k 'chi_squared and (filter or top)'" || rc=1
+TAIL=8 run_part fallback "$(part_limit 200)" v85b_fallback_rate.log python3 bench/fallback_rate.py \
+  --max-seconds "${FALLBACK_SECONDS:-150}" --out "$OUT" || rc=1
 exit $rc
