@@ -33,3 +33,37 @@ def test_filter_ab_skips_batches_a_run_lacks_and_wants_triples(tmp_path, capsys)
     assert list(plot.filter_ab(before, after, before)) == [1]
     assert plot.main(["--filter-ab", "--no-plots", "x.json", "y.json"]) == 2
     assert "in threes" in capsys.readouterr().err
+
+
+_tspec = importlib.util.spec_from_file_location(
+    "bench_plot_targets", Path(__file__).resolve().parent.parent / "bench" / "plot_targets.py")
+targets = importlib.util.module_from_spec(_tspec)
+_tspec.loader.exec_module(targets)
+
+
+def _bench(cells, gpu="NVIDIA H100 80GB HBM3"):
+    """A kernel_bench-like JSON: cells = {(B, method): graph µs} at D = 4096, plus an eager row that must be ignored."""
+    rows = [dict(D=4096, V=151936, B=b, method=m, mode="graph", median_us=us) for (b, m), us in cells.items()]
+    rows.append(dict(D=4096, V=151936, B=1, method="fsdist_minp", mode="events", median_us=1.0))
+    return {"env": {"gpu": {"name": gpu}}, "results": rows}
+
+
+def test_plot_targets_reached_ceiling_and_x_plain():
+    """reached = baseline / fsdist's call, ceiling = baseline / min(cuBLAS, plain), x plain = call / plain; B > 64 and
+    calls without their baseline are left out; the GPU's short name labels the table."""
+    cells = {(1, "cublas"): 440.0, (1, "fsdist"): 400.0, (1, "fsdist_minp"): 420.0, (1, "torch_minp_compiled"): 588.0,
+             (128, "cublas"): 460.0, (128, "fsdist"): 430.0, (128, "fsdist_minp"): 540.0,
+             (128, "torch_minp_compiled"): 800.0, (1, "fsdist_bitmask"): 401.0}
+    doc = _bench(cells)
+    rows = targets.rows_of(doc)
+    assert [r["call"] for r in rows] == ["min-p 0.05"]
+    (c,) = rows[0]["cells"]
+    assert c["B"] == 1
+    assert c["reached"] == pytest.approx(1.4) and c["ceiling"] == pytest.approx(1.47)
+    assert c["x_plain"] == pytest.approx(1.05)
+    assert targets.gpu_label(doc) == "H100"
+    md = targets.markdown([("H100", rows)])
+    assert "| H100 | 4096 | min-p 0.05 | 1.40 / 1.47 | 1.050-1.050 (<= 1.10) |" in md
+    # the ceiling takes cuBLAS where it is the faster
+    cells[(1, "cublas")] = 392.0
+    assert targets.rows_of(_bench(cells))[0]["cells"][0]["ceiling"] == pytest.approx(1.5)
