@@ -18,6 +18,7 @@
 #   tests_in_the_time_left GROUP..  gpu_tests_parallel.sh cut at what is left of $CALL_BUDGET s
 #   part_limit SECONDS              SECONDS, or what is left of the call's $CALL_BUDGET s (default $CALL_BUDGET_DEFAULT,
 #                                   else 560) if less, at least 10: a part's timeout
+#   large_batches_bench             issue 14's large batches (kernel_bench.py, B = 96-1024, both shapes) in one part
 start=$SECONDS  # first: callers budget their parts against the whole call
 source scripts/gpu_env.sh
 OUT="${OUT:-bench/results}"
@@ -136,3 +137,15 @@ part_limit() {
   local left=$(( ${CALL_BUDGET:-${CALL_BUDGET_DEFAULT:-560}} - (SECONDS - start) ))
   echo $(( left < $1 ? (left > 10 ? left : 10) : $1 ))
 }
+
+# large_batches_bench: issue 14's large batches (bench/kernel_bench.py, both shapes, B = 96-1024, cuBLAS / fsdist /
+# compiled Gumbel-max, eager and graph replays), cut at what is left of the call's budget (at most 200 s); console
+# in $OUT/kernel_bench_large_console.log (v84, v85).
+large_batches_bench() {
+  local m=cublas,fsdist,gumbel_compiled lim
+  lim=$(part_limit 200)
+  TAIL=${TAIL:-30} run_part large "$lim" kernel_bench_large_console.log env BENCH_TIMEOUT="$((lim - 15))" \
+    bash bench/run_gpu.sh kernel --methods "$m" --graph-methods "$m" --shapes 4096x151936,8192x128256 \
+    --batches 96,192,384,512,768,1024 --reps 20 --repeats 1 --warmup 5
+}
+

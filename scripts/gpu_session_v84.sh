@@ -19,11 +19,7 @@ if wants serving; then
   KERNEL_TIMEOUT=$(part_limit 340) bash scripts/gpu_session_v66.sh || rc=1
 fi
 if wants large; then
-  M=cublas,fsdist,gumbel_compiled
-  lim=$(part_limit 200)
-  TAIL=30 run_part large "$lim" kernel_bench_large_console.log env BENCH_TIMEOUT="$((lim - 15))" \
-    bash bench/run_gpu.sh kernel --methods "$M" --graph-methods "$M" --shapes 4096x151936,8192x128256 \
-    --batches 96,192,384,512,768,1024 --reps 20 --repeats 1 --warmup 5 || rc=1
+  TAIL=30 large_batches_bench || rc=1
 fi
 if wants tests; then
   TESTS_TIMEOUT=$(part_limit 400) bash scripts/gpu_tests_parallel.sh \

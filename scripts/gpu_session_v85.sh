@@ -25,10 +25,6 @@ if wants probe; then
   done
 fi
 if wants large; then
-  M=cublas,fsdist,gumbel_compiled
-  lim=$(part_limit 200)
-  TAIL=20 run_part large "$lim" kernel_bench_large_console.log env BENCH_TIMEOUT="$((lim - 15))" \
-    bash bench/run_gpu.sh kernel --methods "$M" --graph-methods "$M" --shapes 4096x151936,8192x128256 \
-    --batches 96,192,384,512,768,1024 --reps 20 --repeats 1 --warmup 5 || rc=1
+  TAIL=20 large_batches_bench || rc=1
 fi
 exit $rc
