@@ -159,9 +159,9 @@ def test_filtered_call_memory_is_bounded():
     assert extra < B * V * 4 / 2, "no more than half of what materialized fp32 logits would take"
 
 
-# 64: the warp-specialised 64-row tile on an sm_90 GPU; 80: on a fast-memory sm_90 GPU (the H200) that tile too, twice,
-# the last one read past the hidden's end (v80), elsewhere a padded 128-row tile (the Triton twin); "80-128": that
-# padded 128-row tile on every GPU (the 128-row config passed to the call)
+# 64: the warp-specialised 64-row tile on an sm_90 GPU; 80: on an sm_90 GPU that tile too, twice, the last one read
+# past the hidden's end (v80 / v85), elsewhere a padded 128-row tile (the Triton twin); "80-128": that padded 128-row
+# tile on every GPU (the 128-row config passed to the call)
 @pytest.mark.parametrize("B, config", [(32, None), (64, None), (80, None), (80, "128x128x64w8s5t-ws")],
                          ids=["32", "64", "80", "80-128"])
 def test_cuda_graph_with_filter_tensors(B, config):

@@ -203,8 +203,8 @@ SPARSE_WS_MIN_BATCH = 17
 # 416-427, 446-450 / 412-415; B = 256 773-783 / 723-727, 755-761 / 713-717 (5-8% faster); D = 8192 3-9% slower.
 # Past 64 rows the rule holds on an H100 too, so it asks no fast memory there (v85, two runs each): D = 4096 top-k +
 # top-p B = 96 548-549 / 496, B = 128 550-551 / 503, B = 256 819-830 / 757-779; min-p 549-550 / 492-493, 553 / 500,
-# 822-832 / 745-758 (5-10% faster); D = 8192 level at B = 96 / 128, 4-7% slower at 256. At B = 17-32 the H100 keeps
-# the 32-row tile: the ws tile with v77's boxes cost it 3-6 µs there at both D (v85).
+# 822-832 / 745-758 (5-10% faster); D = 8192 level at B = 96 / 128, 1.5-7% slower at 256. At B = 17-32 the H100 keeps
+# the 32-row tile: the ws tile with v77's boxes cost it 3-7 µs there at both D (v85).
 EXTENDED_WS_MAX_HIDDEN = 4096
 
 

@@ -311,7 +311,7 @@ def test_extended_calls_take_the_ws_64_row_tile_up_to_d4096(monkeypatch, batches
     """Filtered / top-N calls on one GPU past B = 64 run on the warp-specialised 64-row tile where D <= 4096 (v80,
     H200: 5-8% faster than the 128-row tile's Triton twin at B = 96-256, D = 4096, 3-9% slower at 8192; v85, H100:
     5-10% faster, level to 7% slower at 8192), and at B = 17-32 on fast memory only (v65 / v74, H200: 2-3 µs faster at
-    D = 4096, 7-8 slower at 8192; v85, H100: 3-6 µs slower); B <= 16, D = 8192, plain calls and the tensor-parallel
+    D = 4096, 7-8 slower at 8192; v85, H100: 3-7 µs slower); B <= 16, D = 8192, plain calls and the tensor-parallel
     heads' checked layouts keep the tile they had (``kept`` rows)."""
     ws64 = configs.pick_config(64, 4096, "cuda", fast_memory=True)
     for B in batches:
