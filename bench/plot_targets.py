@@ -7,9 +7,9 @@ For each JSON (one GPU, one or more shapes) and each processed call it ran with 
 (top-k + top-p, min-p, the token bitmask, bias + penalties), at every B <= 64, from the CUDA-graph replays:
 
 - reached: the baseline's replay over fsdist's (the issues ask >= 1.5x);
-- ceiling: the baseline's replay over the faster of cuBLAS alone and plain fsdist, i.e. the speed-up of a call whose
-  filters or processors cost nothing beyond one pass over the weight. No fused design gets past it: where it is under
-  1.5x the target cannot be met on that GPU and shape, whatever the kernel does;
+- ceiling: the baseline's replay over the faster of cuBLAS alone and plain fsdist (``plot.speedup_ceiling``), i.e.
+  the speed-up of a call whose filters or processors cost nothing beyond one pass over the weight. No fused design
+  gets past it but by noise: where it is under 1.5x the target cannot be met on that GPU and shape;
 - x plain: fsdist's processed call over its plain call (the issues ask <= 1.10x for filters, <= 1.03x for the
   bitmask, <= 1.08x for bias + penalties).
 
@@ -18,9 +18,12 @@ ceiling (dashed) against B, with the 1.5x line. Needs matplotlib only for the pl
 """
 import argparse
 import json
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import plot as bench_plot  # noqa: E402  (bench/plot.py: the kernel JSON's index and the ceiling its tables print)
 
 # (label, fsdist method, its compiled baseline, the issue's "x plain" target)
 CALLS = (("top-k 50 + top-p 0.9", "fsdist_topk_topp", "torch_topk_topp_compiled_es", 1.10),
@@ -32,8 +35,8 @@ TARGET_SPEEDUP = 1.5
 
 
 def gpu_label(doc: dict) -> str:
-    """A short GPU name (H100 / H200 / what the JSON says) for titles and tables."""
-    name = str(doc.get("env", {}).get("gpu", {}).get("name", "") or doc.get("name", ""))
+    """A short GPU name (H100 / H200 / the driver's name) for titles and tables; "GPU" where the JSON has none."""
+    name = str(((doc.get("env") or {}).get("gpu") or {}).get("name") or "")
     for short in ("H200", "H100"):
         if short in name:
             return short
@@ -41,20 +44,22 @@ def gpu_label(doc: dict) -> str:
 
 
 def rows_of(doc: dict) -> list:
-    """One dict per (shape, call) the JSON has every method of: B, reached, ceiling, x plain per B <= MAX_B."""
-    graph = {(r["D"], r["V"], r["B"], r["method"]): r["median_us"] for r in doc["results"]
-             if r.get("mode") == "graph" and r.get("median_us") is not None}
-    shapes = sorted({(d, v) for d, v, _, _ in graph})
+    """One dict per (shape, call) the JSON has: per B <= MAX_B where the call, its baseline, cuBLAS and plain fsdist
+    all have graph replays, the speed-up reached, the ceiling (``plot.speedup_ceiling``) and the call over plain."""
+    idx = bench_plot._kernel_index(doc)
     out = []
-    for D, V in shapes:
+    for D, V in sorted({(k[0], k[1]) for k in idx}):
+        batches = sorted({k[2] for k in idx if (k[0], k[1]) == (D, V) and k[2] <= MAX_B})
         for label, method, baseline, plain_target in CALLS:
             cells = []
-            for B in sorted({b for d, v, b, _ in graph if (d, v) == (D, V) and b <= MAX_B}):
-                need = [(D, V, B, m) for m in ("cublas", "fsdist", method, baseline)]
-                if not all(k in graph for k in need):
+            for B in batches:
+                ours = bench_plot._med(idx, D, V, B, method, "graph")
+                plain = bench_plot._med(idx, D, V, B, "fsdist", "graph")
+                ceiling = bench_plot.speedup_ceiling(idx, D, V, B, [baseline])
+                if not (ours and plain and ceiling and bench_plot._med(idx, D, V, B, "cublas", "graph")):
                     continue
-                cublas, plain, ours, base = (graph[k] for k in need)
-                cells.append(dict(B=B, reached=base / ours, ceiling=base / min(cublas, plain), x_plain=ours / plain))
+                base, _, ratio = ceiling
+                cells.append(dict(B=B, reached=base / ours, ceiling=ratio, x_plain=ours / plain))
             if cells:
                 out.append(dict(D=D, V=V, call=label, plain_target=plain_target, cells=cells))
     return out
@@ -102,13 +107,39 @@ def plot(tables: list, path: Path) -> None:
         ax.set_title(f"{gpu}, D={D}")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("compiled materialized baseline / fsdist (graph replays)")
-    axes[0][-1].legend(fontsize=6.5, loc="upper left")
+    # (one legend for the figure, from every panel's lines: a call missing from one panel still has its entry)
+    handles = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(handles.values(), handles.keys(), fontsize=7, loc="lower center", ncol=5, frameon=False)
     fig.suptitle("Speed-up over the materialized baselines (solid) and the most a fused call could reach (dashed)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     print(f"wrote {path}")
+
+
+def load(paths: list) -> list:
+    """[(GPU label, rows)] over the JSONs, one entry per GPU; a (GPU, shape) that two JSONs both have gets each one's
+    rows under a label naming its file, so neither is hidden behind the other."""
+    docs = [(Path(f), json.loads(Path(f).read_text())) for f in paths]
+    seen = {}
+    for f, doc in docs:
+        for r in rows_of(doc):
+            seen.setdefault((gpu_label(doc), r["D"]), set()).add(f)
+    merged = {}
+    for f, doc in docs:
+        rows = rows_of(doc)
+        if not rows:
+            raise SystemExit(f"{f}: no processed call with its baseline and cuBLAS / plain fsdist in graph mode")
+        for r in rows:
+            gpu = gpu_label(doc)
+            if len(seen[(gpu, r["D"])]) > 1:
+                gpu = f"{gpu} ({f.stem})"
+            merged.setdefault(gpu, []).append(r)
+    return list(merged.items())
 
 
 def main() -> None:
@@ -117,14 +148,7 @@ def main() -> None:
     p.add_argument("--out", default=str(REPO / "docs" / "plots" / "issue11_12_targets.png"), help="the plot's path")
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args()
-    merged = {}
-    for f in args.json:
-        doc = json.loads(Path(f).read_text())
-        rows = rows_of(doc)
-        if not rows:
-            raise SystemExit(f"{f}: no processed call with its baseline and cuBLAS / plain fsdist in graph mode")
-        merged.setdefault(gpu_label(doc), []).extend(rows)
-    tables = list(merged.items())
+    tables = load(args.json)
     print(markdown(tables))
     if not args.no_plot:
         plot(tables, Path(args.out))

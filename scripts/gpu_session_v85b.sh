@@ -2,8 +2,9 @@
 # One device call on one GPU (nvidia-h100-x1) after v85 shipped the ws 64-row tile for one GPU's extended calls past
 # 64 rows at D <= 4096 on every sm_90 GPU: the GPU tests through that path on an H100 (no fast memory forced now), and
 # the shipped dispatch's graph replays at D = 4096, B = 96-512 (filter_probe.py: plain, top-k 50 + top-p 0.9, min-p
-# 0.05, and the filtered calls on the 128-row config the H100 ran before), which should match v85's timings; then bench/fallback_rate.py on the current code (issue
-# 11's fallback-rate report; its last run, v8, predates select_filtered's rewrites), cut at $FALLBACK_SECONDS (120).
+# 0.05, and the filtered calls on the 128-row config the H100 ran before), which should match v85's timings; then
+# bench/fallback_rate.py on the current code (issue 11's fallback-rate report; its last run, v8, predates
+# select_filtered's rewrites), cut at $FALLBACK_SECONDS (120).
 # JSONs in $OUT, logs in $OUT/v85b_logs.tgz.
 # Usage: export OUT; bash scripts/gpu_session_v85b.sh
 set -uo pipefail

@@ -42,7 +42,7 @@ _tspec.loader.exec_module(targets)
 
 
 def _bench(cells, gpu="NVIDIA H100 80GB HBM3"):
-    """A kernel_bench-like JSON: cells = {(B, method): graph µs} at D = 4096, plus an eager row that must be ignored."""
+    """A kernel_bench-like JSON: cells = {(B, method): graph µs} at D = 4096, and an eager row to be ignored."""
     rows = [dict(D=4096, V=151936, B=b, method=m, mode="graph", median_us=us) for (b, m), us in cells.items()]
     rows.append(dict(D=4096, V=151936, B=1, method="fsdist_minp", mode="events", median_us=1.0))
     return {"env": {"gpu": {"name": gpu}}, "results": rows}
@@ -67,3 +67,27 @@ def test_plot_targets_reached_ceiling_and_x_plain():
     # the ceiling takes cuBLAS where it is the faster
     cells[(1, "cublas")] = 392.0
     assert targets.rows_of(_bench(cells))[0]["cells"][0]["ceiling"] == pytest.approx(1.5)
+    # a B without cuBLAS (or without plain fsdist) has no ceiling: left out
+    del cells[(1, "cublas")]
+    assert targets.rows_of(_bench(cells)) == []
+    assert targets.gpu_label({"name": "kernel_bench", "results": []}) == "GPU"
+
+
+def test_plot_targets_labels_a_gpu_and_shape_two_files_share(tmp_path, capsys):
+    """Two JSONs of one GPU and shape keep both tables, each labelled with its file; a second shape in one JSON gets
+    rows of its own; a JSON with no processed call is refused with its name."""
+    cells = {(1, "cublas"): 440.0, (1, "fsdist"): 400.0, (1, "fsdist_bitmask"): 402.0,
+             (1, "torch_bitmask_compiled"): 560.0}
+    doc = _bench(cells)
+    doc["results"] += [dict(r, D=8192, V=128256, median_us=r["median_us"] * 1.7) for r in list(doc["results"])]
+    paths = []
+    for name in ("a_v1.json", "b_v2.json"):
+        paths.append(tmp_path / name)
+        paths[-1].write_text(targets.json.dumps(doc))
+    tables = dict(targets.load([str(p) for p in paths]))
+    assert sorted(tables) == ["H100 (a_v1)", "H100 (b_v2)"]
+    assert [(r["D"], r["call"]) for r in tables["H100 (a_v1)"]] == [(4096, "bitmask"), (8192, "bitmask")]
+    empty = tmp_path / "empty.json"
+    empty.write_text(targets.json.dumps(_bench({(1, "cublas"): 1.0, (1, "fsdist"): 1.0})))
+    with pytest.raises(SystemExit, match="empty.json"):
+        targets.load([str(empty)])
