@@ -322,6 +322,11 @@ def test_extended_calls_take_the_ws_64_row_tile_up_to_d4096(monkeypatch, batches
             assert h100 == ws64  # past 64 rows the H100 takes the 64-row tile too (v85)
         else:
             assert h100.block_b == kept
+        assert configs.pick_config(B, 8192, "cuda", extended=True, extended_ws=True).block_b == kept  # H100, D = 8192
+        # calls with entries alone: the 64-row tile at B = 17-32 on fast memory only, never past 64 rows here
+        # (launch_fused runs their 128-row config on 64-row ws tiles itself)
+        sparse = configs.pick_config(B, 4096, "cuda", fast_memory=True, sparse_processors=True)
+        assert sparse == (ws64 if B <= 32 else configs.pick_config(B, 4096, "cuda", fast_memory=True))
         assert configs.pick_config(B, 4096, "cuda", fast_memory=True, extended=True).block_b == kept
         assert configs.pick_config(B, 4096, "cuda", fast_memory=True).block_b == kept
     assert configs.pick_config(16, 4096, "cuda", fast_memory=True, extended=True, extended_ws=True).block_b == 16
@@ -333,6 +338,10 @@ def test_extended_calls_take_the_ws_64_row_tile_up_to_d4096(monkeypatch, batches
     kw = dict(batch=kept, hidden_size=4096, weight_rows=151936, device=torch.device("cuda", 0), path="fused")
     assert plan.plan_sample(**kw, extended=True).config == ws64
     assert plan.plan_sample(**kw).config.block_b == kept
+    assert plan.plan_sample(**kw, extended=True, checked=True).config.block_b == kept  # a TP shard's layout
+    monkeypatch.setattr(plan, "device_fast_memory", lambda device: False)  # an H100
+    h100 = plan.plan_sample(**kw, extended=True).config
+    assert h100 == (ws64 if kept > 64 else configs.pick_config(kept, 4096, "cuda", extended=True))
     assert plan.plan_sample(**kw, extended=True, checked=True, n_shards=2).config.block_b == kept
     assert plan.plan_sample(**dict(kw, hidden_size=8192), extended=True).config.block_b == kept
     monkeypatch.setattr(plan, "ws_device", lambda device, dtype=None: False)
