@@ -124,21 +124,22 @@ def plot(tables: list, path: Path) -> None:
 def load(paths: list) -> list:
     """[(GPU label, rows)] over the JSONs, one entry per GPU; a (GPU, shape) that two JSONs both have gets each one's
     rows under a label naming its file, so neither is hidden behind the other."""
-    docs = [(Path(f), json.loads(Path(f).read_text())) for f in paths]
-    seen = {}
-    for f, doc in docs:
-        for r in rows_of(doc):
-            seen.setdefault((gpu_label(doc), r["D"]), set()).add(f)
-    merged = {}
-    for f, doc in docs:
+    loaded = []  # (file, GPU label, rows), each JSON read and reduced once
+    for f in map(Path, paths):
+        doc = json.loads(f.read_text())
         rows = rows_of(doc)
         if not rows:
             raise SystemExit(f"{f}: no processed call with its baseline and cuBLAS / plain fsdist in graph mode")
+        loaded.append((f, gpu_label(doc), rows))
+    seen = {}
+    for f, gpu, rows in loaded:
         for r in rows:
-            gpu = gpu_label(doc)
-            if len(seen[(gpu, r["D"])]) > 1:
-                gpu = f"{gpu} ({f.stem})"
-            merged.setdefault(gpu, []).append(r)
+            seen.setdefault((gpu, r["D"]), set()).add(f)
+    merged = {}
+    for f, gpu, rows in loaded:
+        for r in rows:
+            label = f"{gpu} ({f.stem})" if len(seen[(gpu, r["D"])]) > 1 else gpu
+            merged.setdefault(label, []).append(r)
     return list(merged.items())
 
 

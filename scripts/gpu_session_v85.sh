@@ -19,8 +19,8 @@ if wants probe; then
   for run in 1 2; do
     for shape in 4096x151936 8192x128256; do
       TAIL=12 run_part "probe$run" "$(part_limit 120)" "v85_probe_${shape%%x*}_run$run.log" \
-        python3 bench/filter_probe.py --shape "$shape" --batches "${V85_BATCHES:-24,32,96,128,256}" --only graph --caps 0 --configs "$C" \
-        --graph-cases "plain,k50+p0.9,min_p0.05,plain $C,k50+p0.9 $C,min_p0.05 $C" || rc=1
+        python3 bench/filter_probe.py --shape "$shape" --batches "${V85_BATCHES:-24,32,96,128,256}" --only graph \
+        --caps 0 --configs "$C" --graph-cases "plain,k50+p0.9,min_p0.05,plain $C,k50+p0.9 $C,min_p0.05 $C" || rc=1
     done
   done
 fi
