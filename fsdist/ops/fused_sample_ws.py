@@ -73,6 +73,8 @@ WS_ROW_THREADS = 8  # rows a warp spans in the epilogue's layout
 WS_EPILOGUE_WARPS = 4
 WS_REGISTERS = {4: (168, 232), 8: (128, 160)}
 WS_LOAD_REGS = 24
+# launch_fused_ws(noise_probe=): benchmark variants of the noise, to split its cost (not the sampler's contract)
+NOISE_PROBES = {"": 0, "philox": 1, "logs": 2, "rounds7": 3}
 WGMMA_ROWS = 64  # the rows of one warpgroup's wgmma: a short last tile (last_box_rows) runs one of them a k-step
 _PROBES = triton.language.constexpr(_PROBES_INT)  # the entry search's probes per round (processors.py)
 HEAD_N = triton.language.constexpr(4)  # entries per (row, column half) walked from registers (processors.py)
@@ -212,11 +214,17 @@ if HAVE_GLUON:
                                    BLOCK_B, BLOCK_V, STAGES, True)
 
     @gluon.jit
-    def _half_bits(seed, offset, first_id, HALF: gl.constexpr, quad_layout: gl.constexpr):
+    def _half_bits(seed, offset, first_id, HALF: gl.constexpr, quad_layout: gl.constexpr, PROBE: gl.constexpr = 0):
         """The Philox bits of ids first_id .. + HALF - 1 for each row, [rows, HALF]: column 4q + 2i + j is lane
-        2i + j of quad q (noise.vocab_bits_tile's arrangement)."""
+        2i + j of quad q (noise.vocab_bits_tile's arrangement). PROBE (benchmarks, launch_fused_ws's noise_probe):
+        2 a cheap hash of the id instead of Philox, 3 Philox with 7 rounds."""
         quad = (first_id >> 2) + gl.arange(0, HALF // 4, gl.SliceLayout(0, quad_layout))
-        r0, r1, r2, r3 = vocab_quad_bits(seed[:, None], offset[:, None], quad[None, :])
+        if PROBE == 2:
+            h = ((quad[None, :] + seed[:, None].to(gl.int32) + offset[:, None].to(gl.int32)) * -1640531535).to(
+                gl.uint32, bitcast=True)
+            r0, r1, r2, r3 = h, h ^ 0x5bd1e995, h ^ 0x1b873593, h ^ 0x27d4eb2f
+        else:
+            r0, r1, r2, r3 = vocab_quad_bits(seed[:, None], offset[:, None], quad[None, :], 7 if PROBE == 3 else 10)
         return gl.reshape(gl.join(gl.join(r0, r2), gl.join(r1, r3)), [r0.shape[0], HALF])
 
     @gluon.jit
@@ -225,7 +233,7 @@ if HAVE_GLUON:
                        val_ptr, ent_stride, start, n, head, head_val, rep, freq, pres, HALF: gl.constexpr,
                        NOISE: gl.constexpr, FAST_LOG: gl.constexpr, quad_layout: gl.constexpr,
                        BITMASK: gl.constexpr, SPARSE: gl.constexpr, PINNED: gl.constexpr,
-                       LATE_NOISE: gl.constexpr):
+                       LATE_NOISE: gl.constexpr, PROBE: gl.constexpr = 0):
         """(best score, best column, any NaN / +inf logit) of one HALF-wide column slice of the tile,
         and its (processed) logits and columns."""
         # The noise's layout (Philox quads joined into columns); with LATE_NOISE the bits themselves are drawn
@@ -233,7 +241,7 @@ if HAVE_GLUON:
         zq = gl.zeros([seed.shape[0], HALF // 4], gl.int32, quad_layout)
         lay: gl.constexpr = gl.reshape(gl.join(gl.join(zq, zq), gl.join(zq, zq)), [seed.shape[0], HALF]).type.layout
         if not LATE_NOISE:
-            bits = _half_bits(seed, offset, vocab_start + tile_start + half * HALF, HALF, quad_layout)
+            bits = _half_bits(seed, offset, vocab_start + tile_start + half * HALF, HALF, quad_layout, PROBE)
         col = half * HALF + gl.arange(0, HALF, gl.SliceLayout(0, lay))
         gid = vocab_start + tile_start + col
         valid = (gid < vocab_size) & (tile_start + col < V_rows)
@@ -265,8 +273,11 @@ if HAVE_GLUON:
                                  False, True, HEAD_N, False, PINNED)
         if NOISE:
             if LATE_NOISE:
-                bits = _half_bits(seed, offset, vocab_start + tile_start + half * HALF, HALF, quad_layout)
-            g = gumbel_from_bits(bits, FAST_LOG)
+                bits = _half_bits(seed, offset, vocab_start + tile_start + half * HALF, HALF, quad_layout, PROBE)
+            if PROBE == 1:  # (benchmarks) the bits without the logs: one conversion keeps Philox live
+                g = (bits & 0xFFFF).to(gl.float32) * 1e-6
+            else:
+                g = gumbel_from_bits(bits, FAST_LOG)
             score = perturb(logit, gl.convert_layout(noise_scale, gl.SliceLayout(1, lay))[:, None], g, FAST_LOG)
         else:
             score = logit
@@ -319,7 +330,7 @@ if HAVE_GLUON:
                             RAW_SUM: gl.constexpr, BITMASK: gl.constexpr, SPARSE: gl.constexpr,
                             PINNED: gl.constexpr, PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr,
                             DEVICE_PARITY: gl.constexpr, HEADER: gl.constexpr, XFP_PER_ROW: gl.constexpr,
-                            ROTATE: gl.constexpr):
+                            ROTATE: gl.constexpr, NOISE_PROBE: gl.constexpr):
         HALF: gl.constexpr = BLOCK_V // 2
         # the copy of a double buffer this call writes (parity.py), read once
         buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
@@ -375,13 +386,13 @@ if HAVE_GLUON:
                                                         offs_b, mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr,
                                                         ent_stride, s0, n0, h0, hv0, rep, freq, pres,
                                                         HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
-                                                        PINNED, SPARSE and BLOCK_B > 64)
+                                                        PINNED, SPARSE and BLOCK_B > 64, NOISE_PROBE)
             best1, at1, bad1, l1, col1 = _epilogue_half(acc_smem, acc_ready, acc_empty, (hc + 1) & 1, 1, seed,
                                                         offset, noise_scale, tile_start, V_rows, vocab_size,
                                                         vocab_start, offs_b, mask_b, bm_ptr, bm_stride, ent_ptr,
                                                         val_ptr, ent_stride, s1, n1, h1, hv1, rep, freq, pres,
                                                         HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
-                                                        PINNED, SPARSE and BLOCK_B > 64)
+                                                        PINNED, SPARSE and BLOCK_B > 64, NOISE_PROBE)
             hc += 2
             dst = buf_offset + pid_v * stride_slot + offs_b
             dst_i = buf_offset_i + pid_v * stride_slot + offs_b
@@ -459,7 +470,7 @@ if HAVE_GLUON:
                                NPEERS: gl.constexpr = 1, DEVICE_PARITY: gl.constexpr = False,
                                HEADER: gl.constexpr = False, XFP_PER_ROW: gl.constexpr = False,
                                H_BOXES: gl.constexpr = 1, LAST_BOXES: gl.constexpr = 0,
-                               ROTATE: gl.constexpr = False):
+                               ROTATE: gl.constexpr = False, NOISE_PROBE: gl.constexpr = 0):
         # BLOCK_B: the batch tile, loaded as one TMA box of the hidden, or (launch_fused_ws's box_rows: a one-tile
         # batch) as H_BOXES smaller boxes. LAST_BOXES (launch_fused_ws's last_box_rows): the batch's last tile, of
         # at most BLOCK_B / 2 rows, loaded as that many boxes of hl_desc's rows and multiplied as half a tile. ROTATE:
@@ -496,7 +507,7 @@ if HAVE_GLUON:
                                    hdr_off_i, flags, xfp_ptr, xfp_val, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW,
                                    OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, ROW_THREADS, LOGPROBS, EXTENDED,
                                    WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE, PINNED, PEER_TABLE, NPEERS, DEVICE_PARITY,
-                                   HEADER, XFP_PER_ROW, ROTATE)),
+                                   HEADER, XFP_PER_ROW, ROTATE, NOISE_PROBE)),
         ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
 
 
@@ -580,11 +591,13 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     epilogue_warps: int = WS_EPILOGUE_WARPS, grid_cap: int = 0, epilogue_only: bool = False,
                     block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
                     raw_sums: bool = True, winner_logit: bool = False, batch: int = None,
-                    flags: int = None, box_rows: int = 0, last_box_rows: int = 0) -> None:
+                    flags: int = None, box_rows: int = 0, last_box_rows: int = 0, noise_probe: str = "") -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
-    epilogue_only (benchmarks): skip the main loop (zero logits), to time the epilogue alone.
+    epilogue_only (benchmarks): skip the main loop (zero logits), to time the epilogue alone. noise_probe
+    (benchmarks; not the sampler: other tokens): "philox" the Philox bits without the two logs, "logs" the logs
+    of a cheap hash instead of Philox, "rounds7" Philox with 7 rounds instead of 10 (NOISE_PROBES).
     block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same
     candidates: each row's products and their order do not depend on it). logprobs / extended /
     raw_sums / winner_logit as launch_fused's (64-row tiles only): the winner's logit with logprobs or
@@ -612,6 +625,8 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     last tile whole."""
     if block_b not in (64, 128):
         raise ValueError(f"block_b must be 64 or 128, got {block_b}")
+    if noise_probe not in NOISE_PROBES:
+        raise ValueError(f"noise_probe must be one of {sorted(NOISE_PROBES)}, got {noise_probe!r}")
     if extended and not layout.extended:
         raise ValueError("kept logits need an extended candidate layout")
     if (logprobs or extended) and block_b != 64:
@@ -666,6 +681,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         LOGPROBS=logprobs or extended, EXTENDED=extended, WINNER_LOGIT=logprobs or winner_logit, RAW_SUM=raw_sums,
         **proc_flags, PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1, DEVICE_PARITY=par_on, HEADER=header,
         XFP_PER_ROW=xfp_row, BLOCK_B=block_b, H_BOXES=boxes, LAST_BOXES=last_boxes, ROTATE=rotate,
+        NOISE_PROBE=NOISE_PROBES[noise_probe],
         num_warps=4, maxnreg=maxnreg,
     )
 

@@ -25,8 +25,10 @@ STREAM_GROUP = tl.constexpr(1)  # per-rank noise of the group-log-mass reduction
 
 
 @triton.jit
-def philox_words(seed, offset, counter, stream: tl.constexpr):
-    """The four 32-bit Philox outputs for key `seed` (int64) and counter (counter, offset, stream)."""
+def philox_words(seed, offset, counter, stream: tl.constexpr, ROUNDS: tl.constexpr = 10):
+    """The four 32-bit Philox outputs for key `seed` (int64) and counter (counter, offset, stream).
+
+    ROUNDS other than 10 is not the contract: benchmarks only (what a cheaper generator would save)."""
     off = offset.to(tl.uint64, bitcast=True)
     off_lo = (off & 0xFFFFFFFF).to(tl.uint32)
     off_hi = (off >> 32).to(tl.uint32)
@@ -34,7 +36,7 @@ def philox_words(seed, offset, counter, stream: tl.constexpr):
     # Broadcast every word to one shape so the rounds stay elementwise. (x * 0 folds away; unlike
     # tl.zeros_like it also compiles in Gluon, whose tensors carry explicit layouts.)
     zero = c0 * 0 + off_lo * 0
-    return tl.philox(seed.to(tl.int64), c0 + zero, off_lo + zero, off_hi + zero, zero + stream)
+    return tl.philox(seed.to(tl.int64), c0 + zero, off_lo + zero, off_hi + zero, zero + stream, ROUNDS)
 
 
 @triton.jit
@@ -45,13 +47,13 @@ def philox_bits(seed, offset, counter, stream: tl.constexpr):
 
 
 @triton.jit
-def vocab_quad_bits(seed, offset, quad):
+def vocab_quad_bits(seed, offset, quad, ROUNDS: tl.constexpr = 10):
     """The sampler's bits of the four ids 4 * quad + j, as four words (lane j = word j).
 
     The contract's quad-to-lane mapping lives here: id v draws word v & 3 of the Philox
     evaluation at counter v >> 2. Kernels that keep the four lanes apart (the chunked
-    path's pass) use this; the others use vocab_bits / vocab_bits_tile."""
-    return philox_words(seed, offset, quad, STREAM_VOCAB)
+    path's pass) use this; the others use vocab_bits / vocab_bits_tile. ROUNDS: philox_words'."""
+    return philox_words(seed, offset, quad, STREAM_VOCAB, ROUNDS)
 
 
 @triton.jit

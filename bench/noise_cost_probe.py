@@ -1,0 +1,220 @@
+"""Issue 14: why the warp-specialised tile's noise is not hidden behind its main loop past 64 rows.
+
+The ws kernel (fsdist/ops/fused_sample_ws.py) runs the sampling epilogue on warps of their own, beside the next
+tile's wgmmas. v82 measured its epilogue alone (main loop skipped) at well under the main loop's time per tile, yet
+the noise still adds 10-19% to stage 1 at B = 256-1024. Two explanations predict different levers:
+
+* contention inside the SM (issue slots, register file, shared memory): the fix is overlap (ping-pong warpgroups,
+  fewer instructions beside the wgmmas);
+* power: the card runs at its power limit in a compute-bound GEMM, and the epilogue's integer and MUFU work lowers
+  the SM clock for everything: the only fix is less energy per id (a cheaper generator, fewer operations).
+
+This probe times stage 1 alone on the shipped 128-row ws tile (8 epilogue warps, the shipped stages), side by side,
+L2 flushed, CUDA events, medians (``fsdist.timing``):
+
+  cublas      F.linear(h, W): the bf16 matmul alone
+  ws          the shipped kernel, `[B]` temperature / seed / offset tensors (T = 1)
+  ws_greedy   T = 0: no noise, the main loop with the lightest epilogue
+  ws_epi      the epilogue alone (main loop skipped, zero logits)
+  ws_philox   the Philox bits without the two logs (noise_probe="philox"; not the sampler's tokens)
+  ws_logs     the two logs of a cheap hash instead of Philox (noise_probe="logs")
+  ws_rounds7  Philox-4x32 with 7 rounds instead of 10 (noise_probe="rounds7")
+
+then runs each method back to back for --seconds while ``nvidia-smi`` samples the SM clock and the power draw
+(every 50 ms; read only: the card's settings are left alone), and reports each method's median clock and power.
+Checks first: the probe's shipped variant writes the dispatched launch's candidates bit for bit, and each noise
+variant changes them (so the switch took effect).
+
+    python3 bench/noise_cost_probe.py [--shapes 4096x151936,8192x128256] [--batches 256,1024] [--seconds 1.5]
+
+Prints a table last; the JSON goes to bench/results/noise_cost_probe_<gpu>_<date>.json (and $OUT). sm_90 only.
+"""
+import common as C  # first: the repo root on sys.path, fsdist.env.apply_safe_env() before torch
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+
+from fsdist.ops.configs import default_config  # noqa: E402
+from fsdist.ops.fused_sample import launch_fused  # noqa: E402
+from fsdist.ops.fused_sample_ws import NOISE_PROBES, launch_fused_ws  # noqa: E402
+from fsdist.ops.layout import BufferPair, CandidateLayout  # noqa: E402
+from fsdist.params import RowParams  # noqa: E402
+
+SMI_FIELDS = "clocks.sm,power.draw,temperature.gpu"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="4096x151936,8192x128256")
+    p.add_argument("--batches", default="256,1024")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=1.5, help="back-to-back calls per method while clocks are read")
+    p.add_argument("--smi-ms", type=int, default=50, help="nvidia-smi's sampling period")
+    return p.parse_args(argv)
+
+
+class ClockReader:
+    """nvidia-smi in the background, each line stamped with the host's clock on arrival."""
+
+    def __init__(self, period_ms: int):
+        self.samples = []  # (host time, sm MHz, watts, deg C)
+        try:
+            self.proc = subprocess.Popen(["nvidia-smi", "-i", "0", f"--query-gpu={SMI_FIELDS}",
+                                          "--format=csv,noheader,nounits", f"-lms={period_ms}"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self.proc = None
+            return
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                mhz, watts, temp = (float(x) for x in line.strip().split(","))
+            except ValueError:
+                continue
+            self.samples.append((time.time(), mhz, watts, temp))
+
+    def window(self, t0: float, t1: float) -> dict:
+        """Median clock / power / temperature of the samples inside [t0, t1] (the first 20% left out: the ramp)."""
+        t0 = t0 + 0.2 * (t1 - t0)
+        xs = [s for s in self.samples if t0 <= s[0] <= t1]
+        if not xs:
+            return {"n": 0}
+        return {"n": len(xs), "sm_mhz": statistics.median(s[1] for s in xs),
+                "watts": statistics.median(s[2] for s in xs), "temp_c": statistics.median(s[3] for s in xs)}
+
+    def close(self):
+        if self.proc is not None:
+            self.proc.terminate()
+
+
+def sustained(fn, args, seconds: float, dev) -> tuple:
+    """Back-to-back calls for about ``seconds``: (host start, host end, µs per call)."""
+    torch.cuda.synchronize(dev)
+    t0 = time.time()
+    n = 0
+    while time.time() - t0 < seconds:
+        for _ in range(8):
+            fn(*args)
+        n += 8
+        torch.cuda.synchronize(dev)  # (keeps the host from queueing more than a few calls ahead)
+    t1 = time.time()
+    return t0, t1, (t1 - t0) * 1e6 / n
+
+
+def zeroed(layout, dev) -> BufferPair:
+    """Candidate buffers with every slot zero, so that slots no launch writes compare equal."""
+    pair = BufferPair.alloc(layout, dev)
+    pair.f.zero_()
+    pair.i.zero_()
+    return pair
+
+
+def check(h, W, params, layout, V, shipped, dev, failures, label):
+    """The probe's shipped variant against the dispatched launch, bit for bit; each noise variant must differ."""
+    ref = zeroed(layout, dev)
+    launch_fused(h, W, params, shipped, layout, ref, vocab_size=V)
+    got = {}
+    for probe in NOISE_PROBES:
+        cand = zeroed(layout, dev)
+        launch_fused_ws(h, W, params, layout, cand, vocab_size=V, stages=shipped.num_stages, epilogue_warps=8,
+                        noise_probe=probe)
+        got[probe] = cand
+    torch.cuda.synchronize(dev)
+    same = torch.equal(got[""].i, ref.i) and torch.equal(got[""].f.nan_to_num(-7.0), ref.f.nan_to_num(-7.0))
+    if not same:
+        failures.append(f"{label}: the probe's shipped variant differs from the dispatched launch")
+    for probe in NOISE_PROBES:
+        if probe and torch.equal(got[probe].i, ref.i):
+            failures.append(f"{label}: noise_probe={probe!r} left every candidate as it was (switch not applied?)")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    dev = C.bench_device()
+    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) != (9, 0):
+        print("noise_cost_probe: skipped, needs a Hopper (sm_90) GPU.", flush=True)
+        return 0
+    out = C.ResultWriter("noise_cost_probe", dev)
+    out.data.update(env=C.env_info(), args=vars(args), cells=[])
+    failures = []
+    flush = C.L2Flusher(dev)
+    clocks = ClockReader(args.smi_ms)
+    table = []
+    try:
+        for D, V in C.parse_shapes(args.shapes):
+            g = torch.Generator(device=dev).manual_seed(D)
+            W = (torch.randn(V, D, device=dev, generator=g) * D ** -0.5).to(torch.bfloat16)
+            for B in C.parse_int_list(args.batches):
+                hs = [torch.randn(B, D, device=dev, generator=g).to(torch.bfloat16) for _ in range(4)]
+                params = RowParams(torch.ones(B, device=dev), torch.randint(0, 2**62, (B,), device=dev, generator=g),
+                                   torch.randint(0, 2**40, (B,), device=dev, generator=g))
+                greedy = RowParams(0.0, 0, 0)  # (scalar T = 0: the kernel compiles without noise)
+                layout = CandidateLayout(1, triton.cdiv(V, 128), B)
+                cand = BufferPair.alloc(layout, dev)
+                shipped = default_config(B, D, dev)
+                label = f"D={D} B={B}"
+                if not (shipped.ws and shipped.block_b == 128):
+                    failures.append(f"{label}: the dispatch runs {shipped}, not the ws 128-row tile: cell skipped")
+                    continue
+                check(hs[0], W, params, layout, V, shipped, dev, failures, label)
+
+                def ws(h, p=params, probe="", epi=False):
+                    launch_fused_ws(h, W, p, layout, cand, vocab_size=V, stages=shipped.num_stages, epilogue_warps=8,
+                                    noise_probe=probe, epilogue_only=epi)
+
+                methods = {"cublas": lambda h: F.linear(h, W), "ws": ws,
+                           "ws_greedy": lambda h: ws(h, greedy), "ws_epi": lambda h: ws(h, epi=True),
+                           "ws_philox": lambda h: ws(h, probe="philox"), "ws_logs": lambda h: ws(h, probe="logs"),
+                           "ws_rounds7": lambda h: ws(h, probe="rounds7")}
+                times = C.time_methods(methods, [(h,) for h in hs], warmup=args.warmup, reps=args.reps, flush=flush,
+                                       device=dev, failures=failures, label=label)
+                power = {}
+                for name, fn in methods.items():
+                    if name not in times:
+                        continue
+                    t0, t1, per_call = sustained(fn, (hs[0],), args.seconds, dev)
+                    time.sleep(0.15)  # (the last samples of the window arrive)
+                    power[name] = dict(clocks.window(t0, t1), sustained_us=per_call)
+                    time.sleep(0.3)  # (a short idle gap, so that windows do not blend)
+                row = {"D": D, "V": V, "B": B, "config": str(shipped), "times": times, "power": power}
+                out.data["cells"].append(row)
+                out.flush()
+                table.append(row)
+                C.log(f"{label}: " + ", ".join(
+                    f"{k} {v['median_us']:.1f} us @ {power.get(k, {}).get('sm_mhz', 0):.0f} MHz"
+                    f" {power.get(k, {}).get('watts', 0):.0f} W" for k, v in times.items()))
+            del W
+            torch.cuda.empty_cache()
+    finally:
+        clocks.close()
+    out.data["failures"] = failures
+    out.data["smi_samples"] = len(clocks.samples)
+    out.flush()
+    print("\nstage 1 alone: median us (L2 flushed) / cublas; then the sustained run's median SM MHz and watts")
+    for r in table:
+        print(f"D={r['D']} B={r['B']} ({r['config']})")
+        base = r["times"]["cublas"]["median_us"]
+        for name, t in r["times"].items():
+            pw = r["power"].get(name, {})
+            print(f"  {name:11s} {t['median_us']:9.1f} us {t['median_us'] / base:6.3f}x   "
+                  f"{pw.get('sm_mhz', float('nan')):6.0f} MHz {pw.get('watts', float('nan')):5.0f} W "
+                  f"({pw.get('n', 0)} samples, {pw.get('sustained_us', float('nan')):.1f} us a call back to back)")
+    print("checks:", "all passed" if not failures else "\n  ".join(["FAILED"] + failures))
+    print("results:", out.path)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
