@@ -19,11 +19,14 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
   ws_philox   the Philox bits without the two logs (noise_probe="philox"; not the sampler's tokens)
   ws_logs     the two logs of a cheap hash instead of Philox (noise_probe="logs")
   ws_rounds7  Philox-4x32 with 7 rounds instead of 10 (noise_probe="rounds7")
+  ws_ab2      the accumulator handed off through a buffer per column half (acc_buffers=2, 64 KB): the MMA warpgroup
+              stores the second half without waiting for the epilogue to read the first (the shipped stages, and
+              ws_ab2s4 with one stage fewer); ws_ab2_greedy with T = 0
 
 then runs each method back to back for --seconds while ``nvidia-smi`` samples the SM clock and the power draw
 (every 50 ms; read only: the card's settings are left alone), and reports each method's median clock and power.
-Checks first: the probe's shipped variant writes the dispatched launch's candidates bit for bit, and each noise
-variant changes them (so the switch took effect).
+Checks first: the probe's shipped variant and the acc_buffers=2 variants write the dispatched launch's candidates
+bit for bit, and each noise variant changes them (so the switch took effect).
 
     python3 bench/noise_cost_probe.py [--shapes 4096x151936,8192x128256] [--batches 256,1024] [--seconds 1.5]
 
@@ -138,6 +141,12 @@ def check(h, W, params, layout, V, shipped, dev, failures, label):
     for probe in NOISE_PROBES:
         if probe and torch.equal(got[probe].i, ref.i):
             failures.append(f"{label}: noise_probe={probe!r} left every candidate as it was (switch not applied?)")
+    for stages in (shipped.num_stages, shipped.num_stages - 1):
+        cand = zeroed(layout, dev)
+        launch_fused_ws(h, W, params, layout, cand, vocab_size=V, stages=stages, epilogue_warps=8, acc_buffers=2)
+        torch.cuda.synchronize(dev)
+        if not (torch.equal(cand.i, ref.i) and torch.equal(cand.f.nan_to_num(-7.0), ref.f.nan_to_num(-7.0))):
+            failures.append(f"{label}: acc_buffers=2 with {stages} stages differs from the dispatched launch")
 
 
 def main(argv=None) -> int:
@@ -170,14 +179,16 @@ def main(argv=None) -> int:
                     continue
                 check(hs[0], W, params, layout, V, shipped, dev, failures, label)
 
-                def ws(h, p=params, probe="", epi=False):
-                    launch_fused_ws(h, W, p, layout, cand, vocab_size=V, stages=shipped.num_stages, epilogue_warps=8,
-                                    noise_probe=probe, epilogue_only=epi)
+                def ws(h, p=params, probe="", epi=False, bufs=1, stages=shipped.num_stages):
+                    launch_fused_ws(h, W, p, layout, cand, vocab_size=V, stages=stages, epilogue_warps=8,
+                                    noise_probe=probe, epilogue_only=epi, acc_buffers=bufs)
 
                 methods = {"cublas": lambda h: F.linear(h, W), "ws": ws,
                            "ws_greedy": lambda h: ws(h, greedy), "ws_epi": lambda h: ws(h, epi=True),
                            "ws_philox": lambda h: ws(h, probe="philox"), "ws_logs": lambda h: ws(h, probe="logs"),
-                           "ws_rounds7": lambda h: ws(h, probe="rounds7")}
+                           "ws_rounds7": lambda h: ws(h, probe="rounds7"), "ws_ab2": lambda h: ws(h, bufs=2),
+                           "ws_ab2s4": lambda h: ws(h, bufs=2, stages=shipped.num_stages - 1),
+                           "ws_ab2_greedy": lambda h: ws(h, greedy, bufs=2)}
                 times = C.time_methods(methods, [(h,) for h in hs], warmup=args.warmup, reps=args.reps, flush=flush,
                                        device=dev, failures=failures, label=label)
                 power = {}
@@ -208,7 +219,7 @@ def main(argv=None) -> int:
         base = r["times"]["cublas"]["median_us"]
         for name, t in r["times"].items():
             pw = r["power"].get(name, {})
-            print(f"  {name:11s} {t['median_us']:9.1f} us {t['median_us'] / base:6.3f}x   "
+            print(f"  {name:13s} {t['median_us']:9.1f} us {t['median_us'] / base:6.3f}x   "
                   f"{pw.get('sm_mhz', float('nan')):6.0f} MHz {pw.get('watts', float('nan')):5.0f} W "
                   f"({pw.get('n', 0)} samples, {pw.get('sustained_us', float('nan')):.1f} us a call back to back)")
     print("checks:", "all passed" if not failures else "\n  ".join(["FAILED"] + failures))

@@ -150,7 +150,8 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc, k_steps,
-                  ROWS: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr, WHOLE: gl.constexpr):
+                  ROWS: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr, WHOLE: gl.constexpr,
+                  ACC_BUFS: gl.constexpr = 1):
         """One tile's main loop over the first ROWS rows of the stages (WHOLE: all of them) and its hand-off; the
         advanced (it, hc)."""
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -175,25 +176,35 @@ if HAVE_GLUON:
         # the wgmma layout: the split moves no data.) A short tile fills the buffer's first ROWS rows: the
         # epilogue reads the others too (an earlier tile's values, or never-written shared memory), for rows past
         # the batch, which it never stores.
+        # With ACC_BUFS = 2 each half has a buffer of its own (a 64 KB hand-off): the right half is stored without
+        # waiting for the epilogue to read the left one out (hand-off number u = hc + half uses buffer u % ACC_BUFS
+        # for the (u // ACC_BUFS)-th time).
         left, right = gl.split(gl.permute(gl.reshape(acc, [ROWS, 2, BLOCK_V // 2]), (0, 2, 1)))
-        mbarrier.wait(acc_empty, (hc & 1) ^ 1)
-        if WHOLE:
-            acc_smem.store(left)
+        J1: gl.constexpr = ACC_BUFS - 1
+        if ACC_BUFS == 2:
+            e0 = ((hc // 2) & 1) ^ 1
+            e1 = e0
         else:
-            acc_smem.slice(0, ROWS).store(left)
-        mbarrier.arrive(acc_ready)
-        mbarrier.wait(acc_empty, hc & 1)
+            e0 = (hc & 1) ^ 1
+            e1 = hc & 1
+        mbarrier.wait(acc_empty.index(0), e0)
         if WHOLE:
-            acc_smem.store(right)
+            acc_smem.index(0).store(left)
         else:
-            acc_smem.slice(0, ROWS).store(right)
-        mbarrier.arrive(acc_ready)
+            acc_smem.index(0).slice(0, ROWS).store(left)
+        mbarrier.arrive(acc_ready.index(0))
+        mbarrier.wait(acc_empty.index(J1), e1)
+        if WHOLE:
+            acc_smem.index(J1).store(right)
+        else:
+            acc_smem.index(J1).slice(0, ROWS).store(right)
+        mbarrier.arrive(acc_ready.index(J1))
         return it, hc + 2
 
     @gluon.jit
     def _mma_partition(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles, k_steps,
                        BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr,
-                       LAST_BOXES: gl.constexpr, ROTATE: gl.constexpr):
+                       LAST_BOXES: gl.constexpr, ROTATE: gl.constexpr, ACC_BUFS: gl.constexpr):
         # One warpgroup: acc[BLOCK_B, BLOCK_V] = h_tile @ w_tile^T over k, one wgmma group in
         # flight while the next stage's data is awaited; a stage is released as soon as the
         # wgmma that read it has retired. With LAST_BOXES the batch's last tile (at most half a tile of rows)
@@ -205,13 +216,13 @@ if HAVE_GLUON:
                 pid_b, _pid_v = _tile_coords(t, n_btiles, ROTATE)
                 if pid_b == n_btiles - 1:
                     it, hc = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc,
-                                       k_steps, BLOCK_B // 2, BLOCK_V, STAGES, False)
+                                       k_steps, BLOCK_B // 2, BLOCK_V, STAGES, False, ACC_BUFS)
                 else:
                     it, hc = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc,
-                                       k_steps, BLOCK_B, BLOCK_V, STAGES, True)
+                                       k_steps, BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS)
             else:
                 it, hc = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc, k_steps,
-                                   BLOCK_B, BLOCK_V, STAGES, True)
+                                   BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS)
 
     @gluon.jit
     def _half_bits(seed, offset, first_id, HALF: gl.constexpr, quad_layout: gl.constexpr, PROBE: gl.constexpr = 0):
@@ -330,7 +341,7 @@ if HAVE_GLUON:
                             RAW_SUM: gl.constexpr, BITMASK: gl.constexpr, SPARSE: gl.constexpr,
                             PINNED: gl.constexpr, PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr,
                             DEVICE_PARITY: gl.constexpr, HEADER: gl.constexpr, XFP_PER_ROW: gl.constexpr,
-                            ROTATE: gl.constexpr, NOISE_PROBE: gl.constexpr):
+                            ROTATE: gl.constexpr, NOISE_PROBE: gl.constexpr, ACC_BUFS: gl.constexpr):
         HALF: gl.constexpr = BLOCK_V // 2
         # the copy of a double buffer this call writes (parity.py), read once
         buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
@@ -381,13 +392,23 @@ if HAVE_GLUON:
                 h1 = h0
                 hv1 = hv0
 
-            best0, at0, bad0, l0, col0 = _epilogue_half(acc_smem, acc_ready, acc_empty, hc & 1, 0, seed, offset,
+            # the halves' buffers and phases (_mma_tile's hand-off numbering)
+            J1: gl.constexpr = ACC_BUFS - 1
+            if ACC_BUFS == 2:
+                p0 = (hc // 2) & 1
+                p1 = p0
+            else:
+                p0 = hc & 1
+                p1 = (hc + 1) & 1
+            best0, at0, bad0, l0, col0 = _epilogue_half(acc_smem.index(0), acc_ready.index(0), acc_empty.index(0),
+                                                        p0, 0, seed, offset,
                                                         noise_scale, tile_start, V_rows, vocab_size, vocab_start,
                                                         offs_b, mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr,
                                                         ent_stride, s0, n0, h0, hv0, rep, freq, pres,
                                                         HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
                                                         PINNED, SPARSE and BLOCK_B > 64, NOISE_PROBE)
-            best1, at1, bad1, l1, col1 = _epilogue_half(acc_smem, acc_ready, acc_empty, (hc + 1) & 1, 1, seed,
+            best1, at1, bad1, l1, col1 = _epilogue_half(acc_smem.index(J1), acc_ready.index(J1),
+                                                        acc_empty.index(J1), p1, 1, seed,
                                                         offset, noise_scale, tile_start, V_rows, vocab_size,
                                                         vocab_start, offs_b, mask_b, bm_ptr, bm_stride, ent_ptr,
                                                         val_ptr, ent_stride, s1, n1, h1, hv1, rep, freq, pres,
@@ -470,7 +491,8 @@ if HAVE_GLUON:
                                NPEERS: gl.constexpr = 1, DEVICE_PARITY: gl.constexpr = False,
                                HEADER: gl.constexpr = False, XFP_PER_ROW: gl.constexpr = False,
                                H_BOXES: gl.constexpr = 1, LAST_BOXES: gl.constexpr = 0,
-                               ROTATE: gl.constexpr = False, NOISE_PROBE: gl.constexpr = 0):
+                               ROTATE: gl.constexpr = False, NOISE_PROBE: gl.constexpr = 0,
+                               ACC_BUFS: gl.constexpr = 1):
         # BLOCK_B: the batch tile, loaded as one TMA box of the hidden, or (launch_fused_ws's box_rows: a one-tile
         # batch) as H_BOXES smaller boxes. LAST_BOXES (launch_fused_ws's last_box_rows): the batch's last tile, of
         # at most BLOCK_B / 2 rows, loaded as that many boxes of hl_desc's rows and multiplied as half a tile. ROTATE:
@@ -482,21 +504,22 @@ if HAVE_GLUON:
         w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_V, BLOCK_K], w_desc.layout)
         # The accumulator hand-off, swizzled so the wgmma layout's row-strided stores and the
         # epilogue's quad loads spread over the banks.
-        acc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_B, BLOCK_V // 2],
+        acc_smem = gl.allocate_shared_memory(gl.float32, [ACC_BUFS, BLOCK_B, BLOCK_V // 2],
                                              gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        acc_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        acc_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        acc_ready = gl.allocate_shared_memory(gl.int64, [ACC_BUFS, 1], mbarrier.MBarrierLayout())
+        acc_empty = gl.allocate_shared_memory(gl.int64, [ACC_BUFS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
-        mbarrier.init(acc_ready, count=1)
-        mbarrier.init(acc_empty, count=1)
+        for i in gl.static_range(ACC_BUFS):
+            mbarrier.init(acc_ready.index(i), count=1)
+            mbarrier.init(acc_empty.index(i), count=1)
 
         gl.warp_specialize([
             (_mma_partition, (h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles,
-                              k_steps, BLOCK_B, BLOCK_V, STAGES, LAST_BOXES, ROTATE)),
+                              k_steps, BLOCK_B, BLOCK_V, STAGES, LAST_BOXES, ROTATE, ACC_BUFS)),
             (_load_partition, (h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
                                BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES, LAST_BOXES, ROTATE)),
             (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
@@ -507,7 +530,7 @@ if HAVE_GLUON:
                                    hdr_off_i, flags, xfp_ptr, xfp_val, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW,
                                    OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, ROW_THREADS, LOGPROBS, EXTENDED,
                                    WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE, PINNED, PEER_TABLE, NPEERS, DEVICE_PARITY,
-                                   HEADER, XFP_PER_ROW, ROTATE, NOISE_PROBE)),
+                                   HEADER, XFP_PER_ROW, ROTATE, NOISE_PROBE, ACC_BUFS)),
         ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
 
 
@@ -591,13 +614,17 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     epilogue_warps: int = WS_EPILOGUE_WARPS, grid_cap: int = 0, epilogue_only: bool = False,
                     block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
                     raw_sums: bool = True, winner_logit: bool = False, batch: int = None,
-                    flags: int = None, box_rows: int = 0, last_box_rows: int = 0, noise_probe: str = "") -> None:
+                    flags: int = None, box_rows: int = 0, last_box_rows: int = 0, noise_probe: str = "",
+                    acc_buffers: int = 1) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
     epilogue_only (benchmarks): skip the main loop (zero logits), to time the epilogue alone. noise_probe
     (benchmarks; not the sampler: other tokens): "philox" the Philox bits without the two logs, "logs" the logs
     of a cheap hash instead of Philox, "rounds7" Philox with 7 rounds instead of 10 (NOISE_PROBES).
+    acc_buffers: the accumulator's hand-off to the epilogue through one 32 KB buffer, a column half at a time (1), or
+    a buffer per half (2, 64 KB: the MMA warpgroup stores the second half without waiting for the epilogue to read
+    the first); the same candidates.
     block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same
     candidates: each row's products and their order do not depend on it). logprobs / extended /
     raw_sums / winner_logit as launch_fused's (64-row tiles only): the winner's logit with logprobs or
@@ -625,6 +652,8 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     last tile whole."""
     if block_b not in (64, 128):
         raise ValueError(f"block_b must be 64 or 128, got {block_b}")
+    if acc_buffers not in (1, 2):
+        raise ValueError(f"acc_buffers must be 1 or 2, got {acc_buffers}")
     if noise_probe not in NOISE_PROBES:
         raise ValueError(f"noise_probe must be one of {sorted(NOISE_PROBES)}, got {noise_probe!r}")
     if extended and not layout.extended:
@@ -681,7 +710,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         LOGPROBS=logprobs or extended, EXTENDED=extended, WINNER_LOGIT=logprobs or winner_logit, RAW_SUM=raw_sums,
         **proc_flags, PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1, DEVICE_PARITY=par_on, HEADER=header,
         XFP_PER_ROW=xfp_row, BLOCK_B=block_b, H_BOXES=boxes, LAST_BOXES=last_boxes, ROTATE=rotate,
-        NOISE_PROBE=NOISE_PROBES[noise_probe],
+        NOISE_PROBE=NOISE_PROBES[noise_probe], ACC_BUFS=acc_buffers,
         num_warps=4, maxnreg=maxnreg,
     )
 
