@@ -60,7 +60,11 @@ def parse_args(argv=None):
     p.add_argument("--batches", default="256,1024")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=4)
-    p.add_argument("--seconds", type=float, default=1.5, help="back-to-back calls per method while clocks are read")
+    p.add_argument("--seconds", type=float, default=1.5,
+                   help="back-to-back calls per method while clocks are read (0: no clock readings)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="time every method this many times in turn (the table: the median of the runs' medians, and "
+                        "their range), to see how far a cell moves between runs")
     p.add_argument("--smi-ms", type=int, default=50, help="nvidia-smi's sampling period")
     return p.parse_args(argv)
 
@@ -189,11 +193,15 @@ def main(argv=None) -> int:
                            "ws_rounds7": lambda h: ws(h, probe="rounds7"), "ws_ab2": lambda h: ws(h, bufs=2),
                            "ws_ab2s4": lambda h: ws(h, bufs=2, stages=shipped.num_stages - 1),
                            "ws_ab2_greedy": lambda h: ws(h, greedy, bufs=2)}
-                times = C.time_methods(methods, [(h,) for h in hs], warmup=args.warmup, reps=args.reps, flush=flush,
-                                       device=dev, failures=failures, label=label)
+                runs = [C.time_methods(methods, [(h,) for h in hs], warmup=args.warmup, reps=args.reps, flush=flush,
+                                       device=dev, failures=failures, label=label) for _ in range(args.repeat)]
+                times = {}
+                for name in runs[0]:
+                    meds = [r[name]["median_us"] for r in runs if name in r]
+                    times[name] = dict(runs[0][name], median_us=statistics.median(meds), run_medians_us=meds)
                 power = {}
                 for name, fn in methods.items():
-                    if name not in times:
+                    if name not in times or args.seconds <= 0:
                         continue
                     t0, t1, per_call = sustained(fn, (hs[0],), args.seconds, dev)
                     time.sleep(0.15)  # (the last samples of the window arrive)
@@ -219,7 +227,9 @@ def main(argv=None) -> int:
         base = r["times"]["cublas"]["median_us"]
         for name, t in r["times"].items():
             pw = r["power"].get(name, {})
-            print(f"  {name:13s} {t['median_us']:9.1f} us {t['median_us'] / base:6.3f}x   "
+            meds = t.get("run_medians_us", [t["median_us"]])
+            spread = f" [{min(meds):8.1f}-{max(meds):8.1f}]" if len(meds) > 1 else ""
+            print(f"  {name:13s} {t['median_us']:9.1f} us{spread} {t['median_us'] / base:6.3f}x   "
                   f"{pw.get('sm_mhz', float('nan')):6.0f} MHz {pw.get('watts', float('nan')):5.0f} W "
                   f"({pw.get('n', 0)} samples, {pw.get('sustained_us', float('nan')):.1f} us a call back to back)")
     print("checks:", "all passed" if not failures else "\n  ".join(["FAILED"] + failures))
