@@ -1,0 +1,43 @@
+"""bench/sass_stalls.py: reading ncu's per-SASS-instruction CSV and splitting the wgmma loop from the rest (no GPU)."""
+import gzip
+import importlib.util
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location(
+    "sass_stalls", Path(__file__).resolve().parent.parent / "bench" / "sass_stalls.py")
+ss = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ss)
+
+HEADER = ('"Address","Source","Instructions Executed","stall_no_inst","stall_wait","stall_math",'
+          '"stall_no_inst (Not Issued)"')
+
+
+def _block(name, rows):
+    lines = [f'"Kernel Name","{name}",', HEADER]
+    lines += [",".join(f'"{x}"' for x in r) for r in rows]
+    return "\n".join(lines)
+
+
+def test_blocks_and_the_mma_loop_split(tmp_path):
+    greedy = [("0x0", "LDC R1", 10, 1, 0, 0, 99), ("0x10", "HGMMA.64x128x16", 40, 2, 6, 0, 99),
+              ("0x20", "SYNCS.PHASECHK", 40, 5, 1, 0, 99), ("0x30", "HGMMA.64x128x16", 40, 1, 3, 0, 99),
+              ("0x40", "MUFU.LG2", 80, 0, 0, 4, 99)]
+    noise = [(a, s, n, ni * 3, w, m, 0) for a, s, n, ni, w, m, _ in greedy]
+    p = tmp_path / "x.csv.gz"
+    with gzip.open(p, "wt") as f:
+        f.write(_block("fused_sample_ws_kernel", greedy) + "\n" + _block("fused_sample_ws_kernel", noise) + "\n")
+    blocks = ss.read_blocks(str(p))
+    assert [len(b["rows"]) for b in blocks] == [5, 5]
+    reasons = ss.stall_columns(blocks[0]["rows"])
+    assert reasons == ["stall_no_inst", "stall_wait", "stall_math"]  # the "(Not Issued)" copy left out
+    loop, rest = ss.split_mma_loop(blocks[0]["rows"])
+    assert [r["Address"] for r in loop] == ["0x10", "0x20", "0x30"]  # first to last HGMMA, inclusive
+    s = ss.summarize(loop, reasons)
+    assert s["reasons"] == {"no_inst": 8.0, "wait": 10.0, "math": 0.0} and s["samples"] == 18.0
+    assert ss.summarize(ss.split_mma_loop(blocks[1]["rows"])[0], reasons)["reasons"]["no_inst"] == 24.0
+    assert ss.summarize(rest, reasons)["instructions"] == 90.0
+
+
+def test_no_wgmma_leaves_everything_in_the_rest():
+    rows = [{"Address": "0x0", "Source": "FFMA R0, R1, R2, R3"}]
+    assert ss.split_mma_loop(rows) == ([], rows)
