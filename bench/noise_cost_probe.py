@@ -22,6 +22,8 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
   ws_ab2      the accumulator handed off through a buffer per column half (acc_buffers=2, 64 KB): the MMA warpgroup
               stores the second half without waiting for the epilogue to read the first (the shipped stages, and
               ws_ab2s4 with one stage fewer); ws_ab2_greedy with T = 0
+  ws_c<N>     the chunked epilogue (epilogue_chunk=N: N columns at a time in a rolled loop, a fraction of the code);
+              ws_c<N>ab2 with a buffer per column half, ws_c<N>ab2_greedy with T = 0
 
 then runs each method back to back for --seconds while ``nvidia-smi`` samples the SM clock and the power draw
 (every 50 ms; read only: the card's settings are left alone), and reports each method's median clock and power.
@@ -62,6 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--seconds", type=float, default=1.5,
                    help="back-to-back calls per method while clocks are read (0: no clock readings)")
+    p.add_argument("--methods", default="", help="comma-separated subset of the methods (default: all); cublas and ws "
+                   "are always timed")
     p.add_argument("--repeat", type=int, default=1,
                    help="time every method this many times in turn (the table: the median of the runs' medians, and "
                         "their range), to see how far a cell moves between runs")
@@ -145,12 +149,15 @@ def check(h, W, params, layout, V, shipped, dev, failures, label):
     for probe in NOISE_PROBES:
         if probe and torch.equal(got[probe].i, ref.i):
             failures.append(f"{label}: noise_probe={probe!r} left every candidate as it was (switch not applied?)")
-    for stages in (shipped.num_stages, shipped.num_stages - 1):
+    for stages, bufs, chunk in ((shipped.num_stages, 2, 0), (shipped.num_stages - 1, 2, 0), (shipped.num_stages, 1, 16),
+                                (shipped.num_stages, 2, 16), (shipped.num_stages, 2, 32)):
         cand = zeroed(layout, dev)
-        launch_fused_ws(h, W, params, layout, cand, vocab_size=V, stages=stages, epilogue_warps=8, acc_buffers=2)
+        launch_fused_ws(h, W, params, layout, cand, vocab_size=V, stages=stages, epilogue_warps=8, acc_buffers=bufs,
+                        epilogue_chunk=chunk)
         torch.cuda.synchronize(dev)
         if not (torch.equal(cand.i, ref.i) and torch.equal(cand.f.nan_to_num(-7.0), ref.f.nan_to_num(-7.0))):
-            failures.append(f"{label}: acc_buffers=2 with {stages} stages differs from the dispatched launch")
+            failures.append(f"{label}: acc_buffers={bufs}, epilogue_chunk={chunk} with {stages} stages differs from "
+                            "the dispatched launch")
 
 
 def main(argv=None) -> int:
@@ -183,16 +190,25 @@ def main(argv=None) -> int:
                     continue
                 check(hs[0], W, params, layout, V, shipped, dev, failures, label)
 
-                def ws(h, p=params, probe="", epi=False, bufs=1, stages=shipped.num_stages):
+                def ws(h, p=params, probe="", epi=False, bufs=1, stages=shipped.num_stages, chunk=0):
                     launch_fused_ws(h, W, p, layout, cand, vocab_size=V, stages=stages, epilogue_warps=8,
-                                    noise_probe=probe, epilogue_only=epi, acc_buffers=bufs)
+                                    noise_probe=probe, epilogue_only=epi, acc_buffers=bufs, epilogue_chunk=chunk)
 
                 methods = {"cublas": lambda h: F.linear(h, W), "ws": ws,
                            "ws_greedy": lambda h: ws(h, greedy), "ws_epi": lambda h: ws(h, epi=True),
                            "ws_philox": lambda h: ws(h, probe="philox"), "ws_logs": lambda h: ws(h, probe="logs"),
                            "ws_rounds7": lambda h: ws(h, probe="rounds7"), "ws_ab2": lambda h: ws(h, bufs=2),
                            "ws_ab2s4": lambda h: ws(h, bufs=2, stages=shipped.num_stages - 1),
-                           "ws_ab2_greedy": lambda h: ws(h, greedy, bufs=2)}
+                           "ws_ab2_greedy": lambda h: ws(h, greedy, bufs=2),
+                           "ws_c16": lambda h: ws(h, chunk=16), "ws_c16ab2": lambda h: ws(h, bufs=2, chunk=16),
+                           "ws_c32ab2": lambda h: ws(h, bufs=2, chunk=32),
+                           "ws_c16ab2_greedy": lambda h: ws(h, greedy, bufs=2, chunk=16)}
+                if args.methods:
+                    keep = {"cublas", "ws"} | set(args.methods.split(","))
+                    unknown = keep - set(methods)
+                    if unknown:
+                        raise SystemExit(f"--methods: unknown {sorted(unknown)}")
+                    methods = {k: v for k, v in methods.items() if k in keep}
                 runs = [C.time_methods(methods, [(h,) for h in hs], warmup=args.warmup, reps=args.reps, flush=flush,
                                        device=dev, failures=failures, label=label) for _ in range(args.repeat)]
                 times = {}

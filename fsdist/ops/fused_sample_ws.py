@@ -149,9 +149,34 @@ if HAVE_GLUON:
                                 STAGES, H_BOXES)
 
     @gluon.jit
+    def _col_halves(x, ROWS: gl.constexpr, W: gl.constexpr):
+        """The left and right column halves of x [ROWS, W] (a register bit of the wgmma layout: no data moves)."""
+        return gl.split(gl.permute(gl.reshape(x, [ROWS, 2, W // 2]), (0, 2, 1)))
+
+    @gluon.jit
+    def _store_hand_off(acc_smem, base: gl.constexpr, x, ROWS: gl.constexpr, W: gl.constexpr, NCH: gl.constexpr,
+                        WHOLE: gl.constexpr):
+        """x [ROWS, W] into buffer `base` of acc_smem (NCH = 1), or its NCH column chunks (2 or 4) into buffers
+        base .. base + NCH - 1 (the chunked epilogue's, EPI_CHUNK); a short tile fills each buffer's first ROWS rows."""
+        if NCH == 1:
+            if WHOLE:
+                acc_smem.index(base).store(x)
+            else:
+                acc_smem.index(base).slice(0, ROWS).store(x)
+        elif NCH == 2:
+            a, b = _col_halves(x, ROWS, W)
+            _store_hand_off(acc_smem, base, a, ROWS, W // 2, 1, WHOLE)
+            _store_hand_off(acc_smem, base + 1, b, ROWS, W // 2, 1, WHOLE)
+        else:
+            gl.static_assert(NCH == 4, "the hand-off splits a column half into 1, 2 or 4 chunks")
+            a, b = _col_halves(x, ROWS, W)
+            _store_hand_off(acc_smem, base, a, ROWS, W // 2, 2, WHOLE)
+            _store_hand_off(acc_smem, base + 2, b, ROWS, W // 2, 2, WHOLE)
+
+    @gluon.jit
     def _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc, k_steps,
                   ROWS: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr, WHOLE: gl.constexpr,
-                  ACC_BUFS: gl.constexpr = 1):
+                  ACC_BUFS: gl.constexpr = 1, NCH: gl.constexpr = 1):
         """One tile's main loop over the first ROWS rows of the stages (WHOLE: all of them) and its hand-off; the
         advanced (it, hc)."""
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -188,23 +213,18 @@ if HAVE_GLUON:
             e0 = (hc & 1) ^ 1
             e1 = hc & 1
         mbarrier.wait(acc_empty.index(0), e0)
-        if WHOLE:
-            acc_smem.index(0).store(left)
-        else:
-            acc_smem.index(0).slice(0, ROWS).store(left)
+        _store_hand_off(acc_smem, 0, left, ROWS, BLOCK_V // 2, NCH, WHOLE)
         mbarrier.arrive(acc_ready.index(0))
         mbarrier.wait(acc_empty.index(J1), e1)
-        if WHOLE:
-            acc_smem.index(J1).store(right)
-        else:
-            acc_smem.index(J1).slice(0, ROWS).store(right)
+        _store_hand_off(acc_smem, J1 * NCH, right, ROWS, BLOCK_V // 2, NCH, WHOLE)
         mbarrier.arrive(acc_ready.index(J1))
         return it, hc + 2
 
     @gluon.jit
     def _mma_partition(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles, k_steps,
                        BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr,
-                       LAST_BOXES: gl.constexpr, ROTATE: gl.constexpr, ACC_BUFS: gl.constexpr):
+                       LAST_BOXES: gl.constexpr, ROTATE: gl.constexpr, ACC_BUFS: gl.constexpr,
+                       NCH: gl.constexpr):
         # One warpgroup: acc[BLOCK_B, BLOCK_V] = h_tile @ w_tile^T over k, one wgmma group in
         # flight while the next stage's data is awaited; a stage is released as soon as the
         # wgmma that read it has retired. With LAST_BOXES the batch's last tile (at most half a tile of rows)
@@ -216,13 +236,13 @@ if HAVE_GLUON:
                 pid_b, _pid_v = _tile_coords(t, n_btiles, ROTATE)
                 if pid_b == n_btiles - 1:
                     it, hc = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc,
-                                       k_steps, BLOCK_B // 2, BLOCK_V, STAGES, False, ACC_BUFS)
+                                       k_steps, BLOCK_B // 2, BLOCK_V, STAGES, False, ACC_BUFS, NCH)
                 else:
                     it, hc = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc,
-                                       k_steps, BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS)
+                                       k_steps, BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS, NCH)
             else:
                 it, hc = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc, k_steps,
-                                   BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS)
+                                   BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS, NCH)
 
     @gluon.jit
     def _half_bits(seed, offset, first_id, HALF: gl.constexpr, quad_layout: gl.constexpr, PROBE: gl.constexpr = 0):
@@ -298,6 +318,47 @@ if HAVE_GLUON:
         return best, at, bad, logit, col
 
     @gluon.jit
+    def _epilogue_half_chunked(acc_smem, base: gl.constexpr, acc_ready, acc_empty, phase, half: gl.constexpr, seed,
+                               offset, noise_scale, tile_start, V_rows, vocab_size, vocab_start, HALF: gl.constexpr,
+                               CHUNK: gl.constexpr, NOISE: gl.constexpr, FAST_LOG: gl.constexpr,
+                               quad_layout: gl.constexpr):
+        """_epilogue_half's (best score, best column, any NaN / +inf logit) for a plain call (no logprobs, kept logits
+        or processors), CHUNK columns at a time from buffers base .. base + HALF / CHUNK - 1 in a loop that is not
+        unrolled: the same results from a fraction of the code (v89: the unrolled noise's SASS slows the MMA
+        warpgroup's loop beside it). Chunks come in column order and a later one wins only when strictly larger, so
+        ties still go to the lowest column."""
+        zq = gl.zeros([seed.shape[0], CHUNK // 4], gl.int32, quad_layout)
+        lay: gl.constexpr = gl.reshape(gl.join(gl.join(zq, zq), gl.join(zq, zq)), [seed.shape[0], CHUNK]).type.layout
+        row_lay: gl.constexpr = gl.SliceLayout(1, lay)
+        cols = gl.arange(0, CHUNK, gl.SliceLayout(0, lay))
+        scale = gl.convert_layout(noise_scale, row_lay)[:, None]
+        best = gl.full([seed.shape[0]], float("-inf"), gl.float32, row_lay)
+        at = gl.full([seed.shape[0]], half * HALF, gl.int32, row_lay)
+        bad = gl.zeros([seed.shape[0]], gl.int32, row_lay)
+        first_id = vocab_start + tile_start + half * HALF
+        mbarrier.wait(acc_ready, phase)
+        for c in range(HALF // CHUNK):
+            # ptxas unrolls a loop of a known trip count; the pragma (in the loop's first block) keeps one copy
+            cc = gl.inline_asm_elementwise('.pragma "nounroll";\n mov.b32 $0, $1;', "=r,r", [c], dtype=gl.int32,
+                                           is_pure=True, pack=1)
+            col = half * HALF + cc * CHUNK + cols
+            valid = (vocab_start + tile_start + col < vocab_size) & (tile_start + col < V_rows)
+            logit = gl.where(valid[None, :], acc_smem.index(base + cc).load(lay), float("-inf"))
+            bad = gl.maximum(bad, gl.max(((logit != logit) | (logit == float("inf"))).to(gl.int32), axis=1))
+            if NOISE:
+                g = gumbel_from_bits(_half_bits(seed, offset, first_id + cc * CHUNK, CHUNK, quad_layout), FAST_LOG)
+                score = perturb(logit, scale, g, FAST_LOG)
+            else:
+                score = logit
+            chunk_best = gl.max(score, axis=1)
+            chunk_at = gl.min(gl.where(score == chunk_best[:, None], col[None, :], 1 << 30), axis=1)
+            take = chunk_best > best
+            best = gl.where(take, chunk_best, best)
+            at = gl.where(take, chunk_at, at)
+        mbarrier.arrive(acc_empty)
+        return best, at, bad
+
+    @gluon.jit
     def _take_largest(x, col):
         """The largest value of each row of x (lowest column among equal ones), its column, and x without it."""
         m = gl.max(x, axis=1)
@@ -341,7 +402,8 @@ if HAVE_GLUON:
                             RAW_SUM: gl.constexpr, BITMASK: gl.constexpr, SPARSE: gl.constexpr,
                             PINNED: gl.constexpr, PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr,
                             DEVICE_PARITY: gl.constexpr, HEADER: gl.constexpr, XFP_PER_ROW: gl.constexpr,
-                            ROTATE: gl.constexpr, NOISE_PROBE: gl.constexpr, ACC_BUFS: gl.constexpr):
+                            ROTATE: gl.constexpr, NOISE_PROBE: gl.constexpr, ACC_BUFS: gl.constexpr,
+                            EPI_CHUNK: gl.constexpr):
         HALF: gl.constexpr = BLOCK_V // 2
         # the copy of a double buffer this call writes (parity.py), read once
         buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
@@ -400,20 +462,30 @@ if HAVE_GLUON:
             else:
                 p0 = hc & 1
                 p1 = (hc + 1) & 1
-            best0, at0, bad0, l0, col0 = _epilogue_half(acc_smem.index(0), acc_ready.index(0), acc_empty.index(0),
-                                                        p0, 0, seed, offset,
-                                                        noise_scale, tile_start, V_rows, vocab_size, vocab_start,
-                                                        offs_b, mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr,
-                                                        ent_stride, s0, n0, h0, hv0, rep, freq, pres,
-                                                        HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
-                                                        PINNED, SPARSE and BLOCK_B > 64, NOISE_PROBE)
-            best1, at1, bad1, l1, col1 = _epilogue_half(acc_smem.index(J1), acc_ready.index(J1),
-                                                        acc_empty.index(J1), p1, 1, seed,
-                                                        offset, noise_scale, tile_start, V_rows, vocab_size,
-                                                        vocab_start, offs_b, mask_b, bm_ptr, bm_stride, ent_ptr,
-                                                        val_ptr, ent_stride, s1, n1, h1, hv1, rep, freq, pres,
-                                                        HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
-                                                        PINNED, SPARSE and BLOCK_B > 64, NOISE_PROBE)
+            if EPI_CHUNK > 0:
+                NCH: gl.constexpr = HALF // EPI_CHUNK
+                best0, at0, bad0 = _epilogue_half_chunked(acc_smem, 0, acc_ready.index(0), acc_empty.index(0), p0, 0,
+                                                          seed, offset, noise_scale, tile_start, V_rows, vocab_size,
+                                                          vocab_start, HALF, EPI_CHUNK, NOISE, FAST_LOG, quad_layout)
+                best1, at1, bad1 = _epilogue_half_chunked(acc_smem, J1 * NCH, acc_ready.index(J1),
+                                                          acc_empty.index(J1), p1, 1, seed, offset, noise_scale,
+                                                          tile_start, V_rows, vocab_size, vocab_start, HALF,
+                                                          EPI_CHUNK, NOISE, FAST_LOG, quad_layout)
+            else:
+                best0, at0, bad0, l0, col0 = _epilogue_half(acc_smem.index(0), acc_ready.index(0), acc_empty.index(0),
+                                                            p0, 0, seed, offset,
+                                                            noise_scale, tile_start, V_rows, vocab_size, vocab_start,
+                                                            offs_b, mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr,
+                                                            ent_stride, s0, n0, h0, hv0, rep, freq, pres,
+                                                            HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
+                                                            PINNED, SPARSE and BLOCK_B > 64, NOISE_PROBE)
+                best1, at1, bad1, l1, col1 = _epilogue_half(acc_smem.index(J1), acc_ready.index(J1),
+                                                            acc_empty.index(J1), p1, 1, seed,
+                                                            offset, noise_scale, tile_start, V_rows, vocab_size,
+                                                            vocab_start, offs_b, mask_b, bm_ptr, bm_stride, ent_ptr,
+                                                            val_ptr, ent_stride, s1, n1, h1, hv1, rep, freq, pres,
+                                                            HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
+                                                            PINNED, SPARSE and BLOCK_B > 64, NOISE_PROBE)
             hc += 2
             dst = buf_offset + pid_v * stride_slot + offs_b
             dst_i = buf_offset_i + pid_v * stride_slot + offs_b
@@ -492,7 +564,7 @@ if HAVE_GLUON:
                                HEADER: gl.constexpr = False, XFP_PER_ROW: gl.constexpr = False,
                                H_BOXES: gl.constexpr = 1, LAST_BOXES: gl.constexpr = 0,
                                ROTATE: gl.constexpr = False, NOISE_PROBE: gl.constexpr = 0,
-                               ACC_BUFS: gl.constexpr = 1):
+                               ACC_BUFS: gl.constexpr = 1, EPI_CHUNK: gl.constexpr = 0):
         # BLOCK_B: the batch tile, loaded as one TMA box of the hidden, or (launch_fused_ws's box_rows: a one-tile
         # batch) as H_BOXES smaller boxes. LAST_BOXES (launch_fused_ws's last_box_rows): the batch's last tile, of
         # at most BLOCK_B / 2 rows, loaded as that many boxes of hl_desc's rows and multiplied as half a tile. ROTATE:
@@ -504,8 +576,18 @@ if HAVE_GLUON:
         w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_V, BLOCK_K], w_desc.layout)
         # The accumulator hand-off, swizzled so the wgmma layout's row-strided stores and the
         # epilogue's quad loads spread over the banks.
-        acc_smem = gl.allocate_shared_memory(gl.float32, [ACC_BUFS, BLOCK_B, BLOCK_V // 2],
-                                             gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))
+        if EPI_CHUNK > 0:
+            # the chunked epilogue (plain calls): each column half in HALF / EPI_CHUNK buffers of EPI_CHUNK columns
+            gl.static_assert(not (LOGPROBS or EXTENDED or BITMASK or SPARSE) and NOISE_PROBE == 0,
+                             "the chunked epilogue serves plain calls only")
+            NCH: gl.constexpr = BLOCK_V // 2 // EPI_CHUNK
+            acc_smem = gl.allocate_shared_memory(gl.float32, [ACC_BUFS * NCH, BLOCK_B, EPI_CHUNK],
+                                                 gl.SwizzledSharedLayout(4, 32 // EPI_CHUNK, EPI_CHUNK // 4,
+                                                                         order=[1, 0]))
+        else:
+            NCH: gl.constexpr = 1
+            acc_smem = gl.allocate_shared_memory(gl.float32, [ACC_BUFS, BLOCK_B, BLOCK_V // 2],
+                                                 gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         acc_ready = gl.allocate_shared_memory(gl.int64, [ACC_BUFS, 1], mbarrier.MBarrierLayout())
@@ -519,7 +601,7 @@ if HAVE_GLUON:
 
         gl.warp_specialize([
             (_mma_partition, (h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles,
-                              k_steps, BLOCK_B, BLOCK_V, STAGES, LAST_BOXES, ROTATE, ACC_BUFS)),
+                              k_steps, BLOCK_B, BLOCK_V, STAGES, LAST_BOXES, ROTATE, ACC_BUFS, NCH)),
             (_load_partition, (h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
                                BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES, LAST_BOXES, ROTATE)),
             (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
@@ -530,7 +612,7 @@ if HAVE_GLUON:
                                    hdr_off_i, flags, xfp_ptr, xfp_val, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW,
                                    OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, ROW_THREADS, LOGPROBS, EXTENDED,
                                    WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE, PINNED, PEER_TABLE, NPEERS, DEVICE_PARITY,
-                                   HEADER, XFP_PER_ROW, ROTATE, NOISE_PROBE, ACC_BUFS)),
+                                   HEADER, XFP_PER_ROW, ROTATE, NOISE_PROBE, ACC_BUFS, EPI_CHUNK)),
         ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
 
 
@@ -615,7 +697,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
                     raw_sums: bool = True, winner_logit: bool = False, batch: int = None,
                     flags: int = None, box_rows: int = 0, last_box_rows: int = 0, noise_probe: str = "",
-                    acc_buffers: int = 1) -> None:
+                    acc_buffers: int = 1, epilogue_chunk: int = 0) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
@@ -624,7 +706,9 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     of a cheap hash instead of Philox, "rounds7" Philox with 7 rounds instead of 10 (NOISE_PROBES).
     acc_buffers: the accumulator's hand-off to the epilogue through one 32 KB buffer, a column half at a time (1), or
     a buffer per half (2, 64 KB: the MMA warpgroup stores the second half without waiting for the epilogue to read
-    the first); the same candidates.
+    the first); the same candidates. epilogue_chunk (plain calls: no logprobs, kept logits or processors): the
+    epilogue takes each column half this many columns (16 or 32) at a time in a loop kept rolled, a fraction of the
+    unrolled code (0: the whole half at once); the same candidates.
     block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same
     candidates: each row's products and their order do not depend on it). logprobs / extended /
     raw_sums / winner_logit as launch_fused's (64-row tiles only): the winner's logit with logprobs or
@@ -654,6 +738,10 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         raise ValueError(f"block_b must be 64 or 128, got {block_b}")
     if acc_buffers not in (1, 2):
         raise ValueError(f"acc_buffers must be 1 or 2, got {acc_buffers}")
+    if epilogue_chunk not in (0, 16, 32):
+        raise ValueError(f"epilogue_chunk must be 0, 16 or 32, got {epilogue_chunk}")
+    if epilogue_chunk and (logprobs or extended or params.processing is not None or noise_probe):
+        raise ValueError("epilogue_chunk serves plain calls only (no logprobs, kept logits, processors or noise_probe)")
     if noise_probe not in NOISE_PROBES:
         raise ValueError(f"noise_probe must be one of {sorted(NOISE_PROBES)}, got {noise_probe!r}")
     if extended and not layout.extended:
@@ -710,7 +798,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         LOGPROBS=logprobs or extended, EXTENDED=extended, WINNER_LOGIT=logprobs or winner_logit, RAW_SUM=raw_sums,
         **proc_flags, PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1, DEVICE_PARITY=par_on, HEADER=header,
         XFP_PER_ROW=xfp_row, BLOCK_B=block_b, H_BOXES=boxes, LAST_BOXES=last_boxes, ROTATE=rotate,
-        NOISE_PROBE=NOISE_PROBES[noise_probe], ACC_BUFS=acc_buffers,
+        NOISE_PROBE=NOISE_PROBES[noise_probe], ACC_BUFS=acc_buffers, EPI_CHUNK=epilogue_chunk,
         num_warps=4, maxnreg=maxnreg,
     )
 
