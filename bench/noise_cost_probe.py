@@ -22,6 +22,7 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
   ws_ab2      the accumulator handed off through a buffer per column half (acc_buffers=2, 64 KB): the MMA warpgroup
               stores the second half without waiting for the epilogue to read the first (the shipped stages, and
               ws_ab2s4 with one stage fewer); ws_ab2_greedy with T = 0
+  ws_s6, ws_s4  one operand stage more / fewer than shipped (the copy engine's lead over the wgmmas); *_greedy T = 0
   ws_c<N>     the chunked epilogue (epilogue_chunk=N: N columns at a time in a rolled loop, a fraction of the code);
               ws_c<N>ab2 with a buffer per column half, ws_c<N>ab2_greedy with T = 0
 
@@ -202,7 +203,11 @@ def main(argv=None) -> int:
                            "ws_ab2_greedy": lambda h: ws(h, greedy, bufs=2),
                            "ws_c16": lambda h: ws(h, chunk=16), "ws_c16ab2": lambda h: ws(h, bufs=2, chunk=16),
                            "ws_c32ab2": lambda h: ws(h, bufs=2, chunk=32),
-                           "ws_c16ab2_greedy": lambda h: ws(h, greedy, bufs=2, chunk=16)}
+                           "ws_c16ab2_greedy": lambda h: ws(h, greedy, bufs=2, chunk=16),
+                           "ws_s6": lambda h: ws(h, stages=shipped.num_stages + 1),
+                           "ws_s6_greedy": lambda h: ws(h, greedy, stages=shipped.num_stages + 1),
+                           "ws_s4": lambda h: ws(h, stages=shipped.num_stages - 1),
+                           "ws_s4_greedy": lambda h: ws(h, greedy, stages=shipped.num_stages - 1)}
                 if args.methods:
                     keep = {"cublas", "ws"} | set(args.methods.split(","))
                     unknown = keep - set(methods)

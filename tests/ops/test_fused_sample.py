@@ -611,6 +611,21 @@ def test_last_tile_boxes_cover_a_short_last_tile():
                 last_tile_boxes(batch, 128, bad)
 
 
+@pytest.mark.parametrize("kw, match", [
+    (dict(acc_buffers=3), "acc_buffers"), (dict(epilogue_chunk=8), "epilogue_chunk"),
+    (dict(epilogue_chunk=16, block_b=64, logprobs=True), "plain calls only"),
+    (dict(epilogue_chunk=16, noise_probe="philox"), "plain calls only"), (dict(noise_probe="cheap"), "noise_probe")])
+def test_launch_fused_ws_refuses_bad_hand_off_options(kw, match):
+    """launch_fused_ws's benchmark options (the hand-off buffers, the chunked epilogue, the noise probes) are checked
+    before anything is launched, each error naming its argument; the chunked epilogue serves plain calls only."""
+    from fsdist.ops.fused_sample_ws import launch_fused_ws
+
+    h, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(256, 64, dtype=torch.bfloat16)
+    layout = CandidateLayout(CandidateLayout.fields(True), 2, 4)
+    with pytest.raises(ValueError, match=match):
+        launch_fused_ws(h, w, RowParams(1.0, 0, 0), layout, BufferPair.alloc(layout, "cpu"), vocab_size=256, **kw)
+
+
 def test_persistent_grid_cycles_every_program_through_the_batch_tiles():
     """fused_sample_ws.persistent_grid with a short last tile: 132 SMs and 2, 3, 4 or 6 batch tiles (a multiple) keep
     132 programs with the batch tiles rotating by round; 5 or 7 (coprime) 132 unrotated; 8, 18 or 50 (a common

@@ -111,6 +111,40 @@ def test_ws_writes_the_triton_kernels_candidates(D, V, B, vocab_start, kind, dty
         assert (got[1].view(-1, B)[:, 17] == -1).all() and (got[1].view(-1, B)[:, 33] == -1).all()
 
 
+# launch_fused_ws's hand-off variants for plain calls (v87 / v90): a buffer per column half, the chunked epilogue
+HAND_OFFS = {"ab2": dict(acc_buffers=2), "c16": dict(epilogue_chunk=16),
+             "c16ab2": dict(acc_buffers=2, epilogue_chunk=16), "c32ab2": dict(acc_buffers=2, epilogue_chunk=32)}
+
+
+def _use_hand_off(monkeypatch, name):
+    """Every launch_fused_ws call of launch_fused from here on takes the hand-off variant ``name`` ("" none)."""
+    if name:
+        real = fused_sample.launch_fused_ws
+        monkeypatch.setattr(fused_sample, "launch_fused_ws", lambda *a, **k: real(*a, **k, **HAND_OFFS[name]))
+
+
+@hopper
+@pytest.mark.parametrize("hand_off", sorted(HAND_OFFS))
+@pytest.mark.parametrize("D, V, B, vocab_start, kind", [
+    (4096, 151936, 256, 0, "rows"), (4096, 151936, 256, 0, "greedy"), (96, 5000, 130, 256, "rows"),
+    (4096, 40000, 150, 0, "rows"),  # a short last tile (last_box_rows): half a tile's rows in boxes
+    (4096, 1000, 200, 0, "scalar")])
+def test_hand_off_variants_write_the_triton_kernels_candidates(hand_off, D, V, B, vocab_start, kind, ws_calls,
+                                                                monkeypatch):
+    """The two-buffer hand-off and the chunked epilogue (chunks of 16 / 32 columns walked in a rolled loop) write the
+    Triton kernel's candidates bit for bit: the chunks' merge keeps ties on the lowest column, -inf tiles on their
+    first id, poisoned rows at -1."""
+    h, w = _operands(B, D, V, torch.bfloat16, D + V + B)
+    params = _row_params(B, torch.Generator().manual_seed(D + V + B), kind)
+    vocab_size = vocab_start + V - 3
+    ref = _candidates(TRITON, h, w, params, vocab_size, vocab_start)
+    _use_hand_off(monkeypatch, hand_off)
+    got = _candidates(WS, h, w, params, vocab_size, vocab_start)
+    assert len(ws_calls) == 1
+    assert torch.equal(got[1], ref[1])
+    assert torch.equal(got[0], ref[0])
+
+
 @hopper
 @pytest.mark.parametrize("cfg", [WS, TRITON], ids=["ws", "triton-tma"])
 @pytest.mark.parametrize("B", [130, 192])
@@ -573,8 +607,9 @@ PADDING_ID = 998
 
 
 @hopper
+@pytest.mark.parametrize("hand_off", [""] + sorted(HAND_OFFS))
 @pytest.mark.parametrize("kind", ["rows", "scalar", "greedy"])
-def test_ties_nan_and_inf_logits_as_the_triton_kernel(kind, ws_calls):
+def test_ties_nan_and_inf_logits_as_the_triton_kernel(kind, hand_off, ws_calls, monkeypatch):
     """Equal logits in a tile and NaN / +inf logits, bit for bit as the Triton kernel: a tie goes to the
     lowest id (the column halves merged as tl.argmax would), a tile of -inf logits to its first id with
     score -inf, and a (row, tile) with a NaN or +inf logit is poisoned: score NaN, id -1, exactly where the
@@ -607,6 +642,7 @@ def test_ties_nan_and_inf_logits_as_the_triton_kernel(kind, ws_calls):
     poisoned = bad.view(B, n_tiles, 128).any(-1).T | (~((t >= 0) & (t <= MAX_TEMPERATURE)))[None, :]  # [tile, row]
     assert poisoned[1].any() and not poisoned[1].all() and poisoned[3, 9] and poisoned[3, 11] and poisoned[4].all()
 
+    _use_hand_off(monkeypatch, hand_off)  # (and the hand-off variants, v87 / v90)
     got = _candidates(WS, h, w, params, vocab_size)
     assert len(ws_calls) == 1
     ref = _candidates(TRITON, h, w, params, vocab_size)

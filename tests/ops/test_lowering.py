@@ -384,7 +384,7 @@ WS_CONST = dict(STAGES=5, EPI_WARPS=8, EPI_REGS=160, LOAD_REGS=24, SEED_PER_ROW=
                 TEMP_PER_ROW=True, NOISE=True, FAST_LOG=True, ROW_THREADS=8, LOGPROBS=True, EXTENDED=True,
                 WINNER_LOGIT=False, RAW_SUM=False, BITMASK=False, SPARSE=False, PINNED=True, PEER_TABLE=False,
                 NPEERS=1, DEVICE_PARITY=False, HEADER=False, XFP_PER_ROW=False, BLOCK_B=64, H_BOXES=1,
-                LAST_BOXES=0, ROTATE=False)
+                LAST_BOXES=0, ROTATE=False, NOISE_PROBE=0, ACC_BUFS=1, EPI_CHUNK=0)
 CASES["stage1_ws_extended"] = dict(module="fsdist.ops.fused_sample_ws", kernel="fused_sample_ws_kernel", gluon=True,
                                    maxnreg=128, types=WS_TYPES, constexprs=WS_CONST, ptx_lacks=["fence.proxy.async"],
                                    ptx_count={"cp.async.bulk.tensor": 2, "expect_tx.shared.b64 _, [%r": 1,
@@ -411,6 +411,11 @@ CASES["stage1_ws_last_boxes"] = dict(CASES["stage1_ws_plain"],
                                      ptx_count={"cp.async.bulk.tensor": 6, "expect_tx.shared.b64 _, [%r": 2,
                                                 ", 32768;": 1, ", 19456;": 1})
 
+# The hand-off variants of plain calls (v87 / v90): a buffer per column half, and the chunked epilogue (each half in
+# chunks of 16 columns walked in a loop that ptxas must not unroll: the pragma reaches the PTX), on a short last tile.
+CASES["stage1_ws_chunked"] = dict(CASES["stage1_ws_last_boxes"],
+                                  constexprs=dict(WS_PLAIN, LAST_BOXES=3, ROTATE=True, ACC_BUFS=2, EPI_CHUNK=16),
+                                  ptx_has=['.pragma "nounroll"'])
 
 # The checks' power: specs a check must refuse, each with the message it must give.
 FAILING = {
