@@ -143,8 +143,10 @@ def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int 
     # Past one 64-row tile: 128-row tiles fed by TMA, 5 stages (bench/epilogue_bench.py, H200,
     # 2026-11-24, docs/performance.md v16): 1.2-1.4x faster than the configs used before (64-row
     # tiles, or this tile through pointers) at B = 128-1024 (D = 4096), the best of 13 tried.
-    # On an H100 / H200 the warp-specialised kernel runs it (v17, bench/ws_probe.py), 5-17% faster.
-    return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5, tma=True, ws=True)
+    # On an H100 / H200 the warp-specialised kernel runs it (v17, bench/ws_probe.py), 5-17% faster. From
+    # WS_FEWER_STAGES_FROM rows the H100 gives it one operand stage fewer (v91 / v92; not measured on fast memory).
+    stages = WS_LARGE_BATCH_STAGES if batch >= WS_FEWER_STAGES_FROM and not fast_memory else 5
+    return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=stages, tma=True, ws=True)
 
 
 def default_config(batch: int, hidden_size: int, device, *, extended: bool = False,
@@ -207,6 +209,15 @@ SPARSE_WS_MIN_BATCH = 17
 # the 32-row tile: the ws tile with v77's boxes cost it 3-7 µs there at both D (v85).
 EXTENDED_WS_MAX_HIDDEN = 4096
 
+# The warp-specialised 128-row tile's operand ring from WS_FEWER_STAGES_FROM rows on a GPU without fast memory: one
+# stage fewer than the 5 below it. docs/performance.md v91 / v92 (H100, stage 1 alone, [B] temperatures, three runs a
+# cell, µs, 5 / 4 stages): B = 1024 2,388 / 2,194 (D = 4096) and 4,038 / 3,425 (D = 8192), B = 768 1,729 / 1,715 and
+# 2,818 / 2,664; level at 512; 2-7% slower at 256-384. With noise on, fewer operand copies in flight let the wgmmas
+# run closer to the line (v89: with 5 stages the MMA warps wait 3.4x longer for their operands than greedy). All-greedy
+# calls gain less or lose up to 3% (they run the same config). Fast memory (H200): not measured, keeps 5.
+WS_FEWER_STAGES_FROM = 768
+WS_LARGE_BATCH_STAGES = 4
+
 
 # The 32-row tile's pipeline depth on a GPU with faster memory (``fast_memory``; measured on the H200 only): one stage
 # more keeps more bytes in flight per SM, which a faster memory needs to stay busy (docs/performance.md v59 / v60, graph
@@ -267,7 +278,8 @@ def triton_twin(cfg: TileConfig, hidden_size: int) -> TileConfig:
         return cfg
     if cfg.block_b == 64:
         return TileConfig(64, cfg.block_v, _block_k(hidden_size, 128), num_warps=8, num_stages=4)
-    return dataclasses.replace(cfg, ws=False)
+    # (the Triton tile keeps its tuned depth: WS_LARGE_BATCH_STAGES is the ws kernel's)
+    return dataclasses.replace(cfg, ws=False, num_stages=5)
 
 
 def fit_num_stages(cfg: TileConfig, elem_size: int, device) -> int:
