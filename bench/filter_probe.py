@@ -261,11 +261,18 @@ def graph_times(D, V, B, configs, args, device):
                   (f"min_p0.05 {cfg.name}", minp, default_cap, cfg), (f"bias_pen {cfg.name}", proc, default_cap, cfg)]
     cases = [c if len(c) == 6 else c + (None, None) for c in cases]
     if args.graph_cases:
+        # in the order given; a case named again runs again as "<name> #<k>" (an A/B/A in one process: the first case
+        # timed has been seen to come out ahead, v93)
         wanted = args.graph_cases.split(",")
         unknown = sorted(set(wanted) - {c[0] for c in cases})
         if unknown:
             raise SystemExit(f"--graph-cases: unknown {unknown}; choose from {[c[0] for c in cases]}")
-        cases = [c for c in cases if c[0] in wanted]
+        by_name, times_named = {c[0]: c for c in cases}, {}
+        cases = []
+        for name in wanted:
+            times_named[name] = times_named.get(name, 0) + 1
+            k = times_named[name]
+            cases.append(by_name[name] if k == 1 else (f"{name} #{k}",) + by_name[name][1:])
     tokens = {}
     default_warps, default_wide = sf.SELECT_WARPS, sf.WIDE_CAP
     # --pdl: each case once per setting, in the order given (e.g. off,on,off: an A/B/A in one process)
@@ -329,8 +336,9 @@ def main():
     ap.add_argument("--wide-caps", default=None,
                     help="select_filtered wide caps (min-p alone) to time with each cap (default: the launcher's)")
     ap.add_argument("--graph-cases", default=None,
-                    help="the whole-call cases to replay (comma-separated names as the log prints them, e.g. "
-                         "plain,k50+p0.9,min_p0.05; default: all)")
+                    help="the whole-call cases to replay, in this order (comma-separated names as the log prints them, "
+                         "e.g. plain,k50+p0.9,min_p0.05; a name given again runs again, as '<name> #2'; default: "
+                         "all)")
     ap.add_argument("--pad-tile-rows", type=int, default=None,
                     help="batch tiles of at least this many rows read a zero-padded hidden whenever the batch "
                          "leaves them partly empty (default: configs.PAD_TILE_ROWS, and PAD_HALF_TILE_ROWS' "

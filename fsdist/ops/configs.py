@@ -109,14 +109,16 @@ def default_block_v(device_type: str) -> int:
 
 def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int = None,
                 fast_memory: bool = False, extended: bool = False, sparse_processors: bool = False,
-                extended_ws: bool = False) -> TileConfig:
+                extended_ws: bool = False, ws_kernel: bool = False) -> TileConfig:
     """The stage-1 tile for ``batch`` rows of ``hidden_size``. fast_memory (``configs.fast_memory`` of the device;
     ``plan_sample`` passes it): the 32-row tile takes FAST_MEMORY_32_ROW_STAGES pipeline stages. extended: the call
     keeps the tiles' largest logits (filters, top-N, raw logprobs): the 32-row tile's first-wave stagger is then
     longer (``first_wave_stagger_us``). sparse_processors: the call applies logit bias or penalty entries: on
     fast memory, from SPARSE_WS_MIN_BATCH rows it takes the warp-specialised 64-row tile. extended_ws: an extended
     call on one GPU where that kernel runs: at D <= EXTENDED_WS_MAX_HIDDEN it takes that tile past 64 rows too, and on
-    fast memory from SPARSE_WS_MIN_BATCH rows. None changes a candidate."""
+    fast memory from SPARSE_WS_MIN_BATCH rows. ws_kernel: the warp-specialised kernel runs on the device for the call's
+    dtype (``fused_sample_ws.ws_device``): its 128-row tile then takes WS_LARGE_BATCH_STAGES stages from
+    WS_FEWER_STAGES_FROM rows without fast memory. None changes a candidate."""
     block_v = block_v or default_block_v(device_type)
     if device_type == "cpu":
         # Interpreter: every program costs Python overhead, so use few, large ones.
@@ -144,8 +146,9 @@ def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int 
     # 2026-11-24, docs/performance.md v16): 1.2-1.4x faster than the configs used before (64-row
     # tiles, or this tile through pointers) at B = 128-1024 (D = 4096), the best of 13 tried.
     # On an H100 / H200 the warp-specialised kernel runs it (v17, bench/ws_probe.py), 5-17% faster. From
-    # WS_FEWER_STAGES_FROM rows the H100 gives it one operand stage fewer (v91 / v92; not measured on fast memory).
-    stages = WS_LARGE_BATCH_STAGES if batch >= WS_FEWER_STAGES_FROM and not fast_memory else 5
+    # WS_FEWER_STAGES_FROM rows, where the ws kernel runs without fast memory (the H100's case), one operand stage
+    # fewer (v91 / v92; the H200 not measured; elsewhere the Triton kernel's tuned 5).
+    stages = WS_LARGE_BATCH_STAGES if ws_kernel and batch >= WS_FEWER_STAGES_FROM and not fast_memory else 5
     return TileConfig(128, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=stages, tma=True, ws=True)
 
 
@@ -160,9 +163,11 @@ def default_config(batch: int, hidden_size: int, device, *, extended: bool = Fal
     from .fused_sample_ws import ws_device  # (lazily: that module imports this one's users)
 
     device = torch.device(device)
-    ws = (sparse_processors or extended) and ws_device(device)  # as plan_sample decides for one GPU
+    ws_kernel = ws_device(device)
+    ws = (sparse_processors or extended) and ws_kernel  # as plan_sample decides for one GPU
     return pick_config(batch, hidden_size, device.type, block_v=block_v, fast_memory=fast_memory(device),
-                       extended=extended, sparse_processors=sparse_processors and ws, extended_ws=extended and ws)
+                       extended=extended, sparse_processors=sparse_processors and ws, extended_ws=extended and ws,
+                       ws_kernel=ws_kernel)
 
 
 # The warp-specialised kernel on a batch of one partial 64-row tile (B <= 48) reads the hidden in TMA boxes of this
@@ -210,11 +215,15 @@ SPARSE_WS_MIN_BATCH = 17
 EXTENDED_WS_MAX_HIDDEN = 4096
 
 # The warp-specialised 128-row tile's operand ring from WS_FEWER_STAGES_FROM rows on a GPU without fast memory: one
-# stage fewer than the 5 below it. docs/performance.md v91 / v92 (H100, stage 1 alone, [B] temperatures, three runs a
-# cell, µs, 5 / 4 stages): B = 1024 2,388 / 2,194 (D = 4096) and 4,038 / 3,425 (D = 8192), B = 768 1,729 / 1,715 and
-# 2,818 / 2,664; level at 512; 2-7% slower at 256-384. With noise on, fewer operand copies in flight let the wgmmas
-# run closer to the line (v89: with 5 stages the MMA warps wait 3.4x longer for their operands than greedy). All-greedy
-# calls gain less or lose up to 3% (they run the same config). Fast memory (H200): not measured, keeps 5.
+# stage fewer than the 5 below it, where the ws kernel runs (pick_config's ws_kernel: an sm_90 GPU, bf16 / fp16). The
+# key is "no fast memory" (configs.fast_memory: the H100 SXM / PCIe, the H800; also an sm_90 GPU whose driver gives no
+# memory speed), measured on the H100 SXM only. docs/performance.md v91 / v92 (stage 1 alone, [B] temperatures, three
+# runs a cell, µs, 5 / 4 stages): B = 1024 2,388 / 2,194 (D = 4096) and 4,038 / 3,425 (D = 8192), B = 768 1,729 /
+# 1,715 and 2,818 / 2,664; level at 512; 2-7% slower at 256-384 (v94: 3 stages 14-22% slower than 4). With noise on,
+# the MMA warps wait 3.4x longer for their operands than greedy with 5 stages (v89); fewer in flight help. All-greedy
+# calls gain less or lose up to 3% (they run the same config). Fast memory (the H200): v87's two-buffer variant with 4
+# stages ran level with 5 at B = 1024 (one run); it keeps 5. A call the ws kernel cannot take (ws_supported: e.g.
+# misaligned operands) runs the Triton twin with the same depth.
 WS_FEWER_STAGES_FROM = 768
 WS_LARGE_BATCH_STAGES = 4
 
@@ -278,8 +287,7 @@ def triton_twin(cfg: TileConfig, hidden_size: int) -> TileConfig:
         return cfg
     if cfg.block_b == 64:
         return TileConfig(64, cfg.block_v, _block_k(hidden_size, 128), num_warps=8, num_stages=4)
-    # (the Triton tile keeps its tuned depth: WS_LARGE_BATCH_STAGES is the ws kernel's)
-    return dataclasses.replace(cfg, ws=False, num_stages=5)
+    return dataclasses.replace(cfg, ws=False)
 
 
 def fit_num_stages(cfg: TileConfig, elem_size: int, device) -> int:

@@ -297,8 +297,10 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         # or run as half a tile (ws_last_box_rows).
         box = ws_box_rows(B, ws_rows)
         last = 0 if box else ws_last_box_rows(B, ws_rows)
+        # (a call moved to the 64-row tile runs that tile's 5 stages, not a 128-row config's large-batch depth)
+        stages = cfg.num_stages if ws_rows == cfg.block_b else 5
         launch_fused_ws(hidden if box or last else tile_operand(hidden, ws_rows), weight, params, layout, dest,
-                        vocab_size=vocab_size, vocab_start=vocab_start, shard=shard, stages=cfg.num_stages,
+                        vocab_size=vocab_size, vocab_start=vocab_start, shard=shard, stages=stages,
                         epilogue_warps=8 if cfg.num_warps >= 8 else 4, block_b=ws_rows, logprobs=logprobs,
                         extended=extended, raw_sums=raw_sums, winner_logit=winner_logit, batch=B, flags=flags,
                         box_rows=box, last_box_rows=last)

@@ -90,14 +90,15 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
     # (and extended calls there at D <= 4096, measured on one GPU only: a checked layout, the TP heads', keeps
     # the 32-row tile for them)
     extended_ws = extended and not checked
-    ws = bool(sparse_processors or extended_ws) and ws_device(device, dtype)
+    ws_kernel = ws_device(device, dtype)
+    ws = bool(sparse_processors or extended_ws) and ws_kernel
     default_v = default_block_v(device.type)
     # (by name: a key in another order than _plan's parameters cannot pass one answer as another)
     key = dict(batch=batch, hidden_size=hidden_size, weight_rows=weight_rows, device_type=device.type,
                logprobs=logprobs, config=config, path=path, block_v=block_v, n_shards=n_shards, batch_cap=batch_cap,
                n_fields=n_fields, checked=checked, extended=extended, dtype=dtype, raw_sums=raw_sums,
                winner_logits=winner_logits, sparse_processors=sparse_processors, fast_memory=bool(fast_memory), ws=ws,
-               default_v=default_v)
+               ws_kernel=ws_kernel, default_v=default_v)
     try:
         hash(tuple(key.values()))
     except TypeError:  # (an unhashable argument, e.g. a symbolic batch size under tracing: plan it uncached)
@@ -107,9 +108,10 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
 
 def _plan(batch, hidden_size, weight_rows, device_type, logprobs, config, path, block_v, n_shards, batch_cap,
           n_fields, checked, extended, dtype, raw_sums, winner_logits, sparse_processors, fast_memory, ws,
-          default_v) -> SamplePlan:
+          ws_kernel, default_v) -> SamplePlan:
     """plan_sample's decisions from its arguments and the device's answers (ws: the warp-specialised kernel runs
-    where the call would use it; default_v: the device's default vocabulary tile)."""
+    where the call would use it; ws_kernel: it runs on the device for the dtype; default_v: the device's default
+    vocabulary tile)."""
     path = path or choose_path(batch, hidden_size, device_type, dtype.itemsize if dtype is not None else 2,
                                sparse_processors, fast_memory=fast_memory)
     if path not in STAGE1_PATHS:
@@ -117,7 +119,7 @@ def _plan(batch, hidden_size, weight_rows, device_type, logprobs, config, path, 
     extended_ws = extended and not checked
     cfg = config or pick_config(batch, hidden_size, device_type, block_v=block_v or default_v,
                                 fast_memory=fast_memory, extended=extended, sparse_processors=sparse_processors and ws,
-                                extended_ws=extended_ws and ws)
+                                extended_ws=extended_ws and ws, ws_kernel=ws_kernel)
     if block_v is not None and cfg.block_v != block_v:
         raise ValueError(f"config.block_v = {cfg.block_v} but the buffers are laid out for block_v = {block_v}")
     roomy = extended or n_fields == CandidateLayout.fields(True, extended=True)

@@ -614,16 +614,25 @@ def test_last_tile_boxes_cover_a_short_last_tile():
 @pytest.mark.parametrize("kw, match", [
     (dict(acc_buffers=3), "acc_buffers"), (dict(epilogue_chunk=8), "epilogue_chunk"),
     (dict(epilogue_chunk=16, block_b=64, logprobs=True), "plain calls only"),
-    (dict(epilogue_chunk=16, noise_probe="philox"), "plain calls only"), (dict(noise_probe="cheap"), "noise_probe")])
+    (dict(epilogue_chunk=16, noise_probe="philox"), "plain calls only"), (dict(noise_probe="cheap"), "noise_probe"),
+    (dict(epilogue_chunk=32, block_b=64, extended=True), "plain calls only"), ("processors", "plain calls only")])
 def test_launch_fused_ws_refuses_bad_hand_off_options(kw, match):
     """launch_fused_ws's benchmark options (the hand-off buffers, the chunked epilogue, the noise probes) are checked
     before anything is launched, each error naming its argument; the chunked epilogue serves plain calls only."""
     from fsdist.ops.fused_sample_ws import launch_fused_ws
 
+    from fsdist.processing import prepare_processing
+
     h, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(256, 64, dtype=torch.bfloat16)
-    layout = CandidateLayout(CandidateLayout.fields(True), 2, 4)
+    layout = CandidateLayout(CandidateLayout.fields(True, extended=True), 2, 4, n_ifields=5)
+    params = RowParams(1.0, 0, 0)
+    if kw == "processors":  # a token bitmask: a processed call
+        bm = torch.full((4, 8), -1, dtype=torch.int32)
+        params = dataclasses.replace(params, processing=prepare_processing(token_bitmask=bm, batch=4, vocab_size=256,
+                                                                           device="cpu"))
+        kw = dict(epilogue_chunk=16)
     with pytest.raises(ValueError, match=match):
-        launch_fused_ws(h, w, RowParams(1.0, 0, 0), layout, BufferPair.alloc(layout, "cpu"), vocab_size=256, **kw)
+        launch_fused_ws(h, w, params, layout, BufferPair.alloc(layout, "cpu"), vocab_size=256, **kw)
 
 
 def test_persistent_grid_cycles_every_program_through_the_batch_tiles():

@@ -112,15 +112,16 @@ def test_ws_writes_the_triton_kernels_candidates(D, V, B, vocab_start, kind, dty
 
 
 # launch_fused_ws's hand-off variants for plain calls (v87 / v90): a buffer per column half, the chunked epilogue
-HAND_OFFS = {"ab2": dict(acc_buffers=2), "c16": dict(epilogue_chunk=16),
-             "c16ab2": dict(acc_buffers=2, epilogue_chunk=16), "c32ab2": dict(acc_buffers=2, epilogue_chunk=32)}
+HAND_OFFS = {"ab2": dict(acc_buffers=2), "c16": dict(epilogue_chunk=16), "c32": dict(epilogue_chunk=32),
+             "c16ab2": dict(acc_buffers=2, epilogue_chunk=16), "c32ab2": dict(acc_buffers=2, epilogue_chunk=32),
+             "s4": dict(stages=4)}  # s4: the large-batch depth of configs.WS_LARGE_BATCH_STAGES
 
 
 def _use_hand_off(monkeypatch, name):
     """Every launch_fused_ws call of launch_fused from here on takes the hand-off variant ``name`` ("" none)."""
     if name:
         real = fused_sample.launch_fused_ws
-        monkeypatch.setattr(fused_sample, "launch_fused_ws", lambda *a, **k: real(*a, **k, **HAND_OFFS[name]))
+        monkeypatch.setattr(fused_sample, "launch_fused_ws", lambda *a, **k: real(*a, **{**k, **HAND_OFFS[name]}))
 
 
 @hopper

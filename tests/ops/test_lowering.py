@@ -404,7 +404,7 @@ WS_PLAIN = dict(WS_CONST, LOGPROBS=False, EXTENDED=False, PINNED=False, BLOCK_B=
 WS_PLAIN_TYPES = dict(WS_TYPES, h_desc="tensordesc<bf16[128, 64],NVMMA>", hl_desc="tensordesc<bf16[128, 64],NVMMA>")
 CASES["stage1_ws_plain"] = dict(CASES["stage1_ws_extended"], types=WS_PLAIN_TYPES, constexprs=WS_PLAIN,
                                 ptx_count={"cp.async.bulk.tensor": 2, "expect_tx.shared.b64 _, [%r": 1,
-                                           ", 32768;": 1})
+                                           ", 32768;": 1}, ptx_lacks=["fence.proxy.async", "nounroll"])
 CASES["stage1_ws_last_boxes"] = dict(CASES["stage1_ws_plain"],
                                      types=dict(WS_PLAIN_TYPES, hl_desc="tensordesc<bf16[8, 64],NVMMA>"),
                                      constexprs=dict(WS_PLAIN, LAST_BOXES=3, ROTATE=True),
@@ -415,7 +415,7 @@ CASES["stage1_ws_last_boxes"] = dict(CASES["stage1_ws_plain"],
 # chunks of 16 columns walked in a loop that ptxas must not unroll: the pragma reaches the PTX), on a short last tile.
 CASES["stage1_ws_chunked"] = dict(CASES["stage1_ws_last_boxes"],
                                   constexprs=dict(WS_PLAIN, LAST_BOXES=3, ROTATE=True, ACC_BUFS=2, EPI_CHUNK=16),
-                                  ptx_has=['.pragma "nounroll"'])
+                                  ptx_has=['.pragma "nounroll"'], ptx_lacks=[])
 
 # The checks' power: specs a check must refuse, each with the message it must give.
 FAILING = {

@@ -66,6 +66,21 @@ def test_device_answers_are_asked_at_every_call(monkeypatch):
     assert plan.plan_sample(**kw) is fast_ws
 
 
+@pytest.mark.parametrize("n_shards", [1, 2])
+def test_large_batches_take_four_stages_where_the_ws_kernel_runs_without_fast_memory(n_shards, monkeypatch):
+    """The 4-stage rule (configs.WS_FEWER_STAGES_FROM) reaches plan_sample, for one GPU and a tensor-parallel shard
+    (checked layout) alike: only where the device runs the ws kernel for the dtype and its memory is not fast."""
+    kw = dict(batch=1024, hidden_size=4096, weight_rows=151936 // n_shards, device=torch.device("cuda", 0),
+              dtype=torch.bfloat16, n_shards=n_shards, checked=n_shards > 1)
+    for ws, fast, stages in ((True, False, 4), (True, True, 5), (False, False, 5)):
+        monkeypatch.setattr(plan, "ws_device", lambda device, dtype=None, ws=ws: ws)
+        p = plan.plan_sample(**kw, fast_memory=fast)
+        assert (p.path, p.config.block_b, p.config.num_stages) == ("fused", 128, stages), (ws, fast)
+        assert p == uncached(**kw, fast_memory=fast)
+    monkeypatch.setattr(plan, "ws_device", lambda device, dtype=None: True)
+    assert plan.plan_sample(**dict(kw, batch=512), fast_memory=False).config.num_stages == 5
+
+
 def test_the_interpreter_switch_is_read_at_every_call(monkeypatch):
     """A CPU's default vocabulary tile follows TRITON_INTERPRET (512 under the interpreter) from call to call."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
