@@ -218,13 +218,15 @@ EXTENDED_WS_MAX_HIDDEN = 4096
 # stage fewer than the 5 below it, where the ws kernel runs (pick_config's ws_kernel: an sm_90 GPU, bf16 / fp16). The
 # key is "no fast memory" (configs.fast_memory: the H100 SXM / PCIe, the H800; also an sm_90 GPU whose driver gives no
 # memory speed), measured on the H100 SXM only. docs/performance.md v91 / v92 (stage 1 alone, [B] temperatures, three
-# runs a cell, µs, 5 / 4 stages): B = 1024 2,388 / 2,194 (D = 4096) and 4,038 / 3,425 (D = 8192), B = 768 1,729 /
-# 1,715 and 2,818 / 2,664; level at 512; 2-7% slower at 256-384 (v94: 3 stages 14-22% slower than 4). With noise on,
+# runs a cell, µs, 5 / 4 stages): B = 1024 2,388 / 2,194 (D = 4096) and 4,038 / 3,425 (D = 8192), faster in every
+# run; whole calls in A/B/A/B order (v95) 2.6% / 9.6% faster at B = 1024. B = 768 is mixed (stage 1: 1,729 / 1,715 and
+# 2,818 / 2,664; whole calls -3.9% at D = 4096, +5.3% at 8192), so it keeps 5; level at 512; 2-7% slower at 256-384
+# (v94: 3 stages 14-22% slower than 4). With noise on,
 # the MMA warps wait 3.4x longer for their operands than greedy with 5 stages (v89); fewer in flight help. All-greedy
 # calls gain less or lose up to 3% (they run the same config). Fast memory (the H200): v87's two-buffer variant with 4
 # stages ran level with 5 at B = 1024 (one run); it keeps 5. A call the ws kernel cannot take (ws_supported: e.g.
 # misaligned operands) runs the Triton twin with the same depth.
-WS_FEWER_STAGES_FROM = 768
+WS_FEWER_STAGES_FROM = 1024
 WS_LARGE_BATCH_STAGES = 4
 
 

@@ -90,13 +90,13 @@ def test_large_batch_config_is_tma_fed_128_row_tiles():
 
 
 @pytest.mark.parametrize("hidden", [4096, 8192])
-def test_the_ws_128_row_tile_takes_one_stage_fewer_from_768_rows_without_fast_memory(hidden):
+def test_the_ws_128_row_tile_takes_one_stage_fewer_from_1024_rows_without_fast_memory(hidden):
     """v91 / v92 (H100): from WS_FEWER_STAGES_FROM rows the warp-specialised 128-row tile runs 4 operand stages (8-15%
     faster with noise at B = 1024) where that kernel runs (ws_kernel) and memory is not fast; below, on fast memory
     (the H200: not measured) and where only the Triton kernel runs (another GPU, fp32), 5. A user's named config keeps
     its depth for the Triton twin too. The stage count changes no candidate."""
-    assert configs.WS_FEWER_STAGES_FROM == 768 and configs.WS_LARGE_BATCH_STAGES == 4
-    for batch, stages in ((512, 5), (767, 5), (768, 4), (1024, 4), (4096, 4)):
+    assert configs.WS_FEWER_STAGES_FROM == 1024 and configs.WS_LARGE_BATCH_STAGES == 4
+    for batch, stages in ((512, 5), (768, 5), (1023, 5), (1024, 4), (4096, 4)):
         cfg = configs.pick_config(batch, hidden, "cuda", ws_kernel=True)
         assert (cfg.block_b, cfg.ws, cfg.num_stages) == (128, True, stages), batch
         assert configs.pick_config(batch, hidden, "cuda", ws_kernel=True, fast_memory=True).num_stages == 5

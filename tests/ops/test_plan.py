@@ -78,7 +78,7 @@ def test_large_batches_take_four_stages_where_the_ws_kernel_runs_without_fast_me
         assert (p.path, p.config.block_b, p.config.num_stages) == ("fused", 128, stages), (ws, fast)
         assert p == uncached(**kw, fast_memory=fast)
     monkeypatch.setattr(plan, "ws_device", lambda device, dtype=None: True)
-    assert plan.plan_sample(**dict(kw, batch=512), fast_memory=False).config.num_stages == 5
+    assert plan.plan_sample(**dict(kw, batch=768), fast_memory=False).config.num_stages == 5
 
 
 def test_the_interpreter_switch_is_read_at_every_call(monkeypatch):
