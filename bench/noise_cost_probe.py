@@ -14,7 +14,8 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
 
   cublas      F.linear(h, W): the bf16 matmul alone
   ws          the shipped kernel, `[B]` temperature / seed / offset tensors (T = 1)
-  ws_greedy   T = 0: no noise, the main loop with the lightest epilogue
+  ws_greedy   T = 0: no noise, the main loop with the lightest epilogue (scalar parameters, so the kernel compiles
+              without noise: its gap to ws also holds the per-row parameters' loads, a few hundred bytes a tile)
   ws_epi      the epilogue alone (main loop skipped, zero logits)
   ws_philox   the Philox bits without the two logs (noise_probe="philox"; not the sampler's tokens)
   ws_logs     the two logs of a cheap hash instead of Philox (noise_probe="logs")
@@ -40,6 +41,7 @@ Prints a table last; the JSON goes to bench/results/noise_cost_probe_<gpu>_<date
 import common as C  # first: the repo root on sys.path, fsdist.env.apply_safe_env() before torch
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -76,13 +78,20 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def smi_index() -> str:
+    """nvidia-smi's index of the bench's GPU (torch's current device, through CUDA_VISIBLE_DEVICES when it is set)."""
+    index = torch.cuda.current_device()
+    visible = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    return visible[index] if index < len(visible) else str(index)
+
+
 class ClockReader:
     """nvidia-smi in the background, each line stamped with the host's clock on arrival."""
 
     def __init__(self, period_ms: int):
         self.samples = []  # (host time, sm MHz, watts, deg C)
         try:
-            self.proc = subprocess.Popen(["nvidia-smi", "-i", "0", f"--query-gpu={SMI_FIELDS}",
+            self.proc = subprocess.Popen(["nvidia-smi", "-i", smi_index(), f"--query-gpu={SMI_FIELDS}",
                                           "--format=csv,noheader,nounits", f"-lms={period_ms}"],
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:

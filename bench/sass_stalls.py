@@ -2,17 +2,21 @@
 
 Reads the CSV that ``ncu -i REP --page source --csv --print-source sass`` writes (gzipped or not; one block per
 profiled kernel, each opened by a "Kernel Name" line), and for each block sums the warp-stall samples (all samples)
-by reason over two parts of the code: the MMA loop (every instruction from the first wgmma, ``HGMMA``, to the last
-one in address order: the MMA warpgroup's main loop) and the rest (load warp, epilogue, set-up). Prints each part's
-samples, its share of the block's, and the reasons in order of their share, side by side for the blocks (e.g. the
-greedy and the noise launch of scripts/gpu_profile_ws_sass.sh, in launch order). No GPU needed.
+by reason over two parts of the code: the MMA loop (the MMA warpgroup's main loop: from the head of the loop that
+holds the wgmmas, ``HGMMA``, i.e. the target of the backward branch that follows the last one, where the warps wait
+for a stage's operands, to the last wgmma; the first wgmma when no such branch is found) and the rest (load warp,
+epilogue, hand-off, set-up). Prints each part's samples, its share of the block's, and the reasons in order of their
+share, side by side for the blocks (e.g. the greedy and the noise launch of scripts/gpu_profile_ws_sass.sh, in launch
+order); ``--lines N`` also lists each block's N instructions with the most samples. No GPU needed.
 
     python3 bench/sass_stalls.py bench/results/v89_ws_sass_<gpu>_<date>.csv.gz [--names greedy,noise] [--top 8]
+        [--lines 20]
 """
 import argparse
 import csv
 import gzip
 import io
+import re
 import sys
 from typing import Dict, List
 
@@ -49,12 +53,28 @@ def stall_columns(rows: List[dict]) -> List[str]:
     return [k for k in (rows[0] if rows else {}) if k.startswith("stall_") and "Not Issued" not in k]
 
 
-def split_mma_loop(rows: List[dict]):
-    """(MMA loop rows, other rows): the MMA loop runs from the first to the last HGMMA instruction."""
+def _address(text) -> int:
+    try:
+        return int(str(text), 16)
+    except ValueError:
+        return -1
+
+
+def split_mma_loop(rows: List[dict], reach: int = 16):
+    """(MMA loop rows, other rows): the MMA loop runs from its head to the last HGMMA instruction. The head is the
+    target of a backward branch among the ``reach`` instructions after the last HGMMA that lands at or before the
+    first one (the loop's back edge: its head waits for the next stage); without one, the first HGMMA."""
     idx = [i for i, r in enumerate(rows) if "HGMMA" in r.get("Source", "")]
     if not idx:
         return [], rows
     lo, hi = idx[0], idx[-1]
+    first = _address(rows[lo].get("Address"))
+    where = {_address(r.get("Address")): i for i, r in enumerate(rows)}
+    for r in rows[hi + 1:hi + 1 + reach]:
+        m = re.search(r"\bBRA\b[^0-9]*(0x[0-9a-fA-F]+)", r.get("Source", ""))
+        if m and 0 <= _address(m.group(1)) <= first and _address(m.group(1)) in where:
+            lo = min(lo, where[_address(m.group(1))])
+            break
     return rows[lo:hi + 1], rows[:lo] + rows[hi + 1:]
 
 
@@ -69,6 +89,7 @@ def main(argv=None) -> int:
     p.add_argument("csv", help="ncu --page source --csv --print-source sass output (.csv or .csv.gz)")
     p.add_argument("--names", default="", help="labels of the blocks, in order (default: kernel names)")
     p.add_argument("--top", type=int, default=8, help="reasons shown per part")
+    p.add_argument("--lines", type=int, default=0, help="also list each block's N instructions with the most samples")
     args = p.parse_args(argv)
     blocks = read_blocks(args.csv)
     if not blocks:
@@ -93,6 +114,14 @@ def main(argv=None) -> int:
                   f"({100 * s['samples'] / max(whole['samples'], 1):.1f}% of the kernel's), "
                   f"{s['instructions']:.0f} instructions executed")
             print("     " + ", ".join(f"{k} {100 * v / s['samples']:.1f}%" for k, v in top if v))
+        if args.lines:
+            scored = sorted(((sum(_num(r.get(k)) for k in reasons), j, r) for j, r in enumerate(rows)),
+                            key=lambda x: (-x[0], x[1]))[:args.lines]
+            for samples, j, r in scored:
+                why = sorted(((k[len("stall_"):], _num(r.get(k))) for k in reasons), key=lambda kv: -kv[1])[:3]
+                print(f"     #{j:<5d} {100 * samples / max(whole['samples'], 1):5.1f}% "
+                      f"x{_num(r.get('Instructions Executed')):<10.0f} {r.get('Source', '').strip()[:56]:56s} "
+                      + ", ".join(f"{k} {v:.0f}" for k, v in why if v))
     return 0
 
 

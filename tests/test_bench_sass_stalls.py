@@ -38,6 +38,20 @@ def test_blocks_and_the_mma_loop_split(tmp_path):
     assert ss.summarize(rest, reasons)["instructions"] == 90.0
 
 
+def test_the_loop_starts_at_its_back_edge_target():
+    """The MMA loop begins where the backward branch after the last HGMMA lands (the loop head's stage wait), which
+    lies before the first HGMMA; a branch to a later address, or none, leaves the start at the first HGMMA."""
+    rows = [{"Address": a, "Source": src} for a, src in [
+        ("0x00", "MOV R1, R2"), ("0x10", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R3"), ("0x20", "@!P0 BRA 0x10"),
+        ("0x30", "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], R24"), ("0x40", "HGMMA.64x128x16.F32.BF16 R24"),
+        ("0x50", "WARPGROUP.DEPBAR.LE gsb0, 0x1"), ("0x60", "@P3 BRA 0x10"), ("0x70", "EXIT")]]
+    loop, rest = ss.split_mma_loop(rows)
+    assert [r["Address"] for r in loop] == ["0x10", "0x20", "0x30", "0x40"]
+    assert [r["Address"] for r in rest] == ["0x00", "0x50", "0x60", "0x70"]
+    rows[6]["Source"] = "@P3 BRA 0x70"  # a forward branch: not the back edge
+    assert [r["Address"] for r in ss.split_mma_loop(rows)[0]] == ["0x30", "0x40"]
+
+
 def test_no_wgmma_leaves_everything_in_the_rest():
     rows = [{"Address": "0x0", "Source": "FFMA R0, R1, R2, R3"}]
     assert ss.split_mma_loop(rows) == ([], rows)

@@ -73,8 +73,12 @@ WS_ROW_THREADS = 8  # rows a warp spans in the epilogue's layout
 WS_EPILOGUE_WARPS = 4
 WS_REGISTERS = {4: (168, 232), 8: (128, 160)}
 WS_LOAD_REGS = 24
-# launch_fused_ws(noise_probe=): benchmark variants of the noise, to split its cost (not the sampler's contract)
-NOISE_PROBES = {"": 0, "philox": 1, "logs": 2, "rounds7": 3}
+# launch_fused_ws(noise_probe=): benchmark variants of the noise, to split its cost (not the sampler's contract): the
+# Philox bits without the logs, the logs of a cheap hash instead of Philox, Philox with 7 rounds
+_PROBE_PHILOX = triton.language.constexpr(1)
+_PROBE_LOGS = triton.language.constexpr(2)
+_PROBE_ROUNDS7 = triton.language.constexpr(3)
+NOISE_PROBES = {"": 0, "philox": _PROBE_PHILOX.value, "logs": _PROBE_LOGS.value, "rounds7": _PROBE_ROUNDS7.value}
 WGMMA_ROWS = 64  # the rows of one warpgroup's wgmma: a short last tile (last_box_rows) runs one of them a k-step
 _PROBES = triton.language.constexpr(_PROBES_INT)  # the entry search's probes per round (processors.py)
 HEAD_N = triton.language.constexpr(4)  # entries per (row, column half) walked from registers (processors.py)
@@ -204,8 +208,8 @@ if HAVE_GLUON:
         # With ACC_BUFS = 2 each half has a buffer of its own (a 64 KB hand-off): the right half is stored without
         # waiting for the epilogue to read the left one out (hand-off number u = hc + half uses buffer u % ACC_BUFS
         # for the (u // ACC_BUFS)-th time).
-        left, right = gl.split(gl.permute(gl.reshape(acc, [ROWS, 2, BLOCK_V // 2]), (0, 2, 1)))
-        J1: gl.constexpr = ACC_BUFS - 1
+        left, right = _col_halves(acc, ROWS, BLOCK_V)
+        J1: gl.constexpr = ACC_BUFS - 1  # the right half's buffer (0: the left one's, 1: its own)
         if ACC_BUFS == 2:
             e0 = ((hc // 2) & 1) ^ 1
             e1 = e0
@@ -248,14 +252,15 @@ if HAVE_GLUON:
     def _half_bits(seed, offset, first_id, HALF: gl.constexpr, quad_layout: gl.constexpr, PROBE: gl.constexpr = 0):
         """The Philox bits of ids first_id .. + HALF - 1 for each row, [rows, HALF]: column 4q + 2i + j is lane
         2i + j of quad q (noise.vocab_bits_tile's arrangement). PROBE (benchmarks, launch_fused_ws's noise_probe):
-        2 a cheap hash of the id instead of Philox, 3 Philox with 7 rounds."""
+        _PROBE_LOGS a cheap hash of the id instead of Philox, _PROBE_ROUNDS7 Philox with 7 rounds."""
         quad = (first_id >> 2) + gl.arange(0, HALF // 4, gl.SliceLayout(0, quad_layout))
-        if PROBE == 2:
+        if PROBE == _PROBE_LOGS:
             h = ((quad[None, :] + seed[:, None].to(gl.int32) + offset[:, None].to(gl.int32)) * -1640531535).to(
                 gl.uint32, bitcast=True)
             r0, r1, r2, r3 = h, h ^ 0x5bd1e995, h ^ 0x1b873593, h ^ 0x27d4eb2f
         else:
-            r0, r1, r2, r3 = vocab_quad_bits(seed[:, None], offset[:, None], quad[None, :], 7 if PROBE == 3 else 10)
+            r0, r1, r2, r3 = vocab_quad_bits(seed[:, None], offset[:, None], quad[None, :],
+                                             7 if PROBE == _PROBE_ROUNDS7 else 10)
         return gl.reshape(gl.join(gl.join(r0, r2), gl.join(r1, r3)), [r0.shape[0], HALF])
 
     @gluon.jit
@@ -305,7 +310,7 @@ if HAVE_GLUON:
         if NOISE:
             if LATE_NOISE:
                 bits = _half_bits(seed, offset, vocab_start + tile_start + half * HALF, HALF, quad_layout, PROBE)
-            if PROBE == 1:  # (benchmarks) the bits without the logs: one conversion keeps Philox live
+            if PROBE == _PROBE_PHILOX:  # (benchmarks) the bits without the logs: one conversion keeps Philox live
                 g = (bits & 0xFFFF).to(gl.float32) * 1e-6
             else:
                 g = gumbel_from_bits(bits, FAST_LOG)
@@ -454,7 +459,7 @@ if HAVE_GLUON:
                 h1 = h0
                 hv1 = hv0
 
-            # the halves' buffers and phases (_mma_tile's hand-off numbering)
+            # the halves' buffers and phases (_mma_tile's hand-off numbering; J1: the right half's buffer)
             J1: gl.constexpr = ACC_BUFS - 1
             if ACC_BUFS == 2:
                 p0 = (hc // 2) & 1
