@@ -15,13 +15,41 @@ import pytest  # noqa: E402
 ON_GPU = torch.cuda.is_available()
 
 
+# FSDIST_TEST_EVERY_CASE=1: every multi-rank test at every world size (see the world_sizes marker).
+EVERY_CASE = os.environ.get("FSDIST_TEST_EVERY_CASE", "0") == "1"
+
+
+def launch_world_size() -> int:
+    """The world size this session was launched with (1 without a launcher): read from the launcher's
+    environment, as fsdist.distributed.init_distributed reads it, so every rank gets the same answer."""
+    from fsdist.distributed import detect_launch
+
+    return detect_launch().world_size
+
+
+def world_sizes_skip(item, world: int):
+    """The skip for a test marked ``world_sizes(*sizes, why=...)`` in a multi-rank session of another
+    size, or None. The decision depends only on the launch (never on the rank): ranks that disagreed
+    about which tests run would hang in a collective."""
+    mark = item.get_closest_marker("world_sizes")
+    if mark is None or world < 2 or world in mark.args or EVERY_CASE:
+        return None
+    sizes = " or ".join(str(n) for n in mark.args)
+    return pytest.mark.skip(reason=f"{world} ranks add nothing here: {mark.kwargs['why']} (runs at {sizes} "
+                                   "ranks; FSDIST_TEST_EVERY_CASE=1 runs it at every size)")
+
+
 def pytest_collection_modifyitems(config, items):
-    if ON_GPU:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    gpu_skip = None if ON_GPU else pytest.mark.skip(reason="needs a CUDA GPU")
+    world = None
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if gpu_skip is not None and "gpu" in item.keywords:
+            item.add_marker(gpu_skip)
+        if item.get_closest_marker("world_sizes") is not None:
+            world = launch_world_size() if world is None else world
+            skip = world_sizes_skip(item, world)
+            if skip is not None:
+                item.add_marker(skip)
 
 
 @pytest.fixture

@@ -32,12 +32,17 @@ import fsdist
 from fsdist.ops.step_check import STATUS_PEER_ERROR, STATUS_RECORD_MISMATCH, STATUS_ROW_MISMATCH, describe_status
 from fsdist.tensor_parallel import HeadTestSeam, TensorParallelMismatchError, transports
 from fsdist.tensor_parallel.vocab import vocab_partition
-from tp_helpers import (ALL_TRANSPORTS, ON_GPU, PEER_TRANSPORTS, gather_objects, problem, reference_group_logmass,
-                        tp_ranges)
+from tp_helpers import (ALL_TRANSPORTS, ON_GPU, PEER_TRANSPORTS, gather_objects, grid, problem,
+                        reference_group_logmass, tp_ranges)
 
 mpi = pytest.mark.mpi(min_size=2)
 REDUCTIONS = ["candidates", "group_logmass"]
-both = [pytest.mark.parametrize("reduction", REDUCTIONS), pytest.mark.parametrize("transport", ALL_TRANSPORTS)]
+# Beyond 2 ranks: every rank's merge compares every rank's header with its own (fsdist/ops/step_check.py),
+# whatever the transport carried and whichever reduction merges; what 4 ranks add is one rank of four
+# diverging while three agree. So each divergence runs once beyond 2 ranks, on one (reduction, transport),
+# chosen so that each status kind (record, row, peer error) meets every reduction and transport.
+BEYOND_TWO = ("one rank of four diverging runs on one (reduction, transport) of this grid, and each status kind "
+              "with every reduction and transport across this file; the full grid runs at 2 ranks")
 
 # Small: the kernels run under Triton's interpreter. V pads to 512: one or two 128-id tiles per rank.
 V, D, B, CAP, BLOCK_V = 500, 16, 8, 16, 128
@@ -45,10 +50,15 @@ MISMATCH = TensorParallelMismatchError.__name__
 RECORD, PEER_ERROR, ROW = STATUS_RECORD_MISMATCH, STATUS_PEER_ERROR, STATUS_ROW_MISMATCH
 
 
-def with_both(fn):
-    for mark in both:
-        fn = mark(fn)
-    return mpi(fn)
+def with_both(*keep):
+    """Every (reduction, transport) at 2 ranks; beyond, only those in ``keep``."""
+    cases = [(r, t) for t in ALL_TRANSPORTS for r in REDUCTIONS]
+    cases = grid("reduction,transport", cases, lambda r, t: (r, "collective" if t == "collective" else "peer") in keep,
+                 BEYOND_TWO)
+    return lambda fn: mpi(cases(fn))
+
+
+C_COL, C_PEER, G_COL, G_PEER = [(r, t) for r in REDUCTIONS for t in ("collective", "peer")]
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -477,7 +487,10 @@ INPUT_ERROR_CASES = [("negative-temperature", t, r) for t in ALL_TRANSPORTS for 
 
 
 @mpi
-@pytest.mark.parametrize("error,transport,reduction", INPUT_ERROR_CASES, ids=["-".join(c) for c in INPUT_ERROR_CASES])
+@grid("error,transport,reduction", INPUT_ERROR_CASES,
+      lambda error, transport, reduction: (error, transport, reduction) in [
+          ("negative-temperature", "collective", "candidates"), ("negative-temperature", PEER, "group_logmass")],
+      BEYOND_TWO)
 def test_input_error_on_one_rank(dist_ctx, error, transport, reduction):
     """Before: the bad rank raised before the exchange: gloo SIGABRT (collective) or a hang until the
     gloo timeout (shm)."""
@@ -487,21 +500,21 @@ def test_input_error_on_one_rank(dist_ctx, error, transport, reduction):
 
 
 # ---- divergent calls ---------------------------------------------------------------------------
-@with_both
+@with_both(C_COL)
 def test_batch_size_differs(dist_ctx, transport, reduction):
     """Before: silently wrong tokens (rows of different batches merged with each other)."""
     run_divergence(dist_ctx, transport, reduction, rank="first", bits=RECORD,
                    change=lambda h, kw: (h[3:], rows_of(kw, slice(3, None))))
 
 
-@with_both
+@with_both(G_PEER)
 def test_empty_batch_on_one_rank(dist_ctx, transport, reduction):
     """Before: the empty rank skipped the exchange: gloo SIGABRT (collective) or a hang until the gloo timeout (shm)."""
     run_divergence(dist_ctx, transport, reduction, rank="first", bits=RECORD,
                    change=lambda h, kw: (h[:0], rows_of(kw, slice(0, 0))))
 
 
-@with_both
+@with_both(G_COL)
 def test_batch_over_capacity_on_one_rank(dist_ctx, transport, reduction):
     """Before: that rank grew its buffers alone: gloo SIGABRT (collective) or a hang until the gloo timeout (shm)."""
     idx = torch.arange(CAP + 1) % B
@@ -510,28 +523,28 @@ def test_batch_over_capacity_on_one_rank(dist_ctx, transport, reduction):
                    local_error=("ValueError", rf"batch {CAP + 1} exceeds the head's max_batch_size {CAP}"))
 
 
-@with_both
+@with_both(G_COL)
 def test_return_logprobs_differs(dist_ctx, transport, reduction):
     """Before: gloo SIGABRT (collective: blocks of different sizes) or silently wrong, rank-dependent tokens (shm)."""
     run_divergence(dist_ctx, transport, reduction, rank="last", bits=RECORD,
                    change=lambda h, kw: (h, dict(kw, return_logprobs=True)))
 
 
-@with_both
+@with_both(C_PEER)
 def test_stage1_path_differs(dist_ctx, transport, reduction):
     """Before: not noticed (harmless here: both paths write the same candidates up to fp32 rounding)."""
     run_divergence(dist_ctx, transport, reduction, rank="first", bits=RECORD,
                    change=lambda h, kw: (h, dict(kw, path="chunked")))
 
 
-@with_both
+@with_both(G_PEER)
 def test_seeds_differ(dist_ctx, transport, reduction):
     """Before: silently wrong tokens (group_logmass: different tokens on different ranks)."""
     run_divergence(dist_ctx, transport, reduction, rank="last", bits=ROW,
                    change=lambda h, kw: (h, dict(kw, seed=kw["seed"] + 1)))
 
 
-@with_both
+@with_both(C_COL)
 def test_offsets_differ_in_two_rows(dist_ctx, transport, reduction):
     """Before: silently wrong tokens in those rows (group_logmass: different tokens on different ranks)."""
     def change(h, kw):
@@ -542,7 +555,7 @@ def test_offsets_differ_in_two_rows(dist_ctx, transport, reduction):
     run_divergence(dist_ctx, transport, reduction, rank="last", bits=ROW, change=change, bad_rows=(2, 5))
 
 
-@with_both
+@with_both(G_COL)
 def test_temperature_differs_in_one_row(dist_ctx, transport, reduction):
     """Before: that row silently merged greedy and sampled candidates (group_logmass: ranks disagreed on it)."""
     def change(h, kw):
@@ -578,8 +591,10 @@ FILTER_DIVERGENCES = {
 
 
 @mpi
-@pytest.mark.parametrize("transport", ALL_TRANSPORTS)
-@pytest.mark.parametrize("case", list(FILTER_DIVERGENCES))
+@grid("case,transport", [(c, t) for t in ALL_TRANSPORTS for c in FILTER_DIVERGENCES],
+      lambda case, transport: case == "top-k-on-one-rank",
+      "one rank of four entering the fallback's rounds alone runs with top-k, on every transport; the other filter "
+      "cases differ only in the header word that records them")
 def test_filters_on_one_rank_only(dist_ctx, transport, case):
     """Before (shm): the filtered rank entered the fallback's barriers alone: its next collective paired with a
     peer's other call, and close() or a new head hung until the gloo timeout, which closed the group."""
@@ -596,7 +611,7 @@ def test_local_error_in_a_filtered_call(dist_ctx, transport):
                    common=dict(top_p=0.9, top_logprobs=2))
 
 
-@with_both
+@with_both(C_PEER)
 def test_one_rank_calls_forward_once_more(dist_ctx, transport, reduction):
     """Before: silently wrong tokens from the extra call on (each step merged another step's candidates)."""
     ctx = dist_ctx
@@ -625,7 +640,7 @@ def test_one_rank_calls_forward_once_more(dist_ctx, transport, reduction):
 
 
 # ---- no false positives ------------------------------------------------------------------------
-@with_both
+@with_both(C_COL, G_PEER)
 def test_agreeing_ranks_never_see_a_mismatch(dist_ctx, transport, reduction):
     """Per-row parameters with greedy and NaN-temperature rows, empty batches, the same bad calls on every
     rank, reserve on every rank, scalar and chunked calls: never a TensorParallelMismatchError."""

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import fsdist
-from tp_helpers import (ALL_TRANSPORTS, assert_same_on_all_ranks, gather_objects, loaded_head, mismatch_outcomes,
-                        only_some_beyond_two_ranks, problem)
+from tp_helpers import (ALL_TRANSPORTS, PEER_TRANSPORTS, assert_same_on_all_ranks, gather_objects, grid, loaded_head,
+                        mismatch_outcomes, problem, two_ranks_only)
 
 mpi = pytest.mark.mpi(min_size=2)
 V, D, B = 1000, 16, 24
@@ -30,11 +30,11 @@ MODES = ["scaled", "raw", "processed"]
 
 
 @mpi
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("transport", ALL_TRANSPORTS)
+@grid("transport,mode", [(t, m) for m in MODES for t in ALL_TRANSPORTS],
+      lambda transport, mode: (ALL_TRANSPORTS.index(transport) + MODES.index(mode)) % 2 == 0,
+      "the logprob modes do not depend on the group size: beyond 2 ranks each mode runs with one transport and each "
+      "transport with a mode")
 def test_filtered_head_equals_sample_on_the_full_weight(dist_ctx, transport, mode):
-    only_some_beyond_two_ranks(dist_ctx, (ALL_TRANSPORTS.index(transport) + MODES.index(mode)) % 2 == 0,
-                               "each mode with one transport, each transport with a mode")
     dev = dist_ctx.device
     W, h = problem(V, D, B, torch.float32, seed=51, scale=3.0, device=dev)
     head = loaded_head(dist_ctx, W, transport, max_batch_size=B)
@@ -76,6 +76,8 @@ def test_group_logmass_refuses_filters_on_every_rank(dist_ctx):
 
 
 @mpi
+@two_ranks_only("the filters' row fingerprint is each rank's own hash; a row mismatch on one rank of four is "
+                "caught in test_divergence.py (seeds, offsets, temperature)")
 @pytest.mark.parametrize("transport", ALL_TRANSPORTS)
 def test_a_rank_with_another_filter_is_caught(dist_ctx, transport):
     """One rank asks for top_p 0.8 in row 2 where the others ask 0.9: that row's fingerprint
@@ -91,7 +93,9 @@ def test_a_rank_with_another_filter_is_caught(dist_ctx, transport):
 
 
 @mpi
-@pytest.mark.parametrize("transport", ALL_TRANSPORTS)
+@grid("transport", [(t,) for t in ALL_TRANSPORTS], lambda transport: transport == PEER_TRANSPORTS[0],
+      "the winners of four shards' tiles finish the min-p rows on the peer-store transport; both transports carry "
+      "4 shards' candidates in test_filtered_head_equals_sample_on_the_full_weight")
 def test_min_p_rows_finished_from_the_winners_as_on_one_device(dist_ctx, transport, monkeypatch):
     """select_filtered's min-p proof from the tiles' winners on the head: flat min-p-only rows that the
     kept logits cannot prove are finished from the winners of every rank's tiles (fewer fallback rows

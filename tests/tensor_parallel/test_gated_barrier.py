@@ -24,10 +24,15 @@ import triton.language as tl
 import fsdist
 from fsdist.tensor_parallel.transports import make_transport
 from fsdist.tensor_parallel.transports.gated_barrier import GatedBarrier
-from tp_helpers import ALL_TRANSPORTS, PEER_TRANSPORTS, gather_objects
+from tp_helpers import ALL_TRANSPORTS, PEER_TRANSPORTS, gather_objects, grid, two_ranks_only
 
 mpi = pytest.mark.mpi(min_size=2)
 LATE = 0.5  # seconds the late rank waits before its stores: far longer than a barrier
+# Where 4 ranks' part of the head tests (the last ones below) is covered:
+HEAD_AT_TWO_RANKS = ("the device kernel in place of the host gate does not depend on the group size: barriers of "
+                     "four ranks (one late, skipping or poisoned) are shown on the kernel by this file's first "
+                     "tests, the head's fallback at 4 shards by test_filters_tp.py, a filter on one rank of four by "
+                     "test_divergence.py::test_filters_on_one_rank_only")
 
 
 @triton.jit
@@ -211,6 +216,7 @@ def test_bad_counts_are_refused(dist_ctx, name):
 
 
 @mpi
+@two_ranks_only(HEAD_AT_TWO_RANKS)
 @pytest.mark.parametrize("name", PEER_TRANSPORTS)
 def test_the_head_with_device_gates_samples_exactly_and_survives_a_diverged_step(dist_ctx, name):
     """The head's fallback rounds through the device kernel (on CPU too: shm normally gates on the host, here the
@@ -254,6 +260,7 @@ def test_the_head_with_device_gates_samples_exactly_and_survives_a_diverged_step
 
 
 @mpi
+@two_ranks_only(HEAD_AT_TWO_RANKS)
 @pytest.mark.parametrize("name", PEER_TRANSPORTS)
 def test_the_head_with_device_step_barriers_samples_exactly(dist_ctx, name, monkeypatch):
     """FSDIST_DEVICE_BARRIER=1: every step barrier of the head (the exchange, the fallback's rounds) is the
@@ -297,6 +304,7 @@ def test_the_head_with_device_step_barriers_samples_exactly(dist_ctx, name, monk
 
 
 @mpi
+@two_ranks_only(HEAD_AT_TWO_RANKS)
 @pytest.mark.parametrize("name", PEER_TRANSPORTS)
 def test_group_logmass_heads_take_the_device_step_barrier_too(dist_ctx, name, monkeypatch):
     """FSDIST_DEVICE_BARRIER=1 reaches reduction="group_logmass" as well: its step barrier runs on the kernel
@@ -370,7 +378,8 @@ def test_the_device_barrier_is_on_by_default_on_gpus_only():
         assert device_barrier_wanted(True, cpu, {"FSDIST_DEVICE_BARRIER": on}), on
 
 @mpi
-@pytest.mark.parametrize("name", ALL_TRANSPORTS)
+@grid("name", [(t,) for t in ALL_TRANSPORTS], lambda name: name == PEER_TRANSPORTS[0],
+      "one rank of four failing inside the fallback runs on the peer-store transport, where the gated barriers are")
 def test_a_local_error_inside_the_fallback_passes_the_barriers_and_is_caught_next_step(dist_ctx, name, monkeypatch):
     """The last rank's resolve launch fails (as out of memory on that rank alone would): it still passes every
     gated barrier of the call, so nobody waits and the epochs stay equal, then raises that error. Its next call

@@ -11,11 +11,13 @@ import torch
 
 import fsdist
 from fsdist.reference import bitmask_from_allowed
-from tp_helpers import (ALL_TRANSPORTS, PEER_TRANSPORTS, assert_same_on_all_ranks, gather_objects, loaded_head,
-                        mismatch_outcomes, only_some_beyond_two_ranks, problem, reference_group_logmass, tp_ranges)
+from tp_helpers import (ALL_TRANSPORTS, PEER_TRANSPORTS, assert_same_on_all_ranks, gather_objects, grid, loaded_head,
+                        mismatch_outcomes, problem, reference_group_logmass, tp_ranges, two_ranks_only)
 
 mpi = pytest.mark.mpi(min_size=2)
 V, D, B = 1000, 16, 12
+FINGERPRINT_AT_TWO_RANKS = ("the processors' and filters' row fingerprint is each rank's own hash; a row mismatch on "
+                            "one rank of four is caught in test_divergence.py (seeds, offsets, temperature)")
 
 
 def processors(B, V, device, seed=0):
@@ -49,11 +51,11 @@ def temperatures(B, device):
 
 
 @mpi
-@pytest.mark.parametrize("filtered", [False, True], ids=["plain", "filtered"])
-@pytest.mark.parametrize("transport", ALL_TRANSPORTS)
+@grid("transport,filtered", [(t, f) for f in (False, True) for t in ALL_TRANSPORTS],
+      lambda transport, filtered: not filtered or transport == PEER_TRANSPORTS[0],
+      "beyond 2 ranks the filtered case runs with the first peer transport, the plain one with each",
+      ids=lambda case: f"{case[0]}-{'filtered' if case[1] else 'plain'}")
 def test_processed_head_equals_sample_on_the_full_weight(dist_ctx, transport, filtered):
-    only_some_beyond_two_ranks(dist_ctx, not filtered or transport == PEER_TRANSPORTS[0],
-                               "the filtered case with the first peer transport, the plain one with each")
     dev = dist_ctx.device
     W, h = problem(V, D, B, torch.float32, seed=61, scale=3.0, device=dev)
     head = loaded_head(dist_ctx, W, transport, max_batch_size=B)
@@ -103,6 +105,7 @@ def test_group_logmass_applies_the_processors(dist_ctx, transport):
 
 
 @mpi
+@two_ranks_only("the plan is each rank's own, the same at any group size")
 @pytest.mark.parametrize("reduction", ["candidates", "group_logmass"])
 def test_the_head_plans_with_its_sparse_processors(dist_ctx, reduction, monkeypatch):
     """Both reductions tell the plan whether the call applies bias / penalty entries, as fsdist.sample does
@@ -149,6 +152,7 @@ def test_the_group_agrees_on_the_memory_speed(dist_ctx, monkeypatch):
 
 
 @mpi
+@two_ranks_only(FINGERPRINT_AT_TWO_RANKS)
 @pytest.mark.parametrize("which", ["token_bitmask", "logit_bias", "penalties"])
 def test_a_rank_with_other_processors_is_caught(dist_ctx, which):
     """The last rank flips one bit / one bias value / one output id of row 3 (in a range it
@@ -169,6 +173,7 @@ def test_a_rank_with_other_processors_is_caught(dist_ctx, which):
 
 
 @mpi
+@two_ranks_only(FINGERPRINT_AT_TWO_RANKS)
 @pytest.mark.parametrize("which", ["top_k", "top_p_rows"])
 def test_a_rank_with_other_filters_beside_processors_is_caught(dist_ctx, which):
     """With bias, penalties and a bitmask on every rank alike, the last rank asks for another top-k (a scalar) or

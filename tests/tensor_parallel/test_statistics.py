@@ -7,27 +7,33 @@ fixed, so it is deterministic). Log-probabilities and log-sum-exps must match fl
 log_softmax / logsumexp within 1e-4 absolute.
 
 V = 300 pads to 512: with 4 ranks of 128 rows, rank 3 holds only padding (a shard with
-no probability mass), rank 2 is partly padding. Beyond 2 ranks two of the four cases run:
-each reduction and each transport once, so (candidates, collective) and (group_logmass, peer)
-meet a padding-only shard only with FSDIST_TEST_EVERY_CASE=1.
+no probability mass), rank 2 is partly padding. Beyond 2 ranks one of the four cases runs,
+(group_logmass, collective): the reduction whose tokens are not those of one device, whose
+merge weighs the shards by their log-mass (the padding-only shard's is -inf). The candidates
+reduction's tokens at 4 shards, a padding-only one included, are checked bit for bit against
+fsdist.sample on one device (test_candidates_with_a_padding_only_shard_equal_one_device below;
+every transport in test_layers.py), whose distribution the single-process suite tests.
 """
 import pytest
 import torch
 
 import fsdist
-from tp_helpers import P_MIN, chi2_pvalue, only_some_beyond_two_ranks, problem, scaled_logits64
+from tp_helpers import (ALL_TRANSPORTS, P_MIN, assert_same_on_all_ranks, chi2_pvalue, grid, loaded_head, problem,
+                        scaled_logits64)
 
 N_SAMPLES = 20480
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("reduction,transport", [("candidates", "collective"), ("group_logmass", "collective"),
-                                                 ("candidates", "peer"), ("group_logmass", "peer")])
+@grid("reduction,transport", [("candidates", "collective"), ("group_logmass", "collective"),
+                              ("candidates", "peer"), ("group_logmass", "peer")],
+      lambda reduction, transport: (reduction, transport) == ("group_logmass", "collective"),
+      "one chi-squared test beyond 2 ranks (group_logmass, collective); candidates tokens at 4 shards are checked "
+      "bit-equal to one device (test_candidates_with_a_padding_only_shard_equal_one_device, test_layers.py) and "
+      "each transport at 4 ranks in test_layers.py and test_filters_tp.py")
 def test_chi_squared_and_logprobs(dist_ctx, reduction, transport):
     from tp_helpers import PEER_TRANSPORTS
 
-    diagonal = (reduction, transport) in (("candidates", "peer"), ("group_logmass", "collective"))
-    only_some_beyond_two_ranks(dist_ctx, diagonal, "each reduction once, each transport once")
     if transport == "peer":
         transport = PEER_TRANSPORTS[0]
     V, D, T = 300, 16, 0.8
@@ -55,3 +61,23 @@ def test_chi_squared_and_logprobs(dist_ctx, reduction, transport):
     torch.testing.assert_close(out.logsumexp.cpu().double(),
                                torch.logsumexp(scaled[0], 0).expand(N_SAMPLES), atol=1e-4, rtol=0)
     head.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("transport", ALL_TRANSPORTS)
+def test_candidates_with_a_padding_only_shard_equal_one_device(dist_ctx, transport):
+    """The statistical test's problem (V = 300: at 4 ranks rank 3 holds only padding) on the candidates reduction:
+    tokens, logprobs and log-sum-exps of many rows with distinct seeds equal fsdist.sample's on the full weight."""
+    V, D, B = 300, 16, 256
+    W, h1 = problem(V, D, 1, torch.bfloat16, seed=11, scale=1.5, device=dist_ctx.device)
+    head = loaded_head(dist_ctx, W, transport, block_v=128, max_batch_size=B)
+    h = h1.expand(B, D).contiguous()
+    kw = dict(temperature=0.8, seed=torch.arange(B, dtype=torch.int64, device=dist_ctx.device) * 1_000_003 + 12345,
+              offset=42, return_logprobs=True)
+    out = head(h, **kw)
+    head.close()
+    ref = fsdist.sample(h, W, vocab_size=V, **kw)
+    assert torch.equal(out.tokens, ref.tokens)
+    torch.testing.assert_close(out.logprobs, ref.logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.logsumexp, ref.logsumexp, atol=1e-5, rtol=0)
+    assert_same_on_all_ranks(out)

@@ -1,5 +1,4 @@
 """Shared helpers for the tensor-parallel tests: problems, oracles, statistics, rank checks."""
-import os
 
 import numpy as np
 import pytest
@@ -28,17 +27,22 @@ def _peer_transports():
 PEER_TRANSPORTS = _peer_transports()
 ALL_TRANSPORTS = ["collective"] + PEER_TRANSPORTS
 
-# FSDIST_TEST_EVERY_CASE=1: every case of a grid at every group size (see only_some_beyond_two_ranks).
-EVERY_CASE = os.environ.get("FSDIST_TEST_EVERY_CASE", "0") == "1"
+def two_ranks_only(why: str):
+    """Mark a test (or one case of a grid) that a multi-rank session runs at 2 ranks only: ``why`` says where the
+    larger group's part of it is covered (the skip reason beyond 2 ranks). CI runs the suite at 2 and 4 ranks on
+    two cores, where a 4-rank case costs ~2x its 2-rank run: 4 ranks run only what depends on the group size.
+    FSDIST_TEST_EVERY_CASE=1 runs everything at every size (tests/conftest.py, the world_sizes marker)."""
+    return pytest.mark.world_sizes(2, why=why)
 
 
-def only_some_beyond_two_ranks(ctx, keep: bool, why: str):
-    """Skip a grid case beyond two ranks unless ``keep``: for grids (transport x mode, ...) whose axes do not depend on
-    the group size, the 2-rank run takes every case and larger groups a subset that still has each value of each
-    axis (CI runs the suite at 2 and 4 ranks on two cores, where a 4-rank case costs ~1.7x its 2-rank run). Every
-    rank decides the same way before any collective. FSDIST_TEST_EVERY_CASE=1 runs them all."""
-    if ctx.world_size > 2 and not keep and not EVERY_CASE:
-        pytest.skip(f"at {ctx.world_size} ranks only a subset of this grid runs ({why}); FSDIST_TEST_EVERY_CASE=1")
+def grid(argnames: str, cases, keep_beyond_two, why: str, ids=None):
+    """pytest.mark.parametrize over ``cases`` (tuples of argnames' values), where each case for which
+    ``keep_beyond_two(*case)`` is false runs at 2 ranks only (two_ranks_only(why)): for grids whose axes do not
+    depend on the group size, 2 ranks take every case and larger groups a subset chosen so that it still has each
+    value of each axis. ``ids(case)`` names a case ('-'.join of its values by default)."""
+    params = [pytest.param(*case, id=ids(case) if ids else "-".join(str(v) for v in case),
+                           marks=() if keep_beyond_two(*case) else (two_ranks_only(why),)) for case in cases]
+    return pytest.mark.parametrize(argnames, params)
 
 
 def problem(V: int, D: int, B: int, dtype=torch.float32, seed: int = 0, scale: float = 1.0, device="cpu"):
