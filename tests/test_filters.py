@@ -143,8 +143,10 @@ def one_row_draws(device, T, filters, V=1000, seed=21, block_v=128, n=N_DRAWS):
     h1, w, probs = one_row(device, T, filters, V, seed)
     h = h1.expand(n, -1).contiguous()
     seeds = torch.arange(n, device=device) * 1_000_003 + 17
-    # Big batch tiles: under the interpreter every program costs Python overhead.
-    out = fsdist.sample(h, w, temperature=T, seed=seeds, offset=4, config=cfg(block_v, block_b=512), **filters)
+    # Big batch tiles: under the interpreter every program costs Python overhead. The largest tile Triton allows
+    # (2**20 elements: 8192 rows of 128 ids, as test_processors.py's draws); a GPU's stays at most 32 rows (cfg).
+    out = fsdist.sample(h, w, temperature=T, seed=seeds, offset=4, config=cfg(block_v, block_b=(1 << 20) // block_v),
+                        **filters)
     return out, probs
 
 

@@ -11,7 +11,7 @@ import torch
 import triton
 
 import fsdist
-from fsdist.ops.configs import TileConfig
+from fsdist.ops.configs import TileConfig, default_config
 from fsdist.ops.fused_sample import launch_fused, tma_operands
 from fsdist.ops.layout import BufferPair, CandidateLayout
 from fsdist.ops.merge_candidates import launch_merge
@@ -32,6 +32,16 @@ def make_problem(B, D, V, dtype, device, scale=3.0, seed=0):
     return hidden.to(device=device, dtype=dtype), weight.to(device=device, dtype=dtype)
 
 
+def many_draws_config(n, D, device):
+    """The tile an n-row call of hidden size D takes by default, with as many rows as Triton allows on CPU (2**20
+    elements): under the interpreter each program costs Python overhead, and the tokens do not depend on the tile
+    (test_same_key_same_token_across_tile_configs_and_positions). A GPU keeps its default (None)."""
+    if device.type != "cpu":
+        return None
+    cfg = default_config(n, D, device)
+    return dataclasses.replace(cfg, block_b=(1 << 20) // cfg.block_v)
+
+
 def exact_logits(hidden, weight, vocab_size=None):
     """float64 logits of the *quantized* inputs: what the kernel is meant to compute."""
     return materialize_logits(hidden.cpu(), weight.cpu(), vocab_size)
@@ -50,7 +60,7 @@ def test_chi_squared_goodness_of_fit(device, V, T):
     half = n // 2
     seeds = torch.cat([torch.arange(half) + 1000, torch.full((n - half,), 77)]).to(device)
     offsets = torch.cat([torch.full((half,), 5), torch.arange(n - half) + 10**9]).to(device)
-    out = fsdist.sample(hidden, w, temperature=T, seed=seeds, offset=offsets)
+    out = fsdist.sample(hidden, w, temperature=T, seed=seeds, offset=offsets, config=many_draws_config(n, 32, device))
     probs = torch.softmax(exact_logits(h, w)[0] / T, dim=-1)
     assert_samples_match(out.tokens, probs, f"V={V} T={T}")
 
@@ -162,9 +172,10 @@ def test_new_offset_gives_independent_draw(device):
     h, w = make_problem(1, 32, V, torch.float32, device, seed=8, scale=2.0)
     hidden = h.expand(n, -1).contiguous()
     seeds = torch.arange(n, device=device)
-    a = fsdist.sample(hidden, w, seed=seeds, offset=0).tokens
-    b = fsdist.sample(hidden, w, seed=seeds, offset=1).tokens
-    c = fsdist.sample(hidden, w, seed=seeds + n, offset=0).tokens
+    cfg = many_draws_config(n, 32, device)
+    a = fsdist.sample(hidden, w, seed=seeds, offset=0, config=cfg).tokens
+    b = fsdist.sample(hidden, w, seed=seeds, offset=1, config=cfg).tokens
+    c = fsdist.sample(hidden, w, seed=seeds + n, offset=0, config=cfg).tokens
     probs = torch.softmax(exact_logits(h, w)[0], -1)
     collide = float((probs**2).sum())  # P(two independent draws agree)
     for other in (b, c):

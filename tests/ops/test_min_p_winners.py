@@ -197,7 +197,7 @@ def test_chi_squared_on_the_winner_path(device, monkeypatch):
     h = torch.zeros(n, 1, device=device)
     h[:, 0] = 1.0
     w = row[:, None].contiguous().to(device)
-    cfg = _cfg() if torch.cuda.is_available() else TileConfig(512, 128, 16, num_stages=1)
+    cfg = _cfg() if torch.cuda.is_available() else TileConfig(8192, 128, 16, num_stages=1)
     seeds = torch.arange(n, device=device) * 1_000_003 + 29
     kw = dict(temperature=T, min_p=min_p, offset=2, config=cfg)
     with monkeypatch.context() as m:
