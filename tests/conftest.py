@@ -12,6 +12,10 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+from interpreter_patches import install as install_interpreter_shortcut  # noqa: E402
+
+install_interpreter_shortcut()  # Triton's interpreter without its redundant re-patching (interpreter_patches.py)
+
 ON_GPU = torch.cuda.is_available()
 
 
