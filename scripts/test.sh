@@ -37,7 +37,8 @@ status=0
 # count (1: no workers).
 workers=${FSDIST_TEST_WORKERS:-$("$PY" -c 'import os, torch; print(1 if torch.cuda.is_available() else min(8, len(os.sched_getaffinity(0))))')}
 xdist=()
-[ "$workers" -gt 1 ] && xdist=(-n "$workers" --dist loadfile)
+# (--no-loadscope-reorder: files in collection order, which tests/conftest.py starts with the longest ones)
+[ "$workers" -gt 1 ] && xdist=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 echo "== single-process suite (${workers} worker(s)) =="
 "$PY" -m pytest -q -p no:warnings "${xdist[@]}" tests --junitxml="$reports/single.xml" || status=1
 

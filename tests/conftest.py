@@ -43,7 +43,23 @@ def world_sizes_skip(item, world: int):
                                    "ranks; FSDIST_TEST_EVERY_CASE=1 runs it at every size)")
 
 
+# The CPU suite's longest files, longest first (seconds of one CI core, 2026-12-06; test_lowering's sm_90 compiles
+# take ~4-5 min on a cold Triton cache, as on a fresh CI machine, ~20 s warm). scripts/test.sh runs pytest-xdist with
+# --dist loadfile --no-loadscope-reorder, which hands files to the workers in collection order: starting these first
+# keeps one of them from being the last file a worker takes while the other worker idles.
+LONGEST_FIRST = ("tests/ops/test_lowering.py", "tests/test_processors.py", "tests/ops/test_fused_sample.py",
+                 "tests/ops/test_select_filtered.py", "tests/test_filters.py", "tests/ops/test_min_p_winners.py")
+
+
+def longest_first(items):
+    """items with LONGEST_FIRST's files first, in that order; every other file keeps its place after them (a stable
+    sort: every xdist worker gets the same order, which xdist requires)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 def pytest_collection_modifyitems(config, items):
+    longest_first(items)
     gpu_skip = None if ON_GPU else pytest.mark.skip(reason="needs a CUDA GPU")
     world = None
     for item in items:
