@@ -85,19 +85,13 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
         fast_memory = device_fast_memory(device)
     # What the plan asks of the device and of the environment, asked here on every call (so a changed answer, or a
     # test's stand-in, takes effect at once); the rest is a pure function of these answers and the arguments, cached.
-    # (the 64-row tile of calls with entries at B = 17-32 was measured on the warp-specialised kernel only: where
-    # that kernel cannot run, such calls keep the 32-row Triton tile)
-    # (and extended calls there at D <= 4096, measured on one GPU only: a checked layout, the TP heads', keeps
-    # the 32-row tile for them)
-    extended_ws = extended and not checked
     ws_kernel = ws_device(device, dtype)
-    ws = bool(sparse_processors or extended_ws) and ws_kernel
     default_v = default_block_v(device.type)
     # (by name: a key in another order than _plan's parameters cannot pass one answer as another)
     key = dict(batch=batch, hidden_size=hidden_size, weight_rows=weight_rows, device_type=device.type,
                logprobs=logprobs, config=config, path=path, block_v=block_v, n_shards=n_shards, batch_cap=batch_cap,
                n_fields=n_fields, checked=checked, extended=extended, dtype=dtype, raw_sums=raw_sums,
-               winner_logits=winner_logits, sparse_processors=sparse_processors, fast_memory=bool(fast_memory), ws=ws,
+               winner_logits=winner_logits, sparse_processors=sparse_processors, fast_memory=bool(fast_memory),
                ws_kernel=ws_kernel, default_v=default_v)
     try:
         hash(tuple(key.values()))
@@ -107,19 +101,23 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
 
 
 def _plan(batch, hidden_size, weight_rows, device_type, logprobs, config, path, block_v, n_shards, batch_cap,
-          n_fields, checked, extended, dtype, raw_sums, winner_logits, sparse_processors, fast_memory, ws,
-          ws_kernel, default_v) -> SamplePlan:
-    """plan_sample's decisions from its arguments and the device's answers (ws: the warp-specialised kernel runs
-    where the call would use it; ws_kernel: it runs on the device for the dtype; default_v: the device's default
-    vocabulary tile)."""
+          n_fields, checked, extended, dtype, raw_sums, winner_logits, sparse_processors, fast_memory, ws_kernel,
+          default_v) -> SamplePlan:
+    """plan_sample's decisions from its arguments and the device's answers (ws_kernel: the warp-specialised kernel
+    runs on the device for the dtype; default_v: the device's default vocabulary tile)."""
     path = path or choose_path(batch, hidden_size, device_type, dtype.itemsize if dtype is not None else 2,
                                sparse_processors, fast_memory=fast_memory)
     if path not in STAGE1_PATHS:
         raise ValueError(f"path must be 'fused', 'chunked' or None, got {path!r}")
+    # (the 64-row tile of calls with entries at B = 17-32 was measured on the warp-specialised kernel only: where
+    # that kernel cannot run, such calls keep the 32-row Triton tile)
+    # (and extended calls there at D <= 4096, measured on one GPU only: a checked layout, the TP heads', keeps
+    # the 32-row tile for them)
     extended_ws = extended and not checked
     cfg = config or pick_config(batch, hidden_size, device_type, block_v=block_v or default_v,
-                                fast_memory=fast_memory, extended=extended, sparse_processors=sparse_processors and ws,
-                                extended_ws=extended_ws and ws, ws_kernel=ws_kernel)
+                                fast_memory=fast_memory, extended=extended,
+                                sparse_processors=sparse_processors and ws_kernel,
+                                extended_ws=extended_ws and ws_kernel, ws_kernel=ws_kernel)
     if block_v is not None and cfg.block_v != block_v:
         raise ValueError(f"config.block_v = {cfg.block_v} but the buffers are laid out for block_v = {block_v}")
     roomy = extended or n_fields == CandidateLayout.fields(True, extended=True)
