@@ -158,6 +158,25 @@ if HAVE_GLUON:
         return gl.split(gl.permute(gl.reshape(x, [ROWS, 2, W // 2]), (0, 2, 1)))
 
     @gluon.jit
+    def _hand_off_phases(hc, ACC_BUFS: gl.constexpr):
+        """The ready-barrier phases of a tile's two hand-offs (left half, right half), hc = 2 x the tiles handed off
+        before: hand-off u = hc + half uses buffer u % ACC_BUFS for the (u // ACC_BUFS)-th time. The MMA side waits on
+        the empty barriers with the opposite phases (a fresh barrier's "previous" phase passes at once)."""
+        if ACC_BUFS == 2:
+            p0 = (hc // 2) & 1
+            p1 = p0
+        else:
+            p0 = hc & 1
+            p1 = (hc + 1) & 1
+        return p0, p1
+
+    @gluon.jit
+    def _argmax_lowest(x, col):
+        """Each row's largest value of x and its column, the lowest among equal maxima (as tl.argmax)."""
+        m = gl.max(x, axis=1)
+        return m, gl.min(gl.where(x == m[:, None], col[None, :], 1 << 30), axis=1)
+
+    @gluon.jit
     def _store_hand_off(acc_smem, base: gl.constexpr, x, ROWS: gl.constexpr, W: gl.constexpr, NCH: gl.constexpr,
                         WHOLE: gl.constexpr):
         """x [ROWS, W] into buffer `base` of acc_smem (NCH = 1), or its NCH column chunks (2 or 4) into buffers
@@ -210,16 +229,11 @@ if HAVE_GLUON:
         # for the (u // ACC_BUFS)-th time).
         left, right = _col_halves(acc, ROWS, BLOCK_V)
         J1: gl.constexpr = ACC_BUFS - 1  # the right half's buffer (0: the left one's, 1: its own)
-        if ACC_BUFS == 2:
-            e0 = ((hc // 2) & 1) ^ 1
-            e1 = e0
-        else:
-            e0 = (hc & 1) ^ 1
-            e1 = hc & 1
-        mbarrier.wait(acc_empty.index(0), e0)
+        p0, p1 = _hand_off_phases(hc, ACC_BUFS)
+        mbarrier.wait(acc_empty.index(0), p0 ^ 1)
         _store_hand_off(acc_smem, 0, left, ROWS, BLOCK_V // 2, NCH, WHOLE)
         mbarrier.arrive(acc_ready.index(0))
-        mbarrier.wait(acc_empty.index(J1), e1)
+        mbarrier.wait(acc_empty.index(J1), p1 ^ 1)
         _store_hand_off(acc_smem, J1 * NCH, right, ROWS, BLOCK_V // 2, NCH, WHOLE)
         mbarrier.arrive(acc_ready.index(J1))
         return it, hc + 2
@@ -317,9 +331,7 @@ if HAVE_GLUON:
             score = perturb(logit, gl.convert_layout(noise_scale, gl.SliceLayout(1, lay))[:, None], g, FAST_LOG)
         else:
             score = logit
-        best = gl.max(score, axis=1)
-        # lowest column among equal maxima, as tl.argmax
-        at = gl.min(gl.where(score == best[:, None], col[None, :], 1 << 30), axis=1)
+        best, at = _argmax_lowest(score, col)
         return best, at, bad, logit, col
 
     @gluon.jit
@@ -355,8 +367,7 @@ if HAVE_GLUON:
                 score = perturb(logit, scale, g, FAST_LOG)
             else:
                 score = logit
-            chunk_best = gl.max(score, axis=1)
-            chunk_at = gl.min(gl.where(score == chunk_best[:, None], col[None, :], 1 << 30), axis=1)
+            chunk_best, chunk_at = _argmax_lowest(score, col)
             take = chunk_best > best
             best = gl.where(take, chunk_best, best)
             at = gl.where(take, chunk_at, at)
@@ -366,8 +377,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _take_largest(x, col):
         """The largest value of each row of x (lowest column among equal ones), its column, and x without it."""
-        m = gl.max(x, axis=1)
-        c = gl.min(gl.where(x == m[:, None], col[None, :], 1 << 30), axis=1)
+        m, c = _argmax_lowest(x, col)
         return m, c, gl.where(col[None, :] == c[:, None], float("-inf"), x)
 
     @gluon.jit
@@ -461,12 +471,7 @@ if HAVE_GLUON:
 
             # the halves' buffers and phases (_mma_tile's hand-off numbering; J1: the right half's buffer)
             J1: gl.constexpr = ACC_BUFS - 1
-            if ACC_BUFS == 2:
-                p0 = (hc // 2) & 1
-                p1 = p0
-            else:
-                p0 = hc & 1
-                p1 = (hc + 1) & 1
+            p0, p1 = _hand_off_phases(hc, ACC_BUFS)
             if EPI_CHUNK > 0:
                 NCH: gl.constexpr = HALF // EPI_CHUNK
                 best0, at0, bad0 = _epilogue_half_chunked(acc_smem, 0, acc_ready.index(0), acc_empty.index(0), p0, 0,
