@@ -6,7 +6,8 @@
 #          1024, both shapes, three runs a cell
 #   whole  bench/filter_probe.py graph replays of whole plain calls in A/B/A/B order: the dispatch (5 stages on fast
 #          memory) against the same tile forced to 4 stages, B = 768 / 1024, both shapes
-#   tests  the GPU tests of the 4-stage and hand-off variants (tests/ops/test_fused_ws_gpu.py)
+#   tests  the GPU tests of the 4-stage and hand-off variants (tests/ops/test_fused_ws_gpu.py), and the no-sync and
+#          CUDA-graph serving tests (not run since the 4-stage rule was narrowed to the ws kernel)
 # JSONs in $OUT, logs in $OUT/v96_logs.tgz. Usage: export OUT; bash scripts/gpu_session_v96.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,7 @@ if wants whole; then
 fi
 if wants tests; then
   TESTS_TIMEOUT=$(part_limit 150) bash scripts/gpu_tests_parallel.sh \
-    "tests/ops/test_fused_ws_gpu.py -k 'hand_off or ties'" || rc=1
+    "tests/ops/test_fused_ws_gpu.py -k 'hand_off or ties'" \
+    "tests/test_gpu_serving.py -k 'cuda_graph or never_synchron'" || rc=1
 fi
 exit $rc
