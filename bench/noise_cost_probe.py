@@ -20,6 +20,8 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
   ws_philox   the Philox bits without the two logs (noise_probe="philox"; not the sampler's tokens)
   ws_logs     the two logs of a cheap hash instead of Philox (noise_probe="logs")
   ws_rounds7  Philox-4x32 with 7 rounds instead of 10 (noise_probe="rounds7")
+  ws_legacy   the sampler's noise in the instructions before v97 (noise_probe="legacy": tl.philox's separate high and
+              low multiplies, lg2.approx without .ftz, x + 0.5 then a multiply): the same candidates bit for bit
   ws_ab2      the accumulator handed off through a buffer per column half (acc_buffers=2, 64 KB): the MMA warpgroup
               stores the second half without waiting for the epilogue to read the first (the shipped stages, and
               ws_ab2s4 with 4); ws_ab2_greedy with T = 0
@@ -31,8 +33,8 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
 
 then runs each method back to back for --seconds while ``nvidia-smi`` samples the SM clock and the power draw
 (every 50 ms; read only: the card's settings are left alone), and reports each method's median clock and power.
-Checks first: the probe's shipped variant and the acc_buffers=2 variants write the dispatched launch's candidates
-bit for bit, and each noise variant changes them (so the switch took effect).
+Checks first: the probe's shipped variant, the legacy instructions and the acc_buffers=2 variants write the
+dispatched launch's candidates bit for bit, and each other noise variant changes them (so the switch took effect).
 
     python3 bench/noise_cost_probe.py [--shapes 4096x151936,8192x128256] [--batches 256,1024] [--seconds 1.5]
 
@@ -145,7 +147,8 @@ def zeroed(layout, dev) -> BufferPair:
 
 
 def check(h, W, params, layout, V, shipped, dev, failures, label):
-    """The probe's shipped variant against the dispatched launch, bit for bit; each noise variant must differ."""
+    """The probe's shipped variant and the legacy instructions against the dispatched launch, bit for bit; each
+    other noise variant must differ."""
     ref = zeroed(layout, dev)
     launch_fused(h, W, params, shipped, layout, ref, vocab_size=V)
     got = {}
@@ -158,8 +161,11 @@ def check(h, W, params, layout, V, shipped, dev, failures, label):
     same = torch.equal(got[""].i, ref.i) and torch.equal(got[""].f.nan_to_num(-7.0), ref.f.nan_to_num(-7.0))
     if not same:
         failures.append(f"{label}: the probe's shipped variant differs from the dispatched launch")
+    legacy = got["legacy"]
+    if not (torch.equal(legacy.i, ref.i) and torch.equal(legacy.f.nan_to_num(-7.0), ref.f.nan_to_num(-7.0))):
+        failures.append(f"{label}: the legacy noise instructions give other candidates than the shipped ones")
     for probe in NOISE_PROBES:
-        if probe and torch.equal(got[probe].i, ref.i):
+        if probe and probe != "legacy" and torch.equal(got[probe].i, ref.i):
             failures.append(f"{label}: noise_probe={probe!r} left every candidate as it was (switch not applied?)")
     for stages, bufs, chunk in ((shipped.num_stages, 2, 0), (4, 2, 0), (shipped.num_stages, 1, 16),
                                 (shipped.num_stages, 2, 16), (shipped.num_stages, 2, 32)):
@@ -209,7 +215,8 @@ def main(argv=None) -> int:
                 methods = {"cublas": lambda h: F.linear(h, W), "ws": ws,
                            "ws_greedy": lambda h: ws(h, greedy), "ws_epi": lambda h: ws(h, epi=True),
                            "ws_philox": lambda h: ws(h, probe="philox"), "ws_logs": lambda h: ws(h, probe="logs"),
-                           "ws_rounds7": lambda h: ws(h, probe="rounds7"), "ws_ab2": lambda h: ws(h, bufs=2),
+                           "ws_rounds7": lambda h: ws(h, probe="rounds7"),
+                           "ws_legacy": lambda h: ws(h, probe="legacy"), "ws_ab2": lambda h: ws(h, bufs=2),
                            "ws_ab2s4": lambda h: ws(h, bufs=2, stages=4),
                            "ws_ab2_greedy": lambda h: ws(h, greedy, bufs=2),
                            "ws_c16": lambda h: ws(h, chunk=16), "ws_c16ab2": lambda h: ws(h, bufs=2, chunk=16),

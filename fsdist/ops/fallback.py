@@ -364,7 +364,7 @@ def resolve_kernel(pool_ptr, shard_cols, flags_ptr, B, round_start, V,
                 offs = c + tl.arange(0, BLOCK)
                 v = _pool_load(pool_ptr, slots, offs, V, shard_cols, POOL)
                 kept = (v > float("-inf")) & (order_key(v) >= key_t[:, None])
-                g = gumbel_from_bits(vocab_bits(seed[:, None], offset[:, None], offs[None, :]), FAST_LOG)
+                g = gumbel_from_bits(vocab_bits(seed[:, None], offset[:, None], offs[None, :], FAST_LOG), FAST_LOG)
                 score = tl.where(kept, perturb(v, noise_scale[:, None], g, FAST_LOG), float("-inf"))
                 take = score > best2
                 best2 = tl.where(take, score, best2)

@@ -152,7 +152,8 @@ def fused_sample_kernel(
         offset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
         # Tiles start at multiples of BLOCK_V (and vocab_start at a multiple of 4), so the
         # tile's ids are whole Philox quads: one evaluation per 4 ids.
-        bits = vocab_bits_tile(seed[:, None], offset[:, None], vocab_start + pid_v * BLOCK_V, BLOCK_B, BLOCK_V)
+        bits = vocab_bits_tile(seed[:, None], offset[:, None], vocab_start + pid_v * BLOCK_V, BLOCK_B, BLOCK_V,
+                               FAST_LOG)
         g = gumbel_from_bits(bits, FAST_LOG)
         score = perturb(logit, noise_scale[:, None], g, FAST_LOG)  # greedy rows: scale 0, the logit itself
     else:

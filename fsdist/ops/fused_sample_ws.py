@@ -40,7 +40,7 @@ import triton
 from ..params import RowParams
 from .epilogue import perturb, raw_sum, row_temperature, scaled_sum
 from .layout import KEEP, BufferPair, CandidateLayout, store_fan_out
-from .noise import gumbel_from_bits, vocab_quad_bits
+from .noise import LEGACY_PTX, gumbel_from_bits, vocab_quad_bits
 from .parity import parity_args, parity_offsets
 from .prepare_processors import PROBES as _PROBES_INT
 from .processors import (process_tile, processor_args, row_penalties, slice_heads, span_allowed, span_words,
@@ -74,11 +74,14 @@ WS_EPILOGUE_WARPS = 4
 WS_REGISTERS = {4: (168, 232), 8: (128, 160)}
 WS_LOAD_REGS = 24
 # launch_fused_ws(noise_probe=): benchmark variants of the noise, to split its cost (not the sampler's contract): the
-# Philox bits without the logs, the logs of a cheap hash instead of Philox, Philox with 7 rounds
+# Philox bits without the logs, the logs of a cheap hash instead of Philox, Philox with 7 rounds; and the contract's
+# noise in the instructions before v97 (tl.philox's separate high and low multiplies, lg2 without .ftz: the same bits)
 _PROBE_PHILOX = triton.language.constexpr(1)
 _PROBE_LOGS = triton.language.constexpr(2)
 _PROBE_ROUNDS7 = triton.language.constexpr(3)
-NOISE_PROBES = {"": 0, "philox": _PROBE_PHILOX.value, "logs": _PROBE_LOGS.value, "rounds7": _PROBE_ROUNDS7.value}
+_PROBE_LEGACY = triton.language.constexpr(4)
+NOISE_PROBES = {"": 0, "philox": _PROBE_PHILOX.value, "logs": _PROBE_LOGS.value, "rounds7": _PROBE_ROUNDS7.value,
+                "legacy": _PROBE_LEGACY.value}
 WGMMA_ROWS = 64  # the rows of one warpgroup's wgmma: a short last tile (last_box_rows) runs one of them a k-step
 _PROBES = triton.language.constexpr(_PROBES_INT)  # the entry search's probes per round (processors.py)
 HEAD_N = triton.language.constexpr(4)  # entries per (row, column half) walked from registers (processors.py)
@@ -263,10 +266,12 @@ if HAVE_GLUON:
                                    BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS, NCH)
 
     @gluon.jit
-    def _half_bits(seed, offset, first_id, HALF: gl.constexpr, quad_layout: gl.constexpr, PROBE: gl.constexpr = 0):
+    def _half_bits(seed, offset, first_id, HALF: gl.constexpr, quad_layout: gl.constexpr, PROBE: gl.constexpr = 0,
+                   PTX: gl.constexpr = False):
         """The Philox bits of ids first_id .. + HALF - 1 for each row, [rows, HALF]: column 4q + 2i + j is lane
         2i + j of quad q (noise.vocab_bits_tile's arrangement). PROBE (benchmarks, launch_fused_ws's noise_probe):
-        _PROBE_LOGS a cheap hash of the id instead of Philox, _PROBE_ROUNDS7 Philox with 7 rounds."""
+        _PROBE_LOGS a cheap hash of the id instead of Philox, _PROBE_ROUNDS7 Philox with 7 rounds, _PROBE_LEGACY
+        tl.philox's instructions. PTX: noise.philox_words'."""
         quad = (first_id >> 2) + gl.arange(0, HALF // 4, gl.SliceLayout(0, quad_layout))
         if PROBE == _PROBE_LOGS:
             h = ((quad[None, :] + seed[:, None].to(gl.int32) + offset[:, None].to(gl.int32)) * -1640531535).to(
@@ -274,7 +279,8 @@ if HAVE_GLUON:
             r0, r1, r2, r3 = h, h ^ 0x5bd1e995, h ^ 0x1b873593, h ^ 0x27d4eb2f
         else:
             r0, r1, r2, r3 = vocab_quad_bits(seed[:, None], offset[:, None], quad[None, :],
-                                             7 if PROBE == _PROBE_ROUNDS7 else 10)
+                                             7 if PROBE == _PROBE_ROUNDS7 else 10,
+                                             PTX and PROBE != _PROBE_LEGACY)
         return gl.reshape(gl.join(gl.join(r0, r2), gl.join(r1, r3)), [r0.shape[0], HALF])
 
     @gluon.jit
@@ -291,7 +297,8 @@ if HAVE_GLUON:
         zq = gl.zeros([seed.shape[0], HALF // 4], gl.int32, quad_layout)
         lay: gl.constexpr = gl.reshape(gl.join(gl.join(zq, zq), gl.join(zq, zq)), [seed.shape[0], HALF]).type.layout
         if not LATE_NOISE:
-            bits = _half_bits(seed, offset, vocab_start + tile_start + half * HALF, HALF, quad_layout, PROBE)
+            bits = _half_bits(seed, offset, vocab_start + tile_start + half * HALF, HALF, quad_layout, PROBE,
+                              FAST_LOG)
         col = half * HALF + gl.arange(0, HALF, gl.SliceLayout(0, lay))
         gid = vocab_start + tile_start + col
         valid = (gid < vocab_size) & (tile_start + col < V_rows)
@@ -323,9 +330,12 @@ if HAVE_GLUON:
                                  False, True, HEAD_N, False, PINNED)
         if NOISE:
             if LATE_NOISE:
-                bits = _half_bits(seed, offset, vocab_start + tile_start + half * HALF, HALF, quad_layout, PROBE)
+                bits = _half_bits(seed, offset, vocab_start + tile_start + half * HALF, HALF, quad_layout, PROBE,
+                                  FAST_LOG)
             if PROBE == _PROBE_PHILOX:  # (benchmarks) the bits without the logs: one conversion keeps Philox live
                 g = (bits & 0xFFFF).to(gl.float32) * 1e-6
+            elif PROBE == _PROBE_LEGACY:  # (benchmarks) the same bits from the instructions before v97
+                g = gumbel_from_bits(bits, LEGACY_PTX if FAST_LOG else FAST_LOG)
             else:
                 g = gumbel_from_bits(bits, FAST_LOG)
             score = perturb(logit, gl.convert_layout(noise_scale, gl.SliceLayout(1, lay))[:, None], g, FAST_LOG)
@@ -363,7 +373,8 @@ if HAVE_GLUON:
             logit = gl.where(valid[None, :], acc_smem.index(base + cc).load(lay), float("-inf"))
             bad = gl.maximum(bad, gl.max(((logit != logit) | (logit == float("inf"))).to(gl.int32), axis=1))
             if NOISE:
-                g = gumbel_from_bits(_half_bits(seed, offset, first_id + cc * CHUNK, CHUNK, quad_layout), FAST_LOG)
+                g = gumbel_from_bits(_half_bits(seed, offset, first_id + cc * CHUNK, CHUNK, quad_layout, 0, FAST_LOG),
+                                     FAST_LOG)
                 score = perturb(logit, scale, g, FAST_LOG)
             else:
                 score = logit
@@ -713,7 +724,8 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
     epilogue_only (benchmarks): skip the main loop (zero logits), to time the epilogue alone. noise_probe
     (benchmarks; not the sampler: other tokens): "philox" the Philox bits without the two logs, "logs" the logs
-    of a cheap hash instead of Philox, "rounds7" Philox with 7 rounds instead of 10 (NOISE_PROBES).
+    of a cheap hash instead of Philox, "rounds7" Philox with 7 rounds instead of 10, "legacy" the sampler's noise
+    from the instructions before v97 (the same candidates; NOISE_PROBES).
     acc_buffers: the accumulator's hand-off to the epilogue through one 32 KB buffer, a column half at a time (1), or
     a buffer per half (2, 64 KB: the MMA warpgroup stores the second half without waiting for the epilogue to read
     the first); the same candidates. epilogue_chunk (plain calls: no logprobs, kept logits or processors): the

@@ -128,7 +128,7 @@ def sample_logits_kernel(
             x0, x2 = tl.split(xe)
             x1, x3 = tl.split(xo)
             if NOISE:
-                r0, r1, r2, r3 = vocab_quad_bits(seed[:, None], offset[:, None], (gid >> 2)[None, :])
+                r0, r1, r2, r3 = vocab_quad_bits(seed[:, None], offset[:, None], (gid >> 2)[None, :], 10, FAST_LOG)
             else:
                 r0 = 0
                 r1 = 0

@@ -382,7 +382,7 @@ def draw_token(vals, ids, skeys, mass, live, key_t, noise_scale, seed, offset, F
     (the lowest id among equal scores; token 2**31 - 1 and score -inf for a row with none). skeys: the
     elements' order_skey (32-bit)."""
     kept = live & (skeys >= lane_at_least(key_t)[:, None])
-    g = gumbel_from_bits(vocab_bits(seed[:, None], offset[:, None], ids), FAST_LOG)
+    g = gumbel_from_bits(vocab_bits(seed[:, None], offset[:, None], ids, FAST_LOG), FAST_LOG)
     score = tl.where(kept, perturb(vals, noise_scale[:, None], g, FAST_LOG), float("-inf"))
     best = tl.max(score, axis=1)
     tok = tl.min(tl.where(kept & (score == best[:, None]), ids, 2147483647), axis=1)

@@ -417,8 +417,24 @@ CASES["stage1_ws_chunked"] = dict(CASES["stage1_ws_last_boxes"],
                                   constexprs=dict(WS_PLAIN, LAST_BOXES=3, ROTATE=True, ACC_BUFS=2, EPI_CHUNK=16),
                                   ptx_has=['.pragma "nounroll"'], ptx_lacks=[])
 
+# The noise's PTX (noise.py, v97): every kernel that draws the sampler's noise on CUDA takes each Philox product
+# as one mul.wide.u32 (not tl.philox's mul.hi + mul.lo pairs) and each log as lg2.approx.ftz (no subnormal fix-up
+# around it); the same bits as before, fewer instructions per id. (A checked layout's header hashes its fingerprint
+# with one tl.philox word a row, off the per-id path: step_check.py; its mul.hi pairs stay.)
+NOISE_PTX = dict(has=["lg2.approx.ftz.f32", "mul.wide.u32"], lacks=["lg2.approx.f32", "mul.hi.u32"])
+NOISE_CASES = ["stage1_fused_peers_parity", "stage1_fused_tma", "stage1_pass_peers_parity", "select_filtered",
+               "fallback_resolve", "stage1_ws_extended", "stage1_ws_plain", "stage1_ws_chunked"]
+for _name in NOISE_CASES:
+    _lacks = [t for t in NOISE_PTX["lacks"] if t != "mul.hi.u32" or not CASES[_name]["constexprs"].get("HEADER")]
+    CASES[_name] = dict(CASES[_name], ptx_has=CASES[_name].get("ptx_has", []) + NOISE_PTX["has"],
+                        ptx_lacks=CASES[_name].get("ptx_lacks", []) + _lacks)
+
 # The checks' power: specs a check must refuse, each with the message it must give.
 FAILING = {
+    # the noise's checks refuse the instructions before v97 (launch_fused_ws(noise_probe="legacy"): the same bits)
+    "noise_ptx_legacy": (dict(CASES["stage1_ws_plain"], constexprs=dict(WS_PLAIN, NOISE_PROBE=4)),
+                         "PTX check failed: missing ['lg2.approx.ftz.f32', 'mul.wide.u32'], unexpected "
+                         "['lg2.approx.f32', 'mul.hi.u32']"),
     # late_wait fails on each thing it looks for: a 64-bit global load before the wait (the beside case with the
     # per-row int64 seed, which finish_rows loads before its wait), and no load before the wait (select_filtered
     # waiting at its first instruction, PDL_STAGE2's way)
