@@ -21,7 +21,8 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
   ws_logs     the two logs of a cheap hash instead of Philox (noise_probe="logs")
   ws_rounds7  Philox-4x32 with 7 rounds instead of 10 (noise_probe="rounds7")
   ws_legacy   the sampler's noise in the instructions before v97 (noise_probe="legacy": tl.philox's separate high and
-              low multiplies, lg2.approx without .ftz, x + 0.5 then a multiply): the same candidates bit for bit
+              low multiplies, lg2.approx without .ftz, x + 0.5 then a multiply): the same candidates bit for bit;
+              ws_legacy_philox only tl.philox's multiplies (noise_probe="legacy_philox")
   ws_ab2      the accumulator handed off through a buffer per column half (acc_buffers=2, 64 KB): the MMA warpgroup
               stores the second half without waiting for the epilogue to read the first (the shipped stages, and
               ws_ab2s4 with 4); ws_ab2_greedy with T = 0
@@ -161,11 +162,13 @@ def check(h, W, params, layout, V, shipped, dev, failures, label):
     same = torch.equal(got[""].i, ref.i) and torch.equal(got[""].f.nan_to_num(-7.0), ref.f.nan_to_num(-7.0))
     if not same:
         failures.append(f"{label}: the probe's shipped variant differs from the dispatched launch")
-    legacy = got["legacy"]
-    if not (torch.equal(legacy.i, ref.i) and torch.equal(legacy.f.nan_to_num(-7.0), ref.f.nan_to_num(-7.0))):
-        failures.append(f"{label}: the legacy noise instructions give other candidates than the shipped ones")
+    same_bits = ("legacy", "legacy_philox")
+    for probe in same_bits:
+        old = got[probe]
+        if not (torch.equal(old.i, ref.i) and torch.equal(old.f.nan_to_num(-7.0), ref.f.nan_to_num(-7.0))):
+            failures.append(f"{label}: noise_probe={probe!r} gives other candidates than the shipped instructions")
     for probe in NOISE_PROBES:
-        if probe and probe != "legacy" and torch.equal(got[probe].i, ref.i):
+        if probe and probe not in same_bits and torch.equal(got[probe].i, ref.i):
             failures.append(f"{label}: noise_probe={probe!r} left every candidate as it was (switch not applied?)")
     for stages, bufs, chunk in ((shipped.num_stages, 2, 0), (4, 2, 0), (shipped.num_stages, 1, 16),
                                 (shipped.num_stages, 2, 16), (shipped.num_stages, 2, 32)):
@@ -216,7 +219,8 @@ def main(argv=None) -> int:
                            "ws_greedy": lambda h: ws(h, greedy), "ws_epi": lambda h: ws(h, epi=True),
                            "ws_philox": lambda h: ws(h, probe="philox"), "ws_logs": lambda h: ws(h, probe="logs"),
                            "ws_rounds7": lambda h: ws(h, probe="rounds7"),
-                           "ws_legacy": lambda h: ws(h, probe="legacy"), "ws_ab2": lambda h: ws(h, bufs=2),
+                           "ws_legacy": lambda h: ws(h, probe="legacy"),
+                           "ws_legacy_philox": lambda h: ws(h, probe="legacy_philox"), "ws_ab2": lambda h: ws(h, bufs=2),
                            "ws_ab2s4": lambda h: ws(h, bufs=2, stages=4),
                            "ws_ab2_greedy": lambda h: ws(h, greedy, bufs=2),
                            "ws_c16": lambda h: ws(h, chunk=16), "ws_c16ab2": lambda h: ws(h, bufs=2, chunk=16),

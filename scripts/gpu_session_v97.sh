@@ -9,6 +9,8 @@
 #          before v97 (noise_probe="legacy"; checked bit for bit first) and greedy, B = 256 / 512 / 1024, both
 #          shapes, three runs a cell
 #   large  issue 14's kernel bench at B = 96-1024 (cuBLAS, fsdist, compiled Gumbel-max; eager and graph replays)
+#   noise_tests  tests/ops/test_noise_gpu.py alone (v97b)
+# V97_METHODS / V97_REPEAT / V97_BATCHES: the probe's methods (beside cublas and ws), runs a cell, batches.
 # JSONs in $OUT, logs in $OUT/v97_logs.tgz. Usage: export OUT; bash scripts/gpu_session_v97.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +18,9 @@ source scripts/gpu_session_lib.sh
 pack_on_exit v97
 PARTS="${PARTS:-tests probe large}"
 rc=0
+if wants noise_tests; then  # (v97b: the bit checks alone)
+  TESTS_TIMEOUT=$(part_limit 100) bash scripts/gpu_tests_parallel.sh "tests/ops/test_noise_gpu.py" || rc=1
+fi
 if wants tests; then
   TESTS_TIMEOUT=$(part_limit 200) bash scripts/gpu_tests_parallel.sh \
     "tests/ops/test_noise_gpu.py tests/ops/test_noise.py" \
@@ -24,8 +29,9 @@ if wants tests; then
     "tests/test_gpu_serving.py -k 'cuda_graph or never_synchron'" || rc=1
 fi
 if wants probe; then
-  TAIL=30 run_part probe "$(part_limit 200)" v97_noise_cost_console.log python3 bench/noise_cost_probe.py --repeat 3 \
-    --seconds 0 --batches "${V97_BATCHES:-256,512,1024}" --methods ws_legacy,ws_greedy || rc=1
+  TAIL=30 run_part probe "$(part_limit 200)" v97_noise_cost_console.log python3 bench/noise_cost_probe.py \
+    --repeat "${V97_REPEAT:-3}" --seconds 0 --batches "${V97_BATCHES:-256,512,1024}" \
+    --methods "${V97_METHODS:-ws_legacy,ws_greedy}" || rc=1
 fi
 if wants large; then
   large_batches_bench || rc=1

@@ -80,8 +80,9 @@ _PROBE_PHILOX = triton.language.constexpr(1)
 _PROBE_LOGS = triton.language.constexpr(2)
 _PROBE_ROUNDS7 = triton.language.constexpr(3)
 _PROBE_LEGACY = triton.language.constexpr(4)
+_PROBE_LEGACY_PHILOX = triton.language.constexpr(5)  # tl.philox's multiplies alone (the shipped transform)
 NOISE_PROBES = {"": 0, "philox": _PROBE_PHILOX.value, "logs": _PROBE_LOGS.value, "rounds7": _PROBE_ROUNDS7.value,
-                "legacy": _PROBE_LEGACY.value}
+                "legacy": _PROBE_LEGACY.value, "legacy_philox": _PROBE_LEGACY_PHILOX.value}
 WGMMA_ROWS = 64  # the rows of one warpgroup's wgmma: a short last tile (last_box_rows) runs one of them a k-step
 _PROBES = triton.language.constexpr(_PROBES_INT)  # the entry search's probes per round (processors.py)
 HEAD_N = triton.language.constexpr(4)  # entries per (row, column half) walked from registers (processors.py)
@@ -271,7 +272,7 @@ if HAVE_GLUON:
         """The Philox bits of ids first_id .. + HALF - 1 for each row, [rows, HALF]: column 4q + 2i + j is lane
         2i + j of quad q (noise.vocab_bits_tile's arrangement). PROBE (benchmarks, launch_fused_ws's noise_probe):
         _PROBE_LOGS a cheap hash of the id instead of Philox, _PROBE_ROUNDS7 Philox with 7 rounds, _PROBE_LEGACY
-        tl.philox's instructions. PTX: noise.philox_words'."""
+        tl.philox's instructions (and _PROBE_LEGACY_PHILOX). PTX: noise.philox_words'."""
         quad = (first_id >> 2) + gl.arange(0, HALF // 4, gl.SliceLayout(0, quad_layout))
         if PROBE == _PROBE_LOGS:
             h = ((quad[None, :] + seed[:, None].to(gl.int32) + offset[:, None].to(gl.int32)) * -1640531535).to(
@@ -280,7 +281,7 @@ if HAVE_GLUON:
         else:
             r0, r1, r2, r3 = vocab_quad_bits(seed[:, None], offset[:, None], quad[None, :],
                                              7 if PROBE == _PROBE_ROUNDS7 else 10,
-                                             PTX and PROBE != _PROBE_LEGACY)
+                                             PTX and PROBE != _PROBE_LEGACY and PROBE != _PROBE_LEGACY_PHILOX)
         return gl.reshape(gl.join(gl.join(r0, r2), gl.join(r1, r3)), [r0.shape[0], HALF])
 
     @gluon.jit
@@ -725,7 +726,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     epilogue_only (benchmarks): skip the main loop (zero logits), to time the epilogue alone. noise_probe
     (benchmarks; not the sampler: other tokens): "philox" the Philox bits without the two logs, "logs" the logs
     of a cheap hash instead of Philox, "rounds7" Philox with 7 rounds instead of 10, "legacy" the sampler's noise
-    from the instructions before v97 (the same candidates; NOISE_PROBES).
+    from the instructions before v97 (the same candidates; NOISE_PROBES), "legacy_philox" only its Philox in them.
     acc_buffers: the accumulator's hand-off to the epilogue through one 32 KB buffer, a column half at a time (1), or
     a buffer per half (2, 64 KB: the MMA warpgroup stores the second half without waiting for the epilogue to read
     the first); the same candidates. epilogue_chunk (plain calls: no logprobs, kept logits or processors): the
