@@ -7,6 +7,8 @@ fixed order, each call in an NVTX range named "<round>:<case>", so that ncu with
   cublas_B<B>   F.linear(h, W), bf16 (issue 14's yardstick)
   greedy_B<B>   fused_sample_ws_kernel, T = 0 (the main loop with the lightest epilogue)
   noise_B<B>    fused_sample_ws_kernel, [B] temperatures (the serving case)
+  legacy_B<B>   the same noise in the instructions before v97 (noise_probe="legacy"; the same candidates)
+  rounds7_B<B>  Philox with 7 rounds instead of 10 (noise_probe="rounds7"; not the sampler's tokens)
   padded_B<B>   the same on a hidden zero-padded to whole batch tiles (the copy not profiled)
   short_B<B>    the same with a short last tile run as half a tile (last_box_rows=8; B % 128 in 1-64)
 
@@ -39,7 +41,7 @@ def main(argv=None) -> int:
     p.add_argument("--cases", default="cublas,greedy,noise")
     args = p.parse_args(argv)
     cases = args.cases.split(",")
-    known = ("cublas", "greedy", "noise", "padded", "short")
+    known = ("cublas", "greedy", "noise", "padded", "short", "legacy", "rounds7")
     unknown = sorted(set(cases) - set(known))
     if unknown:
         p.error(f"--cases: unknown {unknown}; choose from {', '.join(known)}")
@@ -74,8 +76,10 @@ def main(argv=None) -> int:
                                               epilogue_warps=epilogue_warps, batch=B, last_box_rows=last)))
             else:
                 prm = greedy if case == "greedy" else serving
-                calls.append((f"{case}_B{B}", lambda h=h, layout=layout, cand=cand, prm=prm: launch_fused_ws(
-                    h, W, prm, layout, cand, vocab_size=V, stages=cfg.num_stages, epilogue_warps=epilogue_warps)))
+                probe = case if case in ("legacy", "rounds7") else ""
+                calls.append((f"{case}_B{B}", lambda h=h, layout=layout, cand=cand, prm=prm, probe=probe: launch_fused_ws(
+                    h, W, prm, layout, cand, vocab_size=V, stages=cfg.num_stages, epilogue_warps=epilogue_warps,
+                    noise_probe=probe)))
     for _round in ("warm-up", "profiled"):
         for name, fn in calls:
             torch.cuda.nvtx.range_push(f"{_round}:{name}")  # ncu --nvtx-include "regex:profiled:.*/": round 2

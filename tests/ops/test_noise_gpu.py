@@ -34,7 +34,8 @@ def _transform_mismatches(count_ptr, start, n, FAST_A: tl.constexpr, FAST_B: tl.
                           ITERS: tl.constexpr, PLANT: tl.constexpr = False):
     """count[0] += inputs r in [start, start + n) whose exponential or Gumbel variate differs in any bit between
     FAST_A and FAST_B; count[1] += those whose FAST_A Gumbel variate is not finite. PLANT (the check's power): the
-    FAST_B side reads r ^ 1 for the three inputs 0, 2**31 and 2**32 - 1 (the ends of both halves)."""
+    FAST_B side reads r ^ 2**12 for the three inputs 0, 2**31 and 2**32 - 1 (the ends of both halves; bit 12, since
+    near 2**31 the uniform's 24-bit mantissa does not see the lowest bits)."""
     base = start + tl.program_id(0).to(tl.int64) * (BLOCK * ITERS)
     diff = tl.zeros([BLOCK], tl.int32)
     inf = tl.zeros([BLOCK], tl.int32)
@@ -44,7 +45,7 @@ def _transform_mismatches(count_ptr, start, n, FAST_A: tl.constexpr, FAST_B: tl.
         r = (idx & 0xFFFFFFFF).to(tl.uint32)
         rb = r
         if PLANT:
-            rb = tl.where((r == 0) | (r == 0x80000000) | (r == 0xFFFFFFFF), r ^ 1, r)
+            rb = tl.where((r == 0) | (r == 0x80000000) | (r == 0xFFFFFFFF), r ^ 0x1000, r)
         ea = exponential_from_bits(r, FAST_A).to(tl.int32, bitcast=True)
         eb = exponential_from_bits(rb, FAST_B).to(tl.int32, bitcast=True)
         ga = gumbel_from_bits(r, FAST_A)
@@ -72,7 +73,7 @@ def test_ptx_transform_keeps_every_bit_of_every_input():
 
 
 def test_transform_check_can_fail():
-    """The same exhaustive count finds exactly the three inputs planted with a one-bit change (at both halves' ends).
+    """The same exhaustive count finds exactly the three inputs planted with a one-bit change (the halves' ends).
     (Off the interpreter tl.log lowers to lg2.approx.f32 too: FAST off gives the legacy bits, so it cannot serve.)"""
     assert _transform_counts(True, LEGACY_PTX, plant=True) == [3, 0]
     assert _transform_counts(False, LEGACY_PTX) == [0, 0]
