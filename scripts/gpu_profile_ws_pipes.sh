@@ -4,7 +4,9 @@
 # 7 Philox rounds, to see which SM pipe the noise epilogue loads while the wgmmas slow: every
 # sm__pipe_*_cycles_active and sm__inst_executed_pipe_* metric (as % of peak), the issue-slot use and the duration.
 # Raw CSV in $OUT/v98_ncu_pipes.csv, console in $OUT/v98_ncu.log; prints a table of the metrics that differ.
-# Usage: OUT=... [SHAPE=4096x151936] [BATCHES=1024] [CASES=greedy,noise,legacy,rounds7] bash scripts/gpu_profile_ws_pipes.sh
+# METRICS: other metrics instead (ncu --metrics syntax; v99: the memory side).
+# Usage: OUT=... [SHAPE=4096x151936] [BATCHES=1024] [CASES=greedy,noise,legacy,rounds7] [METRICS=...]
+#        bash scripts/gpu_profile_ws_pipes.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -12,9 +14,12 @@ OUT="${OUT:-bench/results}"
 mkdir -p "$OUT"
 ncu --version | tail -1
 start=$SECONDS
+PIPES="regex:^sm__pipe_.*_cycles_active\.avg\.pct_of_peak_sustained_active$,regex:^sm__inst_executed_pipe_.*\.avg\.\
+pct_of_peak_sustained_active$,sm__inst_issued.avg.pct_of_peak_sustained_active,\
+smsp__issue_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second"
 timeout -k 10 "${PROFILE_TIMEOUT:-300}" ncu --clock-control none --nvtx --nvtx-include "regex:profiled:.*/" \
   --kernel-name "regex:fused_sample_ws" --csv --page raw \
-  --metrics "regex:^sm__pipe_.*_cycles_active\.avg\.pct_of_peak_sustained_active$,regex:^sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active$,sm__inst_issued.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second" \
+  --metrics "${METRICS:-$PIPES}" \
   python3 bench/ws_profile.py --shape "${SHAPE:-4096x151936}" --batches "${BATCHES:-1024}" \
   --cases "${CASES:-greedy,noise,legacy,rounds7}" > "$OUT/v98_ncu_raw.log" 2>&1
 rc=$?
