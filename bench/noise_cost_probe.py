@@ -29,8 +29,8 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
   ws_s<N>     N operand stages (3-6; the copy engine's lead over the wgmmas), whatever the dispatch gives the cell
               (it prints its config); *_greedy T = 0. (v91-v94 ran these relative to the shipped count: see
               docs/performance.md v94)
-  ws_dyn      the dynamic tile schedule (dynamic=True: tiles from a run-time counter, in order, v100); ws_dyn_greedy
-              with T = 0, ws_dyn_s5 with 5 stages
+  ws_cap<N>   at most N persistent programs (grid_cap=N; the round robin then keeps each program on one batch tile
+              where N is a multiple of the batch tiles: v101); ws_cap128_greedy with T = 0
   ws_c<N>     the chunked epilogue (epilogue_chunk=N: N columns at a time in a rolled loop, a fraction of the code);
               ws_c<N>ab2 with a buffer per column half, ws_c<N>ab2_greedy with T = 0
 
@@ -172,16 +172,15 @@ def check(h, W, params, layout, V, shipped, dev, failures, label):
     for probe in NOISE_PROBES:
         if probe and probe not in same_bits and torch.equal(got[probe].i, ref.i):
             failures.append(f"{label}: noise_probe={probe!r} left every candidate as it was (switch not applied?)")
-    for stages, bufs, chunk, dyn in ((shipped.num_stages, 2, 0, False), (4, 2, 0, False),
-                                     (shipped.num_stages, 1, 16, False), (shipped.num_stages, 2, 16, False),
-                                     (shipped.num_stages, 2, 32, False), (shipped.num_stages, 1, 0, True)):
+    for stages, bufs, chunk in ((shipped.num_stages, 2, 0), (4, 2, 0), (shipped.num_stages, 1, 16),
+                                (shipped.num_stages, 2, 16), (shipped.num_stages, 2, 32)):
         cand = zeroed(layout, dev)
         launch_fused_ws(h, W, params, layout, cand, vocab_size=V, stages=stages, epilogue_warps=8, acc_buffers=bufs,
-                        epilogue_chunk=chunk, dynamic=dyn)
+                        epilogue_chunk=chunk)
         torch.cuda.synchronize(dev)
         if not (torch.equal(cand.i, ref.i) and torch.equal(cand.f.nan_to_num(-7.0), ref.f.nan_to_num(-7.0))):
-            failures.append(f"{label}: acc_buffers={bufs}, epilogue_chunk={chunk}, dynamic={dyn} with {stages} stages "
-                            "differs from the dispatched launch")
+            failures.append(f"{label}: acc_buffers={bufs}, epilogue_chunk={chunk} with {stages} stages differs from "
+                            "the dispatched launch")
 
 
 def main(argv=None) -> int:
@@ -214,10 +213,10 @@ def main(argv=None) -> int:
                     continue
                 check(hs[0], W, params, layout, V, shipped, dev, failures, label)
 
-                def ws(h, p=params, probe="", epi=False, bufs=1, stages=shipped.num_stages, chunk=0, dyn=False):
+                def ws(h, p=params, probe="", epi=False, bufs=1, stages=shipped.num_stages, chunk=0, cap=0):
                     launch_fused_ws(h, W, p, layout, cand, vocab_size=V, stages=stages, epilogue_warps=8,
                                     noise_probe=probe, epilogue_only=epi, acc_buffers=bufs, epilogue_chunk=chunk,
-                                    dynamic=dyn)
+                                    grid_cap=cap)
 
                 methods = {"cublas": lambda h: F.linear(h, W), "ws": ws,
                            "ws_greedy": lambda h: ws(h, greedy), "ws_epi": lambda h: ws(h, epi=True),
@@ -235,8 +234,8 @@ def main(argv=None) -> int:
                            "ws_s5": lambda h: ws(h, stages=5), "ws_s5_greedy": lambda h: ws(h, greedy, stages=5),
                            "ws_s4": lambda h: ws(h, stages=4), "ws_s4_greedy": lambda h: ws(h, greedy, stages=4),
                            "ws_s3": lambda h: ws(h, stages=3),
-                           "ws_dyn": lambda h: ws(h, dyn=True), "ws_dyn_greedy": lambda h: ws(h, greedy, dyn=True),
-                           "ws_dyn_s5": lambda h: ws(h, stages=5, dyn=True)}
+                           "ws_cap128": lambda h: ws(h, cap=128), "ws_cap128_greedy": lambda h: ws(h, greedy, cap=128),
+                           "ws_cap120": lambda h: ws(h, cap=120)}
                 if args.methods:
                     keep = {"cublas", "ws"} | set(args.methods.split(","))
                     unknown = keep - set(methods)

@@ -9,7 +9,6 @@ fixed order, each call in an NVTX range named "<round>:<case>", so that ncu with
   noise_B<B>    fused_sample_ws_kernel, [B] temperatures (the serving case)
   legacy_B<B>   the same noise in the instructions before v97 (noise_probe="legacy"; the same candidates)
   legacy_philox_B<B>  only its Philox in those instructions (noise_probe="legacy_philox")
-  dyn_B<B>      the serving case on the dynamic tile schedule (dynamic=True, v100); dyn_greedy_B<B> with T = 0
   rounds7_B<B>  Philox with 7 rounds instead of 10 (noise_probe="rounds7"; not the sampler's tokens)
   padded_B<B>   the same on a hidden zero-padded to whole batch tiles (the copy not profiled)
   short_B<B>    the same with a short last tile run as half a tile (last_box_rows=8; B % 128 in 1-64)
@@ -43,8 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--cases", default="cublas,greedy,noise")
     args = p.parse_args(argv)
     cases = args.cases.split(",")
-    known = ("cublas", "greedy", "noise", "padded", "short", "legacy", "legacy_philox", "rounds7", "dyn",
-             "dyn_greedy")
+    known = ("cublas", "greedy", "noise", "padded", "short", "legacy", "legacy_philox", "rounds7")
     unknown = sorted(set(cases) - set(known))
     if unknown:
         p.error(f"--cases: unknown {unknown}; choose from {', '.join(known)}")
@@ -78,12 +76,11 @@ def main(argv=None) -> int:
                               launch_fused_ws(hp, W, prm, layout, cand, vocab_size=V, stages=cfg.num_stages,
                                               epilogue_warps=epilogue_warps, batch=B, last_box_rows=last)))
             else:
-                prm = greedy if case in ("greedy", "dyn_greedy") else serving
+                prm = greedy if case == "greedy" else serving
                 probe = case if case in ("legacy", "legacy_philox", "rounds7") else ""
-                dyn = case.startswith("dyn")
-                calls.append((f"{case}_B{B}", lambda h=h, layout=layout, cand=cand, prm=prm, probe=probe, dyn=dyn:
+                calls.append((f"{case}_B{B}", lambda h=h, layout=layout, cand=cand, prm=prm, probe=probe:
                               launch_fused_ws(h, W, prm, layout, cand, vocab_size=V, stages=cfg.num_stages,
-                                              epilogue_warps=epilogue_warps, noise_probe=probe, dynamic=dyn)))
+                                              epilogue_warps=epilogue_warps, noise_probe=probe)))
     for _round in ("warm-up", "profiled"):
         for name, fn in calls:
             torch.cuda.nvtx.range_push(f"{_round}:{name}")  # ncu --nvtx-include "regex:profiled:.*/": round 2

@@ -83,8 +83,6 @@ _PROBE_LEGACY = triton.language.constexpr(4)
 _PROBE_LEGACY_PHILOX = triton.language.constexpr(5)  # tl.philox's multiplies alone (the shipped transform)
 NOISE_PROBES = {"": 0, "philox": _PROBE_PHILOX.value, "logs": _PROBE_LOGS.value, "rounds7": _PROBE_ROUNDS7.value,
                 "legacy": _PROBE_LEGACY.value, "legacy_philox": _PROBE_LEGACY_PHILOX.value}
-# tile ids in flight from the load warp to the consumers under the dynamic schedule (a ring of slots)
-SCHED_Q = triton.language.constexpr(4)
 WGMMA_ROWS = 64  # the rows of one warpgroup's wgmma: a short last tile (last_box_rows) runs one of them a k-step
 _PROBES = triton.language.constexpr(_PROBES_INT)  # the entry search's probes per round (processors.py)
 HEAD_N = triton.language.constexpr(4)  # entries per (row, column half) walked from registers (processors.py)
@@ -101,40 +99,6 @@ if HAVE_GLUON:
         if ROTATE:
             pid_b = (pid_b + t // gl.num_programs(0)) % n_btiles
         return pid_b, t // n_btiles
-
-    @gluon.jit
-    def _claim_tile(t, j, sched_ptr, tile_ids, tile_ready, tile_free, DYNAMIC: gl.constexpr):
-        """The load warp's tile after tile t, its j-th (t = -1, j = 0: the first), and j + 1. Static: round robin,
-        pid then t + P (j unused). DYNAMIC: the next tile of the launch's counter (sched_ptr, zero at the launch),
-        published in slot j % Q of the tile-id ring for the MMA warpgroup and the epilogue (_read_tile); a tile number
-        past the last is published too: the end."""
-        if DYNAMIC:
-            t = gl.atomic_add(sched_ptr, 1, sem="relaxed", scope="gpu")
-            Q: gl.constexpr = tile_ids.shape[0]
-            s = j % Q
-            mbarrier.wait(tile_free.index(s), ((j // Q) & 1) ^ 1)
-            tile_ids.index(s).store(gl.full([32], t, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
-            mbarrier.arrive(tile_ready.index(s))
-            j += 1
-        else:
-            t = gl.where(t < 0, gl.program_id(0), t + gl.num_programs(0))
-        return t, j
-
-    @gluon.jit
-    def _read_tile(t, j, tile_ids, tile_ready, tile_free, NW: gl.constexpr, DYNAMIC: gl.constexpr):
-        """A consumer's (the MMA warpgroup's, NW = 4 warps, or the epilogue's) tile after t, as _claim_tile's: the same
-        sequence on every side. DYNAMIC: the j-th read from the ring, whose slot is freed once both consumers have read
-        it (tile_free counts two arrivals)."""
-        if DYNAMIC:
-            Q: gl.constexpr = tile_ids.shape[0]
-            s = j % Q
-            mbarrier.wait(tile_ready.index(s), (j // Q) & 1)
-            t = gl.max(tile_ids.index(s).load(gl.BlockedLayout([1], [32], [NW], [0])), axis=0)
-            mbarrier.arrive(tile_free.index(s))
-            j += 1
-        else:
-            t = gl.where(t < 0, gl.program_id(0), t + gl.num_programs(0))
-        return t, j
 
     @gluon.jit
     def _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps, BLOCK_K: gl.constexpr,
@@ -162,7 +126,7 @@ if HAVE_GLUON:
     def _load_partition(h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
                         BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_K: gl.constexpr,
                         STAGES: gl.constexpr, H_BOXES: gl.constexpr, LAST_BOXES: gl.constexpr,
-                        ROTATE: gl.constexpr, sched_ptr, tile_ids, tile_ready, tile_free, DYNAMIC: gl.constexpr):
+                        ROTATE: gl.constexpr):
         # One warp: wait for a free stage, then let the copy engine fill it (both operands
         # arrive on the stage's "ready" barrier, which counts their bytes).
         BOX: gl.constexpr = h_desc.block_type.shape[0]
@@ -177,8 +141,7 @@ if HAVE_GLUON:
                     h_bufs.index(i).slice(r * 8, 8).store(z)
             fence_async_shared()
         it = 0
-        t, j = _claim_tile(-1, 0, sched_ptr, tile_ids, tile_ready, tile_free, DYNAMIC)
-        while t < n_tiles:
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             pid_b, pid_v = _tile_coords(t, n_btiles, ROTATE)
             off_b = pid_b * BLOCK_B
             off_v = pid_v * BLOCK_V
@@ -192,7 +155,6 @@ if HAVE_GLUON:
             else:
                 it = _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps, BLOCK_K,
                                 STAGES, H_BOXES)
-            t, j = _claim_tile(t, j, sched_ptr, tile_ids, tile_ready, tile_free, DYNAMIC)
 
     @gluon.jit
     def _col_halves(x, ROWS: gl.constexpr, W: gl.constexpr):
@@ -284,15 +246,14 @@ if HAVE_GLUON:
     def _mma_partition(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles, k_steps,
                        BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr,
                        LAST_BOXES: gl.constexpr, ROTATE: gl.constexpr, ACC_BUFS: gl.constexpr,
-                       NCH: gl.constexpr, tile_ids, tile_ready, tile_free, DYNAMIC: gl.constexpr):
+                       NCH: gl.constexpr):
         # One warpgroup: acc[BLOCK_B, BLOCK_V] = h_tile @ w_tile^T over k, one wgmma group in
         # flight while the next stage's data is awaited; a stage is released as soon as the
         # wgmma that read it has retired. With LAST_BOXES the batch's last tile (at most half a tile of rows)
         # runs as half a tile: one 64-row wgmma a k-step instead of two (the same products for its rows).
         it = 0
         hc = 0
-        t, j = _read_tile(-1, 0, tile_ids, tile_ready, tile_free, 4, DYNAMIC)
-        while t < n_tiles:
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             if LAST_BOXES > 0:  # (static: a launch without it compiles the whole-tile loop alone)
                 pid_b, _pid_v = _tile_coords(t, n_btiles, ROTATE)
                 if pid_b == n_btiles - 1:
@@ -304,7 +265,6 @@ if HAVE_GLUON:
             else:
                 it, hc = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc, k_steps,
                                    BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS, NCH)
-            t, j = _read_tile(t, j, tile_ids, tile_ready, tile_free, 4, DYNAMIC)
 
     @gluon.jit
     def _half_bits(seed, offset, first_id, HALF: gl.constexpr, quad_layout: gl.constexpr, PROBE: gl.constexpr = 0,
@@ -470,7 +430,7 @@ if HAVE_GLUON:
                             PINNED: gl.constexpr, PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr,
                             DEVICE_PARITY: gl.constexpr, HEADER: gl.constexpr, XFP_PER_ROW: gl.constexpr,
                             ROTATE: gl.constexpr, NOISE_PROBE: gl.constexpr, ACC_BUFS: gl.constexpr,
-                            EPI_CHUNK: gl.constexpr, tile_ids, tile_ready, tile_free, DYNAMIC: gl.constexpr):
+                            EPI_CHUNK: gl.constexpr):
         HALF: gl.constexpr = BLOCK_V // 2
         # the copy of a double buffer this call writes (parity.py), read once
         buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
@@ -481,8 +441,7 @@ if HAVE_GLUON:
                                                      [1, 0])
         row_layout: gl.constexpr = gl.SliceLayout(1, quad_layout)
         hc = 0
-        t, j = _read_tile(-1, 0, tile_ids, tile_ready, tile_free, EPI_WARPS, DYNAMIC)
-        while t < n_tiles:
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             pid_b, pid_v = _tile_coords(t, n_btiles, ROTATE)
             offs_b = pid_b * BLOCK_B + gl.arange(0, BLOCK_B, row_layout)
             mask_b = offs_b < B
@@ -608,7 +567,6 @@ if HAVE_GLUON:
                     store_fan_out(cand_f, 4 * stride_field + dst,
                                   gl.full([BLOCK_B], float("nan"), gl.float32, row_layout), mask_b, gl.float32,
                                   PEER_TABLE, NPEERS)
-            t, j = _read_tile(t, j, tile_ids, tile_ready, tile_free, EPI_WARPS, DYNAMIC)
 
     @gluon.jit
     def fused_sample_ws_kernel(h_desc, hl_desc, w_desc, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
@@ -628,11 +586,7 @@ if HAVE_GLUON:
                                HEADER: gl.constexpr = False, XFP_PER_ROW: gl.constexpr = False,
                                H_BOXES: gl.constexpr = 1, LAST_BOXES: gl.constexpr = 0,
                                ROTATE: gl.constexpr = False, NOISE_PROBE: gl.constexpr = 0,
-                               ACC_BUFS: gl.constexpr = 1, EPI_CHUNK: gl.constexpr = 0, sched_ptr=None,
-                               DYNAMIC: gl.constexpr = False):
-        # DYNAMIC: tiles handed out at run time in order from the counter at sched_ptr (int32, zero at the launch:
-        # launch_fused_ws's dynamic) instead of round robin, so that the tiles in flight stay a window of about one
-        # tile a program whatever the programs' speeds (docs/performance.md v99 / v100).
+                               ACC_BUFS: gl.constexpr = 1, EPI_CHUNK: gl.constexpr = 0):
         # BLOCK_B: the batch tile, loaded as one TMA box of the hidden, or (launch_fused_ws's box_rows: a one-tile
         # batch) as H_BOXES smaller boxes. LAST_BOXES (launch_fused_ws's last_box_rows): the batch's last tile, of
         # at most BLOCK_B / 2 rows, loaded as that many boxes of hl_desc's rows and multiplied as half a tile. ROTATE:
@@ -666,25 +620,12 @@ if HAVE_GLUON:
         for i in gl.static_range(ACC_BUFS):
             mbarrier.init(acc_ready.index(i), count=1)
             mbarrier.init(acc_empty.index(i), count=1)
-        # DYNAMIC (launch_fused_ws's dynamic): the tile-id ring from the load warp to the MMA warpgroup and the
-        # epilogue (_claim_tile / _read_tile): SCHED_Q slots, each freed by both consumers. (The partitions take it as
-        # an argument either way: a static launch allocates one slot it never touches.)
-        NQ: gl.constexpr = SCHED_Q if DYNAMIC else 1
-        tile_ids = gl.allocate_shared_memory(gl.int32, [NQ, 32], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-        tile_ready = gl.allocate_shared_memory(gl.int64, [NQ, 1], mbarrier.MBarrierLayout())
-        tile_free = gl.allocate_shared_memory(gl.int64, [NQ, 1], mbarrier.MBarrierLayout())
-        if DYNAMIC:
-            for i in gl.static_range(SCHED_Q):
-                mbarrier.init(tile_ready.index(i), count=1)
-                mbarrier.init(tile_free.index(i), count=2)
 
         gl.warp_specialize([
             (_mma_partition, (h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles,
-                              k_steps, BLOCK_B, BLOCK_V, STAGES, LAST_BOXES, ROTATE, ACC_BUFS, NCH, tile_ids,
-                              tile_ready, tile_free, DYNAMIC)),
+                              k_steps, BLOCK_B, BLOCK_V, STAGES, LAST_BOXES, ROTATE, ACC_BUFS, NCH)),
             (_load_partition, (h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
-                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES, LAST_BOXES, ROTATE, sched_ptr, tile_ids,
-                               tile_ready, tile_free, DYNAMIC)),
+                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES, LAST_BOXES, ROTATE)),
             (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
                                    temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
                                    buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles, stride_field,
@@ -693,8 +634,7 @@ if HAVE_GLUON:
                                    hdr_off_i, flags, xfp_ptr, xfp_val, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW,
                                    OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, ROW_THREADS, LOGPROBS, EXTENDED,
                                    WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE, PINNED, PEER_TABLE, NPEERS, DEVICE_PARITY,
-                                   HEADER, XFP_PER_ROW, ROTATE, NOISE_PROBE, ACC_BUFS, EPI_CHUNK, tile_ids,
-                                   tile_ready, tile_free, DYNAMIC)),
+                                   HEADER, XFP_PER_ROW, ROTATE, NOISE_PROBE, ACC_BUFS, EPI_CHUNK)),
         ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
 
 
@@ -779,7 +719,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
                     raw_sums: bool = True, winner_logit: bool = False, batch: int = None,
                     flags: int = None, box_rows: int = 0, last_box_rows: int = 0, noise_probe: str = "",
-                    acc_buffers: int = 1, epilogue_chunk: int = 0, dynamic: bool = False) -> None:
+                    acc_buffers: int = 1, epilogue_chunk: int = 0) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
@@ -792,11 +732,6 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     the first); the same candidates. epilogue_chunk (plain calls: no logprobs, kept logits or processors): the
     epilogue takes each column half this many columns (16 or 32) at a time in a loop kept rolled, a fraction of the
     unrolled code (0: the whole half at once); the same candidates.
-    dynamic: the persistent programs take their tiles at run time, in order, from a counter (one atomic add a tile,
-    a zeroed int32 allocated per call: one small fill launch more), instead of round robin (program p: tiles p, p + P,
-    ...): the tiles in flight stay about P consecutive tiles whatever the programs' speeds, so a weight tile's batch
-    tiles keep sharing it in L2 (docs/performance.md v99 / v100). The same candidates; no rotation (the short last
-    tile's balance comes from the counter itself).
     block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same
     candidates: each row's products and their order do not depend on it). logprobs / extended /
     raw_sums / winner_logit as launch_fused's (64-row tiles only): the winner's logit with logprobs or
@@ -872,13 +807,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     # Token bitmask, bias and penalties: the epilogue gathers the bitmask words and searches each
     # row's entries itself (no entry-offset table: the searches run while the tile's MMAs do).
     proc_args, proc_flags = processor_args(params.processing, dummy)
-    if dynamic:
-        cap = min(sm_count(hidden.device), grid_cap) if grid_cap else sm_count(hidden.device)
-        programs, rotate = min(n_tiles, cap), False
-        sched = torch.zeros(1, dtype=torch.int32, device=hidden.device)
-    else:
-        programs, rotate = persistent_grid(sm_count(hidden.device), n_btiles, n_tiles, last_boxes > 0, grid_cap)
-        sched = dummy
+    programs, rotate = persistent_grid(sm_count(hidden.device), n_btiles, n_tiles, last_boxes > 0, grid_cap)
     fused_sample_ws_kernel[(programs, )](
         h_desc, hl_desc, w_desc, seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
         dest.f, dest.i, B, V_rows, vocab_size, vocab_start,
@@ -892,8 +821,8 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         LOGPROBS=logprobs or extended, EXTENDED=extended, WINNER_LOGIT=logprobs or winner_logit, RAW_SUM=raw_sums,
         **proc_flags, PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1, DEVICE_PARITY=par_on, HEADER=header,
         XFP_PER_ROW=xfp_row, BLOCK_B=block_b, H_BOXES=boxes, LAST_BOXES=last_boxes, ROTATE=rotate,
-        NOISE_PROBE=NOISE_PROBES[noise_probe], ACC_BUFS=acc_buffers, EPI_CHUNK=epilogue_chunk, sched_ptr=sched,
-        DYNAMIC=dynamic, num_warps=4, maxnreg=maxnreg,
+        NOISE_PROBE=NOISE_PROBES[noise_probe], ACC_BUFS=acc_buffers, EPI_CHUNK=epilogue_chunk,
+        num_warps=4, maxnreg=maxnreg,
     )
 
 

@@ -114,11 +114,7 @@ def test_ws_writes_the_triton_kernels_candidates(D, V, B, vocab_start, kind, dty
 # launch_fused_ws's hand-off variants for plain calls (v87 / v90): a buffer per column half, the chunked epilogue
 HAND_OFFS = {"ab2": dict(acc_buffers=2), "c16": dict(epilogue_chunk=16), "c32": dict(epilogue_chunk=32),
              "c16ab2": dict(acc_buffers=2, epilogue_chunk=16), "c32ab2": dict(acc_buffers=2, epilogue_chunk=32),
-             "s4": dict(stages=4),  # s4: the large-batch depth of configs.WS_LARGE_BATCH_STAGES
-             # the dynamic tile schedule (tiles from a run-time counter, v100): with the shipped stages, with 4, and
-             # on 3 programs (each walks hundreds of tiles: the tile-id ring wraps many times)
-             "dyn": dict(dynamic=True), "dyn_s4": dict(dynamic=True, stages=4),
-             "dyn_cap3": dict(dynamic=True, grid_cap=3)}
+             "s4": dict(stages=4)}  # s4: the large-batch depth of configs.WS_LARGE_BATCH_STAGES
 
 
 def _use_hand_off(monkeypatch, name):
