@@ -2,8 +2,8 @@
 
     python3 bench/ncu_table.py report.csv [--all]
 
-Prints each metric whose value differs between the kernels by more than 1% of the largest (every metric with
---all), the kernels named by their NVTX range (bench/ws_profile.py's "profiled:<case>"). Used by
+Prints each metric whose value differs between the kernels by more than 1% of the largest, or is missing for some
+(every metric with --all), the kernels named by their NVTX range (bench/ws_profile.py's "profiled:<case>"). Used by
 scripts/gpu_profile_ws_pipes.sh (v98).
 """
 import argparse
@@ -45,8 +45,9 @@ def main(argv=None) -> int:
     names, metrics = read(args.csv)
     print(f"{'metric':70s} " + " ".join(f"{n[:14]:>14s}" for n in names))
     for m, (unit, vals) in sorted(metrics.items()):
-        top = max((abs(v) for v in vals if v == v), default=0.0)
-        if not args.all and (top == 0 or max(vals) - min(vals) <= 0.01 * top):
+        known = [v for v in vals if v == v]  # (NaN: a kernel without the metric)
+        top = max((abs(v) for v in known), default=0.0)
+        if not args.all and (top == 0 or (len(known) == len(vals) and max(known) - min(known) <= 0.01 * top)):
             continue
         print(f"{m + ' (' + unit + ')':70.70s} " + " ".join(f"{v:14.4g}" for v in vals))
     return 0

@@ -29,8 +29,8 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
   ws_s<N>     N operand stages (3-6; the copy engine's lead over the wgmmas), whatever the dispatch gives the cell
               (it prints its config); *_greedy T = 0. (v91-v94 ran these relative to the shipped count: see
               docs/performance.md v94)
-  ws_cap<N>   at most N persistent programs (grid_cap=N; the round robin then keeps each program on one batch tile
-              where N is a multiple of the batch tiles: v101); ws_cap128_greedy with T = 0
+  ws_cap128   at most 128 persistent programs (grid_cap=128: the round robin then keeps each program on one batch
+              tile up to 8 batch tiles; v101); ws_cap128_greedy with T = 0; ws_cap120 (120 = 15 x 8) a control
   ws_c<N>     the chunked epilogue (epilogue_chunk=N: N columns at a time in a rolled loop, a fraction of the code);
               ws_c<N>ab2 with a buffer per column half, ws_c<N>ab2_greedy with T = 0
 

@@ -3,9 +3,9 @@
 # stage 1 (bench/ws_profile.py's profiled round), greedy / the shipped noise / the legacy noise instructions (v97) /
 # 7 Philox rounds, to see which SM pipe the noise epilogue loads while the wgmmas slow: every
 # sm__pipe_*_cycles_active and sm__inst_executed_pipe_* metric (as % of peak), the issue-slot use and the duration.
-# Raw CSV in $OUT/v98_ncu_pipes.csv, console in $OUT/v98_ncu.log; prints a table of the metrics that differ.
-# METRICS: other metrics instead (ncu --metrics syntax; v99: the memory side).
-# Usage: OUT=... [SHAPE=4096x151936] [BATCHES=1024] [CASES=greedy,noise,legacy,rounds7] [METRICS=...]
+# Raw CSV in $OUT/${NAME}_ncu_pipes.csv, ncu's console in $OUT/${NAME}_ncu_raw.log (NAME default v98); prints a table
+# of the metrics that differ. METRICS: other metrics instead (ncu --metrics syntax; v99: the memory side).
+# Usage: OUT=... [SHAPE=4096x151936] [BATCHES=1024] [CASES=greedy,noise,legacy,rounds7] [METRICS=...] [NAME=v98]
 #        bash scripts/gpu_profile_ws_pipes.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,10 +21,10 @@ timeout -k 10 "${PROFILE_TIMEOUT:-300}" ncu --clock-control none --nvtx --nvtx-i
   --kernel-name "regex:fused_sample_ws" --csv --page raw \
   --metrics "${METRICS:-$PIPES}" \
   python3 bench/ws_profile.py --shape "${SHAPE:-4096x151936}" --batches "${BATCHES:-1024}" \
-  --cases "${CASES:-greedy,noise,legacy,rounds7}" > "$OUT/v98_ncu_raw.log" 2>&1
+  --cases "${CASES:-greedy,noise,legacy,rounds7}" > "$OUT/${NAME:-v98}_ncu_raw.log" 2>&1
 rc=$?
 echo "ncu rc=$rc after $((SECONDS - start))s"
-grep -v '^"' "$OUT/v98_ncu_raw.log" | tail -8
-grep '^"' "$OUT/v98_ncu_raw.log" > "$OUT/v98_ncu_pipes.csv"
-python3 bench/ncu_table.py "$OUT/v98_ncu_pipes.csv" || rc=1
+grep -v '^"' "$OUT/${NAME:-v98}_ncu_raw.log" | tail -8
+grep '^"' "$OUT/${NAME:-v98}_ncu_raw.log" > "$OUT/${NAME:-v98}_ncu_pipes.csv"
+python3 bench/ncu_table.py "$OUT/${NAME:-v98}_ncu_pipes.csv" || rc=1
 exit "$rc"

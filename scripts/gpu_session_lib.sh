@@ -106,7 +106,7 @@ ab_runs() {
 # group (pytest arguments), run beside them.
 filter_gpu_tests() {
   TESTS_TIMEOUT="${TESTS_TIMEOUT:-300}" bash scripts/gpu_tests_parallel.sh \
-    "tests/ops/test_fused_ws_gpu.py -k 'writes_the_triton or filtered_calls' tests/ops/test_sample_gpu.py" \
+    "tests/ops/test_fused_ws_gpu.py -k 'writes_the_triton or filtered_calls'" "tests/ops/test_sample_gpu.py" \
     "tests/ops/test_kept_logits.py tests/ops/test_select_filtered.py" \
     "tests/ops/test_fallback.py tests/ops/test_min_p_winners.py" \
     "tests/test_gpu_serving.py" \

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call on one GPU for v97 (docs/performance.md): the noise in fewer instructions (noise.py: one
-# mul.wide.u32 per Philox product, lg2.approx.ftz, one fused multiply-add; the same bits). Parts (PARTS, default "tests probe large"),
-# cut at what is left of $CALL_BUDGET s (default 560):
-#   tests  the new exhaustive bit checks (tests/ops/test_noise_gpu.py: every 32-bit input of the transform, 2**24
-#          Philox counters a key), the noise's mirror tests, the 10^6-sample chi-squared tests, the ws kernel against
+# mul.wide.u32 per Philox product, lg2.approx.ftz, one fused multiply-add; the same bits). Parts (PARTS, default
+# "tests probe large"), cut at what is left of $CALL_BUDGET s (default 560):
+#   tests  the new exhaustive bit checks (tests/ops/test_noise_gpu.py: every 32-bit input of the transform, 2**18
+#          Philox counters under each of 64 keys), the noise's mirror tests, the 10^6-sample chi-squared tests, the ws kernel against
 #          the Triton kernel, CUDA graphs and the no-sync tests
 #   probe  bench/noise_cost_probe.py, stage 1 alone: the shipped noise against the same noise in the instructions
 #          before v97 (noise_probe="legacy"; checked bit for bit first) and greedy, B = 256 / 512 / 1024, both

@@ -83,6 +83,10 @@ _PROBE_LEGACY = triton.language.constexpr(4)
 _PROBE_LEGACY_PHILOX = triton.language.constexpr(5)  # tl.philox's multiplies alone (the shipped transform)
 NOISE_PROBES = {"": 0, "philox": _PROBE_PHILOX.value, "logs": _PROBE_LOGS.value, "rounds7": _PROBE_ROUNDS7.value,
                 "legacy": _PROBE_LEGACY.value, "legacy_philox": _PROBE_LEGACY_PHILOX.value}
+# launch_fused_ws(wait_probe=): int64 fields a program's row holds (benchmarks): the MMA warpgroup's cycles in all,
+# waiting for operands, waiting for the epilogue to free the hand-off buffer, its tiles; the load warp's cycles in all
+# and waiting for free stages; two spare
+WAIT_FIELDS = triton.language.constexpr(8)
 WGMMA_ROWS = 64  # the rows of one warpgroup's wgmma: a short last tile (last_box_rows) runs one of them a k-step
 _PROBES = triton.language.constexpr(_PROBES_INT)  # the entry search's probes per round (processors.py)
 HEAD_N = triton.language.constexpr(4)  # entries per (row, column half) walked from registers (processors.py)
@@ -101,16 +105,28 @@ if HAVE_GLUON:
         return pid_b, t // n_btiles
 
     @gluon.jit
+    def _clock(anchor):
+        """The SM's cycle counter (PTX %clock64), read anew at every call; anchor: any int32 scalar (the operand
+        Triton's inline assembly needs). For launch_fused_ws's wait_probe only."""
+        return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [anchor], dtype=gl.int64, is_pure=False,
+                                         pack=1)
+
+    @gluon.jit
     def _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps, BLOCK_K: gl.constexpr,
-                   STAGES: gl.constexpr, BOXES: gl.constexpr):
+                   STAGES: gl.constexpr, BOXES: gl.constexpr, w_emp, WAITS: gl.constexpr = False):
         """One tile's copies: BOXES boxes of h_desc's rows from row off_b and the weight's box from off_v, a stage a
-        k-step; the advanced stage counter. Fewer rows than the stage holds: with box_rows the rest are the zeros
-        _load_partition wrote; with LAST_BOXES they hold an earlier tile's data (or, in a stage not yet used, whatever
-        shared memory held), for rows past the batch, which the epilogue never stores."""
+        k-step; the advanced stage counter, and w_emp plus the cycles spent waiting for free stages (WAITS; else
+        w_emp as given). Fewer rows than the stage holds: with box_rows the rest are the zeros _load_partition wrote;
+        with LAST_BOXES they hold an earlier tile's data (or, in a stage not yet used, whatever shared memory held),
+        for rows past the batch, which the epilogue never stores."""
         BOX: gl.constexpr = h_desc.block_type.shape[0]
         for k in range(k_steps):
             s = it % STAGES
+            if WAITS:
+                c0 = _clock(s)
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+            if WAITS:
+                w_emp += _clock(s) - c0
             mbarrier.expect(ready.index(s), BOXES * h_desc.block_type.nbytes + w_desc.block_type.nbytes)
             if BOX == h_bufs.shape[1]:
                 tma.async_copy_global_to_shared(h_desc, [off_b, k * BLOCK_K], ready.index(s), h_bufs.index(s))
@@ -120,13 +136,13 @@ if HAVE_GLUON:
                                                     h_bufs.index(s).slice(r * BOX, BOX))
             tma.async_copy_global_to_shared(w_desc, [off_v, k * BLOCK_K], ready.index(s), w_bufs.index(s))
             it += 1
-        return it
+        return it, w_emp
 
     @gluon.jit
     def _load_partition(h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
                         BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_K: gl.constexpr,
                         STAGES: gl.constexpr, H_BOXES: gl.constexpr, LAST_BOXES: gl.constexpr,
-                        ROTATE: gl.constexpr):
+                        ROTATE: gl.constexpr, wait_ptr, WAITS: gl.constexpr):
         # One warp: wait for a free stage, then let the copy engine fill it (both operands
         # arrive on the stage's "ready" barrier, which counts their bytes).
         BOX: gl.constexpr = h_desc.block_type.shape[0]
@@ -141,20 +157,27 @@ if HAVE_GLUON:
                     h_bufs.index(i).slice(r * 8, 8).store(z)
             fence_async_shared()
         it = 0
+        w_emp = gl.program_id(0).to(gl.int64) * 0
+        if WAITS:
+            c_start = _clock(it)
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             pid_b, pid_v = _tile_coords(t, n_btiles, ROTATE)
             off_b = pid_b * BLOCK_B
             off_v = pid_v * BLOCK_V
             if LAST_BOXES > 0:  # (static: a launch without it compiles the whole-tile copies alone)
                 if pid_b == n_btiles - 1:
-                    it = _load_tile(hl_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps,
-                                    BLOCK_K, STAGES, LAST_BOXES)
+                    it, w_emp = _load_tile(hl_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps,
+                                           BLOCK_K, STAGES, LAST_BOXES, w_emp, WAITS)
                 else:
-                    it = _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps,
-                                    BLOCK_K, STAGES, H_BOXES)
+                    it, w_emp = _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps,
+                                           BLOCK_K, STAGES, H_BOXES, w_emp, WAITS)
             else:
-                it = _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps, BLOCK_K,
-                                STAGES, H_BOXES)
+                it, w_emp = _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps,
+                                       BLOCK_K, STAGES, H_BOXES, w_emp, WAITS)
+        if WAITS:  # (launch_fused_ws's wait_probe) the load warp's cycles in all, and waiting for free stages
+            row = wait_ptr + gl.program_id(0) * WAIT_FIELDS
+            gl.store(row + 4, _clock(it) - c_start)
+            gl.store(row + 5, w_emp)
 
     @gluon.jit
     def _col_halves(x, ROWS: gl.constexpr, W: gl.constexpr):
@@ -203,15 +226,20 @@ if HAVE_GLUON:
     @gluon.jit
     def _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc, k_steps,
                   ROWS: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr, WHOLE: gl.constexpr,
-                  ACC_BUFS: gl.constexpr = 1, NCH: gl.constexpr = 1):
+                  ACC_BUFS: gl.constexpr, NCH: gl.constexpr, w_rdy, w_hnd, WAITS: gl.constexpr = False):
         """One tile's main loop over the first ROWS rows of the stages (WHOLE: all of them) and its hand-off; the
-        advanced (it, hc)."""
+        advanced (it, hc), and w_rdy / w_hnd plus the cycles spent waiting for operands / for the epilogue to free
+        the hand-off buffer (WAITS; else as given)."""
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, BLOCK_V, 16])
         acc = gl.zeros([ROWS, BLOCK_V], gl.float32, acc_layout)
         for k in range(k_steps):
             s = it % STAGES
+            if WAITS:
+                c0 = _clock(s)
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            if WAITS:
+                w_rdy += _clock(s) - c0
             if WHOLE:
                 acc = warpgroup_mma(h_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
             else:
@@ -234,37 +262,59 @@ if HAVE_GLUON:
         left, right = _col_halves(acc, ROWS, BLOCK_V)
         J1: gl.constexpr = ACC_BUFS - 1  # the right half's buffer (0: the left one's, 1: its own)
         p0, p1 = _hand_off_phases(hc, ACC_BUFS)
+        if WAITS:
+            c0 = _clock(hc)
         mbarrier.wait(acc_empty.index(0), p0 ^ 1)
+        if WAITS:
+            w_hnd += _clock(hc) - c0
         _store_hand_off(acc_smem, 0, left, ROWS, BLOCK_V // 2, NCH, WHOLE)
         mbarrier.arrive(acc_ready.index(0))
+        if WAITS:
+            c0 = _clock(hc)
         mbarrier.wait(acc_empty.index(J1), p1 ^ 1)
+        if WAITS:
+            w_hnd += _clock(hc) - c0
         _store_hand_off(acc_smem, J1 * NCH, right, ROWS, BLOCK_V // 2, NCH, WHOLE)
         mbarrier.arrive(acc_ready.index(J1))
-        return it, hc + 2
+        return it, hc + 2, w_rdy, w_hnd
 
     @gluon.jit
     def _mma_partition(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles, k_steps,
                        BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr,
                        LAST_BOXES: gl.constexpr, ROTATE: gl.constexpr, ACC_BUFS: gl.constexpr,
-                       NCH: gl.constexpr):
+                       NCH: gl.constexpr, wait_ptr, WAITS: gl.constexpr):
         # One warpgroup: acc[BLOCK_B, BLOCK_V] = h_tile @ w_tile^T over k, one wgmma group in
         # flight while the next stage's data is awaited; a stage is released as soon as the
         # wgmma that read it has retired. With LAST_BOXES the batch's last tile (at most half a tile of rows)
         # runs as half a tile: one 64-row wgmma a k-step instead of two (the same products for its rows).
         it = 0
         hc = 0
+        w_rdy = gl.program_id(0).to(gl.int64) * 0
+        w_hnd = w_rdy
+        if WAITS:
+            c_start = _clock(it)
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             if LAST_BOXES > 0:  # (static: a launch without it compiles the whole-tile loop alone)
                 pid_b, _pid_v = _tile_coords(t, n_btiles, ROTATE)
                 if pid_b == n_btiles - 1:
-                    it, hc = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc,
-                                       k_steps, BLOCK_B // 2, BLOCK_V, STAGES, False, ACC_BUFS, NCH)
+                    it, hc, w_rdy, w_hnd = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty,
+                                                     it, hc, k_steps, BLOCK_B // 2, BLOCK_V, STAGES, False, ACC_BUFS,
+                                                     NCH, w_rdy, w_hnd, WAITS)
                 else:
-                    it, hc = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc,
-                                       k_steps, BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS, NCH)
+                    it, hc, w_rdy, w_hnd = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty,
+                                                     it, hc, k_steps, BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS, NCH,
+                                                     w_rdy, w_hnd, WAITS)
             else:
-                it, hc = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc, k_steps,
-                                   BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS, NCH)
+                it, hc, w_rdy, w_hnd = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it,
+                                                 hc, k_steps, BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS, NCH, w_rdy,
+                                                 w_hnd, WAITS)
+        if WAITS:  # (launch_fused_ws's wait_probe) the MMA warpgroup's cycles in all, waiting for operands, for the
+            # epilogue to free the hand-off buffer, and its tiles
+            row = wait_ptr + gl.program_id(0) * WAIT_FIELDS
+            gl.store(row + 0, _clock(it) - c_start)
+            gl.store(row + 1, w_rdy)
+            gl.store(row + 2, w_hnd)
+            gl.store(row + 3, (hc // 2).to(gl.int64))
 
     @gluon.jit
     def _half_bits(seed, offset, first_id, HALF: gl.constexpr, quad_layout: gl.constexpr, PROBE: gl.constexpr = 0,
@@ -586,7 +636,8 @@ if HAVE_GLUON:
                                HEADER: gl.constexpr = False, XFP_PER_ROW: gl.constexpr = False,
                                H_BOXES: gl.constexpr = 1, LAST_BOXES: gl.constexpr = 0,
                                ROTATE: gl.constexpr = False, NOISE_PROBE: gl.constexpr = 0,
-                               ACC_BUFS: gl.constexpr = 1, EPI_CHUNK: gl.constexpr = 0):
+                               ACC_BUFS: gl.constexpr = 1, EPI_CHUNK: gl.constexpr = 0, wait_ptr=None,
+                               WAITS: gl.constexpr = False):
         # BLOCK_B: the batch tile, loaded as one TMA box of the hidden, or (launch_fused_ws's box_rows: a one-tile
         # batch) as H_BOXES smaller boxes. LAST_BOXES (launch_fused_ws's last_box_rows): the batch's last tile, of
         # at most BLOCK_B / 2 rows, loaded as that many boxes of hl_desc's rows and multiplied as half a tile. ROTATE:
@@ -623,9 +674,10 @@ if HAVE_GLUON:
 
         gl.warp_specialize([
             (_mma_partition, (h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles,
-                              k_steps, BLOCK_B, BLOCK_V, STAGES, LAST_BOXES, ROTATE, ACC_BUFS, NCH)),
+                              k_steps, BLOCK_B, BLOCK_V, STAGES, LAST_BOXES, ROTATE, ACC_BUFS, NCH, wait_ptr,
+                              WAITS)),
             (_load_partition, (h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
-                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES, LAST_BOXES, ROTATE)),
+                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES, LAST_BOXES, ROTATE, wait_ptr, WAITS)),
             (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
                                    temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
                                    buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles, stride_field,
@@ -719,7 +771,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
                     raw_sums: bool = True, winner_logit: bool = False, batch: int = None,
                     flags: int = None, box_rows: int = 0, last_box_rows: int = 0, noise_probe: str = "",
-                    acc_buffers: int = 1, epilogue_chunk: int = 0) -> None:
+                    acc_buffers: int = 1, epilogue_chunk: int = 0, wait_probe: torch.Tensor = None) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
@@ -732,6 +784,10 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     the first); the same candidates. epilogue_chunk (plain calls: no logprobs, kept logits or processors): the
     epilogue takes each column half this many columns (16 or 32) at a time in a loop kept rolled, a fraction of the
     unrolled code (0: the whole half at once); the same candidates.
+    wait_probe (benchmarks): an int64 CUDA tensor [programs, WAIT_FIELDS] (programs: :func:`persistent_grid`'s) that
+    each program fills with cycle counts (%clock64): field 0 the MMA warpgroup's cycles in all, 1 of them waiting for
+    operand stages, 2 waiting for the epilogue to free the hand-off buffer, 3 its tiles; 4 the load warp's cycles in
+    all, 5 of them waiting for free stages. Two clock reads per wait; the same candidates.
     block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same
     candidates: each row's products and their order do not depend on it). logprobs / extended /
     raw_sums / winner_logit as launch_fused's (64-row tiles only): the winner's logit with logprobs or
@@ -767,6 +823,10 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         raise ValueError("epilogue_chunk serves plain calls only (no logprobs, kept logits, processors or noise_probe)")
     if noise_probe not in NOISE_PROBES:
         raise ValueError(f"noise_probe must be one of {sorted(NOISE_PROBES)}, got {noise_probe!r}")
+    if wait_probe is not None and (wait_probe.dtype != torch.int64 or wait_probe.dim() != 2
+                                   or wait_probe.shape[1] != WAIT_FIELDS.value or not wait_probe.is_contiguous()):
+        raise ValueError(f"wait_probe must be a contiguous int64 tensor [programs, {WAIT_FIELDS.value}], got "
+                         f"{tuple(wait_probe.shape)} {wait_probe.dtype}")
     if extended and not layout.extended:
         raise ValueError("kept logits need an extended candidate layout")
     if (logprobs or extended) and block_b != 64:
@@ -808,6 +868,9 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     # row's entries itself (no entry-offset table: the searches run while the tile's MMAs do).
     proc_args, proc_flags = processor_args(params.processing, dummy)
     programs, rotate = persistent_grid(sm_count(hidden.device), n_btiles, n_tiles, last_boxes > 0, grid_cap)
+    if wait_probe is not None and (wait_probe.shape[0] < programs or wait_probe.device != hidden.device):
+        raise ValueError(f"wait_probe needs a row for each of the launch's {programs} programs on {hidden.device}, got "
+                         f"{tuple(wait_probe.shape)} on {wait_probe.device}")
     fused_sample_ws_kernel[(programs, )](
         h_desc, hl_desc, w_desc, seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
         dest.f, dest.i, B, V_rows, vocab_size, vocab_start,
@@ -822,6 +885,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         **proc_flags, PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1, DEVICE_PARITY=par_on, HEADER=header,
         XFP_PER_ROW=xfp_row, BLOCK_B=block_b, H_BOXES=boxes, LAST_BOXES=last_boxes, ROTATE=rotate,
         NOISE_PROBE=NOISE_PROBES[noise_probe], ACC_BUFS=acc_buffers, EPI_CHUNK=epilogue_chunk,
+        wait_ptr=dummy if wait_probe is None else wait_probe, WAITS=wait_probe is not None,
         num_warps=4, maxnreg=maxnreg,
     )
 

@@ -25,17 +25,12 @@ STREAM_GROUP = tl.constexpr(1)  # per-rank noise of the group-log-mass reduction
 
 
 @triton.jit
-def _wide_a(x):
-    """(high, low) 32 bits of the 64-bit product 0xD2511F53 * x (Philox's first multiplier), as one PTX mul.wide."""
-    return tl.inline_asm_elementwise("{ .reg .b64 t; mul.wide.u32 t, $2, 0xD2511F53; mov.b64 {$1, $0}, t; }",
-                                     "=r,=r,r", [x], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1)
-
-
-@triton.jit
-def _wide_b(x):
-    """(high, low) 32 bits of the 64-bit product 0xCD9E8D57 * x (Philox's second multiplier), as one PTX mul.wide."""
-    return tl.inline_asm_elementwise("{ .reg .b64 t; mul.wide.u32 t, $2, 0xCD9E8D57; mov.b64 {$1, $0}, t; }",
-                                     "=r,=r,r", [x], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1)
+def _mul_wide(x, FIRST: tl.constexpr):
+    """(high, low) 32 bits of the 64-bit product of x and Philox's first (0xD2511F53) or second (0xCD9E8D57)
+    multiplier, as one PTX mul.wide.u32 (mov.b64 {lo, hi}: the low half is the first element)."""
+    ASM: tl.constexpr = ("{ .reg .b64 t; mul.wide.u32 t, $2, 0xD2511F53; mov.b64 {$1, $0}, t; }" if FIRST else
+                         "{ .reg .b64 t; mul.wide.u32 t, $2, 0xCD9E8D57; mov.b64 {$1, $0}, t; }")
+    return tl.inline_asm_elementwise(ASM, "=r,=r,r", [x], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1)
 
 
 @triton.jit
@@ -48,8 +43,8 @@ def _philox_wide(c0, c1, c2, c3, k0, k1, ROUNDS: tl.constexpr):
     instructions, and past one batch tile the epilogue's instruction count, not its latency, slows the
     main loop beside it (docs/performance.md v86-v89, v97)."""
     for _ in tl.static_range(ROUNDS):
-        hi_b, lo_b = _wide_b(c2)
-        hi_a, lo_a = _wide_a(c0)
+        hi_b, lo_b = _mul_wide(c2, False)
+        hi_a, lo_a = _mul_wide(c0, True)
         c0 = hi_b ^ c1 ^ k0
         c2 = hi_a ^ c3 ^ k1
         c1 = lo_b
@@ -138,13 +133,9 @@ def fast_log(x, FAST: tl.constexpr):
     scaling multiply and an add: 6 of the noise's ~43 instructions per id); with it a subnormal
     input would flush to zero, and the noise never passes one (every input is >= 2**-33).
     """
-    if FAST == LEGACY_PTX:
-        lg2 = tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
-                                        is_pure=True, pack=1)
-        return lg2 * 0.6931471805599453
-    elif FAST:
-        lg2 = tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
-                                        is_pure=True, pack=1)
+    if FAST:
+        ASM: tl.constexpr = "lg2.approx.f32 $0, $1;" if FAST == LEGACY_PTX else "lg2.approx.ftz.f32 $0, $1;"
+        lg2 = tl.inline_asm_elementwise(ASM, "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
         return lg2 * 0.6931471805599453
     else:
         return tl.log(x)

@@ -626,10 +626,14 @@ def test_last_tile_boxes_cover_a_short_last_tile():
     (dict(acc_buffers=3), "acc_buffers"), (dict(epilogue_chunk=8), "epilogue_chunk"),
     (dict(epilogue_chunk=16, block_b=64, logprobs=True), "plain calls only"),
     (dict(epilogue_chunk=16, noise_probe="philox"), "plain calls only"), (dict(noise_probe="cheap"), "noise_probe"),
-    (dict(epilogue_chunk=32, block_b=64, extended=True), "plain calls only"), ("processors", "plain calls only")])
+    (dict(epilogue_chunk=32, block_b=64, extended=True), "plain calls only"), ("processors", "plain calls only"),
+    (dict(wait_probe=torch.zeros(4, 7, dtype=torch.int64)), "wait_probe"),
+    (dict(wait_probe=torch.zeros(4, 8, dtype=torch.int32)), "wait_probe"),
+    (dict(wait_probe=torch.zeros(8, 4, dtype=torch.int64).t()), "wait_probe")])
 def test_launch_fused_ws_refuses_bad_hand_off_options(kw, match):
-    """launch_fused_ws's benchmark options (the hand-off buffers, the chunked epilogue, the noise probes) are checked
-    before anything is launched, each error naming its argument; the chunked epilogue serves plain calls only."""
+    """launch_fused_ws's benchmark options (the hand-off buffers, the chunked epilogue, the noise and wait probes) are
+    checked before anything is launched, each error naming its argument; the chunked epilogue serves plain calls
+    only; the wait probe takes a contiguous int64 [programs, WAIT_FIELDS] tensor."""
     from fsdist.ops.fused_sample_ws import launch_fused_ws
 
     from fsdist.processing import prepare_processing

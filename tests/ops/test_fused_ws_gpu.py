@@ -147,6 +147,42 @@ def test_hand_off_variants_write_the_triton_kernels_candidates(hand_off, D, V, B
 
 
 @hopper
+@pytest.mark.parametrize("D, V, B", [(4096, 151936, 256), (4096, 40000, 150), (96, 5000, 1024)])
+def test_wait_probe_keeps_the_candidates_and_counts_every_tile(D, V, B, ws_calls, monkeypatch):
+    """launch_fused_ws(wait_probe=) (benchmarks: cycle counts around the MMA warpgroup's and the load warp's barrier
+    waits) writes the Triton kernel's candidates bit for bit, and its counts add up: the programs' tiles sum to the
+    launch's tiles, every wait lies within its partition's total, every total is positive."""
+    from fsdist.ops.fused_sample_ws import WAIT_FIELDS
+    from fsdist.ops.utils import sm_count
+
+    h, w = _operands(B, D, V, torch.bfloat16, D + V + B)
+    params = _row_params(B, torch.Generator().manual_seed(B), "rows")
+    ref = _candidates(TRITON, h, w, params, V)
+    probes = []
+    real = fused_sample.launch_fused_ws
+
+    def with_probe(*a, **k):
+        probe = torch.full((sm_count(h.device), WAIT_FIELDS.value), -1, dtype=torch.int64, device=h.device)
+        probes.append(probe)
+        return real(*a, **k, wait_probe=probe)
+
+    monkeypatch.setattr(fused_sample, "launch_fused_ws", with_probe)
+    got = _candidates(WS, h, w, params, V)
+    assert len(probes) == 1
+    assert torch.equal(got[1], ref[1]) and torch.equal(got[0], ref[0])
+    n_tiles = triton.cdiv(V, 128) * triton.cdiv(B, 128)
+    probe = probes[0].cpu()
+    ran = probe[:, 0] != -1  # (the rows of the launch's programs; any others stay as filled)
+    assert 0 < int(ran.sum()) <= min(n_tiles, probe.shape[0])
+    assert (probe[~ran] == -1).all()
+    rows = probe[ran]
+    assert int(rows[:, 3].sum()) == n_tiles
+    assert (rows[:, 0] > 0).all() and (rows[:, 4] > 0).all()
+    assert ((rows[:, 1] >= 0) & (rows[:, 2] >= 0) & (rows[:, 1] + rows[:, 2] <= rows[:, 0])).all()
+    assert ((rows[:, 5] >= 0) & (rows[:, 5] <= rows[:, 4])).all()
+
+
+@hopper
 @pytest.mark.parametrize("cfg", [WS, TRITON], ids=["ws", "triton-tma"])
 @pytest.mark.parametrize("B", [130, 192])
 def test_a_partial_last_tile_reads_a_padded_hidden(cfg, B, ws_calls, monkeypatch):

@@ -1,0 +1,148 @@
+"""Issue 14: where the warp-specialised tile's MMA warpgroup waits, with and without noise.
+
+v86-v101 (docs/performance.md) left the noise's ~15% on stage 1 at B = 1024 unexplained by pipes, issue slots or
+memory traffic on average. This probe asks the kernel itself: ``launch_fused_ws(wait_probe=)`` has every persistent
+program count cycles (``%clock64``) around its barrier waits, and this script reports, per case, the median over the
+programs of
+
+  mma_total      the MMA warpgroup's cycles from its first tile to its last
+  mma_operands   the share of them spent waiting for operand stages (the copy engine late)
+  mma_hand_off   the share spent waiting for the epilogue to free the hand-off buffer (the epilogue late)
+  mma_rest       what remains: issuing the wgmmas and waiting for them (the tensor cores' own time)
+  load_free      the load warp's share of its cycles waiting for a free stage (the MMA warpgroup late)
+
+and the launch's time with and without the probe (its own cost: two clock reads a wait), L2 flushed, medians. Cases:
+``greedy`` (T = 0), ``noise`` ([B] temperatures, the serving case), ``legacy`` (the noise in the instructions before
+v97), ``rounds7`` (7 Philox rounds: not the sampler's tokens). Checks first: the probed launch writes the unprobed
+launch's candidates bit for bit, and the programs' tiles add up to the launch's.
+
+    python3 bench/ws_waits.py [--shapes 4096x151936,8192x128256] [--batches 256,1024] [--cases greedy,noise]
+
+Prints a table last; the JSON goes to bench/results/ws_waits_<gpu>_<date>.json (and $OUT). sm_90 only.
+"""
+import common as C  # first: the repo root on sys.path, fsdist.env.apply_safe_env() before torch
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from fsdist.ops.configs import default_config  # noqa: E402
+from fsdist.ops.fused_sample_ws import WAIT_FIELDS, launch_fused_ws  # noqa: E402
+from fsdist.ops.layout import BufferPair, CandidateLayout  # noqa: E402
+from fsdist.ops.utils import sm_count  # noqa: E402
+from fsdist.params import RowParams  # noqa: E402
+
+CASES = {"greedy": "", "noise": "", "legacy": "legacy", "rounds7": "rounds7"}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="4096x151936,8192x128256")
+    p.add_argument("--batches", default="256,1024")
+    p.add_argument("--cases", default="greedy,noise,legacy,rounds7")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--probe-runs", type=int, default=3, help="probed launches a case (the fields: their medians)")
+    args = p.parse_args(argv)
+    unknown = sorted(set(args.cases.split(",")) - set(CASES))
+    if unknown:
+        p.error(f"--cases: unknown {unknown}; choose from {', '.join(CASES)}")
+    return args
+
+
+def shares(probe: torch.Tensor) -> dict:
+    """The medians over the programs that ran (field 0 set) of the wait shares, from one probed launch's rows."""
+    rows = probe[probe[:, 0] > 0].double()
+    mma, load = rows[:, 0], rows[:, 4]
+    med = lambda x: float(x.median())  # noqa: E731
+    return {"programs": int(rows.shape[0]), "tiles": int(rows[:, 3].sum()), "mma_total": med(mma),
+            "mma_operands": med(rows[:, 1] / mma), "mma_hand_off": med(rows[:, 2] / mma),
+            "mma_rest": med((mma - rows[:, 1] - rows[:, 2]) / mma), "load_free": med(rows[:, 5] / load)}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    dev = C.bench_device()
+    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) != (9, 0):
+        print("ws_waits: skipped, needs a Hopper (sm_90) GPU.", flush=True)
+        return 0
+    out = C.ResultWriter("ws_waits", dev)
+    out.data.update(env=C.env_info(), args=vars(args), cells=[])
+    failures = []
+    flush = C.L2Flusher(dev)
+    table = []
+    for D, V in C.parse_shapes(args.shapes):
+        g = torch.Generator(device=dev).manual_seed(D)
+        W = (torch.randn(V, D, device=dev, generator=g) * D ** -0.5).to(torch.bfloat16)
+        for B in C.parse_int_list(args.batches):
+            label = f"D={D} B={B}"
+            cfg = default_config(B, D, dev)
+            if not (cfg.ws and cfg.block_b == 128):
+                failures.append(f"{label}: the dispatch runs {cfg}, not the ws 128-row tile: cell skipped")
+                continue
+            h = torch.randn(B, D, device=dev, generator=g).to(torch.bfloat16)
+            serving = RowParams(torch.ones(B, device=dev), torch.randint(0, 2**62, (B,), device=dev, generator=g),
+                                torch.randint(0, 2**40, (B,), device=dev, generator=g))
+            layout = CandidateLayout(1, triton.cdiv(V, 128), B)
+            n_tiles = triton.cdiv(V, 128) * triton.cdiv(B, 128)
+            cells = {}
+            for case in args.cases.split(","):
+                prm = RowParams(0.0, 0, 0) if case == "greedy" else serving
+
+                def launch(probe=None, prm=prm, case=case, dest=None):
+                    launch_fused_ws(h, W, prm, layout, dest, vocab_size=V, stages=cfg.num_stages, epilogue_warps=8,
+                                    noise_probe=CASES[case], wait_probe=probe)
+
+                plain, probed = BufferPair.alloc(layout, dev), BufferPair.alloc(layout, dev)
+                probe = torch.full((sm_count(dev), WAIT_FIELDS.value), -1, dtype=torch.int64, device=dev)
+                launch(dest=plain)
+                launch(probe, dest=probed)
+                torch.cuda.synchronize(dev)
+                if not (torch.equal(plain.i, probed.i) and torch.equal(plain.f.nan_to_num(-7.0),
+                                                                      probed.f.nan_to_num(-7.0))):
+                    failures.append(f"{label} {case}: the probed launch wrote other candidates")
+                runs = []
+                for _ in range(args.probe_runs):
+                    probe.fill_(-1)
+                    flush()
+                    launch(probe, dest=probed)
+                    torch.cuda.synchronize(dev)
+                    runs.append(shares(probe.cpu()))
+                if any(r["tiles"] != n_tiles for r in runs):
+                    failures.append(f"{label} {case}: the programs' tiles add up to {[r['tiles'] for r in runs]}, "
+                                    f"not {n_tiles}")
+                fields = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+                times = C.time_methods({"plain": lambda: launch(dest=plain), "probed": lambda: launch(probe,
+                                                                                                     dest=probed)},
+                                       [()], warmup=args.warmup, reps=args.reps, flush=flush, device=dev,
+                                       failures=failures, label=f"{label} {case}")
+                cells[case] = dict(fields, runs=runs, times_us={k: v["median_us"] for k, v in times.items()})
+                C.log(f"{label} {case}: " + ", ".join(f"{k} {v:.3g}" for k, v in fields.items()))
+            row = {"D": D, "V": V, "B": B, "config": str(cfg), "cases": cells}
+            out.data["cells"].append(row)
+            out.flush()
+            table.append(row)
+        del W
+        torch.cuda.empty_cache()
+    out.data["failures"] = failures
+    out.flush()
+    print("\nMMA warpgroup's cycles (median over programs) and their shares; the load warp's share waiting for a free"
+          " stage; the launch's µs without / with the probe")
+    print(f"{'cell':16s} {'case':8s} {'mma cycles':>11s} {'operands':>9s} {'hand-off':>9s} {'rest':>6s} "
+          f"{'load free':>9s} {'us':>8s} {'probed':>8s}")
+    for r in table:
+        for case, c in r["cases"].items():
+            t = c["times_us"]
+            print(f"D={r['D']} B={r['B']:<6d} {case:8s} {c['mma_total']:11.3g} {c['mma_operands']:9.1%} "
+                  f"{c['mma_hand_off']:9.1%} {c['mma_rest']:6.1%} {c['load_free']:9.1%} "
+                  f"{t.get('plain', float('nan')):8.1f} {t.get('probed', float('nan')):8.1f}")
+    print("checks:", "all passed" if not failures else "\n  ".join(["FAILED"] + failures))
+    print("results:", out.path)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
