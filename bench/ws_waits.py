@@ -10,6 +10,7 @@ programs of
   mma_hand_off   the share spent waiting for the epilogue to free the hand-off buffer (the epilogue late)
   mma_rest       what remains: issuing the wgmmas and waiting for them (the tensor cores' own time)
   load_free      the load warp's share of its cycles waiting for a free stage (the MMA warpgroup late)
+  epi_idle       the epilogue's share of its cycles waiting for the accumulator's halves (the MMA warpgroup late)
 
 and the launch's time with and without the probe (its own cost: two clock reads a wait), L2 flushed, medians. Cases:
 ``greedy`` (T = 0), ``noise`` ([B] temperatures, the serving case), ``legacy`` (the noise in the instructions before
@@ -60,7 +61,8 @@ def shares(probe: torch.Tensor) -> dict:
     med = lambda x: float(x.median())  # noqa: E731
     return {"programs": int(rows.shape[0]), "tiles": int(rows[:, 3].sum()), "mma_total": med(mma),
             "mma_operands": med(rows[:, 1] / mma), "mma_hand_off": med(rows[:, 2] / mma),
-            "mma_rest": med((mma - rows[:, 1] - rows[:, 2]) / mma), "load_free": med(rows[:, 5] / load)}
+            "mma_rest": med((mma - rows[:, 1] - rows[:, 2]) / mma), "load_free": med(rows[:, 5] / load),
+            "epi_idle": med(rows[:, 7] / rows[:, 6])}
 
 
 def main(argv=None) -> int:
@@ -125,19 +127,19 @@ def main(argv=None) -> int:
             out.data["cells"].append(row)
             out.flush()
             table.append(row)
-        del W
+        W = None  # (frees the weight before the next shape)
         torch.cuda.empty_cache()
     out.data["failures"] = failures
     out.flush()
     print("\nMMA warpgroup's cycles (median over programs) and their shares; the load warp's share waiting for a free"
-          " stage; the launch's µs without / with the probe")
+          " stage; the epilogue's share waiting for the accumulator; the launch's µs without / with the probe")
     print(f"{'cell':16s} {'case':8s} {'mma cycles':>11s} {'operands':>9s} {'hand-off':>9s} {'rest':>6s} "
-          f"{'load free':>9s} {'us':>8s} {'probed':>8s}")
+          f"{'load free':>9s} {'epi idle':>9s} {'us':>8s} {'probed':>8s}")
     for r in table:
         for case, c in r["cases"].items():
             t = c["times_us"]
             print(f"D={r['D']} B={r['B']:<6d} {case:8s} {c['mma_total']:11.3g} {c['mma_operands']:9.1%} "
-                  f"{c['mma_hand_off']:9.1%} {c['mma_rest']:6.1%} {c['load_free']:9.1%} "
+                  f"{c['mma_hand_off']:9.1%} {c['mma_rest']:6.1%} {c['load_free']:9.1%} {c['epi_idle']:9.1%} "
                   f"{t.get('plain', float('nan')):8.1f} {t.get('probed', float('nan')):8.1f}")
     print("checks:", "all passed" if not failures else "\n  ".join(["FAILED"] + failures))
     print("results:", out.path)

@@ -85,7 +85,7 @@ NOISE_PROBES = {"": 0, "philox": _PROBE_PHILOX.value, "logs": _PROBE_LOGS.value,
                 "legacy": _PROBE_LEGACY.value, "legacy_philox": _PROBE_LEGACY_PHILOX.value}
 # launch_fused_ws(wait_probe=): int64 fields a program's row holds (benchmarks): the MMA warpgroup's cycles in all,
 # waiting for operands, waiting for the epilogue to free the hand-off buffer, its tiles; the load warp's cycles in all
-# and waiting for free stages; two spare
+# and waiting for free stages; the epilogue's cycles in all and waiting for the accumulator
 WAIT_FIELDS = triton.language.constexpr(8)
 WGMMA_ROWS = 64  # the rows of one warpgroup's wgmma: a short last tile (last_box_rows) runs one of them a k-step
 _PROBES = triton.language.constexpr(_PROBES_INT)  # the entry search's probes per round (processors.py)
@@ -340,9 +340,9 @@ if HAVE_GLUON:
                        val_ptr, ent_stride, start, n, head, head_val, rep, freq, pres, HALF: gl.constexpr,
                        NOISE: gl.constexpr, FAST_LOG: gl.constexpr, quad_layout: gl.constexpr,
                        BITMASK: gl.constexpr, SPARSE: gl.constexpr, PINNED: gl.constexpr,
-                       LATE_NOISE: gl.constexpr, PROBE: gl.constexpr = 0):
+                       LATE_NOISE: gl.constexpr, PROBE: gl.constexpr = 0, WAITS: gl.constexpr = False):
         """(best score, best column, any NaN / +inf logit) of one HALF-wide column slice of the tile,
-        and its (processed) logits and columns."""
+        its (processed) logits and columns, and the cycles spent waiting for the half (WAITS; else 0)."""
         # The noise's layout (Philox quads joined into columns); with LATE_NOISE the bits themselves are drawn
         # after the logits are processed, so they and the processors' temporaries are not live together.
         zq = gl.zeros([seed.shape[0], HALF // 4], gl.int32, quad_layout)
@@ -361,7 +361,12 @@ if HAVE_GLUON:
         if BITMASK:
             w0, w1, w2 = span_words(bm_ptr, bm_stride, rows, rmask, first_id, vocab_size)
         # The half's logits, then the buffer goes straight back to the MMA warpgroup.
+        w = phase.to(gl.int64) * 0
+        if WAITS:
+            c0 = _clock(phase)
         mbarrier.wait(acc_ready, phase)
+        if WAITS:
+            w = _clock(phase) - c0
         logit = acc_smem.load(lay)
         mbarrier.arrive(acc_empty)
         logit = gl.where(valid[None, :], logit, float("-inf"))
@@ -393,18 +398,18 @@ if HAVE_GLUON:
         else:
             score = logit
         best, at = _argmax_lowest(score, col)
-        return best, at, bad, logit, col
+        return best, at, bad, logit, col, w
 
     @gluon.jit
     def _epilogue_half_chunked(acc_smem, base: gl.constexpr, acc_ready, acc_empty, phase, half: gl.constexpr, seed,
                                offset, noise_scale, tile_start, V_rows, vocab_size, vocab_start, HALF: gl.constexpr,
                                CHUNK: gl.constexpr, NOISE: gl.constexpr, FAST_LOG: gl.constexpr,
-                               quad_layout: gl.constexpr):
+                               quad_layout: gl.constexpr, WAITS: gl.constexpr = False):
         """_epilogue_half's (best score, best column, any NaN / +inf logit) for a plain call (no logprobs, kept logits
         or processors), CHUNK columns at a time from buffers base .. base + HALF / CHUNK - 1 in a loop that is not
         unrolled: the same results from a fraction of the code (v89: the unrolled noise's SASS slows the MMA
         warpgroup's loop beside it). Chunks come in column order and a later one wins only when strictly larger, so
-        ties still go to the lowest column."""
+        ties still go to the lowest column. Also the cycles spent waiting for the half (WAITS; else 0)."""
         zq = gl.zeros([seed.shape[0], CHUNK // 4], gl.int32, quad_layout)
         lay: gl.constexpr = gl.reshape(gl.join(gl.join(zq, zq), gl.join(zq, zq)), [seed.shape[0], CHUNK]).type.layout
         row_lay: gl.constexpr = gl.SliceLayout(1, lay)
@@ -414,7 +419,12 @@ if HAVE_GLUON:
         at = gl.full([seed.shape[0]], half * HALF, gl.int32, row_lay)
         bad = gl.zeros([seed.shape[0]], gl.int32, row_lay)
         first_id = vocab_start + tile_start + half * HALF
+        w = phase.to(gl.int64) * 0
+        if WAITS:
+            c0 = _clock(phase)
         mbarrier.wait(acc_ready, phase)
+        if WAITS:
+            w = _clock(phase) - c0
         for c in range(HALF // CHUNK):
             # ptxas unrolls a loop of a known trip count; the pragma (in the loop's first block) keeps one copy
             cc = gl.inline_asm_elementwise('.pragma "nounroll";\n mov.b32 $0, $1;', "=r,r", [c], dtype=gl.int32,
@@ -434,7 +444,7 @@ if HAVE_GLUON:
             best = gl.where(take, chunk_best, best)
             at = gl.where(take, chunk_at, at)
         mbarrier.arrive(acc_empty)
-        return best, at, bad
+        return best, at, bad, w
 
     @gluon.jit
     def _take_largest(x, col):
@@ -480,7 +490,7 @@ if HAVE_GLUON:
                             PINNED: gl.constexpr, PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr,
                             DEVICE_PARITY: gl.constexpr, HEADER: gl.constexpr, XFP_PER_ROW: gl.constexpr,
                             ROTATE: gl.constexpr, NOISE_PROBE: gl.constexpr, ACC_BUFS: gl.constexpr,
-                            EPI_CHUNK: gl.constexpr):
+                            EPI_CHUNK: gl.constexpr, wait_ptr, WAITS: gl.constexpr):
         HALF: gl.constexpr = BLOCK_V // 2
         # the copy of a double buffer this call writes (parity.py), read once
         buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
@@ -491,6 +501,9 @@ if HAVE_GLUON:
                                                      [1, 0])
         row_layout: gl.constexpr = gl.SliceLayout(1, quad_layout)
         hc = 0
+        w_acc = gl.program_id(0).to(gl.int64) * 0
+        if WAITS:
+            c_start = _clock(hc)
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             pid_b, pid_v = _tile_coords(t, n_btiles, ROTATE)
             offs_b = pid_b * BLOCK_B + gl.arange(0, BLOCK_B, row_layout)
@@ -536,29 +549,33 @@ if HAVE_GLUON:
             p0, p1 = _hand_off_phases(hc, ACC_BUFS)
             if EPI_CHUNK > 0:
                 NCH: gl.constexpr = HALF // EPI_CHUNK
-                best0, at0, bad0 = _epilogue_half_chunked(acc_smem, 0, acc_ready.index(0), acc_empty.index(0), p0, 0,
-                                                          seed, offset, noise_scale, tile_start, V_rows, vocab_size,
-                                                          vocab_start, HALF, EPI_CHUNK, NOISE, FAST_LOG, quad_layout)
-                best1, at1, bad1 = _epilogue_half_chunked(acc_smem, J1 * NCH, acc_ready.index(J1),
-                                                          acc_empty.index(J1), p1, 1, seed, offset, noise_scale,
-                                                          tile_start, V_rows, vocab_size, vocab_start, HALF,
-                                                          EPI_CHUNK, NOISE, FAST_LOG, quad_layout)
+                best0, at0, bad0, wa0 = _epilogue_half_chunked(acc_smem, 0, acc_ready.index(0), acc_empty.index(0),
+                                                               p0, 0, seed, offset, noise_scale, tile_start, V_rows,
+                                                               vocab_size, vocab_start, HALF, EPI_CHUNK, NOISE,
+                                                               FAST_LOG, quad_layout, WAITS)
+                best1, at1, bad1, wa1 = _epilogue_half_chunked(acc_smem, J1 * NCH, acc_ready.index(J1),
+                                                               acc_empty.index(J1), p1, 1, seed, offset, noise_scale,
+                                                               tile_start, V_rows, vocab_size, vocab_start, HALF,
+                                                               EPI_CHUNK, NOISE, FAST_LOG, quad_layout, WAITS)
             else:
-                best0, at0, bad0, l0, col0 = _epilogue_half(acc_smem.index(0), acc_ready.index(0), acc_empty.index(0),
-                                                            p0, 0, seed, offset,
-                                                            noise_scale, tile_start, V_rows, vocab_size, vocab_start,
-                                                            offs_b, mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr,
-                                                            ent_stride, s0, n0, h0, hv0, rep, freq, pres,
-                                                            HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
-                                                            PINNED, SPARSE and BLOCK_B > 64, NOISE_PROBE)
-                best1, at1, bad1, l1, col1 = _epilogue_half(acc_smem.index(J1), acc_ready.index(J1),
-                                                            acc_empty.index(J1), p1, 1, seed,
-                                                            offset, noise_scale, tile_start, V_rows, vocab_size,
-                                                            vocab_start, offs_b, mask_b, bm_ptr, bm_stride, ent_ptr,
-                                                            val_ptr, ent_stride, s1, n1, h1, hv1, rep, freq, pres,
-                                                            HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
-                                                            PINNED, SPARSE and BLOCK_B > 64, NOISE_PROBE)
+                best0, at0, bad0, l0, col0, wa0 = _epilogue_half(acc_smem.index(0), acc_ready.index(0),
+                                                                 acc_empty.index(0), p0, 0, seed, offset,
+                                                                 noise_scale, tile_start, V_rows, vocab_size,
+                                                                 vocab_start, offs_b, mask_b, bm_ptr, bm_stride,
+                                                                 ent_ptr, val_ptr, ent_stride, s0, n0, h0, hv0, rep,
+                                                                 freq, pres, HALF, NOISE, FAST_LOG, quad_layout,
+                                                                 BITMASK, SPARSE, PINNED, SPARSE and BLOCK_B > 64,
+                                                                 NOISE_PROBE, WAITS)
+                best1, at1, bad1, l1, col1, wa1 = _epilogue_half(acc_smem.index(J1), acc_ready.index(J1),
+                                                                 acc_empty.index(J1), p1, 1, seed, offset,
+                                                                 noise_scale, tile_start, V_rows, vocab_size,
+                                                                 vocab_start, offs_b, mask_b, bm_ptr, bm_stride,
+                                                                 ent_ptr, val_ptr, ent_stride, s1, n1, h1, hv1, rep,
+                                                                 freq, pres, HALF, NOISE, FAST_LOG, quad_layout,
+                                                                 BITMASK, SPARSE, PINNED, SPARSE and BLOCK_B > 64,
+                                                                 NOISE_PROBE, WAITS)
             hc += 2
+            w_acc += wa0 + wa1
             dst = buf_offset + pid_v * stride_slot + offs_b
             dst_i = buf_offset_i + pid_v * stride_slot + offs_b
             # Merge the halves: the second wins only when strictly larger (ties to the lower id).
@@ -617,6 +634,10 @@ if HAVE_GLUON:
                     store_fan_out(cand_f, 4 * stride_field + dst,
                                   gl.full([BLOCK_B], float("nan"), gl.float32, row_layout), mask_b, gl.float32,
                                   PEER_TABLE, NPEERS)
+        if WAITS:  # (launch_fused_ws's wait_probe) the epilogue's cycles in all, and waiting for the accumulator
+            row = wait_ptr + gl.program_id(0) * WAIT_FIELDS
+            gl.store(row + 6, _clock(hc) - c_start)
+            gl.store(row + 7, w_acc)
 
     @gluon.jit
     def fused_sample_ws_kernel(h_desc, hl_desc, w_desc, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
@@ -686,7 +707,7 @@ if HAVE_GLUON:
                                    hdr_off_i, flags, xfp_ptr, xfp_val, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW,
                                    OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, ROW_THREADS, LOGPROBS, EXTENDED,
                                    WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE, PINNED, PEER_TABLE, NPEERS, DEVICE_PARITY,
-                                   HEADER, XFP_PER_ROW, ROTATE, NOISE_PROBE, ACC_BUFS, EPI_CHUNK)),
+                                   HEADER, XFP_PER_ROW, ROTATE, NOISE_PROBE, ACC_BUFS, EPI_CHUNK, wait_ptr, WAITS)),
         ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
 
 
@@ -787,7 +808,8 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     wait_probe (benchmarks): an int64 CUDA tensor [programs, WAIT_FIELDS] (programs: :func:`persistent_grid`'s) that
     each program fills with cycle counts (%clock64): field 0 the MMA warpgroup's cycles in all, 1 of them waiting for
     operand stages, 2 waiting for the epilogue to free the hand-off buffer, 3 its tiles; 4 the load warp's cycles in
-    all, 5 of them waiting for free stages. Two clock reads per wait; the same candidates.
+    all, 5 of them waiting for free stages; 6 the epilogue's cycles in all, 7 of them waiting for the accumulator's
+    halves. Two clock reads per wait; the same candidates.
     block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same
     candidates: each row's products and their order do not depend on it). logprobs / extended /
     raw_sums / winner_logit as launch_fused's (64-row tiles only): the winner's logit with logprobs or

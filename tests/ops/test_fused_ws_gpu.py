@@ -149,9 +149,9 @@ def test_hand_off_variants_write_the_triton_kernels_candidates(hand_off, D, V, B
 @hopper
 @pytest.mark.parametrize("D, V, B", [(4096, 151936, 256), (4096, 40000, 150), (96, 5000, 1024)])
 def test_wait_probe_keeps_the_candidates_and_counts_every_tile(D, V, B, ws_calls, monkeypatch):
-    """launch_fused_ws(wait_probe=) (benchmarks: cycle counts around the MMA warpgroup's and the load warp's barrier
-    waits) writes the Triton kernel's candidates bit for bit, and its counts add up: the programs' tiles sum to the
-    launch's tiles, every wait lies within its partition's total, every total is positive."""
+    """launch_fused_ws(wait_probe=) (benchmarks: cycle counts around the MMA warpgroup's, the load warp's and the
+    epilogue's barrier waits) writes the Triton kernel's candidates bit for bit, and its counts add up: the programs'
+    tiles sum to the launch's tiles, every wait lies within its partition's total, every total is positive."""
     from fsdist.ops.fused_sample_ws import WAIT_FIELDS
     from fsdist.ops.utils import sm_count
 
@@ -177,9 +177,10 @@ def test_wait_probe_keeps_the_candidates_and_counts_every_tile(D, V, B, ws_calls
     assert (probe[~ran] == -1).all()
     rows = probe[ran]
     assert int(rows[:, 3].sum()) == n_tiles
-    assert (rows[:, 0] > 0).all() and (rows[:, 4] > 0).all()
+    assert (rows[:, 0] > 0).all() and (rows[:, 4] > 0).all() and (rows[:, 6] > 0).all()
     assert ((rows[:, 1] >= 0) & (rows[:, 2] >= 0) & (rows[:, 1] + rows[:, 2] <= rows[:, 0])).all()
     assert ((rows[:, 5] >= 0) & (rows[:, 5] <= rows[:, 4])).all()
+    assert ((rows[:, 7] >= 0) & (rows[:, 7] <= rows[:, 6])).all()
 
 
 @hopper
