@@ -6,13 +6,19 @@ program count cycles (``%clock64``) around its barrier waits, and this script re
 programs of
 
   mma_total      the MMA warpgroup's cycles from its first tile to its last
-  mma_operands   the share of them spent waiting for operand stages (the copy engine late)
-  mma_hand_off   the share spent waiting for the epilogue to free the hand-off buffer (the epilogue late)
-  mma_rest       what remains: issuing the wgmmas and waiting for them (the tensor cores' own time)
-  load_free      the load warp's share of its cycles waiting for a free stage (the MMA warpgroup late)
-  epi_idle       the epilogue's share of its cycles waiting for the accumulator's halves (the MMA warpgroup late)
+  mma_operands   the share of them spent waiting for the next operand stage. The previous k-step's wgmma may still
+                 run meanwhile, so this is tensor-core idle time only where mma_wgmma is small: operands that arrive
+                 just in time show here too
+  mma_wgmma      the share spent waiting for wgmmas to retire (the tensor cores busy with this warpgroup's work)
+  mma_hand_off   the share spent waiting for the epilogue to free the hand-off buffer (the epilogue behind)
+  mma_rest       what remains: issuing the wgmmas, the hand-off's stores, the loop's own instructions
+  load_free      the load warp's share of its cycles waiting for a free stage (high in a pipeline whose loads keep
+                 ahead; low where the loads themselves are the bottleneck)
+  epi_idle       the epilogue's share of its cycles waiting for the accumulator's halves (low: the epilogue is what
+                 the tile waits for)
 
-and the launch's time with and without the probe (its own cost: two clock reads a wait), L2 flushed, medians. Cases:
+and the launch's time with and without the probe (its own cost: two clock reads a wait; the two timed in turn, three
+times), L2 flushed, medians. Cases:
 ``greedy`` (T = 0), ``noise`` ([B] temperatures, the serving case), ``legacy`` (the noise in the instructions before
 v97), ``rounds7`` (7 Philox rounds: not the sampler's tokens). Checks first: the probed launch writes the unprobed
 launch's candidates bit for bit, and the programs' tiles add up to the launch's.
@@ -54,15 +60,22 @@ def parse_args(argv=None):
     return args
 
 
+FIELDS_USED = [0, 1, 2, 3, 4, 5, 6, 7, 8]  # (launch_fused_ws's wait_probe; 9 is spare)
+
+
 def shares(probe: torch.Tensor) -> dict:
-    """The medians over the programs that ran (field 0 set) of the wait shares, from one probed launch's rows."""
-    rows = probe[probe[:, 0] > 0].double()
+    """The medians over the programs that ran (field 0 set) of the wait shares, from one probed launch's rows; None
+    when no program wrote, or one left a field it must write unset (-1)."""
+    rows = probe[probe[:, 0] != -1]
+    if rows.shape[0] == 0 or (rows[:, FIELDS_USED] < 0).any() or (rows[:, [0, 4, 6]] <= 0).any():
+        return None
+    rows = rows.double()
     mma, load = rows[:, 0], rows[:, 4]
     med = lambda x: float(x.median())  # noqa: E731
     return {"programs": int(rows.shape[0]), "tiles": int(rows[:, 3].sum()), "mma_total": med(mma),
-            "mma_operands": med(rows[:, 1] / mma), "mma_hand_off": med(rows[:, 2] / mma),
-            "mma_rest": med((mma - rows[:, 1] - rows[:, 2]) / mma), "load_free": med(rows[:, 5] / load),
-            "epi_idle": med(rows[:, 7] / rows[:, 6])}
+            "mma_operands": med(rows[:, 1] / mma), "mma_wgmma": med(rows[:, 8] / mma),
+            "mma_hand_off": med(rows[:, 2] / mma), "mma_rest": med((mma - rows[:, 1] - rows[:, 2] - rows[:, 8]) / mma),
+            "load_free": med(rows[:, 5] / load), "epi_idle": med(rows[:, 7] / rows[:, 6])}
 
 
 def main(argv=None) -> int:
@@ -113,15 +126,19 @@ def main(argv=None) -> int:
                     launch(probe, dest=probed)
                     torch.cuda.synchronize(dev)
                     runs.append(shares(probe.cpu()))
+                if any(r is None for r in runs):
+                    failures.append(f"{label} {case}: a probed launch left fields unset (a partition did not store)")
+                    continue
                 if any(r["tiles"] != n_tiles for r in runs):
                     failures.append(f"{label} {case}: the programs' tiles add up to {[r['tiles'] for r in runs]}, "
                                     f"not {n_tiles}")
                 fields = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-                times = C.time_methods({"plain": lambda: launch(dest=plain), "probed": lambda: launch(probe,
-                                                                                                     dest=probed)},
-                                       [()], warmup=args.warmup, reps=args.reps, flush=flush, device=dev,
-                                       failures=failures, label=f"{label} {case}")
-                cells[case] = dict(fields, runs=runs, times_us={k: v["median_us"] for k, v in times.items()})
+                both = {"plain": lambda: launch(dest=plain), "probed": lambda: launch(probe, dest=probed)}
+                timed = [C.time_methods(both, [()], warmup=args.warmup, reps=args.reps, flush=flush, device=dev,
+                                        failures=failures, label=f"{label} {case}") for _ in range(3)]
+                times_us = {k: statistics.median(t[k]["median_us"] for t in timed if k in t) for k in both
+                            if any(k in t for t in timed)}
+                cells[case] = dict(fields, runs=runs, times_us=times_us)
                 C.log(f"{label} {case}: " + ", ".join(f"{k} {v:.3g}" for k, v in fields.items()))
             row = {"D": D, "V": V, "B": B, "config": str(cfg), "cases": cells}
             out.data["cells"].append(row)
@@ -133,13 +150,14 @@ def main(argv=None) -> int:
     out.flush()
     print("\nMMA warpgroup's cycles (median over programs) and their shares; the load warp's share waiting for a free"
           " stage; the epilogue's share waiting for the accumulator; the launch's µs without / with the probe")
-    print(f"{'cell':16s} {'case':8s} {'mma cycles':>11s} {'operands':>9s} {'hand-off':>9s} {'rest':>6s} "
+    print(f"{'cell':16s} {'case':8s} {'mma cycles':>11s} {'operands':>9s} {'wgmma':>7s} {'hand-off':>9s} {'rest':>6s} "
           f"{'load free':>9s} {'epi idle':>9s} {'us':>8s} {'probed':>8s}")
     for r in table:
         for case, c in r["cases"].items():
             t = c["times_us"]
             print(f"D={r['D']} B={r['B']:<6d} {case:8s} {c['mma_total']:11.3g} {c['mma_operands']:9.1%} "
-                  f"{c['mma_hand_off']:9.1%} {c['mma_rest']:6.1%} {c['load_free']:9.1%} {c['epi_idle']:9.1%} "
+                  f"{c['mma_wgmma']:7.1%} {c['mma_hand_off']:9.1%} {c['mma_rest']:6.1%} {c['load_free']:9.1%} "
+                  f"{c['epi_idle']:9.1%} "
                   f"{t.get('plain', float('nan')):8.1f} {t.get('probed', float('nan')):8.1f}")
     print("checks:", "all passed" if not failures else "\n  ".join(["FAILED"] + failures))
     print("results:", out.path)

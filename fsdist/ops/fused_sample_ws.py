@@ -85,8 +85,9 @@ NOISE_PROBES = {"": 0, "philox": _PROBE_PHILOX.value, "logs": _PROBE_LOGS.value,
                 "legacy": _PROBE_LEGACY.value, "legacy_philox": _PROBE_LEGACY_PHILOX.value}
 # launch_fused_ws(wait_probe=): int64 fields a program's row holds (benchmarks): the MMA warpgroup's cycles in all,
 # waiting for operands, waiting for the epilogue to free the hand-off buffer, its tiles; the load warp's cycles in all
-# and waiting for free stages; the epilogue's cycles in all and waiting for the accumulator
-WAIT_FIELDS = triton.language.constexpr(8)
+# and waiting for free stages; the epilogue's cycles in all and waiting for the accumulator; the MMA warpgroup's cycles
+# waiting for its wgmmas to retire; one spare
+WAIT_FIELDS = triton.language.constexpr(10)
 WGMMA_ROWS = 64  # the rows of one warpgroup's wgmma: a short last tile (last_box_rows) runs one of them a k-step
 _PROBES = triton.language.constexpr(_PROBES_INT)  # the entry search's probes per round (processors.py)
 HEAD_N = triton.language.constexpr(4)  # entries per (row, column half) walked from registers (processors.py)
@@ -226,10 +227,11 @@ if HAVE_GLUON:
     @gluon.jit
     def _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc, k_steps,
                   ROWS: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr, WHOLE: gl.constexpr,
-                  ACC_BUFS: gl.constexpr, NCH: gl.constexpr, w_rdy, w_hnd, WAITS: gl.constexpr = False):
+                  ACC_BUFS: gl.constexpr, NCH: gl.constexpr, w_rdy, w_hnd, w_mma, WAITS: gl.constexpr = False):
         """One tile's main loop over the first ROWS rows of the stages (WHOLE: all of them) and its hand-off; the
-        advanced (it, hc), and w_rdy / w_hnd plus the cycles spent waiting for operands / for the epilogue to free
-        the hand-off buffer (WAITS; else as given)."""
+        advanced (it, hc), and w_rdy / w_hnd / w_mma plus the cycles spent waiting for operands (while the previous
+        k-step's wgmma may still run) / for the epilogue to free the hand-off buffer / for wgmmas to retire (WAITS;
+        else as given)."""
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, BLOCK_V, 16])
         acc = gl.zeros([ROWS, BLOCK_V], gl.float32, acc_layout)
@@ -245,11 +247,19 @@ if HAVE_GLUON:
             else:
                 acc = warpgroup_mma(h_bufs.index(s).slice(0, ROWS), w_bufs.index(s).permute((1, 0)), acc,
                                     is_async=True)
+            if WAITS:
+                c0 = _clock(s)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            if WAITS:
+                w_mma += _clock(s) - c0
             # the previous stage's wgmma has retired: its buffers may be refilled
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
             it += 1
+        if WAITS:
+            c0 = _clock(hc)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        if WAITS:
+            w_mma += _clock(hc) - c0
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k_steps > 0)
         # Hand the tile to the epilogue in two column halves through one 32 KB buffer, each
         # once the epilogue has read the previous one out. (Column 64 is a register bit of
@@ -276,7 +286,7 @@ if HAVE_GLUON:
             w_hnd += _clock(hc) - c0
         _store_hand_off(acc_smem, J1 * NCH, right, ROWS, BLOCK_V // 2, NCH, WHOLE)
         mbarrier.arrive(acc_ready.index(J1))
-        return it, hc + 2, w_rdy, w_hnd
+        return it, hc + 2, w_rdy, w_hnd, w_mma
 
     @gluon.jit
     def _mma_partition(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles, k_steps,
@@ -291,30 +301,32 @@ if HAVE_GLUON:
         hc = 0
         w_rdy = gl.program_id(0).to(gl.int64) * 0
         w_hnd = w_rdy
+        w_mma = w_rdy
         if WAITS:
             c_start = _clock(it)
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             if LAST_BOXES > 0:  # (static: a launch without it compiles the whole-tile loop alone)
                 pid_b, _pid_v = _tile_coords(t, n_btiles, ROTATE)
                 if pid_b == n_btiles - 1:
-                    it, hc, w_rdy, w_hnd = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty,
-                                                     it, hc, k_steps, BLOCK_B // 2, BLOCK_V, STAGES, False, ACC_BUFS,
-                                                     NCH, w_rdy, w_hnd, WAITS)
+                    it, hc, w_rdy, w_hnd, w_mma = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready,
+                                                            acc_empty, it, hc, k_steps, BLOCK_B // 2, BLOCK_V, STAGES,
+                                                            False, ACC_BUFS, NCH, w_rdy, w_hnd, w_mma, WAITS)
                 else:
-                    it, hc, w_rdy, w_hnd = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty,
-                                                     it, hc, k_steps, BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS, NCH,
-                                                     w_rdy, w_hnd, WAITS)
+                    it, hc, w_rdy, w_hnd, w_mma = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready,
+                                                            acc_empty, it, hc, k_steps, BLOCK_B, BLOCK_V, STAGES, True,
+                                                            ACC_BUFS, NCH, w_rdy, w_hnd, w_mma, WAITS)
             else:
-                it, hc, w_rdy, w_hnd = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it,
-                                                 hc, k_steps, BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS, NCH, w_rdy,
-                                                 w_hnd, WAITS)
+                it, hc, w_rdy, w_hnd, w_mma = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty,
+                                                        it, hc, k_steps, BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS, NCH,
+                                                        w_rdy, w_hnd, w_mma, WAITS)
         if WAITS:  # (launch_fused_ws's wait_probe) the MMA warpgroup's cycles in all, waiting for operands, for the
-            # epilogue to free the hand-off buffer, and its tiles
+            # epilogue to free the hand-off buffer, its tiles, and waiting for wgmmas to retire
             row = wait_ptr + gl.program_id(0) * WAIT_FIELDS
             gl.store(row + 0, _clock(it) - c_start)
             gl.store(row + 1, w_rdy)
             gl.store(row + 2, w_hnd)
             gl.store(row + 3, (hc // 2).to(gl.int64))
+            gl.store(row + 8, w_mma)
 
     @gluon.jit
     def _half_bits(seed, offset, first_id, HALF: gl.constexpr, quad_layout: gl.constexpr, PROBE: gl.constexpr = 0,
@@ -807,9 +819,11 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     unrolled code (0: the whole half at once); the same candidates.
     wait_probe (benchmarks): an int64 CUDA tensor [programs, WAIT_FIELDS] (programs: :func:`persistent_grid`'s) that
     each program fills with cycle counts (%clock64): field 0 the MMA warpgroup's cycles in all, 1 of them waiting for
-    operand stages, 2 waiting for the epilogue to free the hand-off buffer, 3 its tiles; 4 the load warp's cycles in
-    all, 5 of them waiting for free stages; 6 the epilogue's cycles in all, 7 of them waiting for the accumulator's
-    halves. Two clock reads per wait; the same candidates.
+    operand stages (while the previous k-step's wgmma may still run), 2 waiting for the epilogue to free the hand-off
+    buffer, 3 its tiles, 8 waiting for its wgmmas to retire; 4 the load warp's cycles in all, 5 of them waiting for
+    free stages; 6 the epilogue's cycles in all, 7 of them waiting for the accumulator's halves (9 unused). Two clock
+    reads per wait (other instructions the compiler schedules between a read and its wait count as waiting); the
+    same candidates.
     block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same
     candidates: each row's products and their order do not depend on it). logprobs / extended /
     raw_sums / winner_logit as launch_fused's (64-row tiles only): the winner's logit with logprobs or

@@ -147,11 +147,13 @@ def test_hand_off_variants_write_the_triton_kernels_candidates(hand_off, D, V, B
 
 
 @hopper
-@pytest.mark.parametrize("D, V, B", [(4096, 151936, 256), (4096, 40000, 150), (96, 5000, 1024)])
+@pytest.mark.parametrize("D, V, B", [(4096, 151936, 256), (4096, 40000, 150), (96, 5000, 1024),
+                                     (4096, 1000, 256)])  # (16 tiles: fewer programs than SMs)
 def test_wait_probe_keeps_the_candidates_and_counts_every_tile(D, V, B, ws_calls, monkeypatch):
     """launch_fused_ws(wait_probe=) (benchmarks: cycle counts around the MMA warpgroup's, the load warp's and the
     epilogue's barrier waits) writes the Triton kernel's candidates bit for bit, and its counts add up: the programs'
-    tiles sum to the launch's tiles, every wait lies within its partition's total, every total is positive."""
+    tiles sum to the launch's tiles (the first P rows, program p's tiles p, p + P, ...), every wait lies within its
+    partition's total and is positive (each partition waits at least once a tile), every total is positive."""
     from fsdist.ops.fused_sample_ws import WAIT_FIELDS
     from fsdist.ops.utils import sm_count
 
@@ -172,15 +174,15 @@ def test_wait_probe_keeps_the_candidates_and_counts_every_tile(D, V, B, ws_calls
     assert torch.equal(got[1], ref[1]) and torch.equal(got[0], ref[0])
     n_tiles = triton.cdiv(V, 128) * triton.cdiv(B, 128)
     probe = probes[0].cpu()
-    ran = probe[:, 0] != -1  # (the rows of the launch's programs; any others stay as filled)
-    assert 0 < int(ran.sum()) <= min(n_tiles, probe.shape[0])
-    assert (probe[~ran] == -1).all()
-    rows = probe[ran]
-    assert int(rows[:, 3].sum()) == n_tiles
-    assert (rows[:, 0] > 0).all() and (rows[:, 4] > 0).all() and (rows[:, 6] > 0).all()
-    assert ((rows[:, 1] >= 0) & (rows[:, 2] >= 0) & (rows[:, 1] + rows[:, 2] <= rows[:, 0])).all()
-    assert ((rows[:, 5] >= 0) & (rows[:, 5] <= rows[:, 4])).all()
-    assert ((rows[:, 7] >= 0) & (rows[:, 7] <= rows[:, 6])).all()
+    P = int((probe[:, 0] != -1).sum())  # (the launch's programs: the first P rows; any others stay as filled)
+    assert 0 < P <= min(n_tiles, probe.shape[0])
+    assert (probe[P:] == -1).all()
+    rows = probe[:P]
+    assert rows[:, 3].tolist() == [len(range(p, n_tiles, P)) for p in range(P)]
+    assert (rows[:, 9] == -1).all()  # (the spare field)
+    assert (rows[:, [0, 1, 2, 4, 5, 6, 7, 8]] > 0).all()
+    assert (rows[:, 1] + rows[:, 2] + rows[:, 8] <= rows[:, 0]).all()
+    assert (rows[:, 5] <= rows[:, 4]).all() and (rows[:, 7] <= rows[:, 6]).all()
 
 
 @hopper

@@ -429,10 +429,14 @@ for _name in NOISE_CASES:
     CASES[_name] = dict(CASES[_name], ptx_has=CASES[_name].get("ptx_has", []) + NOISE_PTX["has"],
                         ptx_lacks=CASES[_name].get("ptx_lacks", []) + _lacks)
 
-# The wait probe (launch_fused_ws(wait_probe=), benchmarks): cycle counts around the MMA warpgroup's and the load
-# warp's barrier waits, on a short last tile; the plain launch reads no clock.
+# The wait probe (launch_fused_ws(wait_probe=), benchmarks): cycle counts around the MMA warpgroup's, the load warp's
+# and the epilogue's waits, on a short last tile; the plain launch reads no clock. 34 reads: each partition's start and
+# end (6); the MMA tile's two copies (whole, short) 2 x (operands 2, wgmma retire 2 + 2, hand-off 2 x 2); the load
+# tile's two copies 2 x 2; the epilogue's two halves 2 x 2. The chunked epilogue's path too.
 CASES["stage1_ws_waits"] = dict(CASES["stage1_ws_last_boxes"], constexprs=dict(WS_PLAIN, LAST_BOXES=3, WAITS=True),
-                                ptx_has=["%clock64"])
+                                ptx_count=dict(CASES["stage1_ws_last_boxes"]["ptx_count"], **{"%clock64": 34}))
+CASES["stage1_ws_waits_chunked"] = dict(CASES["stage1_ws_waits"], ptx_lacks=[], constexprs=dict(
+    WS_PLAIN, LAST_BOXES=3, WAITS=True, EPI_CHUNK=16, ACC_BUFS=2))
 CASES["stage1_ws_plain"]["ptx_lacks"] = CASES["stage1_ws_plain"]["ptx_lacks"] + ["%clock64"]
 
 # The checks' power: specs a check must refuse, each with the message it must give.
