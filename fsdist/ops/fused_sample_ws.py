@@ -46,7 +46,7 @@ from .prepare_processors import PROBES as _PROBES_INT
 from .processors import (process_tile, processor_args, row_penalties, slice_heads, span_allowed, span_words,
                          split_slices)
 from .step_check import call_flags, write_record_words, write_row_fingerprints, writes_header
-from .utils import cdiv, device_capability, fast_log_ok, load_row_param, row_param_args, sm_count
+from .utils import cdiv, device_capability, fast_log_ok, load_row_param, row_param_args, sm_clock, sm_count
 
 try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this path is off.
     from triton.experimental import gluon
@@ -106,11 +106,25 @@ if HAVE_GLUON:
         return pid_b, t // n_btiles
 
     @gluon.jit
-    def _clock(anchor):
-        """The SM's cycle counter (PTX %clock64), read anew at every call; anchor: any int32 scalar (the operand
-        Triton's inline assembly needs). For launch_fused_ws's wait_probe only."""
-        return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [anchor], dtype=gl.int64, is_pure=False,
-                                         pack=1)
+    def _wait_counted(bar, phase, w, WAITS: gl.constexpr):
+        """mbarrier.wait(bar, phase); with WAITS (launch_fused_ws's wait_probe) w plus the cycles the wait took, else
+        w as given."""
+        if WAITS:
+            c0 = sm_clock(phase)
+        mbarrier.wait(bar, phase)
+        if WAITS:
+            w += sm_clock(phase) - c0
+        return w
+
+    @gluon.jit
+    def _mma_wait_counted(acc, NUM: gl.constexpr, anchor, w, WAITS: gl.constexpr):
+        """warpgroup_mma_wait(num_outstanding=NUM) on acc; with WAITS also w plus the cycles it took (else w)."""
+        if WAITS:
+            c0 = sm_clock(anchor)
+        acc = warpgroup_mma_wait(num_outstanding=NUM, deps=(acc, ))
+        if WAITS:
+            w += sm_clock(anchor) - c0
+        return acc, w
 
     @gluon.jit
     def _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps, BLOCK_K: gl.constexpr,
@@ -123,11 +137,7 @@ if HAVE_GLUON:
         BOX: gl.constexpr = h_desc.block_type.shape[0]
         for k in range(k_steps):
             s = it % STAGES
-            if WAITS:
-                c0 = _clock(s)
-            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-            if WAITS:
-                w_emp += _clock(s) - c0
+            w_emp = _wait_counted(empty.index(s), ((it // STAGES) & 1) ^ 1, w_emp, WAITS)
             mbarrier.expect(ready.index(s), BOXES * h_desc.block_type.nbytes + w_desc.block_type.nbytes)
             if BOX == h_bufs.shape[1]:
                 tma.async_copy_global_to_shared(h_desc, [off_b, k * BLOCK_K], ready.index(s), h_bufs.index(s))
@@ -160,7 +170,7 @@ if HAVE_GLUON:
         it = 0
         w_emp = gl.program_id(0).to(gl.int64) * 0
         if WAITS:
-            c_start = _clock(it)
+            c_start = sm_clock(it)
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             pid_b, pid_v = _tile_coords(t, n_btiles, ROTATE)
             off_b = pid_b * BLOCK_B
@@ -177,7 +187,7 @@ if HAVE_GLUON:
                                        BLOCK_K, STAGES, H_BOXES, w_emp, WAITS)
         if WAITS:  # (launch_fused_ws's wait_probe) the load warp's cycles in all, and waiting for free stages
             row = wait_ptr + gl.program_id(0) * WAIT_FIELDS
-            gl.store(row + 4, _clock(it) - c_start)
+            gl.store(row + 4, sm_clock(it) - c_start)
             gl.store(row + 5, w_emp)
 
     @gluon.jit
@@ -237,29 +247,17 @@ if HAVE_GLUON:
         acc = gl.zeros([ROWS, BLOCK_V], gl.float32, acc_layout)
         for k in range(k_steps):
             s = it % STAGES
-            if WAITS:
-                c0 = _clock(s)
-            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            if WAITS:
-                w_rdy += _clock(s) - c0
+            w_rdy = _wait_counted(ready.index(s), (it // STAGES) & 1, w_rdy, WAITS)
             if WHOLE:
                 acc = warpgroup_mma(h_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
             else:
                 acc = warpgroup_mma(h_bufs.index(s).slice(0, ROWS), w_bufs.index(s).permute((1, 0)), acc,
                                     is_async=True)
-            if WAITS:
-                c0 = _clock(s)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            if WAITS:
-                w_mma += _clock(s) - c0
+            acc, w_mma = _mma_wait_counted(acc, 1, s, w_mma, WAITS)
             # the previous stage's wgmma has retired: its buffers may be refilled
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
             it += 1
-        if WAITS:
-            c0 = _clock(hc)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        if WAITS:
-            w_mma += _clock(hc) - c0
+        acc, w_mma = _mma_wait_counted(acc, 0, hc, w_mma, WAITS)
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k_steps > 0)
         # Hand the tile to the epilogue in two column halves through one 32 KB buffer, each
         # once the epilogue has read the previous one out. (Column 64 is a register bit of
@@ -272,18 +270,10 @@ if HAVE_GLUON:
         left, right = _col_halves(acc, ROWS, BLOCK_V)
         J1: gl.constexpr = ACC_BUFS - 1  # the right half's buffer (0: the left one's, 1: its own)
         p0, p1 = _hand_off_phases(hc, ACC_BUFS)
-        if WAITS:
-            c0 = _clock(hc)
-        mbarrier.wait(acc_empty.index(0), p0 ^ 1)
-        if WAITS:
-            w_hnd += _clock(hc) - c0
+        w_hnd = _wait_counted(acc_empty.index(0), p0 ^ 1, w_hnd, WAITS)
         _store_hand_off(acc_smem, 0, left, ROWS, BLOCK_V // 2, NCH, WHOLE)
         mbarrier.arrive(acc_ready.index(0))
-        if WAITS:
-            c0 = _clock(hc)
-        mbarrier.wait(acc_empty.index(J1), p1 ^ 1)
-        if WAITS:
-            w_hnd += _clock(hc) - c0
+        w_hnd = _wait_counted(acc_empty.index(J1), p1 ^ 1, w_hnd, WAITS)
         _store_hand_off(acc_smem, J1 * NCH, right, ROWS, BLOCK_V // 2, NCH, WHOLE)
         mbarrier.arrive(acc_ready.index(J1))
         return it, hc + 2, w_rdy, w_hnd, w_mma
@@ -303,7 +293,7 @@ if HAVE_GLUON:
         w_hnd = w_rdy
         w_mma = w_rdy
         if WAITS:
-            c_start = _clock(it)
+            c_start = sm_clock(it)
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             if LAST_BOXES > 0:  # (static: a launch without it compiles the whole-tile loop alone)
                 pid_b, _pid_v = _tile_coords(t, n_btiles, ROTATE)
@@ -322,7 +312,7 @@ if HAVE_GLUON:
         if WAITS:  # (launch_fused_ws's wait_probe) the MMA warpgroup's cycles in all, waiting for operands, for the
             # epilogue to free the hand-off buffer, its tiles, and waiting for wgmmas to retire
             row = wait_ptr + gl.program_id(0) * WAIT_FIELDS
-            gl.store(row + 0, _clock(it) - c_start)
+            gl.store(row + 0, sm_clock(it) - c_start)
             gl.store(row + 1, w_rdy)
             gl.store(row + 2, w_hnd)
             gl.store(row + 3, (hc // 2).to(gl.int64))
@@ -373,12 +363,7 @@ if HAVE_GLUON:
         if BITMASK:
             w0, w1, w2 = span_words(bm_ptr, bm_stride, rows, rmask, first_id, vocab_size)
         # The half's logits, then the buffer goes straight back to the MMA warpgroup.
-        w = phase.to(gl.int64) * 0
-        if WAITS:
-            c0 = _clock(phase)
-        mbarrier.wait(acc_ready, phase)
-        if WAITS:
-            w = _clock(phase) - c0
+        w = _wait_counted(acc_ready, phase, phase.to(gl.int64) * 0, WAITS)
         logit = acc_smem.load(lay)
         mbarrier.arrive(acc_empty)
         logit = gl.where(valid[None, :], logit, float("-inf"))
@@ -431,12 +416,7 @@ if HAVE_GLUON:
         at = gl.full([seed.shape[0]], half * HALF, gl.int32, row_lay)
         bad = gl.zeros([seed.shape[0]], gl.int32, row_lay)
         first_id = vocab_start + tile_start + half * HALF
-        w = phase.to(gl.int64) * 0
-        if WAITS:
-            c0 = _clock(phase)
-        mbarrier.wait(acc_ready, phase)
-        if WAITS:
-            w = _clock(phase) - c0
+        w = _wait_counted(acc_ready, phase, phase.to(gl.int64) * 0, WAITS)
         for c in range(HALF // CHUNK):
             # ptxas unrolls a loop of a known trip count; the pragma (in the loop's first block) keeps one copy
             cc = gl.inline_asm_elementwise('.pragma "nounroll";\n mov.b32 $0, $1;', "=r,r", [c], dtype=gl.int32,
@@ -515,7 +495,7 @@ if HAVE_GLUON:
         hc = 0
         w_acc = gl.program_id(0).to(gl.int64) * 0
         if WAITS:
-            c_start = _clock(hc)
+            c_start = sm_clock(hc)
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             pid_b, pid_v = _tile_coords(t, n_btiles, ROTATE)
             offs_b = pid_b * BLOCK_B + gl.arange(0, BLOCK_B, row_layout)
@@ -648,7 +628,7 @@ if HAVE_GLUON:
                                   PEER_TABLE, NPEERS)
         if WAITS:  # (launch_fused_ws's wait_probe) the epilogue's cycles in all, and waiting for the accumulator
             row = wait_ptr + gl.program_id(0) * WAIT_FIELDS
-            gl.store(row + 6, _clock(hc) - c_start)
+            gl.store(row + 6, sm_clock(hc) - c_start)
             gl.store(row + 7, w_acc)
 
     @gluon.jit

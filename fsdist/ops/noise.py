@@ -39,9 +39,8 @@ def _philox_wide(c0, c1, c2, c3, k0, k1, ROUNDS: tl.constexpr):
 
     The same words as tl.philox bit for bit (the same integer products, only their instructions differ):
     tl.philox asks for the high and the low half of each product separately, which ptxas issues as two
-    multiplies (IMAD.HI + IMAD), where one IMAD.WIDE gives both. Per id that is ~5 of the epilogue's ~45
-    instructions, and past one batch tile the epilogue's instruction count, not its latency, slows the
-    main loop beside it (docs/performance.md v86-v89, v97)."""
+    multiplies (IMAD.HI + IMAD), where one IMAD.WIDE gives both: ~5 of the noise's ~43 instructions per id
+    (docs/performance.md v97-v98: with the .ftz logs 0-7% faster stage 1 at B = 256, level at B = 1024)."""
     for _ in tl.static_range(ROUNDS):
         hi_b, lo_b = _mul_wide(c2, False)
         hi_a, lo_a = _mul_wide(c0, True)

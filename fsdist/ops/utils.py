@@ -107,6 +107,14 @@ def global_ns(anchor):
 
 
 @triton.jit
+def sm_clock(anchor):
+    """The SM's cycle counter (PTX ``%clock64``), read anew at every call (not pure: never hoisted or merged);
+    anchor: any int32 scalar, as global_ns's. For launch_fused_ws's wait_probe (benchmarks)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [anchor], dtype=tl.int64, is_pure=False,
+                                     pack=1)
+
+
+@triton.jit
 def stagger_start(pid, first_wave, delay_ns, ON: tl.constexpr):
     """Hold the odd programs among the first ``first_wave`` (one per SM) for delay_ns nanoseconds before they
     start (TileConfig.stagger_us). A memory-bound grid of many waves whose programs all take the same time finishes
