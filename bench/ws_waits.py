@@ -20,10 +20,14 @@ programs of
 and the launch's time with and without the probe (its own cost: two clock reads a wait; the two timed in turn, three
 times), L2 flushed, medians. Cases:
 ``greedy`` (T = 0), ``noise`` ([B] temperatures, the serving case), ``legacy`` (the noise in the instructions before
-v97), ``rounds7`` (7 Philox rounds: not the sampler's tokens). Checks first: the probed launch writes the unprobed
-launch's candidates bit for bit, and the programs' tiles add up to the launch's.
+v97), ``rounds7`` (7 Philox rounds: not the sampler's tokens). Variants of the launch (--variants, each case runs
+every one; their launches timed side by side): ``shipped`` (the dispatch's stages), ``retire`` (launch_fused_ws's
+retire_each, v104), ``sN`` (N operand stages), joined by ``+`` (``retire+s5``). Checks first: the probed launch
+writes the unprobed launch's candidates bit for bit, every variant the shipped launch's, and the programs' tiles add
+up to the launch's.
 
     python3 bench/ws_waits.py [--shapes 4096x151936,8192x128256] [--batches 256,1024] [--cases greedy,noise]
+                              [--variants shipped,retire]
 
 Prints a table last; the JSON goes to bench/results/ws_waits_<gpu>_<date>.json (and $OUT). sm_90 only.
 """
@@ -53,11 +57,29 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--probe-runs", type=int, default=3, help="probed launches a case (the fields: their medians)")
+    p.add_argument("--variants", default="shipped", help="launch variants: shipped, retire, sN, joined by +")
     args = p.parse_args(argv)
     unknown = sorted(set(args.cases.split(",")) - set(CASES))
     if unknown:
         p.error(f"--cases: unknown {unknown}; choose from {', '.join(CASES)}")
+    try:
+        args.variant_kwargs = {v: variant_kwargs(v) for v in args.variants.split(",")}
+    except ValueError as e:
+        p.error(f"--variants: {e}")
     return args
+
+
+def variant_kwargs(name: str) -> dict:
+    """launch_fused_ws's keyword arguments of a --variants entry (stages None: the dispatch's)."""
+    kw = {"retire_each": False, "stages": None}
+    for part in name.split("+"):
+        if part == "retire":
+            kw["retire_each"] = True
+        elif part.startswith("s") and part[1:].isdigit() and 2 <= int(part[1:]) <= 6:
+            kw["stages"] = int(part[1:])
+        elif part != "shipped":
+            raise ValueError(f"unknown part {part!r} of {name!r} (shipped, retire, s2-s6)")
+    return kw
 
 
 FIELDS_USED = [0, 1, 2, 3, 4, 5, 6, 7, 8]  # (launch_fused_ws's wait_probe; 9 is spare)
@@ -104,43 +126,62 @@ def main(argv=None) -> int:
             layout = CandidateLayout(1, triton.cdiv(V, 128), B)
             n_tiles = triton.cdiv(V, 128) * triton.cdiv(B, 128)
             cells = {}
+            cublas = []
             for case in args.cases.split(","):
                 prm = RowParams(0.0, 0, 0) if case == "greedy" else serving
+                ref = None
+                plains = {}
+                for vname, kw in args.variant_kwargs.items():
+                    key = case if vname == "shipped" else f"{case}/{vname}"
 
-                def launch(probe=None, prm=prm, case=case, dest=None):
-                    launch_fused_ws(h, W, prm, layout, dest, vocab_size=V, stages=cfg.num_stages, epilogue_warps=8,
-                                    noise_probe=CASES[case], wait_probe=probe)
+                    def launch(probe=None, prm=prm, case=case, dest=None, kw=kw):
+                        launch_fused_ws(h, W, prm, layout, dest, vocab_size=V, stages=kw["stages"] or cfg.num_stages,
+                                        epilogue_warps=8, noise_probe=CASES[case], wait_probe=probe,
+                                        retire_each=kw["retire_each"])
 
-                plain, probed = BufferPair.alloc(layout, dev), BufferPair.alloc(layout, dev)
-                probe = torch.full((sm_count(dev), WAIT_FIELDS.value), -1, dtype=torch.int64, device=dev)
-                launch(dest=plain)
-                launch(probe, dest=probed)
-                torch.cuda.synchronize(dev)
-                if not (torch.equal(plain.i, probed.i) and torch.equal(plain.f.nan_to_num(-7.0),
-                                                                      probed.f.nan_to_num(-7.0))):
-                    failures.append(f"{label} {case}: the probed launch wrote other candidates")
-                runs = []
-                for _ in range(args.probe_runs):
-                    probe.fill_(-1)
-                    flush()
+                    plain, probed = BufferPair.alloc(layout, dev), BufferPair.alloc(layout, dev)
+                    probe = torch.full((sm_count(dev), WAIT_FIELDS.value), -1, dtype=torch.int64, device=dev)
+                    launch(dest=plain)
                     launch(probe, dest=probed)
                     torch.cuda.synchronize(dev)
-                    runs.append(shares(probe.cpu()))
-                if any(r is None for r in runs):
-                    failures.append(f"{label} {case}: a probed launch left fields unset (a partition did not store)")
-                    continue
-                if any(r["tiles"] != n_tiles for r in runs):
-                    failures.append(f"{label} {case}: the programs' tiles add up to {[r['tiles'] for r in runs]}, "
-                                    f"not {n_tiles}")
-                fields = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-                both = {"plain": lambda: launch(dest=plain), "probed": lambda: launch(probe, dest=probed)}
+                    if not (torch.equal(plain.i, probed.i) and torch.equal(plain.f.nan_to_num(-7.0),
+                                                                          probed.f.nan_to_num(-7.0))):
+                        failures.append(f"{label} {key}: the probed launch wrote other candidates")
+                    ref = ref or plain
+                    if not (torch.equal(ref.i, plain.i) and torch.equal(ref.f.nan_to_num(-7.0),
+                                                                        plain.f.nan_to_num(-7.0))):
+                        failures.append(f"{label} {key}: other candidates than {case}'s first variant")
+                    runs = []
+                    for _ in range(args.probe_runs):
+                        probe.fill_(-1)
+                        flush()
+                        launch(probe, dest=probed)
+                        torch.cuda.synchronize(dev)
+                        runs.append(shares(probe.cpu()))
+                    if any(r is None for r in runs):
+                        failures.append(f"{label} {key}: a probed launch left fields unset (a partition did not "
+                                        "store)")
+                        continue
+                    if any(r["tiles"] != n_tiles for r in runs):
+                        failures.append(f"{label} {key}: the programs' tiles add up to {[r['tiles'] for r in runs]}, "
+                                        f"not {n_tiles}")
+                    fields = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+                    cells[key] = dict(fields, runs=runs, variant=vname, kwargs=kw)
+                    plains[key] = (lambda launch=launch, plain=plain: launch(dest=plain),
+                                   lambda launch=launch, probe=probe, probed=probed: launch(probe, dest=probed))
+                    C.log(f"{label} {key}: " + ", ".join(f"{k} {v:.3g}" for k, v in fields.items()))
+                # every variant's launch with and without the probe, side by side, three times
+                both = {f"{k}|{m}": f for k, pair in plains.items() for m, f in zip(("plain", "probed"), pair)}
+                both["cublas|plain"] = lambda: torch.matmul(h, W.t())  # (the matmul alone: issue 14's line)
                 timed = [C.time_methods(both, [()], warmup=args.warmup, reps=args.reps, flush=flush, device=dev,
                                         failures=failures, label=f"{label} {case}") for _ in range(3)]
-                times_us = {k: statistics.median(t[k]["median_us"] for t in timed if k in t) for k in both
-                            if any(k in t for t in timed)}
-                cells[case] = dict(fields, runs=runs, times_us=times_us)
-                C.log(f"{label} {case}: " + ", ".join(f"{k} {v:.3g}" for k, v in fields.items()))
-            row = {"D": D, "V": V, "B": B, "config": str(cfg), "cases": cells}
+                cublas.extend(t["cublas|plain"]["median_us"] for t in timed if "cublas|plain" in t)
+                for key in plains:
+                    cells[key]["times_us"] = {m: statistics.median(t[f"{key}|{m}"]["median_us"] for t in timed
+                                                                   if f"{key}|{m}" in t)
+                                              for m in ("plain", "probed") if any(f"{key}|{m}" in t for t in timed)}
+            row = {"D": D, "V": V, "B": B, "config": str(cfg), "cases": cells,
+                   "cublas_us": statistics.median(cublas) if cublas else None}
             out.data["cells"].append(row)
             out.flush()
             table.append(row)
@@ -150,15 +191,18 @@ def main(argv=None) -> int:
     out.flush()
     print("\nMMA warpgroup's cycles (median over programs) and their shares; the load warp's share waiting for a free"
           " stage; the epilogue's share waiting for the accumulator; the launch's µs without / with the probe")
-    print(f"{'cell':16s} {'case':8s} {'mma cycles':>11s} {'operands':>9s} {'wgmma':>7s} {'hand-off':>9s} {'rest':>6s} "
-          f"{'load free':>9s} {'epi idle':>9s} {'us':>8s} {'probed':>8s}")
+    print(f"{'cell':16s} {'case':18s} {'mma cycles':>11s} {'operands':>9s} {'wgmma':>7s} {'hand-off':>9s} {'rest':>6s} "
+          f"{'load free':>9s} {'epi idle':>9s} {'us':>8s} {'probed':>8s} {'/cuBLAS':>8s}")
     for r in table:
+        cub = r["cublas_us"] or float("nan")
+        print(f"D={r['D']} B={r['B']:<6d} {'cuBLAS matmul':18s} {'':>60s} {cub:8.1f}")
         for case, c in r["cases"].items():
             t = c["times_us"]
-            print(f"D={r['D']} B={r['B']:<6d} {case:8s} {c['mma_total']:11.3g} {c['mma_operands']:9.1%} "
+            print(f"D={r['D']} B={r['B']:<6d} {case:18s} {c['mma_total']:11.3g} {c['mma_operands']:9.1%} "
                   f"{c['mma_wgmma']:7.1%} {c['mma_hand_off']:9.1%} {c['mma_rest']:6.1%} {c['load_free']:9.1%} "
                   f"{c['epi_idle']:9.1%} "
-                  f"{t.get('plain', float('nan')):8.1f} {t.get('probed', float('nan')):8.1f}")
+                  f"{t.get('plain', float('nan')):8.1f} {t.get('probed', float('nan')):8.1f} "
+                  f"{t.get('plain', float('nan')) / cub:8.3f}")
     print("checks:", "all passed" if not failures else "\n  ".join(["FAILED"] + failures))
     print("results:", out.path)
     return 1 if failures else 0

@@ -237,11 +237,16 @@ if HAVE_GLUON:
     @gluon.jit
     def _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc, k_steps,
                   ROWS: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr, WHOLE: gl.constexpr,
-                  ACC_BUFS: gl.constexpr, NCH: gl.constexpr, w_rdy, w_hnd, w_mma, WAITS: gl.constexpr = False):
+                  ACC_BUFS: gl.constexpr, NCH: gl.constexpr, w_rdy, w_hnd, w_mma, WAITS: gl.constexpr = False,
+                  RETIRE_EACH: gl.constexpr = False):
         """One tile's main loop over the first ROWS rows of the stages (WHOLE: all of them) and its hand-off; the
         advanced (it, hc), and w_rdy / w_hnd / w_mma plus the cycles spent waiting for operands (while the previous
         k-step's wgmma may still run) / for the epilogue to free the hand-off buffer / for wgmmas to retire (WAITS;
-        else as given)."""
+        else as given).
+        RETIRE_EACH (launch_fused_ws's retire_each, v104): each k-step's wgmma retires before the next stage is
+        awaited and its stage is released at once, instead of one wgmma group staying in flight while the next
+        stage is awaited, which holds a retired stage until the next one has arrived. The same products in the same
+        order."""
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, BLOCK_V, 16])
         acc = gl.zeros([ROWS, BLOCK_V], gl.float32, acc_layout)
@@ -253,12 +258,17 @@ if HAVE_GLUON:
             else:
                 acc = warpgroup_mma(h_bufs.index(s).slice(0, ROWS), w_bufs.index(s).permute((1, 0)), acc,
                                     is_async=True)
-            acc, w_mma = _mma_wait_counted(acc, 1, s, w_mma, WAITS)
-            # the previous stage's wgmma has retired: its buffers may be refilled
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
+            if RETIRE_EACH:
+                acc, w_mma = _mma_wait_counted(acc, 0, s, w_mma, WAITS)
+                mbarrier.arrive(empty.index(s))  # this stage's wgmma has retired
+            else:
+                acc, w_mma = _mma_wait_counted(acc, 1, s, w_mma, WAITS)
+                # the previous stage's wgmma has retired: its buffers may be refilled
+                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
             it += 1
-        acc, w_mma = _mma_wait_counted(acc, 0, hc, w_mma, WAITS)
-        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k_steps > 0)
+        if not RETIRE_EACH:
+            acc, w_mma = _mma_wait_counted(acc, 0, hc, w_mma, WAITS)
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k_steps > 0)
         # Hand the tile to the epilogue in two column halves through one 32 KB buffer, each
         # once the epilogue has read the previous one out. (Column 64 is a register bit of
         # the wgmma layout: the split moves no data.) A short tile fills the buffer's first ROWS rows: the
@@ -282,7 +292,7 @@ if HAVE_GLUON:
     def _mma_partition(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles, k_steps,
                        BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr,
                        LAST_BOXES: gl.constexpr, ROTATE: gl.constexpr, ACC_BUFS: gl.constexpr,
-                       NCH: gl.constexpr, wait_ptr, WAITS: gl.constexpr):
+                       NCH: gl.constexpr, wait_ptr, WAITS: gl.constexpr, RETIRE_EACH: gl.constexpr):
         # One warpgroup: acc[BLOCK_B, BLOCK_V] = h_tile @ w_tile^T over k, one wgmma group in
         # flight while the next stage's data is awaited; a stage is released as soon as the
         # wgmma that read it has retired. With LAST_BOXES the batch's last tile (at most half a tile of rows)
@@ -300,15 +310,15 @@ if HAVE_GLUON:
                 if pid_b == n_btiles - 1:
                     it, hc, w_rdy, w_hnd, w_mma = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready,
                                                             acc_empty, it, hc, k_steps, BLOCK_B // 2, BLOCK_V, STAGES,
-                                                            False, ACC_BUFS, NCH, w_rdy, w_hnd, w_mma, WAITS)
+                                                            False, ACC_BUFS, NCH, w_rdy, w_hnd, w_mma, WAITS, RETIRE_EACH)
                 else:
                     it, hc, w_rdy, w_hnd, w_mma = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready,
                                                             acc_empty, it, hc, k_steps, BLOCK_B, BLOCK_V, STAGES, True,
-                                                            ACC_BUFS, NCH, w_rdy, w_hnd, w_mma, WAITS)
+                                                            ACC_BUFS, NCH, w_rdy, w_hnd, w_mma, WAITS, RETIRE_EACH)
             else:
                 it, hc, w_rdy, w_hnd, w_mma = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty,
                                                         it, hc, k_steps, BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS, NCH,
-                                                        w_rdy, w_hnd, w_mma, WAITS)
+                                                        w_rdy, w_hnd, w_mma, WAITS, RETIRE_EACH)
         if WAITS:  # (launch_fused_ws's wait_probe) the MMA warpgroup's cycles in all, waiting for operands, for the
             # epilogue to free the hand-off buffer, its tiles, and waiting for wgmmas to retire
             row = wait_ptr + gl.program_id(0) * WAIT_FIELDS
@@ -650,7 +660,7 @@ if HAVE_GLUON:
                                H_BOXES: gl.constexpr = 1, LAST_BOXES: gl.constexpr = 0,
                                ROTATE: gl.constexpr = False, NOISE_PROBE: gl.constexpr = 0,
                                ACC_BUFS: gl.constexpr = 1, EPI_CHUNK: gl.constexpr = 0, wait_ptr=None,
-                               WAITS: gl.constexpr = False):
+                               WAITS: gl.constexpr = False, RETIRE_EACH: gl.constexpr = False):
         # BLOCK_B: the batch tile, loaded as one TMA box of the hidden, or (launch_fused_ws's box_rows: a one-tile
         # batch) as H_BOXES smaller boxes. LAST_BOXES (launch_fused_ws's last_box_rows): the batch's last tile, of
         # at most BLOCK_B / 2 rows, loaded as that many boxes of hl_desc's rows and multiplied as half a tile. ROTATE:
@@ -688,7 +698,7 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_mma_partition, (h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles,
                               k_steps, BLOCK_B, BLOCK_V, STAGES, LAST_BOXES, ROTATE, ACC_BUFS, NCH, wait_ptr,
-                              WAITS)),
+                              WAITS, RETIRE_EACH)),
             (_load_partition, (h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
                                BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES, LAST_BOXES, ROTATE, wait_ptr, WAITS)),
             (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
@@ -784,7 +794,8 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
                     raw_sums: bool = True, winner_logit: bool = False, batch: int = None,
                     flags: int = None, box_rows: int = 0, last_box_rows: int = 0, noise_probe: str = "",
-                    acc_buffers: int = 1, epilogue_chunk: int = 0, wait_probe: torch.Tensor = None) -> None:
+                    acc_buffers: int = 1, epilogue_chunk: int = 0, wait_probe: torch.Tensor = None,
+                    retire_each: bool = False) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
@@ -804,6 +815,9 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     free stages; 6 the epilogue's cycles in all, 7 of them waiting for the accumulator's halves (9 unused). Two clock
     reads per wait (other instructions the compiler schedules between a read and its wait count as waiting); the
     same candidates.
+    retire_each (benchmarks, v104): the MMA warpgroup retires each k-step's wgmma and releases its stage before it
+    awaits the next stage, instead of keeping one wgmma group in flight while it waits (which holds a stage whose
+    wgmma has retired until the next stage arrives); the same candidates.
     block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same
     candidates: each row's products and their order do not depend on it). logprobs / extended /
     raw_sums / winner_logit as launch_fused's (64-row tiles only): the winner's logit with logprobs or
@@ -902,6 +916,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         XFP_PER_ROW=xfp_row, BLOCK_B=block_b, H_BOXES=boxes, LAST_BOXES=last_boxes, ROTATE=rotate,
         NOISE_PROBE=NOISE_PROBES[noise_probe], ACC_BUFS=acc_buffers, EPI_CHUNK=epilogue_chunk,
         wait_ptr=dummy if wait_probe is None else wait_probe, WAITS=wait_probe is not None,
+        RETIRE_EACH=bool(retire_each),
         num_warps=4, maxnreg=maxnreg,
     )
 

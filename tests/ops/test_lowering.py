@@ -384,7 +384,8 @@ WS_CONST = dict(STAGES=5, EPI_WARPS=8, EPI_REGS=160, LOAD_REGS=24, SEED_PER_ROW=
                 TEMP_PER_ROW=True, NOISE=True, FAST_LOG=True, ROW_THREADS=8, LOGPROBS=True, EXTENDED=True,
                 WINNER_LOGIT=False, RAW_SUM=False, BITMASK=False, SPARSE=False, PINNED=True, PEER_TABLE=False,
                 NPEERS=1, DEVICE_PARITY=False, HEADER=False, XFP_PER_ROW=False, BLOCK_B=64, H_BOXES=1,
-                LAST_BOXES=0, ROTATE=False, NOISE_PROBE=0, ACC_BUFS=1, EPI_CHUNK=0, WAITS=False)
+                LAST_BOXES=0, ROTATE=False, NOISE_PROBE=0, ACC_BUFS=1, EPI_CHUNK=0, WAITS=False,
+                RETIRE_EACH=False)
 CASES["stage1_ws_extended"] = dict(module="fsdist.ops.fused_sample_ws", kernel="fused_sample_ws_kernel", gluon=True,
                                    maxnreg=128, types=WS_TYPES, constexprs=WS_CONST, ptx_lacks=["fence.proxy.async"],
                                    ptx_count={"cp.async.bulk.tensor": 2, "expect_tx.shared.b64 _, [%r": 1,
@@ -416,6 +417,15 @@ CASES["stage1_ws_last_boxes"] = dict(CASES["stage1_ws_plain"],
 CASES["stage1_ws_chunked"] = dict(CASES["stage1_ws_last_boxes"],
                                   constexprs=dict(WS_PLAIN, LAST_BOXES=3, ROTATE=True, ACC_BUFS=2, EPI_CHUNK=16),
                                   ptx_has=['.pragma "nounroll"'], ptx_lacks=[])
+
+# The main loop that retires each k-step's wgmma before awaiting the next stage (launch_fused_ws's retire_each, v104):
+# no wgmma group left in flight (the shipped loop waits with one outstanding), on a short last tile too.
+CASES["stage1_ws_retire_each"] = dict(CASES["stage1_ws_last_boxes"],
+                                      constexprs=dict(WS_PLAIN, LAST_BOXES=3, ROTATE=True, RETIRE_EACH=True),
+                                      ptx_has=["wgmma.wait_group.sync.aligned 0;"],
+                                      ptx_lacks=["wgmma.wait_group.sync.aligned 1;"])
+CASES["stage1_ws_plain"]["ptx_has"] = CASES["stage1_ws_plain"].get("ptx_has", []) + [
+    "wgmma.wait_group.sync.aligned 1;"]
 
 # The noise's PTX (noise.py, v97): every kernel that draws the sampler's noise on CUDA takes each Philox product
 # as one mul.wide.u32 (not tl.philox's mul.hi + mul.lo pairs) and each log as lg2.approx.ftz (no subnormal fix-up
