@@ -22,7 +22,8 @@ times), L2 flushed, medians. Cases:
 ``greedy`` (T = 0), ``noise`` ([B] temperatures, the serving case), ``legacy`` (the noise in the instructions before
 v97), ``rounds7`` (7 Philox rounds: not the sampler's tokens). Variants of the launch (--variants, each case runs
 every one; their launches timed side by side): ``shipped`` (the dispatch's stages), ``retire`` (launch_fused_ws's
-retire_each, v104), ``sN`` (N operand stages), joined by ``+`` (``retire+s5``). Checks first: the probed launch
+retire_each, v104), ``sN`` (N operand stages), ``e4`` (4 epilogue warps instead of 8), joined by ``+``
+(``retire+s5``). Checks first: the probed launch
 writes the unprobed launch's candidates bit for bit, every variant the shipped launch's, and the programs' tiles add
 up to the launch's.
 
@@ -71,14 +72,16 @@ def parse_args(argv=None):
 
 def variant_kwargs(name: str) -> dict:
     """launch_fused_ws's keyword arguments of a --variants entry (stages None: the dispatch's)."""
-    kw = {"retire_each": False, "stages": None}
+    kw = {"retire_each": False, "stages": None, "epilogue_warps": 8}
     for part in name.split("+"):
         if part == "retire":
             kw["retire_each"] = True
         elif part.startswith("s") and part[1:].isdigit() and 2 <= int(part[1:]) <= 6:
             kw["stages"] = int(part[1:])
+        elif part in ("e4", "e8"):
+            kw["epilogue_warps"] = int(part[1:])
         elif part != "shipped":
-            raise ValueError(f"unknown part {part!r} of {name!r} (shipped, retire, s2-s6)")
+            raise ValueError(f"unknown part {part!r} of {name!r} (shipped, retire, s2-s6, e4, e8)")
     return kw
 
 
@@ -136,7 +139,7 @@ def main(argv=None) -> int:
 
                     def launch(probe=None, prm=prm, case=case, dest=None, kw=kw):
                         launch_fused_ws(h, W, prm, layout, dest, vocab_size=V, stages=kw["stages"] or cfg.num_stages,
-                                        epilogue_warps=8, noise_probe=CASES[case], wait_probe=probe,
+                                        epilogue_warps=kw["epilogue_warps"], noise_probe=CASES[case], wait_probe=probe,
                                         retire_each=kw["retire_each"])
 
                     plain, probed = BufferPair.alloc(layout, dev), BufferPair.alloc(layout, dev)
