@@ -117,8 +117,8 @@ HAND_OFFS = {"ab2": dict(acc_buffers=2), "c16": dict(epilogue_chunk=16), "c32": 
              "s4": dict(stages=4),  # s4: the large-batch depth of configs.WS_LARGE_BATCH_STAGES
              # the noise in the instructions before v97 (benchmarks: the same bits, so the same candidates)
              "legacy": dict(noise_probe="legacy"), "legacy_philox": dict(noise_probe="legacy_philox"),
-             # v104: each k-step's wgmma retired before the next stage is awaited (benchmarks), alone and deeper
-             "retire": dict(retire_each=True), "retire_s5": dict(retire_each=True, stages=5)}
+             # v105: two 64-column k-slices a k-step (one barrier wait and release for both), 3 and 2 stage pairs
+             "k2s3": dict(k_sub=2, stages=3), "k2s2": dict(k_sub=2, stages=2)}
 
 
 def _use_hand_off(monkeypatch, name):
@@ -137,8 +137,9 @@ def _use_hand_off(monkeypatch, name):
 def test_hand_off_variants_write_the_triton_kernels_candidates(hand_off, D, V, B, vocab_start, kind, ws_calls,
                                                                 monkeypatch):
     """The two-buffer hand-off, the chunked epilogue (chunks of 16 / 32 columns walked in a rolled loop), 4 stages,
-    the noise in the instructions before v97 (noise_probe "legacy" / "legacy_philox") and the main loop that retires
-    each k-step's wgmma (retire_each, also with 5 stages) write the Triton kernel's
+    the noise in the instructions before v97 (noise_probe "legacy" / "legacy_philox") and the main loop of two
+    k-slices a step (k_sub=2: a short last step's second slice past D reads the copy engine's zeros) write the
+    Triton kernel's
     candidates bit for bit: the chunks' merge keeps ties on the lowest column, -inf tiles on their
     first id, poisoned rows at -1."""
     h, w = _operands(B, D, V, torch.bfloat16, D + V + B)
