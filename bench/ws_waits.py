@@ -21,15 +21,15 @@ and the launch's time with and without the probe (its own cost: two clock reads 
 times), L2 flushed, medians. Cases:
 ``greedy`` (T = 0), ``noise`` ([B] temperatures, the serving case), ``legacy`` (the noise in the instructions before
 v97), ``rounds7`` (7 Philox rounds: not the sampler's tokens). Variants of the launch (--variants, each case runs
-every one; their launches timed side by side): ``shipped`` (the dispatch's stages), ``k2`` (launch_fused_ws's
-k_sub=2: two 64-column k-slices a step, v105), ``sN`` (N operand stages; with k2, N stage pairs), ``e4`` (4 epilogue
-warps instead of 8), joined by ``+`` (``k2+s3``). (v104's ``retire``, each k-step's wgmma retired before the next
-stage is awaited, is in commit 6918d0f.) Checks first: the probed launch
+every one; their launches timed side by side): ``shipped`` (the dispatch's stages), ``sN`` (N operand stages),
+``e4`` (4 epilogue warps instead of 8), ``b64`` (64-row batch tiles: 1.5x the operand bytes a product), joined by
+``+`` (``b64+s6``). (v104's ``retire``, each k-step's wgmma retired before the next stage is awaited, is in commit
+6918d0f; v105's ``k2``, two 64-column k-slices a k-step, in commit 8606a02.) Checks first: the probed launch
 writes the unprobed launch's candidates bit for bit, every variant the shipped launch's, and the programs' tiles add
 up to the launch's.
 
     python3 bench/ws_waits.py [--shapes 4096x151936,8192x128256] [--batches 256,1024] [--cases greedy,noise]
-                              [--variants shipped,k2+s3]
+                              [--variants shipped,b64]
 
 Prints a table last; the JSON goes to bench/results/ws_waits_<gpu>_<date>.json (and $OUT). sm_90 only.
 """
@@ -59,7 +59,7 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--probe-runs", type=int, default=3, help="probed launches a case (the fields: their medians)")
-    p.add_argument("--variants", default="shipped", help="launch variants: shipped, k2, sN, e4, joined by +")
+    p.add_argument("--variants", default="shipped", help="launch variants: shipped, sN, e4, b64, joined by +")
     args = p.parse_args(argv)
     unknown = sorted(set(args.cases.split(",")) - set(CASES))
     if unknown:
@@ -73,16 +73,16 @@ def parse_args(argv=None):
 
 def variant_kwargs(name: str) -> dict:
     """launch_fused_ws's keyword arguments of a --variants entry (stages None: the dispatch's)."""
-    kw = {"k_sub": 1, "stages": None, "epilogue_warps": 8}
+    kw = {"stages": None, "epilogue_warps": 8, "block_b": 128}
     for part in name.split("+"):
-        if part == "k2":
-            kw["k_sub"] = 2
-        elif part.startswith("s") and part[1:].isdigit() and 2 <= int(part[1:]) <= 6:
+        if part.startswith("s") and part[1:].isdigit() and 2 <= int(part[1:]) <= 6:
             kw["stages"] = int(part[1:])
+        elif part == "b64":
+            kw["block_b"] = 64
         elif part in ("e4", "e8"):
             kw["epilogue_warps"] = int(part[1:])
         elif part != "shipped":
-            raise ValueError(f"unknown part {part!r} of {name!r} (shipped, k2, s2-s6, e4, e8)")
+            raise ValueError(f"unknown part {part!r} of {name!r} (shipped, s2-s6, e4, e8, b64)")
     return kw
 
 
@@ -128,7 +128,6 @@ def main(argv=None) -> int:
             serving = RowParams(torch.ones(B, device=dev), torch.randint(0, 2**62, (B,), device=dev, generator=g),
                                 torch.randint(0, 2**40, (B,), device=dev, generator=g))
             layout = CandidateLayout(1, triton.cdiv(V, 128), B)
-            n_tiles = triton.cdiv(V, 128) * triton.cdiv(B, 128)
             cells = {}
             cublas = []
             for case in args.cases.split(","):
@@ -141,7 +140,7 @@ def main(argv=None) -> int:
                     def launch(probe=None, prm=prm, case=case, dest=None, kw=kw):
                         launch_fused_ws(h, W, prm, layout, dest, vocab_size=V, stages=kw["stages"] or cfg.num_stages,
                                         epilogue_warps=kw["epilogue_warps"], noise_probe=CASES[case], wait_probe=probe,
-                                        k_sub=kw["k_sub"])
+                                        block_b=kw["block_b"])
 
                     plain, probed = BufferPair.alloc(layout, dev), BufferPair.alloc(layout, dev)
                     probe = torch.full((sm_count(dev), WAIT_FIELDS.value), -1, dtype=torch.int64, device=dev)
@@ -166,6 +165,7 @@ def main(argv=None) -> int:
                         failures.append(f"{label} {key}: a probed launch left fields unset (a partition did not "
                                         "store)")
                         continue
+                    n_tiles = triton.cdiv(V, 128) * triton.cdiv(B, kw["block_b"])
                     if any(r["tiles"] != n_tiles for r in runs):
                         failures.append(f"{label} {key}: the programs' tiles add up to {[r['tiles'] for r in runs]}, "
                                         f"not {n_tiles}")

@@ -128,29 +128,24 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps, BLOCK_K: gl.constexpr,
-                   STAGES: gl.constexpr, BOXES: gl.constexpr, w_emp, WAITS: gl.constexpr = False,
-                   K_SUB: gl.constexpr = 1):
+                   STAGES: gl.constexpr, BOXES: gl.constexpr, w_emp, WAITS: gl.constexpr = False):
         """One tile's copies: BOXES boxes of h_desc's rows from row off_b and the weight's box from off_v, a stage a
-        k-step (K_SUB k-slices of BLOCK_K columns a step: buffers K_SUB s .. K_SUB s + K_SUB - 1 of stage s, all on
-        its one barrier; a slice past the hidden's width reads the copy engine's zeros); the advanced stage counter,
-        and w_emp plus the cycles spent waiting for free stages (WAITS; else w_emp as given). Fewer rows than the
-        stage holds: with box_rows the rest are the zeros _load_partition wrote; with LAST_BOXES they hold an earlier
-        tile's data (or, in a stage not yet used, whatever shared memory held), for rows past the batch, which the
-        epilogue never stores."""
+        k-step; the advanced stage counter, and w_emp plus the cycles spent waiting for free stages (WAITS; else
+        w_emp as given). Fewer rows than the stage holds: with box_rows the rest are the zeros _load_partition wrote;
+        with LAST_BOXES they hold an earlier tile's data (or, in a stage not yet used, whatever shared memory held),
+        for rows past the batch, which the epilogue never stores."""
         BOX: gl.constexpr = h_desc.block_type.shape[0]
         for k in range(k_steps):
             s = it % STAGES
             w_emp = _wait_counted(empty.index(s), ((it // STAGES) & 1) ^ 1, w_emp, WAITS)
-            mbarrier.expect(ready.index(s), K_SUB * (BOXES * h_desc.block_type.nbytes + w_desc.block_type.nbytes))
-            for j in gl.static_range(K_SUB):
-                kk = (k * K_SUB + j) * BLOCK_K
-                if BOX == h_bufs.shape[1]:
-                    tma.async_copy_global_to_shared(h_desc, [off_b, kk], ready.index(s), h_bufs.index(s * K_SUB + j))
-                else:
-                    for r in gl.static_range(BOXES):
-                        tma.async_copy_global_to_shared(h_desc, [off_b + r * BOX, kk], ready.index(s),
-                                                        h_bufs.index(s * K_SUB + j).slice(r * BOX, BOX))
-                tma.async_copy_global_to_shared(w_desc, [off_v, kk], ready.index(s), w_bufs.index(s * K_SUB + j))
+            mbarrier.expect(ready.index(s), BOXES * h_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            if BOX == h_bufs.shape[1]:
+                tma.async_copy_global_to_shared(h_desc, [off_b, k * BLOCK_K], ready.index(s), h_bufs.index(s))
+            else:
+                for r in gl.static_range(BOXES):
+                    tma.async_copy_global_to_shared(h_desc, [off_b + r * BOX, k * BLOCK_K], ready.index(s),
+                                                    h_bufs.index(s).slice(r * BOX, BOX))
+            tma.async_copy_global_to_shared(w_desc, [off_v, k * BLOCK_K], ready.index(s), w_bufs.index(s))
             it += 1
         return it, w_emp
 
@@ -158,7 +153,7 @@ if HAVE_GLUON:
     def _load_partition(h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
                         BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_K: gl.constexpr,
                         STAGES: gl.constexpr, H_BOXES: gl.constexpr, LAST_BOXES: gl.constexpr,
-                        ROTATE: gl.constexpr, wait_ptr, WAITS: gl.constexpr, K_SUB: gl.constexpr):
+                        ROTATE: gl.constexpr, wait_ptr, WAITS: gl.constexpr):
         # One warp: wait for a free stage, then let the copy engine fill it (both operands
         # arrive on the stage's "ready" barrier, which counts their bytes).
         BOX: gl.constexpr = h_desc.block_type.shape[0]
@@ -168,7 +163,7 @@ if HAVE_GLUON:
             # logits finite; they are never sampled). The proxy fence orders these stores before the copy engine's.
             zl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
             z = gl.zeros([8, BLOCK_K], h_desc.dtype, zl)  # 8 rows at a time: this warp has few registers
-            for i in gl.static_range(STAGES * K_SUB):
+            for i in gl.static_range(STAGES):
                 for r in gl.static_range(BOX * H_BOXES // 8, BLOCK_B // 8):
                     h_bufs.index(i).slice(r * 8, 8).store(z)
             fence_async_shared()
@@ -183,13 +178,13 @@ if HAVE_GLUON:
             if LAST_BOXES > 0:  # (static: a launch without it compiles the whole-tile copies alone)
                 if pid_b == n_btiles - 1:
                     it, w_emp = _load_tile(hl_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps,
-                                           BLOCK_K, STAGES, LAST_BOXES, w_emp, WAITS, K_SUB)
+                                           BLOCK_K, STAGES, LAST_BOXES, w_emp, WAITS)
                 else:
                     it, w_emp = _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps,
-                                           BLOCK_K, STAGES, H_BOXES, w_emp, WAITS, K_SUB)
+                                           BLOCK_K, STAGES, H_BOXES, w_emp, WAITS)
             else:
                 it, w_emp = _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps,
-                                       BLOCK_K, STAGES, H_BOXES, w_emp, WAITS, K_SUB)
+                                       BLOCK_K, STAGES, H_BOXES, w_emp, WAITS)
         if WAITS:  # (launch_fused_ws's wait_probe) the load warp's cycles in all, and waiting for free stages
             row = wait_ptr + gl.program_id(0) * WAIT_FIELDS
             gl.store(row + 4, sm_clock(it) - c_start)
@@ -242,29 +237,23 @@ if HAVE_GLUON:
     @gluon.jit
     def _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, it, hc, k_steps,
                   ROWS: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr, WHOLE: gl.constexpr,
-                  ACC_BUFS: gl.constexpr, NCH: gl.constexpr, w_rdy, w_hnd, w_mma, WAITS: gl.constexpr = False,
-                  K_SUB: gl.constexpr = 1):
+                  ACC_BUFS: gl.constexpr, NCH: gl.constexpr, w_rdy, w_hnd, w_mma, WAITS: gl.constexpr = False):
         """One tile's main loop over the first ROWS rows of the stages (WHOLE: all of them) and its hand-off; the
         advanced (it, hc), and w_rdy / w_hnd / w_mma plus the cycles spent waiting for operands (while the previous
         k-step's wgmma may still run) / for the epilogue to free the hand-off buffer / for wgmmas to retire (WAITS;
-        else as given). K_SUB k-slices a step (_load_tile's): one wgmma group each, in column order, so the
-        accumulator takes the same products in the same order as with one; the step's barrier wait and release,
-        the loop's own instructions, once for all of them."""
+        else as given)."""
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, BLOCK_V, 16])
         acc = gl.zeros([ROWS, BLOCK_V], gl.float32, acc_layout)
         for k in range(k_steps):
             s = it % STAGES
             w_rdy = _wait_counted(ready.index(s), (it // STAGES) & 1, w_rdy, WAITS)
-            for j in gl.static_range(K_SUB):
-                if WHOLE:
-                    acc = warpgroup_mma(h_bufs.index(s * K_SUB + j), w_bufs.index(s * K_SUB + j).permute((1, 0)), acc,
-                                        is_async=True)
-                else:
-                    acc = warpgroup_mma(h_bufs.index(s * K_SUB + j).slice(0, ROWS),
-                                        w_bufs.index(s * K_SUB + j).permute((1, 0)), acc, is_async=True)
-            # (the previous step's K_SUB groups retire; this step's stay in flight)
-            acc, w_mma = _mma_wait_counted(acc, K_SUB, s, w_mma, WAITS)
+            if WHOLE:
+                acc = warpgroup_mma(h_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
+            else:
+                acc = warpgroup_mma(h_bufs.index(s).slice(0, ROWS), w_bufs.index(s).permute((1, 0)), acc,
+                                    is_async=True)
+            acc, w_mma = _mma_wait_counted(acc, 1, s, w_mma, WAITS)
             # the previous stage's wgmma has retired: its buffers may be refilled
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
             it += 1
@@ -293,7 +282,7 @@ if HAVE_GLUON:
     def _mma_partition(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles, k_steps,
                        BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr,
                        LAST_BOXES: gl.constexpr, ROTATE: gl.constexpr, ACC_BUFS: gl.constexpr,
-                       NCH: gl.constexpr, wait_ptr, WAITS: gl.constexpr, K_SUB: gl.constexpr):
+                       NCH: gl.constexpr, wait_ptr, WAITS: gl.constexpr):
         # One warpgroup: acc[BLOCK_B, BLOCK_V] = h_tile @ w_tile^T over k, one wgmma group in
         # flight while the next stage's data is awaited; a stage is released as soon as the
         # wgmma that read it has retired. With LAST_BOXES the batch's last tile (at most half a tile of rows)
@@ -311,15 +300,15 @@ if HAVE_GLUON:
                 if pid_b == n_btiles - 1:
                     it, hc, w_rdy, w_hnd, w_mma = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready,
                                                             acc_empty, it, hc, k_steps, BLOCK_B // 2, BLOCK_V, STAGES,
-                                                            False, ACC_BUFS, NCH, w_rdy, w_hnd, w_mma, WAITS, K_SUB)
+                                                            False, ACC_BUFS, NCH, w_rdy, w_hnd, w_mma, WAITS)
                 else:
                     it, hc, w_rdy, w_hnd, w_mma = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready,
                                                             acc_empty, it, hc, k_steps, BLOCK_B, BLOCK_V, STAGES, True,
-                                                            ACC_BUFS, NCH, w_rdy, w_hnd, w_mma, WAITS, K_SUB)
+                                                            ACC_BUFS, NCH, w_rdy, w_hnd, w_mma, WAITS)
             else:
                 it, hc, w_rdy, w_hnd, w_mma = _mma_tile(h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty,
                                                         it, hc, k_steps, BLOCK_B, BLOCK_V, STAGES, True, ACC_BUFS, NCH,
-                                                        w_rdy, w_hnd, w_mma, WAITS, K_SUB)
+                                                        w_rdy, w_hnd, w_mma, WAITS)
         if WAITS:  # (launch_fused_ws's wait_probe) the MMA warpgroup's cycles in all, waiting for operands, for the
             # epilogue to free the hand-off buffer, its tiles, and waiting for wgmmas to retire
             row = wait_ptr + gl.program_id(0) * WAIT_FIELDS
@@ -661,7 +650,7 @@ if HAVE_GLUON:
                                H_BOXES: gl.constexpr = 1, LAST_BOXES: gl.constexpr = 0,
                                ROTATE: gl.constexpr = False, NOISE_PROBE: gl.constexpr = 0,
                                ACC_BUFS: gl.constexpr = 1, EPI_CHUNK: gl.constexpr = 0, wait_ptr=None,
-                               WAITS: gl.constexpr = False, K_SUB: gl.constexpr = 1):
+                               WAITS: gl.constexpr = False):
         # BLOCK_B: the batch tile, loaded as one TMA box of the hidden, or (launch_fused_ws's box_rows: a one-tile
         # batch) as H_BOXES smaller boxes. LAST_BOXES (launch_fused_ws's last_box_rows): the batch's last tile, of
         # at most BLOCK_B / 2 rows, loaded as that many boxes of hl_desc's rows and multiplied as half a tile. ROTATE:
@@ -669,9 +658,8 @@ if HAVE_GLUON:
         BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
         BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
         dtype: gl.constexpr = h_desc.dtype
-        # K_SUB buffers a stage (launch_fused_ws's k_sub): the k-slices of one step
-        h_bufs = gl.allocate_shared_memory(dtype, [STAGES * K_SUB, BLOCK_B, BLOCK_K], h_desc.layout)
-        w_bufs = gl.allocate_shared_memory(dtype, [STAGES * K_SUB, BLOCK_V, BLOCK_K], w_desc.layout)
+        h_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_B, BLOCK_K], h_desc.layout)
+        w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_V, BLOCK_K], w_desc.layout)
         # The accumulator hand-off, swizzled so the wgmma layout's row-strided stores and the
         # epilogue's quad loads spread over the banks.
         if EPI_CHUNK > 0:
@@ -700,10 +688,9 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_mma_partition, (h_bufs, w_bufs, ready, empty, acc_smem, acc_ready, acc_empty, n_btiles, n_tiles,
                               k_steps, BLOCK_B, BLOCK_V, STAGES, LAST_BOXES, ROTATE, ACC_BUFS, NCH, wait_ptr,
-                              WAITS, K_SUB)),
+                              WAITS)),
             (_load_partition, (h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
-                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES, LAST_BOXES, ROTATE, wait_ptr, WAITS,
-                               K_SUB)),
+                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES, LAST_BOXES, ROTATE, wait_ptr, WAITS)),
             (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
                                    temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
                                    buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles, stride_field,
@@ -797,8 +784,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
                     raw_sums: bool = True, winner_logit: bool = False, batch: int = None,
                     flags: int = None, box_rows: int = 0, last_box_rows: int = 0, noise_probe: str = "",
-                    acc_buffers: int = 1, epilogue_chunk: int = 0, wait_probe: torch.Tensor = None,
-                    k_sub: int = 1) -> None:
+                    acc_buffers: int = 1, epilogue_chunk: int = 0, wait_probe: torch.Tensor = None) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
@@ -818,10 +804,6 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     free stages; 6 the epilogue's cycles in all, 7 of them waiting for the accumulator's halves (9 unused). Two clock
     reads per wait (other instructions the compiler schedules between a read and its wait count as waiting); the
     same candidates.
-    k_sub (benchmarks, v105): each k-step takes this many (1 or 2) 64-column slices of both operands, each stage a
-    buffer per slice (``stages`` x k_sub x 32 KB of operands; at most 6 buffers fit beside the hand-off), so the MMA
-    warpgroup's barrier wait, release and loop instructions come once per k_sub slices; the same products in the
-    same order, so the same candidates (a last slice past the hidden's width multiplies the copy engine's zeros).
     block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same
     candidates: each row's products and their order do not depend on it). logprobs / extended /
     raw_sums / winner_logit as launch_fused's (64-row tiles only): the winner's logit with logprobs or
@@ -851,9 +833,6 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         raise ValueError(f"block_b must be 64 or 128, got {block_b}")
     if acc_buffers not in (1, 2):
         raise ValueError(f"acc_buffers must be 1 or 2, got {acc_buffers}")
-    if k_sub not in (1, 2) or not 2 <= stages * k_sub <= 6:
-        raise ValueError(f"k_sub must be 1 or 2 with 2 <= stages * k_sub <= 6 (the operand buffers that fit), got "
-                         f"k_sub={k_sub}, stages={stages}")
     if epilogue_chunk not in (0, 16, 32):
         raise ValueError(f"epilogue_chunk must be 0, 16 or 32, got {epilogue_chunk}")
     if epilogue_chunk and (logprobs or extended or params.processing is not None or noise_probe):
@@ -912,7 +891,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         h_desc, hl_desc, w_desc, seed_p, seed_v, off_p, off_v, temp_p, float(temp_v),
         dest.f, dest.i, B, V_rows, vocab_size, vocab_start,
         dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i, layout.stride_slot,
-        n_btiles, n_tiles, 0 if epilogue_only else cdiv(D, WS_BLOCK_K * k_sub), layout.stride_field,
+        n_btiles, n_tiles, 0 if epilogue_only else cdiv(D, WS_BLOCK_K), layout.stride_field,
         layout.stride_ifield, *proc_args, par_p, par_f, par_i, layout.fingerprint_slot,
         call_flags(logprobs, chunked=False) if flags is None else flags, xfp_p, xfp_v,
         STAGES=stages, EPI_WARPS=epilogue_warps, EPI_REGS=epi_regs, LOAD_REGS=WS_LOAD_REGS,
@@ -922,7 +901,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         **proc_flags, PEER_TABLE=dest.peer_table, NPEERS=dest.npeers or 1, DEVICE_PARITY=par_on, HEADER=header,
         XFP_PER_ROW=xfp_row, BLOCK_B=block_b, H_BOXES=boxes, LAST_BOXES=last_boxes, ROTATE=rotate,
         NOISE_PROBE=NOISE_PROBES[noise_probe], ACC_BUFS=acc_buffers, EPI_CHUNK=epilogue_chunk,
-        wait_ptr=dummy if wait_probe is None else wait_probe, WAITS=wait_probe is not None, K_SUB=k_sub,
+        wait_ptr=dummy if wait_probe is None else wait_probe, WAITS=wait_probe is not None,
         num_warps=4, maxnreg=maxnreg,
     )
 

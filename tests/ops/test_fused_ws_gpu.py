@@ -116,9 +116,7 @@ HAND_OFFS = {"ab2": dict(acc_buffers=2), "c16": dict(epilogue_chunk=16), "c32": 
              "c16ab2": dict(acc_buffers=2, epilogue_chunk=16), "c32ab2": dict(acc_buffers=2, epilogue_chunk=32),
              "s4": dict(stages=4),  # s4: the large-batch depth of configs.WS_LARGE_BATCH_STAGES
              # the noise in the instructions before v97 (benchmarks: the same bits, so the same candidates)
-             "legacy": dict(noise_probe="legacy"), "legacy_philox": dict(noise_probe="legacy_philox"),
-             # v105: two 64-column k-slices a k-step (one barrier wait and release for both), 3 and 2 stage pairs
-             "k2s3": dict(k_sub=2, stages=3), "k2s2": dict(k_sub=2, stages=2)}
+             "legacy": dict(noise_probe="legacy"), "legacy_philox": dict(noise_probe="legacy_philox")}
 
 
 def _use_hand_off(monkeypatch, name):
@@ -136,10 +134,8 @@ def _use_hand_off(monkeypatch, name):
     (4096, 1000, 200, 0, "scalar")])
 def test_hand_off_variants_write_the_triton_kernels_candidates(hand_off, D, V, B, vocab_start, kind, ws_calls,
                                                                 monkeypatch):
-    """The two-buffer hand-off, the chunked epilogue (chunks of 16 / 32 columns walked in a rolled loop), 4 stages,
-    the noise in the instructions before v97 (noise_probe "legacy" / "legacy_philox") and the main loop of two
-    k-slices a step (k_sub=2: a short last step's second slice past D reads the copy engine's zeros) write the
-    Triton kernel's
+    """The two-buffer hand-off, the chunked epilogue (chunks of 16 / 32 columns walked in a rolled loop), 4 stages and
+    the noise in the instructions before v97 (noise_probe "legacy" / "legacy_philox") write the Triton kernel's
     candidates bit for bit: the chunks' merge keeps ties on the lowest column, -inf tiles on their
     first id, poisoned rows at -1."""
     h, w = _operands(B, D, V, torch.bfloat16, D + V + B)

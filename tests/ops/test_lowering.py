@@ -384,8 +384,7 @@ WS_CONST = dict(STAGES=5, EPI_WARPS=8, EPI_REGS=160, LOAD_REGS=24, SEED_PER_ROW=
                 TEMP_PER_ROW=True, NOISE=True, FAST_LOG=True, ROW_THREADS=8, LOGPROBS=True, EXTENDED=True,
                 WINNER_LOGIT=False, RAW_SUM=False, BITMASK=False, SPARSE=False, PINNED=True, PEER_TABLE=False,
                 NPEERS=1, DEVICE_PARITY=False, HEADER=False, XFP_PER_ROW=False, BLOCK_B=64, H_BOXES=1,
-                LAST_BOXES=0, ROTATE=False, NOISE_PROBE=0, ACC_BUFS=1, EPI_CHUNK=0, WAITS=False,
-                K_SUB=1)
+                LAST_BOXES=0, ROTATE=False, NOISE_PROBE=0, ACC_BUFS=1, EPI_CHUNK=0, WAITS=False)
 CASES["stage1_ws_extended"] = dict(module="fsdist.ops.fused_sample_ws", kernel="fused_sample_ws_kernel", gluon=True,
                                    maxnreg=128, types=WS_TYPES, constexprs=WS_CONST, ptx_lacks=["fence.proxy.async"],
                                    ptx_count={"cp.async.bulk.tensor": 2, "expect_tx.shared.b64 _, [%r": 1,
@@ -418,15 +417,8 @@ CASES["stage1_ws_chunked"] = dict(CASES["stage1_ws_last_boxes"],
                                   constexprs=dict(WS_PLAIN, LAST_BOXES=3, ROTATE=True, ACC_BUFS=2, EPI_CHUNK=16),
                                   ptx_has=['.pragma "nounroll"'], ptx_lacks=[])
 
-# The main loop of two 64-column k-slices a step (launch_fused_ws's k_sub=2, v105): each step's two buffers filled by
-# four TMA copies against one barrier expecting 2 x 32 KB (the short last tile's 2 x 19 KB), two wgmma groups issued
-# and waited on with two outstanding (the shipped loop: one).
-CASES["stage1_ws_k_sub2"] = dict(CASES["stage1_ws_last_boxes"],
-                                 constexprs=dict(WS_PLAIN, STAGES=3, LAST_BOXES=3, ROTATE=True, K_SUB=2),
-                                 ptx_count={"cp.async.bulk.tensor": 12, "expect_tx.shared.b64 _, [%r": 2,
-                                            ", 65536;": 1, ", 38912;": 1},
-                                 ptx_has=["wgmma.wait_group.sync.aligned 2;"],
-                                 ptx_lacks=["wgmma.wait_group.sync.aligned 1;"])
+# The shipped main loop keeps one wgmma group in flight while it awaits the next stage (v104: retiring each one
+# before the next stage is awaited cost 12-40%).
 CASES["stage1_ws_plain"]["ptx_has"] = CASES["stage1_ws_plain"].get("ptx_has", []) + [
     "wgmma.wait_group.sync.aligned 1;"]
 
