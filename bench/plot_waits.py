@@ -7,8 +7,9 @@ issue stalled behind the tensor cores' earlier work: docs/performance.md v105). 
 is tensor-core idle time. Each bar is labelled with the launch's µs over cuBLAS's matmul in the same run.
 
     python3 bench/plot_waits.py bench/results/ws_waits_h100_20261206T125424Z_v103.json \\
-        bench/results/ws_waits_h100_20261206T134418Z_v104.json --cells 4096x1024,8192x1024 \\
-        --out docs/plots/ws_waits_h100_20261206_v103_v104.png   # (the committed plot)
+        bench/results/ws_waits_h100_20261206T134418Z_v104.json bench/results/ws_waits_h100_20261206T134921Z_v105.json \\
+        --cells 4096x1024 --cases greedy,noise,greedy/retire,noise/retire,greedy/e4,noise/e4,greedy/k2+s3,noise/k2+s3 \\
+        --out docs/plots/ws_waits_h100_20261206_v103_v105.png   # (the committed plot)
 """
 import argparse
 import json
@@ -26,18 +27,20 @@ PEAK_STEP = 512  # cycles of a 128 x 128 x 64 step at 1,024 bf16 multiply-adds a
 
 def step_cycles(cell: dict, case: dict) -> float:
     """The median program's MMA cycles per 128 x 128 x 64 of work (a 64-row tile's step is half of one)."""
-    rows = 64 if "b64" in case.get("variant", "") else 128
+    rows = case.get("kwargs", {}).get("block_b", 128)
     tiles_a_program = case["tiles"] / case["programs"]
     return case["mma_total"] / (tiles_a_program * rows / 128 * cell["D"] / 64)
 
 
 def bars(paths, cells, cases):
-    """[(label, cell, case, source)] in file order, cells and cases filtered."""
+    """[(label, cell, case)] in file order, cells and cases filtered; the label names the case and its file's tag
+    and time (two files of one tag stay apart)."""
     out = []
     for path in paths:
         with open(path) as f:
             data = json.load(f)
-        tag = os.path.basename(path).split("_")[-1].replace(".json", "")
+        parts = os.path.basename(path).replace(".json", "").split("_")
+        tag = f"{parts[-1]} {parts[-2][-7:-3]}" if len(parts) >= 2 else parts[-1]
         for cell in data["cells"]:
             if cells and f"{cell['D']}x{cell['B']}" not in cells:
                 continue
@@ -62,7 +65,7 @@ def main(argv=None) -> int:
     groups = {}
     for label, cell, case in chosen:
         groups.setdefault((cell["D"], cell["B"]), []).append((label, cell, case))
-    fig, axes = plt.subplots(1, len(groups), figsize=(max(6, 1.1 * len(chosen) + 2), 5), squeeze=False,
+    fig, axes = plt.subplots(1, len(groups), figsize=(max(9, 1.1 * len(chosen) + 2), 5), squeeze=False,
                              sharey=True)
     for ax, ((D, B), items) in zip(axes[0], groups.items()):
         for i, (label, cell, case) in enumerate(items):

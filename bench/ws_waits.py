@@ -25,8 +25,8 @@ every one; their launches timed side by side): ``shipped`` (the dispatch's stage
 ``e4`` (4 epilogue warps instead of 8), ``b64`` (64-row batch tiles: 1.5x the operand bytes a product), joined by
 ``+`` (``b64+s6``). (v104's ``retire``, each k-step's wgmma retired before the next stage is awaited, is in commit
 6918d0f; v105's ``k2``, two 64-column k-slices a k-step, in commit 8606a02.) Checks first: the probed launch
-writes the unprobed launch's candidates bit for bit, every variant the shipped launch's, and the programs' tiles add
-up to the launch's.
+writes the unprobed launch's candidates bit for bit, every variant the first listed variant's, and the programs'
+tiles add up to the launch's.
 
     python3 bench/ws_waits.py [--shapes 4096x151936,8192x128256] [--batches 256,1024] [--cases greedy,noise]
                               [--variants shipped,b64]
@@ -150,7 +150,8 @@ def main(argv=None) -> int:
                     if not (torch.equal(plain.i, probed.i) and torch.equal(plain.f.nan_to_num(-7.0),
                                                                           probed.f.nan_to_num(-7.0))):
                         failures.append(f"{label} {key}: the probed launch wrote other candidates")
-                    ref = ref or plain
+                    if ref is None:
+                        ref = plain
                     if not (torch.equal(ref.i, plain.i) and torch.equal(ref.f.nan_to_num(-7.0),
                                                                         plain.f.nan_to_num(-7.0))):
                         failures.append(f"{label} {key}: other candidates than {case}'s first variant")
@@ -199,7 +200,7 @@ def main(argv=None) -> int:
           f"{'load free':>9s} {'epi idle':>9s} {'us':>8s} {'probed':>8s} {'/cuBLAS':>8s}")
     for r in table:
         cub = r["cublas_us"] or float("nan")
-        print(f"D={r['D']} B={r['B']:<6d} {'cuBLAS matmul':18s} {'':>60s} {cub:8.1f}")
+        print(f"D={r['D']} B={r['B']:<6d} {'cuBLAS matmul':18s} {'':>66s} {cub:8.1f}")
         for case, c in r["cases"].items():
             t = c["times_us"]
             print(f"D={r['D']} B={r['B']:<6d} {case:18s} {c['mma_total']:11.3g} {c['mma_operands']:9.1%} "

@@ -418,7 +418,7 @@ CASES["stage1_ws_chunked"] = dict(CASES["stage1_ws_last_boxes"],
                                   ptx_has=['.pragma "nounroll"'], ptx_lacks=[])
 
 # The shipped main loop keeps one wgmma group in flight while it awaits the next stage (v104: retiring each one
-# before the next stage is awaited cost 12-40%).
+# before the next stage is awaited cost 12-31%).
 CASES["stage1_ws_plain"]["ptx_has"] = CASES["stage1_ws_plain"].get("ptx_has", []) + [
     "wgmma.wait_group.sync.aligned 1;"]
 
