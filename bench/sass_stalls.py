@@ -7,10 +7,12 @@ holds the wgmmas, ``HGMMA``, i.e. the target of the backward branch that follows
 for a stage's operands, to the last wgmma; the first wgmma when no such branch is found) and the rest (load warp,
 epilogue, hand-off, set-up). Prints each part's samples, its share of the block's, and the reasons in order of their
 share, side by side for the blocks (e.g. the greedy and the noise launch of scripts/gpu_profile_ws_sass.sh, in launch
-order); ``--lines N`` also lists each block's N instructions with the most samples. No GPU needed.
+order); ``--lines N`` also lists each block's N instructions with the most samples; ``--count N`` also sums the
+reasons over the lines executed N times (+-0.5%) that are neither branches nor barrier waits: a part of the code by
+how often it runs, e.g. the epilogue's once-a-tile-a-warp lines (programs x tiles x epilogue warps). No GPU needed.
 
     python3 bench/sass_stalls.py bench/results/v89_ws_sass_<gpu>_<date>.csv.gz [--names greedy,noise] [--top 8]
-        [--lines 20]
+        [--lines 20] [--count 75968]
 """
 import argparse
 import csv
@@ -78,6 +80,12 @@ def split_mma_loop(rows: List[dict], reach: int = 16):
     return rows[lo:hi + 1], rows[:lo] + rows[hi + 1:]
 
 
+def counted_lines(rows: List[dict], count: float, tol: float = 0.005) -> List[dict]:
+    """The lines executed ``count`` times (within tol), less branches and barrier waits (whose samples are idling)."""
+    return [r for r in rows if abs(_num(r.get("Instructions Executed")) - count) <= tol * count
+            and not re.search(r"\bBRA\b|TRYWAIT|BAR\.SYNC|\bNOP\b", r.get("Source", ""))]
+
+
 def summarize(rows: List[dict], reasons: List[str]) -> Dict:
     sums = {k[len("stall_"):]: sum(_num(r.get(k)) for r in rows) for k in reasons}
     return {"samples": sum(sums.values()), "reasons": sums,
@@ -90,6 +98,8 @@ def main(argv=None) -> int:
     p.add_argument("--names", default="", help="labels of the blocks, in order (default: kernel names)")
     p.add_argument("--top", type=int, default=8, help="reasons shown per part")
     p.add_argument("--lines", type=int, default=0, help="also list each block's N instructions with the most samples")
+    p.add_argument("--count", type=float, default=0, help="also sum the reasons over the non-branch, non-wait lines "
+                   "executed this many times (+-0.5%%)")
     args = p.parse_args(argv)
     blocks = read_blocks(args.csv)
     if not blocks:
@@ -104,7 +114,10 @@ def main(argv=None) -> int:
         whole = summarize(rows, reasons)
         print(f"== {label} ({b['kernel'][:40]}): {whole['samples']:.0f} samples, {len(rows)} SASS lines, "
               f"{whole['instructions']:.0f} warp instructions executed")
-        for part, rs in (("MMA loop", loop), ("rest", rest)):
+        parts = [("MMA loop", loop), ("rest", rest)]
+        if args.count:
+            parts.append((f"lines run {args.count:.0f}x", counted_lines(rows, args.count)))
+        for part, rs in parts:
             s = summarize(rs, reasons)
             if not s["samples"]:
                 print(f"   {part}: no samples ({s['lines']} lines)")

@@ -55,3 +55,15 @@ def test_the_loop_starts_at_its_back_edge_target():
 def test_no_wgmma_leaves_everything_in_the_rest():
     rows = [{"Address": "0x0", "Source": "FFMA R0, R1, R2, R3"}]
     assert ss.split_mma_loop(rows) == ([], rows)
+
+
+def test_counted_lines_take_the_lines_run_that_often_less_branches_and_waits():
+    """--count: the lines executed N times (+-0.5%), without branches, try-waits, barriers and NOPs (idling); a line
+    run 1% more or less often, or a wait run exactly N times, is left out."""
+    rows = [{"Address": a, "Source": src, "Instructions Executed": str(n)} for a, src, n in [
+        ("0x00", "FFMA R0, R1, R2, R3", 1000), ("0x10", "MUFU.LG2 R4, R5", 1004), ("0x20", "IMAD.WIDE.U32 R6, R7", 990),
+        ("0x30", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R3", 1000), ("0x40", "@!P0 BRA 0x30", 1000),
+        ("0x50", "BAR.SYNC.DEFER_BLOCKING 0x3, 0x100", 1000), ("0x60", "NOP", 1000), ("0x70", "LOP3.LUT R1", 2000)]]
+    assert [r["Address"] for r in ss.counted_lines(rows, 1000)] == ["0x00", "0x10"]
+    assert [r["Address"] for r in ss.counted_lines(rows, 2000)] == ["0x70"]
+    assert ss.counted_lines(rows, 500) == []
