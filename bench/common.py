@@ -209,6 +209,12 @@ def describe_row_temperatures(center: float, spread: float, greedy_rows: int) ->
 
 
 # --------------------------------------------------------------------------- statistics
+def same_candidates(a, b) -> bool:
+    """Two candidate buffers (fsdist.ops.layout.BufferPair) hold the same ids and scores bit for bit, NaN scores
+    (poisoned rows) counted equal to NaN."""
+    return torch.equal(a.i, b.i) and torch.equal(a.f.nan_to_num(-7.0), b.f.nan_to_num(-7.0))
+
+
 def summarize(samples_us: Sequence[float]) -> Dict[str, float]:
     xs = sorted(float(x) for x in samples_us if x is not None and math.isfinite(x))
     if not xs:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call on one GPU for v103 (docs/performance.md): where the warp-specialised tile's MMA warpgroup waits,
 # with and without noise (launch_fused_ws(wait_probe=): %clock64 around the MMA warpgroup's operand, wgmma-retire and
-# hand-off waits, the load warp's free-stage waits and the epilogue's accumulator waits). Parts (PARTS, default "tests waits"), cut at what is left of $CALL_BUDGET s (default 560):
+# hand-off waits, the load warp's free-stage waits and the epilogue's accumulator waits). Parts (PARTS, default
+# "tests waits"), cut at what is left of $CALL_BUDGET s (default 560):
 #   tests  the wait probe's GPU test (the Triton kernel's candidates bit for bit, the counts add up), the noise's
 #          bit checks (tests/ops/test_noise_gpu.py) and the legacy noise probes among the hand-off variants' tests
 #   waits  bench/ws_waits.py: greedy / noise / legacy instructions / 7 rounds, B = 256 and 1024, both shapes
