@@ -6,13 +6,15 @@ by reason over two parts of the code: the MMA loop (the MMA warpgroup's main loo
 holds the wgmmas, ``HGMMA``, i.e. the target of the backward branch that follows the last one, where the warps wait
 for a stage's operands, to the last wgmma; the first wgmma when no such branch is found) and the rest (load warp,
 epilogue, hand-off, set-up). Prints each part's samples, its share of the block's, and the reasons in order of their
-share, side by side for the blocks (e.g. the greedy and the noise launch of scripts/gpu_profile_ws_sass.sh, in launch
-order); ``--lines N`` also lists each block's N instructions with the most samples; ``--count N`` also sums the
-reasons over the lines executed N times (+-0.5%) that are neither branches nor barrier waits: a part of the code by
-how often it runs, e.g. the epilogue's once-a-tile-a-warp lines (programs x tiles x epilogue warps). No GPU needed.
+share, side by side for the blocks (e.g. the greedy and the noise launch of scripts/gpu_profile_ws_sass.sh, in
+launch order); ``--lines N`` also lists each block's N instructions with the most samples; ``--segments`` also
+splits the loop's whole body where its warps wait (bench/sass_stalls.py:loop_segments), to set beside the wait
+probe's shares; ``--count N`` also sums the reasons over the lines executed N times (+-0.5%) that are neither
+branches nor barrier waits: a part of the code by how often it runs, e.g. the epilogue's once-a-tile-a-warp lines
+(programs x tiles x epilogue warps). No GPU needed.
 
     python3 bench/sass_stalls.py bench/results/v89_ws_sass_<gpu>_<date>.csv.gz [--names greedy,noise] [--top 8]
-        [--lines 20] [--count 75968]
+        [--lines 20] [--count 75968] [--segments]
 """
 import argparse
 import csv
@@ -80,6 +82,50 @@ def split_mma_loop(rows: List[dict], reach: int = 16):
     return rows[lo:hi + 1], rows[:lo] + rows[hi + 1:]
 
 
+def _target(src: str) -> int:
+    m = re.search(r"\bBRA\b[^0-9]*(0x[0-9a-fA-F]+)", src)
+    return _address(m.group(1)) if m else -1
+
+
+def loop_segments(rows: List[dict], reach: int = 16) -> Dict[str, List[dict]]:
+    """The MMA loop's whole body (its head's stage wait to the back edge) cut where a warp waits, to set beside a
+    clock probe's shares (launch_fused_ws's wait_probe, bench/ws_waits.py): "operands" the head up to the branch that
+    tests the stage's try-wait (the warpgroup barrier before it and the try-wait: what the probe's operand wait
+    spans), "operand retries" the out-of-line block that branch jumps to when the try-wait gave up, to its branch
+    back, "retire" the wgmma-retire waits (WARPGROUP.DEPBAR), "issue" the wgmmas (HGMMA), "rest" the other lines
+    of the body (the stage release and its warpgroup barrier, the loop's counters, the probe's clock reads). Empty
+    dict without a back edge. (ncu charges a stall to the instruction that waits to issue: a barrier's wait shows on
+    the line after it.)"""
+    idx = [i for i, r in enumerate(rows) if "HGMMA" in r.get("Source", "")]
+    if not idx:
+        return {}
+    head_addr = _address(split_mma_loop(rows, reach)[0][0].get("Address"))
+    where = {_address(r.get("Address")): i for i, r in enumerate(rows)}
+    back = next((j for j in range(idx[-1] + 1, min(len(rows), idx[-1] + 1 + reach))
+                 if 0 <= _target(rows[j].get("Source", "")) <= head_addr), None)
+    if back is None or head_addr not in where:
+        return {}
+    head = where[head_addr]
+    body = rows[head:back + 1]
+    wait = next((k for k, r in enumerate(body) if "TRYWAIT" in r.get("Source", "")), None)
+    test = None if wait is None else next((k for k in range(wait + 1, len(body))
+                                           if re.search(r"\bBRA\b", body[k].get("Source", ""))), None)
+    seg = {"operands": body[:test + 1] if test is not None else [], "operand retries": [], "retire": [], "issue": [],
+           "rest": []}
+    for r in body[(test + 1) if test is not None else 0:]:
+        src = r.get("Source", "")
+        seg["retire" if "WARPGROUP.DEPBAR" in src else "issue" if "HGMMA" in src else "rest"].append(r)
+    if test is not None and _target(body[test].get("Source", "")) in where:
+        j = where[_target(body[test].get("Source", ""))]
+        while j < len(rows) and j not in range(head, back + 1):
+            seg["operand retries"].append(rows[j])
+            src = rows[j].get("Source", "")
+            if re.search(r"\bBRA\b", src) and not src.lstrip().startswith("@"):
+                break  # the unconditional branch back into the loop
+            j += 1
+    return seg
+
+
 def counted_lines(rows: List[dict], count: float, tol: float = 0.005) -> List[dict]:
     """The lines executed ``count`` times (within tol), less branches and barrier waits (whose samples are idling)."""
     return [r for r in rows if abs(_num(r.get("Instructions Executed")) - count) <= tol * count
@@ -98,6 +144,8 @@ def main(argv=None) -> int:
     p.add_argument("--names", default="", help="labels of the blocks, in order (default: kernel names)")
     p.add_argument("--top", type=int, default=8, help="reasons shown per part")
     p.add_argument("--lines", type=int, default=0, help="also list each block's N instructions with the most samples")
+    p.add_argument("--segments", action="store_true", help="also split the MMA loop's samples where its warps wait "
+                   "(operands / their retries / wgmma retire / wgmma issue / rest), to set beside the wait probe's")
     p.add_argument("--count", type=float, default=0, help="also sum the reasons over the non-branch, non-wait lines "
                    "executed this many times (+-0.5%%)")
     args = p.parse_args(argv)
@@ -127,6 +175,15 @@ def main(argv=None) -> int:
                   f"({100 * s['samples'] / max(whole['samples'], 1):.1f}% of the kernel's), "
                   f"{s['instructions']:.0f} instructions executed")
             print("     " + ", ".join(f"{k} {100 * v / s['samples']:.1f}%" for k, v in top if v))
+        if args.segments:
+            seg = loop_segments(rows)
+            total = sum(summarize(rs, reasons)["samples"] for rs in seg.values())
+            if not total:
+                print("   MMA loop segments: no back edge or no samples")
+            else:
+                print("   MMA loop segments (share of the loop body's samples): " + ", ".join(
+                    f"{k} {100 * summarize(rs, reasons)['samples'] / total:.1f}% ({len(rs)} lines)"
+                    for k, rs in seg.items()))
         if args.lines:
             scored = sorted(((sum(_num(r.get(k)) for k in reasons), j, r) for j, r in enumerate(rows)),
                             key=lambda x: (-x[0], x[1]))[:args.lines]

@@ -30,8 +30,9 @@ import triton  # noqa: E402
 
 from fsdist.ops.configs import pick_config  # noqa: E402
 from fsdist.ops.fused_sample import tile_operand  # noqa: E402
-from fsdist.ops.fused_sample_ws import launch_fused_ws  # noqa: E402
+from fsdist.ops.fused_sample_ws import WAIT_FIELDS, launch_fused_ws  # noqa: E402
 from fsdist.ops.layout import BufferPair, CandidateLayout  # noqa: E402
+from fsdist.ops.utils import sm_count  # noqa: E402
 from fsdist.params import RowParams  # noqa: E402
 
 
@@ -40,6 +41,9 @@ def main(argv=None) -> int:
     p.add_argument("--shape", default="4096x151936")
     p.add_argument("--batches", default="1024,256,192")
     p.add_argument("--cases", default="cublas,greedy,noise")
+    p.add_argument("--wait-probe", action="store_true",
+                   help="the ws launches also count their waits (launch_fused_ws's wait_probe) and print ws_waits.py's "
+                   "shares of the profiled round's launch: the probe and ncu's samples on the same launch (v109)")
     args = p.parse_args(argv)
     cases = args.cases.split(",")
     known = ("cublas", "greedy", "noise", "padded", "short", "legacy", "legacy_philox", "rounds7")
@@ -59,6 +63,7 @@ def main(argv=None) -> int:
     g = torch.Generator(device=dev).manual_seed(0)
     W = (torch.randn(V, D, device=dev, generator=g) * D ** -0.5).to(torch.bfloat16)
     calls = []
+    probes = {}  # --wait-probe: each ws case's probe rows (rewritten by every launch: the profiled round's last)
     for B in C.parse_int_list(args.batches):
         h = torch.randn(B, D, device=dev, generator=g).to(torch.bfloat16)
         layout = CandidateLayout(1, triton.cdiv(V, 128), B)
@@ -78,9 +83,13 @@ def main(argv=None) -> int:
             else:
                 prm = greedy if case == "greedy" else serving
                 probe = case if case in ("legacy", "legacy_philox", "rounds7") else ""
-                calls.append((f"{case}_B{B}", lambda h=h, layout=layout, cand=cand, prm=prm, probe=probe:
+                waits = torch.full((sm_count(dev), WAIT_FIELDS.value), -1, dtype=torch.int64, device=dev) \
+                    if args.wait_probe else None
+                if waits is not None:
+                    probes[f"{case}_B{B}"] = waits
+                calls.append((f"{case}_B{B}", lambda h=h, layout=layout, cand=cand, prm=prm, probe=probe, waits=waits:
                               launch_fused_ws(h, W, prm, layout, cand, vocab_size=V, stages=cfg.num_stages,
-                                              epilogue_warps=epilogue_warps, noise_probe=probe)))
+                                              epilogue_warps=epilogue_warps, noise_probe=probe, wait_probe=waits)))
     for _round in ("warm-up", "profiled"):
         for name, fn in calls:
             torch.cuda.nvtx.range_push(f"{_round}:{name}")  # ncu --nvtx-include "regex:profiled:.*/": round 2
@@ -89,6 +98,12 @@ def main(argv=None) -> int:
             torch.cuda.nvtx.range_pop()
         C.log(f"{_round} round done")
     print("cases, in launch order (each round):", ", ".join(n for n, _ in calls), flush=True)
+    if probes:
+        from ws_waits import shares  # (bench/: the probe's medians over programs, as ws_waits.py prints them)
+        for name, waits in probes.items():
+            sh = shares(waits.cpu())
+            print(f"wait probe {name}: " + ("no program wrote every field" if sh is None else ", ".join(
+                f"{k} {v:.4g}" for k, v in sh.items())), flush=True)
     return 0
 
 

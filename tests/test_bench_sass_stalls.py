@@ -67,3 +67,24 @@ def test_counted_lines_take_the_lines_run_that_often_less_branches_and_waits():
     assert [r["Address"] for r in ss.counted_lines(rows, 1000)] == ["0x00", "0x10"]
     assert [r["Address"] for r in ss.counted_lines(rows, 2000)] == ["0x70"]
     assert ss.counted_lines(rows, 500) == []
+
+
+def test_loop_segments_cut_the_body_where_the_warps_wait():
+    """--segments: the head's barrier, try-wait and its test branch are "operands"; the out-of-line retry block the
+    test jumps to (up to its unconditional branch back) "operand retries"; DEPBAR "retire"; HGMMA "issue"; the stage
+    release, the clock reads and the back edge "rest". A loop without a back edge gives no segments."""
+    rows = [{"Address": a, "Source": src} for a, src in [
+        ("0x00", "MOV R1, R2"), ("0x10", "CS2R R2, SR_CLOCKLO"), ("0x20", "BAR.SYNC.DEFER_BLOCKING 0x0, 0x80"),
+        ("0x30", "SYNCS.PHASECHK.TRANS64.TRYWAIT P3, [UR4], R3"), ("0x40", "@!P3 BRA 0xc0"),
+        ("0x50", "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], R24"), ("0x60", "HGMMA.64x128x16.F32.BF16 R24, gsb0"),
+        ("0x70", "WARPGROUP.DEPBAR.LE gsb0, 0x1"), ("0x80", "@P3 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR6], RZ"),
+        ("0x90", "@P3 BRA 0x10"), ("0xa0", "EXIT"), ("0xb0", "BRA 0xb0"),
+        ("0xc0", "SYNCS.PHASECHK.TRANS64.TRYWAIT P3, [UR4], R3"), ("0xd0", "@!P3 BRA 0xc0"), ("0xe0", "BRA 0x50"),
+        ("0xf0", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR9], R3")]]
+    seg = ss.loop_segments(rows)
+    addr = {k: [r["Address"] for r in v] for k, v in seg.items()}
+    assert addr == {"operands": ["0x10", "0x20", "0x30", "0x40"], "operand retries": ["0xc0", "0xd0", "0xe0"],
+                    "retire": ["0x70"], "issue": ["0x50", "0x60"], "rest": ["0x80", "0x90"]}
+    rows = rows[:10]
+    rows[9]["Source"] = "@P3 BRA 0xa0"  # no back edge
+    assert ss.loop_segments(rows) == {}
