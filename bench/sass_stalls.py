@@ -87,7 +87,7 @@ def _target(src: str) -> int:
     return _address(m.group(1)) if m else -1
 
 
-def loop_segments(rows: List[dict], reach: int = 16) -> Dict[str, List[dict]]:
+def loop_segments(rows: List[dict], reach: int = 48) -> Dict[str, List[dict]]:
     """The MMA loop's whole body (its head's stage wait to the back edge) cut where a warp waits, to set beside a
     clock probe's shares (launch_fused_ws's wait_probe, bench/ws_waits.py): "operands" the head up to the branch that
     tests the stage's try-wait (the warpgroup barrier before it and the try-wait: what the probe's operand wait

@@ -10,6 +10,8 @@ programs of
                  run meanwhile, so this is tensor-core idle time only where mma_wgmma is small: operands that arrive
                  just in time show here too
   mma_wgmma      the share spent waiting for wgmmas to retire (the tensor cores busy with this warpgroup's work)
+  wgmma_max      the same for whichever of the warpgroup's four warps waited longest (the columns above are warp
+                 0's: the kernel stores one thread's counts; v109 found the warps' retire waits unequal)
   mma_hand_off   the share spent waiting for the epilogue to free the hand-off buffer (the epilogue behind)
   mma_rest       what remains: issuing the wgmmas, the hand-off's stores, the loop's own instructions
   load_free      the load warp's share of its cycles waiting for a free stage (high in a pipeline whose loads keep
@@ -86,7 +88,7 @@ def variant_kwargs(name: str) -> dict:
     return kw
 
 
-FIELDS_USED = [0, 1, 2, 3, 4, 5, 6, 7, 8]  # (launch_fused_ws's wait_probe; 9 is spare)
+FIELDS_USED = list(range(10))  # (launch_fused_ws's wait_probe)
 
 
 def shares(probe: torch.Tensor) -> dict:
@@ -100,6 +102,7 @@ def shares(probe: torch.Tensor) -> dict:
     med = lambda x: float(x.median())  # noqa: E731
     return {"programs": int(rows.shape[0]), "tiles": int(rows[:, 3].sum()), "mma_total": med(mma),
             "mma_operands": med(rows[:, 1] / mma), "mma_wgmma": med(rows[:, 8] / mma),
+            "mma_wgmma_max": med(rows[:, 9] / mma),
             "mma_hand_off": med(rows[:, 2] / mma), "mma_rest": med((mma - rows[:, 1] - rows[:, 2] - rows[:, 8]) / mma),
             "load_free": med(rows[:, 5] / load), "epi_idle": med(rows[:, 7] / rows[:, 6])}
 
@@ -194,15 +197,17 @@ def main(argv=None) -> int:
     out.flush()
     print("\nMMA warpgroup's cycles (median over programs) and their shares; the load warp's share waiting for a free"
           " stage; the epilogue's share waiting for the accumulator; the launch's µs without / with the probe")
-    print(f"{'cell':16s} {'case':18s} {'mma cycles':>11s} {'operands':>9s} {'wgmma':>7s} {'hand-off':>9s} {'rest':>6s} "
+    print(f"{'cell':16s} {'case':18s} {'mma cycles':>11s} {'operands':>9s} {'wgmma':>7s} {'max':>6s} {'hand-off':>9s} "
+          f"{'rest':>6s} "
           f"{'load free':>9s} {'epi idle':>9s} {'us':>8s} {'probed':>8s} {'/cuBLAS':>8s}")
     for r in table:
         cub = r["cublas_us"] or float("nan")
-        print(f"D={r['D']} B={r['B']:<6d} {'cuBLAS matmul':18s} {'':>66s} {cub:8.1f}")
+        print(f"D={r['D']} B={r['B']:<6d} {'cuBLAS matmul':18s} {'':>73s} {cub:8.1f}")
         for case, c in r["cases"].items():
             t = c["times_us"]
             print(f"D={r['D']} B={r['B']:<6d} {case:18s} {c['mma_total']:11.3g} {c['mma_operands']:9.1%} "
-                  f"{c['mma_wgmma']:7.1%} {c['mma_hand_off']:9.1%} {c['mma_rest']:6.1%} {c['load_free']:9.1%} "
+                  f"{c['mma_wgmma']:7.1%} {c.get('mma_wgmma_max', float('nan')):6.1%} {c['mma_hand_off']:9.1%} "
+                  f"{c['mma_rest']:6.1%} {c['load_free']:9.1%} "
                   f"{c['epi_idle']:9.1%} "
                   f"{t.get('plain', float('nan')):8.1f} {t.get('probed', float('nan')):8.1f} "
                   f"{t.get('plain', float('nan')) / cub:8.3f}")

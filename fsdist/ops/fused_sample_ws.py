@@ -86,7 +86,7 @@ NOISE_PROBES = {"": 0, "philox": _PROBE_PHILOX.value, "logs": _PROBE_LOGS.value,
 # launch_fused_ws(wait_probe=): int64 fields a program's row holds (benchmarks): the MMA warpgroup's cycles in all,
 # waiting for operands, waiting for the epilogue to free the hand-off buffer, its tiles; the load warp's cycles in all
 # and waiting for free stages; the epilogue's cycles in all and waiting for the accumulator; the MMA warpgroup's cycles
-# waiting for its wgmmas to retire; one spare
+# waiting for its wgmmas to retire (one thread's), and the most any of its threads waited for them
 WAIT_FIELDS = triton.language.constexpr(10)
 WGMMA_ROWS = 64  # the rows of one warpgroup's wgmma: a short last tile (last_box_rows) runs one of them a k-step
 _PROBES = triton.language.constexpr(_PROBES_INT)  # the entry search's probes per round (processors.py)
@@ -317,6 +317,10 @@ if HAVE_GLUON:
             gl.store(row + 2, w_hnd)
             gl.store(row + 3, (hc // 2).to(gl.int64))
             gl.store(row + 8, w_mma)
+            # and the most any of its threads waited for wgmmas to retire: a scalar store writes one thread's count
+            # (v109: the four warps may wait unequally, and Nsight Compute's samples average them)
+            lanes: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+            gl.atomic_max(row + 9 + gl.zeros([128], gl.int32, lanes), gl.zeros([128], gl.int64, lanes) + w_mma)
 
     @gluon.jit
     def _half_bits(seed, offset, first_id, HALF: gl.constexpr, quad_layout: gl.constexpr, PROBE: gl.constexpr = 0,
