@@ -116,7 +116,10 @@ HAND_OFFS = {"ab2": dict(acc_buffers=2), "c16": dict(epilogue_chunk=16), "c32": 
              "c16ab2": dict(acc_buffers=2, epilogue_chunk=16), "c32ab2": dict(acc_buffers=2, epilogue_chunk=32),
              "s4": dict(stages=4),  # s4: the large-batch depth of configs.WS_LARGE_BATCH_STAGES
              # the noise in the instructions before v97 (benchmarks: the same bits, so the same candidates)
-             "legacy": dict(noise_probe="legacy"), "legacy_philox": dict(noise_probe="legacy_philox")}
+             "legacy": dict(noise_probe="legacy"), "legacy_philox": dict(noise_probe="legacy_philox"),
+             # the programs held within 1 / 2 rounds of each other (lockstep, v110: the same tiles, so the same
+             # candidates)
+             "lock1": dict(lockstep=1), "lock2": dict(lockstep=2)}
 
 
 def _use_hand_off(monkeypatch, name):
@@ -134,8 +137,9 @@ def _use_hand_off(monkeypatch, name):
     (4096, 1000, 200, 0, "scalar")])
 def test_hand_off_variants_write_the_triton_kernels_candidates(hand_off, D, V, B, vocab_start, kind, ws_calls,
                                                                 monkeypatch):
-    """The two-buffer hand-off, the chunked epilogue (chunks of 16 / 32 columns walked in a rolled loop), 4 stages and
-    the noise in the instructions before v97 (noise_probe "legacy" / "legacy_philox") write the Triton kernel's
+    """The two-buffer hand-off, the chunked epilogue (chunks of 16 / 32 columns walked in a rolled loop), 4 stages,
+    the lockstep and the noise in the instructions before v97 (noise_probe "legacy" / "legacy_philox") write the
+    Triton kernel's
     candidates bit for bit: the chunks' merge keeps ties on the lowest column, -inf tiles on their
     first id, poisoned rows at -1."""
     h, w = _operands(B, D, V, torch.bfloat16, D + V + B)
