@@ -64,9 +64,10 @@ def _address(text) -> int:
         return -1
 
 
-def split_mma_loop(rows: List[dict], reach: int = 16):
+def split_mma_loop(rows: List[dict], reach: int = 48):
     """(MMA loop rows, other rows): the MMA loop runs from its head to the last HGMMA instruction. The head is the
-    target of a backward branch among the ``reach`` instructions after the last HGMMA that lands at or before the
+    target of a backward branch among the ``reach`` instructions after the last HGMMA (48: the wait probe's clock
+    reads put v109's 24 lines between them) that lands at or before the
     first one (the loop's back edge: its head waits for the next stage); without one, the first HGMMA."""
     idx = [i for i, r in enumerate(rows) if "HGMMA" in r.get("Source", "")]
     if not idx:
@@ -93,9 +94,10 @@ def loop_segments(rows: List[dict], reach: int = 48) -> Dict[str, List[dict]]:
     tests the stage's try-wait (the warpgroup barrier before it and the try-wait: what the probe's operand wait
     spans), "operand retries" the out-of-line block that branch jumps to when the try-wait gave up, to its branch
     back, "retire" the wgmma-retire waits (WARPGROUP.DEPBAR), "issue" the wgmmas (HGMMA), "rest" the other lines
-    of the body (the stage release and its warpgroup barrier, the loop's counters, the probe's clock reads). Empty
-    dict without a back edge. (ncu charges a stall to the instruction that waits to issue: a barrier's wait shows on
-    the line after it.)"""
+    of the body (the stage release and its warpgroup barrier, the loop's counters, the probe's clock reads after the
+    first, which falls in "operands"). Empty dict without a back edge, or where the wgmmas span two loops (a short
+    last tile's: the back edge is then not found after the last one). (ncu charges a stall to the instruction that
+    waits to issue: a barrier's wait shows on the line after it.)"""
     idx = [i for i, r in enumerate(rows) if "HGMMA" in r.get("Source", "")]
     if not idx:
         return {}

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1024,256,192")
     p.add_argument("--cases", default="cublas,greedy,noise")
     p.add_argument("--wait-probe", action="store_true",
-                   help="the ws launches also count their waits (launch_fused_ws's wait_probe) and print ws_waits.py's "
+                   help="the greedy / noise / legacy launches also count their waits (launch_fused_ws's wait_probe) and print ws_waits.py's "
                    "shares of the profiled round's launch: the probe and ncu's samples on the same launch (v109)")
     args = p.parse_args(argv)
     cases = args.cases.split(",")
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     g = torch.Generator(device=dev).manual_seed(0)
     W = (torch.randn(V, D, device=dev, generator=g) * D ** -0.5).to(torch.bfloat16)
     calls = []
-    probes = {}  # --wait-probe: each ws case's probe rows (rewritten by every launch: the profiled round's last)
+    probes = {}  # --wait-probe: each ws case's probe rows (refilled before every launch: the profiled round's)
     for B in C.parse_int_list(args.batches):
         h = torch.randn(B, D, device=dev, generator=g).to(torch.bfloat16)
         layout = CandidateLayout(1, triton.cdiv(V, 128), B)
@@ -91,6 +91,8 @@ def main(argv=None) -> int:
                               launch_fused_ws(h, W, prm, layout, cand, vocab_size=V, stages=cfg.num_stages,
                                               epilogue_warps=epilogue_warps, noise_probe=probe, wait_probe=waits)))
     for _round in ("warm-up", "profiled"):
+        for waits in probes.values():
+            waits.fill_(-1)  # (field 9 is an atomic max: the warm-up's must not stay; the fill is not profiled)
         for name, fn in calls:
             torch.cuda.nvtx.range_push(f"{_round}:{name}")  # ncu --nvtx-include "regex:profiled:.*/": round 2
             fn()

@@ -10,8 +10,9 @@ programs of
                  run meanwhile, so this is tensor-core idle time only where mma_wgmma is small: operands that arrive
                  just in time show here too
   mma_wgmma      the share spent waiting for wgmmas to retire (the tensor cores busy with this warpgroup's work)
-  wgmma_max      the same for whichever of the warpgroup's four warps waited longest (the columns above are warp
-                 0's: the kernel stores one thread's counts; v109 found the warps' retire waits unequal)
+  mma_wgmma_max  the same for whichever of the warpgroup's four warps waited longest (printed as "max"; the other
+                 mma_* columns are warp 0's: the kernel stores one thread's counts; v109 found the warps' retire waits
+                 unequal)
   mma_hand_off   the share spent waiting for the epilogue to free the hand-off buffer (the epilogue behind)
   mma_rest       what remains: issuing the wgmmas, the hand-off's stores, the loop's own instructions
   load_free      the load warp's share of its cycles waiting for a free stage (high in a pipeline whose loads keep

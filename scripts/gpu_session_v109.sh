@@ -7,7 +7,7 @@
 #   lock     v110: bench/noise_cost_probe.py, stage 1 alone, lockstep 1 / 2 / 4 against the shipped launch (noise)
 #            and greedy, B = 512 / 1024, both shapes, three runs a cell (its checks: every variant's candidates)
 #   profile  scripts/gpu_profile_ws_sass.sh with the probe (WAIT_PROBE=1) at B = 1024: the probe's shares of the
-#            profiled launch beside Nsight Compute's samples of it (the CSV as v109_probe_*)
+#            profiled launch beside Nsight Compute's samples of it (v109b_probe_ws_sass.csv.gz, the logs beside)
 # then, with PARTS including "bench", scripts/gpu_session_v108.sh's bench part (issue 14's table on this GPU).
 # JSONs and CSVs in $OUT, logs in $OUT/v109_logs.tgz. Usage: export OUT; bash scripts/gpu_session_v109.sh
 set -uo pipefail
@@ -22,7 +22,7 @@ if wants test; then
     tests/ops/test_fused_ws_gpu.py -k "wait_probe or lock" || rc=1
 fi
 if wants waits; then
-  TAIL=9 run_part waits "$(part_limit 150)" v109_ws_waits_console.log python3 bench/ws_waits.py \
+  TAIL=9 run_part waits "$(part_limit 120)" v109_ws_waits_console.log python3 bench/ws_waits.py \
     --shapes 4096x151936 --batches 256,1024 --cases greedy,noise || rc=1
 fi
 if wants lock; then
@@ -31,11 +31,12 @@ if wants lock; then
 fi
 if wants profile; then
   mkdir -p "$OUT/probe"
-  OUT="$OUT/probe" WAIT_PROBE=1 PROFILE_TIMEOUT="$(part_limit 120)" CASES=greedy,noise BATCHES=1024 \
+  OUT="$OUT/probe" WAIT_PROBE=1 PROFILE_TIMEOUT="$(part_limit 90)" CASES=greedy,noise BATCHES=1024 \
     bash scripts/gpu_profile_ws_sass.sh > "$OUT/v109_profile.log" 2>&1 || rc=1
   grep "wait probe\|rc=" "$OUT/v109_profile.log"
   cp "$OUT/probe/v89_ws_sass.csv.gz" "$FINAL/v109b_probe_ws_sass.csv.gz" 2>/dev/null
   cp "$OUT/probe/v89_ncu.log" "$OUT/v109b_probe_ncu.log" 2>/dev/null
+  cp "$OUT/probe/v89_ncu_details.log" "$OUT/v109b_probe_ncu_details.log" 2>/dev/null
 fi
 if wants bench; then
   OUT="$FINAL" CALL_BUDGET=$(part_limit 560) PARTS=bench bash scripts/gpu_session_v108.sh || rc=1

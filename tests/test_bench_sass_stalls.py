@@ -72,7 +72,7 @@ def test_counted_lines_take_the_lines_run_that_often_less_branches_and_waits():
 def test_loop_segments_cut_the_body_where_the_warps_wait():
     """--segments: the head's barrier, try-wait and its test branch are "operands"; the out-of-line retry block the
     test jumps to (up to its unconditional branch back) "operand retries"; DEPBAR "retire"; HGMMA "issue"; the stage
-    release, the clock reads and the back edge "rest". A loop without a back edge gives no segments."""
+    release and the back edge "rest" (a clock read at the head falls in "operands"). A loop without a back edge gives no segments."""
     rows = [{"Address": a, "Source": src} for a, src in [
         ("0x00", "MOV R1, R2"), ("0x10", "CS2R R2, SR_CLOCKLO"), ("0x20", "BAR.SYNC.DEFER_BLOCKING 0x0, 0x80"),
         ("0x30", "SYNCS.PHASECHK.TRANS64.TRYWAIT P3, [UR4], R3"), ("0x40", "@!P3 BRA 0xc0"),

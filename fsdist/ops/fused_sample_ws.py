@@ -801,7 +801,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     raw_sums: bool = True, winner_logit: bool = False, batch: int = None,
                     flags: int = None, box_rows: int = 0, last_box_rows: int = 0, noise_probe: str = "",
                     acc_buffers: int = 1, epilogue_chunk: int = 0, wait_probe: torch.Tensor = None,
-                    lockstep: int = 0) -> None:
+                    lockstep: int = 0, lock_counts: torch.Tensor = None) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
@@ -819,13 +819,15 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     operand stages (while the previous k-step's wgmma may still run), 2 waiting for the epilogue to free the hand-off
     buffer, 3 its tiles, 8 waiting for its wgmmas to retire; 4 the load warp's cycles in all, 5 of them waiting for
     free stages; 6 the epilogue's cycles in all, 7 of them waiting for the accumulator's halves; 9 the most any thread
-    of the MMA warpgroup waited for its wgmmas to retire (fields 1, 2 and 8 are one thread's, of warp 0). Two clock
+    of the MMA warpgroup waited for its wgmmas to retire (fields 0-3 and 8 are one thread's, of warp 0). Two clock
     reads per wait (other instructions the compiler schedules between a read and its wait count as waiting); the
     same candidates.
     lockstep (benchmarks, v110): K > 0 holds each program's load warp, before it loads its tile of round r (the
     programs' r-th tiles), until every program has begun round r - K (a per-call int32 counter a round, zeroed by one
     fill launch; each wait gives up after LOCK_POLLS reads), so that the programs sharing a weight tile stay within
-    K rounds of each other; the same candidates.
+    K rounds of each other; the same candidates. lock_counts (tests): the counters to use instead of a new one, a
+    zeroed contiguous int32 CUDA tensor of at least cdiv(tiles, programs) entries; after the launch entry r holds 32
+    (a warp) for each program that began round r.
     block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same
     candidates: each row's products and their order do not depend on it). logprobs / extended /
     raw_sums / winner_logit as launch_fused's (64-row tiles only): the winner's logit with logprobs or
@@ -908,6 +910,15 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     # row's entries itself (no entry-offset table: the searches run while the tile's MMAs do).
     proc_args, proc_flags = processor_args(params.processing, dummy)
     programs, rotate = persistent_grid(sm_count(hidden.device), n_btiles, n_tiles, last_boxes > 0, grid_cap)
+    if lockstep:
+        rounds = cdiv(n_tiles, programs)
+        if lock_counts is None:
+            lock_counts = torch.zeros(rounds, dtype=torch.int32, device=hidden.device)
+        elif (lock_counts.dtype != torch.int32 or lock_counts.numel() < rounds or not lock_counts.is_contiguous()
+              or lock_counts.device != hidden.device):
+            raise ValueError(f"lock_counts must be a contiguous int32 tensor of >= {rounds} entries on "
+                             f"{hidden.device}, got {tuple(lock_counts.shape)} {lock_counts.dtype} on "
+                             f"{lock_counts.device}")
     if wait_probe is not None and (wait_probe.shape[0] < programs or wait_probe.device != hidden.device):
         raise ValueError(f"wait_probe needs a row for each of the launch's {programs} programs on {hidden.device}, got "
                          f"{tuple(wait_probe.shape)} on {wait_probe.device}")
@@ -926,8 +937,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         XFP_PER_ROW=xfp_row, BLOCK_B=block_b, H_BOXES=boxes, LAST_BOXES=last_boxes, ROTATE=rotate,
         NOISE_PROBE=NOISE_PROBES[noise_probe], ACC_BUFS=acc_buffers, EPI_CHUNK=epilogue_chunk,
         wait_ptr=dummy if wait_probe is None else wait_probe, WAITS=wait_probe is not None,
-        lock_ptr=dummy if not lockstep else torch.zeros(cdiv(n_tiles, programs), dtype=torch.int32,
-                                                         device=hidden.device), LOCK=lockstep,
+        lock_ptr=lock_counts if lockstep else dummy, LOCK=lockstep,
         num_warps=4, maxnreg=maxnreg,
     )
 

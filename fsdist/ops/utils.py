@@ -116,8 +116,9 @@ def sm_clock(anchor):
 
 @triton.jit
 def add_release(ptr, anchor):
-    """*ptr += 1 for each thread that runs it (an int32 at GPU scope, release: the thread's earlier writes and copies
-    issued are ordered before it); anchor: any int32 scalar. A warp adds 32. For launch_fused_ws's lockstep."""
+    """*ptr += 1 for each thread that runs it (an int32 at GPU scope, release: the thread's earlier generic-proxy
+    writes are ordered before it; not the copy engine's); anchor: any int32 scalar. A warp adds 32. For
+    launch_fused_ws's lockstep."""
     return tl.inline_asm_elementwise("red.release.gpu.global.add.s32 [$1], 1; mov.u32 $0, 0;", "=r,l,r",
                                      [ptr, anchor], dtype=tl.int32, is_pure=False, pack=1)
 

@@ -447,8 +447,9 @@ CASES["stage1_ws_plain"]["ptx_lacks"] = CASES["stage1_ws_plain"]["ptx_lacks"] + 
 # The lockstep (launch_fused_ws(lockstep=), benchmarks, v110): the load warp waits for a round's counter (an acquire
 # read, again after a sleep) and adds to its own round's (a release reduction); the plain launch has neither.
 CASES["stage1_ws_lockstep"] = dict(CASES["stage1_ws_plain"], constexprs=dict(WS_PLAIN, LOCK=2),
-                                   ptx_has=["ld.acquire.gpu.global.b32", "red.release.gpu.global.add.s32",
-                                            "nanosleep.u32"], ptx_lacks=["%clock64"])
+                                   ptx_has=CASES["stage1_ws_plain"]["ptx_has"] + [
+                                       "ld.acquire.gpu.global.b32", "red.release.gpu.global.add.s32",
+                                       "nanosleep.u32"])
 CASES["stage1_ws_plain"]["ptx_lacks"] = CASES["stage1_ws_plain"]["ptx_lacks"] + ["ld.acquire.gpu", "red.release"]
 
 # The checks' power: specs a check must refuse, each with the message it must give.
