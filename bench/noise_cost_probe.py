@@ -33,12 +33,11 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
               tile up to 8 batch tiles; v101); ws_cap128_greedy with T = 0; ws_cap120 (120 = 15 x 8) a control
   ws_c<N>     the chunked epilogue (epilogue_chunk=N: N columns at a time in a rolled loop, a fraction of the code);
               ws_c<N>ab2 with a buffer per column half, ws_c<N>ab2_greedy with T = 0
-  ws_lock<K>  the programs held within K rounds of each other (lockstep=K, 1 / 2 / 4: a program's load warp waits
-              before its round r until every program has begun round r - K; v110); ws_lock1_greedy with T = 0
+  (v110's ws_lock<K>, the programs held within K rounds of each other, is in commit 9c28d51)
 
 then runs each method back to back for --seconds while ``nvidia-smi`` samples the SM clock and the power draw
 (every 50 ms; read only: the card's settings are left alone), and reports each method's median clock and power.
-Checks first: the probe's shipped variant, the legacy instructions, the acc_buffers=2 and lockstep variants write the
+Checks first: the probe's shipped variant, the legacy instructions and the acc_buffers=2 variants write the
 dispatched launch's candidates bit for bit, and each other noise variant changes them (so the switch took effect).
 
     python3 bench/noise_cost_probe.py [--shapes 4096x151936,8192x128256] [--batches 256,1024] [--seconds 1.5]
@@ -181,13 +180,6 @@ def check(h, W, params, layout, V, shipped, dev, failures, label):
         if not C.same_candidates(cand, ref):
             failures.append(f"{label}: acc_buffers={bufs}, epilogue_chunk={chunk} with {stages} stages differs from "
                             "the dispatched launch")
-    for lock in (1, 2, 4):
-        cand = zeroed(layout, dev)
-        launch_fused_ws(h, W, params, layout, cand, vocab_size=V, stages=shipped.num_stages, epilogue_warps=8,
-                        lockstep=lock)
-        torch.cuda.synchronize(dev)
-        if not C.same_candidates(cand, ref):
-            failures.append(f"{label}: lockstep={lock} differs from the dispatched launch")
 
 
 def main(argv=None) -> int:
@@ -220,10 +212,10 @@ def main(argv=None) -> int:
                     continue
                 check(hs[0], W, params, layout, V, shipped, dev, failures, label)
 
-                def ws(h, p=params, probe="", epi=False, bufs=1, stages=shipped.num_stages, chunk=0, cap=0, lock=0):
+                def ws(h, p=params, probe="", epi=False, bufs=1, stages=shipped.num_stages, chunk=0, cap=0):
                     launch_fused_ws(h, W, p, layout, cand, vocab_size=V, stages=stages, epilogue_warps=8,
                                     noise_probe=probe, epilogue_only=epi, acc_buffers=bufs, epilogue_chunk=chunk,
-                                    grid_cap=cap, lockstep=lock)
+                                    grid_cap=cap)
 
                 methods = {"cublas": lambda h: F.linear(h, W), "ws": ws,
                            "ws_greedy": lambda h: ws(h, greedy), "ws_epi": lambda h: ws(h, epi=True),
@@ -242,9 +234,7 @@ def main(argv=None) -> int:
                            "ws_s4": lambda h: ws(h, stages=4), "ws_s4_greedy": lambda h: ws(h, greedy, stages=4),
                            "ws_s3": lambda h: ws(h, stages=3),
                            "ws_cap128": lambda h: ws(h, cap=128), "ws_cap128_greedy": lambda h: ws(h, greedy, cap=128),
-                           "ws_cap120": lambda h: ws(h, cap=120),
-                           "ws_lock1": lambda h: ws(h, lock=1), "ws_lock2": lambda h: ws(h, lock=2),
-                           "ws_lock4": lambda h: ws(h, lock=4), "ws_lock1_greedy": lambda h: ws(h, greedy, lock=1)}
+                           "ws_cap120": lambda h: ws(h, cap=120)}
                 if args.methods:
                     keep = {"cublas", "ws"} | set(args.methods.split(","))
                     unknown = keep - set(methods)

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One device call on one H100 for v109b and v110 (docs/performance.md): the wait probe per warp; the programs held
-# in lockstep. Parts (PARTS, default "test waits lock profile"), cut at what is left of $CALL_BUDGET s (default 560):
-#   test     the wait probe's GPU test and the lockstep variants' (tests/ops/test_fused_ws_gpu.py)
+# One device call on one H100 for v109b (docs/performance.md): the wait probe per warp (v110's lockstep ran in the
+# same call; reverted). Parts (PARTS, default "test waits profile"), cut at what is left of $CALL_BUDGET s (default
+# 560):
+#   test     the wait probe's GPU test (tests/ops/test_fused_ws_gpu.py; v110 also ran the lockstep's)
 #   waits    bench/ws_waits.py, D = 4096, B = 256 / 1024, greedy and noise (warp 0's waits and the longest retire
 #            wait over the MMA warpgroup's threads)
-#   lock     v110: bench/noise_cost_probe.py, stage 1 alone, lockstep 1 / 2 / 4 against the shipped launch (noise)
-#            and greedy, B = 512 / 1024, both shapes, three runs a cell (its checks: every variant's candidates)
+#   lock     (v110's lockstep probe, reverted: in commit 9c28d51)
 #   profile  scripts/gpu_profile_ws_sass.sh with the probe (WAIT_PROBE=1) at B = 1024: the probe's shares of the
 #            profiled launch beside Nsight Compute's samples of it (v109b_probe_ws_sass.csv.gz, the logs beside)
 # then, with PARTS including "bench", scripts/gpu_session_v108.sh's bench part (issue 14's table on this GPU).
@@ -15,19 +15,15 @@ cd "$(dirname "$0")/.."
 source scripts/gpu_session_lib.sh
 FINAL="$OUT"
 pack_on_exit v109
-PARTS="${PARTS:-test waits lock profile}"
+PARTS="${PARTS:-test waits profile}"
 rc=0
 if wants test; then
   TAIL=3 run_part test "$(part_limit 120)" v109_test.log python3 -m pytest -q -p no:cacheprovider \
-    tests/ops/test_fused_ws_gpu.py -k "wait_probe or lock" || rc=1
+    tests/ops/test_fused_ws_gpu.py -k wait_probe || rc=1
 fi
 if wants waits; then
   TAIL=9 run_part waits "$(part_limit 120)" v109_ws_waits_console.log python3 bench/ws_waits.py \
     --shapes 4096x151936 --batches 256,1024 --cases greedy,noise || rc=1
-fi
-if wants lock; then
-  TAIL=30 run_part lock "$(part_limit 200)" v110_noise_cost_console.log python3 bench/noise_cost_probe.py --repeat 3 \
-    --seconds 0 --batches 512,1024 --methods ws_greedy,ws_lock1,ws_lock2,ws_lock4,ws_lock1_greedy || rc=1
 fi
 if wants profile; then
   mkdir -p "$OUT/probe"

@@ -46,8 +46,7 @@ from .prepare_processors import PROBES as _PROBES_INT
 from .processors import (process_tile, processor_args, row_penalties, slice_heads, span_allowed, span_words,
                          split_slices)
 from .step_check import call_flags, write_record_words, write_row_fingerprints, writes_header
-from .utils import (add_release, cdiv, device_capability, fast_log_ok, load_row_param, row_param_args, sm_clock,
-                    sm_count, wait_at_least)
+from .utils import cdiv, device_capability, fast_log_ok, load_row_param, row_param_args, sm_clock, sm_count
 
 try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this path is off.
     from triton.experimental import gluon
@@ -89,8 +88,6 @@ NOISE_PROBES = {"": 0, "philox": _PROBE_PHILOX.value, "logs": _PROBE_LOGS.value,
 # and waiting for free stages; the epilogue's cycles in all and waiting for the accumulator; the MMA warpgroup's cycles
 # waiting for its wgmmas to retire (one thread's), and the most any of its threads waited for them
 WAIT_FIELDS = triton.language.constexpr(10)
-# launch_fused_ws(lockstep=): a load warp's reads of a round's counter before it goes on without the others (~0.5 ms)
-LOCK_POLLS = triton.language.constexpr(1024)
 WGMMA_ROWS = 64  # the rows of one warpgroup's wgmma: a short last tile (last_box_rows) runs one of them a k-step
 _PROBES = triton.language.constexpr(_PROBES_INT)  # the entry search's probes per round (processors.py)
 HEAD_N = triton.language.constexpr(4)  # entries per (row, column half) walked from registers (processors.py)
@@ -156,7 +153,7 @@ if HAVE_GLUON:
     def _load_partition(h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
                         BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_K: gl.constexpr,
                         STAGES: gl.constexpr, H_BOXES: gl.constexpr, LAST_BOXES: gl.constexpr,
-                        ROTATE: gl.constexpr, wait_ptr, WAITS: gl.constexpr, lock_ptr, LOCK: gl.constexpr):
+                        ROTATE: gl.constexpr, wait_ptr, WAITS: gl.constexpr):
         # One warp: wait for a free stage, then let the copy engine fill it (both operands
         # arrive on the stage's "ready" barrier, which counts their bytes).
         BOX: gl.constexpr = h_desc.block_type.shape[0]
@@ -174,18 +171,10 @@ if HAVE_GLUON:
         w_emp = gl.program_id(0).to(gl.int64) * 0
         if WAITS:
             c_start = sm_clock(it)
-        rnd = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             pid_b, pid_v = _tile_coords(t, n_btiles, ROTATE)
             off_b = pid_b * BLOCK_B
             off_v = pid_v * BLOCK_V
-            if LOCK > 0:  # (launch_fused_ws's lockstep) wait until every program has begun round rnd - LOCK
-                if rnd >= LOCK:
-                    P = gl.num_programs(0)
-                    wait_at_least(lock_ptr + (rnd - LOCK), 32 * gl.minimum(P, n_tiles - (rnd - LOCK) * P),
-                                  LOCK_POLLS)
-                add_release(lock_ptr + rnd, rnd)
-                rnd += 1
             if LAST_BOXES > 0:  # (static: a launch without it compiles the whole-tile copies alone)
                 if pid_b == n_btiles - 1:
                     it, w_emp = _load_tile(hl_desc, w_desc, h_bufs, w_bufs, ready, empty, it, off_b, off_v, k_steps,
@@ -665,7 +654,7 @@ if HAVE_GLUON:
                                H_BOXES: gl.constexpr = 1, LAST_BOXES: gl.constexpr = 0,
                                ROTATE: gl.constexpr = False, NOISE_PROBE: gl.constexpr = 0,
                                ACC_BUFS: gl.constexpr = 1, EPI_CHUNK: gl.constexpr = 0, wait_ptr=None,
-                               WAITS: gl.constexpr = False, lock_ptr=None, LOCK: gl.constexpr = 0):
+                               WAITS: gl.constexpr = False):
         # BLOCK_B: the batch tile, loaded as one TMA box of the hidden, or (launch_fused_ws's box_rows: a one-tile
         # batch) as H_BOXES smaller boxes. LAST_BOXES (launch_fused_ws's last_box_rows): the batch's last tile, of
         # at most BLOCK_B / 2 rows, loaded as that many boxes of hl_desc's rows and multiplied as half a tile. ROTATE:
@@ -705,8 +694,7 @@ if HAVE_GLUON:
                               k_steps, BLOCK_B, BLOCK_V, STAGES, LAST_BOXES, ROTATE, ACC_BUFS, NCH, wait_ptr,
                               WAITS)),
             (_load_partition, (h_desc, hl_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
-                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES, LAST_BOXES, ROTATE, wait_ptr, WAITS,
-                               lock_ptr, LOCK)),
+                               BLOCK_B, BLOCK_V, BLOCK_K, STAGES, H_BOXES, LAST_BOXES, ROTATE, wait_ptr, WAITS)),
             (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
                                    temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
                                    buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles, stride_field,
@@ -800,8 +788,7 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
                     raw_sums: bool = True, winner_logit: bool = False, batch: int = None,
                     flags: int = None, box_rows: int = 0, last_box_rows: int = 0, noise_probe: str = "",
-                    acc_buffers: int = 1, epilogue_chunk: int = 0, wait_probe: torch.Tensor = None,
-                    lockstep: int = 0, lock_counts: torch.Tensor = None) -> None:
+                    acc_buffers: int = 1, epilogue_chunk: int = 0, wait_probe: torch.Tensor = None) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
@@ -822,12 +809,6 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     of the MMA warpgroup waited for its wgmmas to retire (fields 0-3 and 8 are one thread's, of warp 0). Two clock
     reads per wait (other instructions the compiler schedules between a read and its wait count as waiting); the
     same candidates.
-    lockstep (benchmarks, v110): K > 0 holds each program's load warp, before it loads its tile of round r (the
-    programs' r-th tiles), until every program has begun round r - K (a per-call int32 counter a round, zeroed by one
-    fill launch; each wait gives up after LOCK_POLLS reads), so that the programs sharing a weight tile stay within
-    K rounds of each other; the same candidates. lock_counts (tests): the counters to use instead of a new one, a
-    zeroed contiguous int32 CUDA tensor of at least cdiv(tiles, programs) entries; after the launch entry r holds 32
-    (a warp) for each program that began round r.
     block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same
     candidates: each row's products and their order do not depend on it). logprobs / extended /
     raw_sums / winner_logit as launch_fused's (64-row tiles only): the winner's logit with logprobs or
@@ -863,8 +844,6 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         raise ValueError("epilogue_chunk serves plain calls only (no logprobs, kept logits, processors or noise_probe)")
     if noise_probe not in NOISE_PROBES:
         raise ValueError(f"noise_probe must be one of {sorted(NOISE_PROBES)}, got {noise_probe!r}")
-    if not isinstance(lockstep, int) or isinstance(lockstep, bool) or lockstep < 0:
-        raise ValueError(f"lockstep must be an int >= 0 (rounds of slack; 0: off), got {lockstep!r}")
     if wait_probe is not None and (wait_probe.dtype != torch.int64 or wait_probe.dim() != 2
                                    or wait_probe.shape[1] != WAIT_FIELDS.value or not wait_probe.is_contiguous()):
         raise ValueError(f"wait_probe must be a contiguous int64 tensor [programs, {WAIT_FIELDS.value}], got "
@@ -910,15 +889,6 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     # row's entries itself (no entry-offset table: the searches run while the tile's MMAs do).
     proc_args, proc_flags = processor_args(params.processing, dummy)
     programs, rotate = persistent_grid(sm_count(hidden.device), n_btiles, n_tiles, last_boxes > 0, grid_cap)
-    if lockstep:
-        rounds = cdiv(n_tiles, programs)
-        if lock_counts is None:
-            lock_counts = torch.zeros(rounds, dtype=torch.int32, device=hidden.device)
-        elif (lock_counts.dtype != torch.int32 or lock_counts.numel() < rounds or not lock_counts.is_contiguous()
-              or lock_counts.device != hidden.device):
-            raise ValueError(f"lock_counts must be a contiguous int32 tensor of >= {rounds} entries on "
-                             f"{hidden.device}, got {tuple(lock_counts.shape)} {lock_counts.dtype} on "
-                             f"{lock_counts.device}")
     if wait_probe is not None and (wait_probe.shape[0] < programs or wait_probe.device != hidden.device):
         raise ValueError(f"wait_probe needs a row for each of the launch's {programs} programs on {hidden.device}, got "
                          f"{tuple(wait_probe.shape)} on {wait_probe.device}")
@@ -937,7 +907,6 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         XFP_PER_ROW=xfp_row, BLOCK_B=block_b, H_BOXES=boxes, LAST_BOXES=last_boxes, ROTATE=rotate,
         NOISE_PROBE=NOISE_PROBES[noise_probe], ACC_BUFS=acc_buffers, EPI_CHUNK=epilogue_chunk,
         wait_ptr=dummy if wait_probe is None else wait_probe, WAITS=wait_probe is not None,
-        lock_ptr=lock_counts if lockstep else dummy, LOCK=lockstep,
         num_warps=4, maxnreg=maxnreg,
     )
 

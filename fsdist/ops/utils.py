@@ -115,30 +115,6 @@ def sm_clock(anchor):
 
 
 @triton.jit
-def add_release(ptr, anchor):
-    """*ptr += 1 for each thread that runs it (an int32 at GPU scope, release: the thread's earlier generic-proxy
-    writes are ordered before it; not the copy engine's); anchor: any int32 scalar. A warp adds 32. For
-    launch_fused_ws's lockstep."""
-    return tl.inline_asm_elementwise("red.release.gpu.global.add.s32 [$1], 1; mov.u32 $0, 0;", "=r,l,r",
-                                     [ptr, anchor], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def wait_at_least(ptr, target, max_polls):
-    """Read the int32 *ptr (acquire, GPU scope) until it is >= target, sleeping 128 ns between reads, at most
-    max_polls times: a program that waits for others that never come (not resident beside another kernel) goes on
-    instead of hanging. Returns the reads taken past the first. For launch_fused_ws's lockstep."""
-    n = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-    polls = 0
-    while (n < target) & (polls < max_polls):
-        n = tl.inline_asm_elementwise("nanosleep.u32 128; ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr],
-                                      dtype=tl.int32, is_pure=False, pack=1)
-        polls += 1
-    return polls
-
-
-@triton.jit
 def stagger_start(pid, first_wave, delay_ns, ON: tl.constexpr):
     """Hold the odd programs among the first ``first_wave`` (one per SM) for delay_ns nanoseconds before they
     start (TileConfig.stagger_us). A memory-bound grid of many waves whose programs all take the same time finishes

@@ -116,10 +116,7 @@ HAND_OFFS = {"ab2": dict(acc_buffers=2), "c16": dict(epilogue_chunk=16), "c32": 
              "c16ab2": dict(acc_buffers=2, epilogue_chunk=16), "c32ab2": dict(acc_buffers=2, epilogue_chunk=32),
              "s4": dict(stages=4),  # s4: the large-batch depth of configs.WS_LARGE_BATCH_STAGES
              # the noise in the instructions before v97 (benchmarks: the same bits, so the same candidates)
-             "legacy": dict(noise_probe="legacy"), "legacy_philox": dict(noise_probe="legacy_philox"),
-             # the programs held within 1 / 2 rounds of each other (lockstep, v110: the same tiles, so the same
-             # candidates)
-             "lock1": dict(lockstep=1), "lock2": dict(lockstep=2)}
+             "legacy": dict(noise_probe="legacy"), "legacy_philox": dict(noise_probe="legacy_philox")}
 
 
 def _use_hand_off(monkeypatch, name):
@@ -137,9 +134,9 @@ def _use_hand_off(monkeypatch, name):
     (4096, 1000, 200, 0, "scalar")])
 def test_hand_off_variants_write_the_triton_kernels_candidates(hand_off, D, V, B, vocab_start, kind, ws_calls,
                                                                 monkeypatch):
-    """The two-buffer hand-off, the chunked epilogue (chunks of 16 / 32 columns walked in a rolled loop), 4 stages,
-    the lockstep and the noise in the instructions before v97 (noise_probe "legacy" / "legacy_philox") write the
-    Triton kernel's candidates bit for bit: the chunks' merge keeps ties on the lowest column, -inf tiles on their
+    """The two-buffer hand-off, the chunked epilogue (chunks of 16 / 32 columns walked in a rolled loop), 4 stages and
+    the noise in the instructions before v97 (noise_probe "legacy" / "legacy_philox") write the Triton kernel's
+    candidates bit for bit: the chunks' merge keeps ties on the lowest column, -inf tiles on their
     first id, poisoned rows at -1."""
     h, w = _operands(B, D, V, torch.bfloat16, D + V + B)
     params = _row_params(B, torch.Generator().manual_seed(D + V + B), kind)
@@ -150,34 +147,6 @@ def test_hand_off_variants_write_the_triton_kernels_candidates(hand_off, D, V, B
     assert len(ws_calls) == 1
     assert torch.equal(got[1], ref[1])
     assert torch.equal(got[0], ref[0])
-
-
-@hopper
-@pytest.mark.parametrize("D, V, B, K", [(4096, 151936, 1024, 1), (4096, 40000, 150, 2), (96, 5000, 130, 4)])
-def test_lockstep_counts_every_programs_round(D, V, B, K, ws_calls, monkeypatch):
-    """launch_fused_ws(lockstep=K) (benchmarks, v110): each round's counter ends at 32 (one warp's adds) times the
-    programs that had a tile in that round, an entry past the last round stays 0, and the candidates are the Triton
-    kernel's (a wrong count would only show as waits running out their polls: the counts are the check). One shape
-    with many rounds and a short last tile among them (B = 1024 is 8 whole tiles; 150 ends in a short one)."""
-    from fsdist.ops.utils import sm_count
-
-    h, w = _operands(B, D, V, torch.bfloat16, D + V + B + K)
-    params = _row_params(B, torch.Generator().manual_seed(B + K), "rows")
-    ref = _candidates(TRITON, h, w, params, V)
-    n_tiles = triton.cdiv(V, 128) * triton.cdiv(B, 128)
-    counts = torch.zeros(n_tiles + 1, dtype=torch.int32, device=h.device)  # (more than any launch's rounds)
-    real = fused_sample.launch_fused_ws
-    monkeypatch.setattr(fused_sample, "launch_fused_ws",
-                        lambda *a, **k: real(*a, **k, lockstep=K, lock_counts=counts))
-    got = _candidates(WS, h, w, params, V)
-    assert len(ws_calls) == 1
-    assert torch.equal(got[1], ref[1]) and torch.equal(got[0], ref[0])
-    P = int(counts[0]) // 32  # round 0: every program of the launch began it
-    assert 0 < P <= sm_count(h.device)
-    rounds = triton.cdiv(n_tiles, P)
-    want = [32 * min(P, n_tiles - r * P) for r in range(rounds)]
-    assert counts[:rounds].tolist() == want
-    assert (counts[rounds:] == 0).all()
 
 
 @hopper

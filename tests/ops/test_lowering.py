@@ -379,12 +379,12 @@ WS_TYPES = dict(h_desc="tensordesc<bf16[64, 64],NVMMA>", hl_desc="tensordesc<bf1
                 cand_i="*i32", B="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", buf_offset="i32",
                 buf_offset_i="i32", stride_slot="i32", n_btiles="i32", n_tiles="i32", k_steps="i32",
                 stride_field="i32", stride_ifield="i32", hdr_off_i="i32", flags="i32", xfp_ptr="*i64", xfp_val="i64",
-                wait_ptr="*i64", lock_ptr="*i32", **ROW_PARAMS, **PARITY, **PROC)
+                wait_ptr="*i64", **ROW_PARAMS, **PARITY, **PROC)
 WS_CONST = dict(STAGES=5, EPI_WARPS=8, EPI_REGS=160, LOAD_REGS=24, SEED_PER_ROW=True, OFFSET_PER_ROW=True,
                 TEMP_PER_ROW=True, NOISE=True, FAST_LOG=True, ROW_THREADS=8, LOGPROBS=True, EXTENDED=True,
                 WINNER_LOGIT=False, RAW_SUM=False, BITMASK=False, SPARSE=False, PINNED=True, PEER_TABLE=False,
                 NPEERS=1, DEVICE_PARITY=False, HEADER=False, XFP_PER_ROW=False, BLOCK_B=64, H_BOXES=1,
-                LAST_BOXES=0, ROTATE=False, NOISE_PROBE=0, ACC_BUFS=1, EPI_CHUNK=0, WAITS=False, LOCK=0)
+                LAST_BOXES=0, ROTATE=False, NOISE_PROBE=0, ACC_BUFS=1, EPI_CHUNK=0, WAITS=False)
 CASES["stage1_ws_extended"] = dict(module="fsdist.ops.fused_sample_ws", kernel="fused_sample_ws_kernel", gluon=True,
                                    maxnreg=128, types=WS_TYPES, constexprs=WS_CONST, ptx_lacks=["fence.proxy.async"],
                                    ptx_count={"cp.async.bulk.tensor": 2, "expect_tx.shared.b64 _, [%r": 1,
@@ -443,14 +443,6 @@ CASES["stage1_ws_waits"] = dict(CASES["stage1_ws_last_boxes"], constexprs=dict(W
 CASES["stage1_ws_waits_chunked"] = dict(CASES["stage1_ws_waits"], ptx_lacks=[], constexprs=dict(
     WS_PLAIN, LAST_BOXES=3, WAITS=True, EPI_CHUNK=16, ACC_BUFS=2))
 CASES["stage1_ws_plain"]["ptx_lacks"] = CASES["stage1_ws_plain"]["ptx_lacks"] + ["%clock64"]
-
-# The lockstep (launch_fused_ws(lockstep=), benchmarks, v110): the load warp waits for a round's counter (an acquire
-# read, again after a sleep) and adds to its own round's (a release reduction); the plain launch has neither.
-CASES["stage1_ws_lockstep"] = dict(CASES["stage1_ws_plain"], constexprs=dict(WS_PLAIN, LOCK=2),
-                                   ptx_has=CASES["stage1_ws_plain"]["ptx_has"] + [
-                                       "ld.acquire.gpu.global.b32", "red.release.gpu.global.add.s32",
-                                       "nanosleep.u32"])
-CASES["stage1_ws_plain"]["ptx_lacks"] = CASES["stage1_ws_plain"]["ptx_lacks"] + ["ld.acquire.gpu", "red.release"]
 
 # The checks' power: specs a check must refuse, each with the message it must give.
 FAILING = {
