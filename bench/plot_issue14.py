@@ -1,0 +1,127 @@
+"""Issue 14's figure: fsdist over cuBLAS's matmul alone, and the best materialized baseline over fsdist, against B.
+
+Reads ``kernel_bench_*.json`` files (bench/kernel_bench.py run with at least the cublas, fsdist and gumbel_compiled
+methods, eager and graph replays; ``[B]`` temperatures, the serving case) and, per file, draws one PNG with a column
+per shape: on top fsdist / cuBLAS (graph replays solid, eager dashed) with issue 14's 1.05x target, below compiled
+Gumbel-max / fsdist (graph replays) with its 1.2x target. The B axis is logarithmic (1-1024). Prints a markdown table
+per file (graph replays, µs, and the three ratios). No GPU needed.
+
+    python3 bench/plot_issue14.py bench/results/kernel_bench_h100_20261206T161615Z_v108.json [more.json ...] \\
+        [--plots-dir docs/plots]
+"""
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from typing import Dict, List, Tuple
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+TARGET_CUBLAS = 1.05  # issue 14: fsdist <= 1.05 x cuBLAS's matmul alone at every B
+TARGET_BASELINE = 1.2  # issue 14: >= 1.2 x faster than the best materialized baseline
+
+
+def medians(data: dict) -> Dict[Tuple[int, int, str, str], float]:
+    """{(D, B, method, mode): median µs} of a kernel_bench JSON's successful results."""
+    out = {}
+    for r in data.get("results", []):
+        if r.get("error") is None and r.get("median_us") is not None:
+            out[(r["D"], r["B"], r["method"], r["mode"])] = float(r["median_us"])
+    return out
+
+
+def rows(data: dict) -> List[dict]:
+    """One row per (shape, B) with cuBLAS, fsdist and compiled Gumbel-max's graph replay and the ratios (NaN where a
+    method is missing), in shape then B order."""
+    m = medians(data)
+    nan = float("nan")
+    out = []
+    for D, V in sorted({(r["D"], r["V"]) for r in data.get("results", [])}):
+        for B in sorted({k[1] for k in m if k[0] == D}):
+            cub, fs, gb = (m.get((D, B, name, "graph"), nan) for name in ("cublas", "fsdist", "gumbel_compiled"))
+            cub_e, fs_e = (m.get((D, B, name, "events"), nan) for name in ("cublas", "fsdist"))
+            out.append(dict(D=D, V=V, B=B, cublas=cub, fsdist=fs, gumbel=gb, fs_cublas=fs / cub,
+                            fs_cublas_eager=fs_e / cub_e, baseline_fs=gb / fs))
+    return out
+
+
+def table(data: dict) -> str:
+    gpu = (data.get("env", {}).get("gpu") or {}).get("name", "?")
+    lines = [f"{gpu}, graph replays (µs); fsdist / cuBLAS also eager; target {TARGET_CUBLAS}x / {TARGET_BASELINE}x",
+             "", "| D | B | cuBLAS | fsdist | compiled Gumbel-max | fsdist / cuBLAS | eager | baseline / fsdist |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows(data):
+        lines.append(f"| {r['D']} | {r['B']} | {r['cublas']:.1f} | {r['fsdist']:.1f} | {r['gumbel']:.1f} | "
+                     f"{r['fs_cublas']:.3f} | {r['fs_cublas_eager']:.3f} | {r['baseline_fs']:.2f} |")
+    return "\n".join(lines)
+
+
+def plot(data: dict, out_path: str) -> None:
+    rs = rows(data)
+    shapes = sorted({(r["D"], r["V"]) for r in rs})
+    if not shapes:
+        raise ValueError("no results to plot")
+    fig, axes = plt.subplots(2, len(shapes), figsize=(5.5 * len(shapes), 6.5), squeeze=False, sharex=True)
+    gpu = (data.get("env", {}).get("gpu") or {}).get("name", "?")
+    for j, (D, V) in enumerate(shapes):
+        sub = [r for r in rs if r["D"] == D]
+        bs = [r["B"] for r in sub]
+        top, bottom = axes[0][j], axes[1][j]
+        top.plot(bs, [r["fs_cublas"] for r in sub], "o-", color="tab:blue", label="graph replays")
+        top.plot(bs, [r["fs_cublas_eager"] for r in sub], "s--", color="tab:blue", alpha=0.5, label="eager")
+        top.axhline(TARGET_CUBLAS, color="tab:red", lw=1, ls=":", label=f"target {TARGET_CUBLAS}x")
+        top.axhline(1.0, color="gray", lw=0.8)
+        top.set_title(f"D={D}, V={V}")
+        top.set_ylabel("fsdist / cuBLAS matmul")
+        bottom.plot(bs, [r["baseline_fs"] for r in sub], "o-", color="tab:green", label="compiled Gumbel-max / fsdist")
+        bottom.axhline(TARGET_BASELINE, color="tab:red", lw=1, ls=":", label=f"target {TARGET_BASELINE}x")
+        bottom.axhline(1.0, color="gray", lw=0.8)
+        bottom.set_ylabel("baseline / fsdist (higher: fsdist faster)")
+        bottom.set_xlabel("batch B")
+        for ax in (top, bottom):
+            ax.set_xscale("log", base=2)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        finite = [r["B"] for r in sub if math.isfinite(r["fs_cublas"])]
+        if finite:
+            top.set_xlim(min(finite) / 1.3, max(finite) * 1.3)
+    fig.suptitle(f"Issue 14 on {gpu}: [B] temperatures, L2 flushed, median of each method's calls")
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
+
+
+def out_name(path: str, data: dict) -> str:
+    """issue14_<gpu>_<stamp>.png from the JSON's file name (kernel_bench_<gpu>_<stamp>[_tag].json)."""
+    m = re.match(r"kernel_bench_(.+?)_(\d{8}T\d{4,6}Z?)(?:_(.+))?\.json$", os.path.basename(path))
+    if m:
+        return f"issue14_{m.group(1)}_{m.group(2)}" + (f"_{m.group(3)}" if m.group(3) else "") + ".png"
+    return "issue14_" + os.path.splitext(os.path.basename(path))[0] + ".png"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("json", nargs="+", help="kernel_bench JSONs")
+    p.add_argument("--plots-dir", default="docs/plots")
+    args = p.parse_args(argv)
+    os.makedirs(args.plots_dir, exist_ok=True)
+    for path in args.json:
+        with open(path) as f:
+            data = json.load(f)
+        if not rows(data):
+            print(f"{path}: no kernel_bench results", file=sys.stderr)
+            return 1
+        out = os.path.join(args.plots_dir, out_name(path, data))
+        plot(data, out)
+        print(table(data))
+        print(f"\nplot: {out}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""bench/plot_issue14.py: issue 14's ratios, table and plot from a kernel_bench JSON (no GPU)."""
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "plot_issue14", Path(__file__).resolve().parent.parent / "bench" / "plot_issue14.py")
+p14 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(p14)
+
+
+def _result(D, B, method, mode, us, error=None):
+    return {"D": D, "V": 1000 + D, "B": B, "method": method, "mode": mode, "median_us": us, "error": error}
+
+
+def _data():
+    res = []
+    for B, (cub, fs, gb, cub_e, fs_e) in {1: (100.0, 94.0, 130.0, 101.0, 96.0),
+                                          256: (200.0, 230.0, 250.0, 210.0, 250.0)}.items():
+        res += [_result(64, B, "cublas", "graph", cub), _result(64, B, "fsdist", "graph", fs),
+                _result(64, B, "gumbel_compiled", "graph", gb), _result(64, B, "cublas", "events", cub_e),
+                _result(64, B, "fsdist", "events", fs_e)]
+    res.append(_result(64, 512, "cublas", "graph", 400.0))  # fsdist failed at 512: its ratios are NaN
+    res.append(_result(64, 512, "fsdist", "graph", 1.0, error="boom"))
+    return {"env": {"gpu": {"name": "NVIDIA H100 80GB HBM3"}}, "results": res}
+
+
+def test_rows_take_graph_ratios_eager_beside_and_leave_failures_nan():
+    rs = p14.rows(_data())
+    assert [r["B"] for r in rs] == [1, 256, 512]
+    assert rs[0]["fs_cublas"] == pytest.approx(0.94) and rs[0]["fs_cublas_eager"] == pytest.approx(96 / 101)
+    assert rs[1]["baseline_fs"] == pytest.approx(250 / 230)
+    assert math.isnan(rs[2]["fs_cublas"]) and math.isnan(rs[2]["baseline_fs"])
+    md = p14.table(_data())
+    assert "| 64 | 256 | 200.0 | 230.0 | 250.0 | 1.150 | 1.190 | 1.09 |" in md
+
+
+def test_main_writes_one_png_per_json_named_after_it(tmp_path, capsys):
+    path = tmp_path / "kernel_bench_h100_20261206T161615Z_v108.json"
+    path.write_text(json.dumps(_data()))
+    assert p14.main([str(path), "--plots-dir", str(tmp_path / "plots")]) == 0
+    png = tmp_path / "plots" / "issue14_h100_20261206T161615Z_v108.png"
+    assert png.exists() and png.stat().st_size > 10_000
+    assert "fsdist / cuBLAS" in capsys.readouterr().out
+    empty = tmp_path / "kernel_bench_h100_x.json"
+    empty.write_text(json.dumps({"results": []}))
+    assert p14.main([str(empty), "--plots-dir", str(tmp_path / "plots")]) == 1
