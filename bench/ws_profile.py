@@ -30,9 +30,8 @@ import triton  # noqa: E402
 
 from fsdist.ops.configs import pick_config  # noqa: E402
 from fsdist.ops.fused_sample import tile_operand  # noqa: E402
-from fsdist.ops.fused_sample_ws import WAIT_FIELDS, launch_fused_ws  # noqa: E402
+from fsdist.ops.fused_sample_ws import launch_fused_ws, new_wait_probe  # noqa: E402
 from fsdist.ops.layout import BufferPair, CandidateLayout  # noqa: E402
-from fsdist.ops.utils import sm_count  # noqa: E402
 from fsdist.params import RowParams  # noqa: E402
 
 
@@ -42,8 +41,8 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1024,256,192")
     p.add_argument("--cases", default="cublas,greedy,noise")
     p.add_argument("--wait-probe", action="store_true",
-                   help="the greedy / noise / legacy launches also count their waits (launch_fused_ws's wait_probe) and print ws_waits.py's "
-                   "shares of the profiled round's launch: the probe and ncu's samples on the same launch (v109)")
+                   help="the greedy / noise / legacy launches also count their waits (launch_fused_ws's wait_probe) "
+                   "and print ws_waits.py's shares of the profiled round's launch: the probe and ncu's samples on the same launch (v109)")
     args = p.parse_args(argv)
     cases = args.cases.split(",")
     known = ("cublas", "greedy", "noise", "padded", "short", "legacy", "legacy_philox", "rounds7")
@@ -83,8 +82,7 @@ def main(argv=None) -> int:
             else:
                 prm = greedy if case == "greedy" else serving
                 probe = case if case in ("legacy", "legacy_philox", "rounds7") else ""
-                waits = torch.full((sm_count(dev), WAIT_FIELDS.value), -1, dtype=torch.int64, device=dev) \
-                    if args.wait_probe else None
+                waits = new_wait_probe(dev) if args.wait_probe else None
                 if waits is not None:
                     probes[f"{case}_B{B}"] = waits
                 calls.append((f"{case}_B{B}", lambda h=h, layout=layout, cand=cand, prm=prm, probe=probe, waits=waits:

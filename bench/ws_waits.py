@@ -46,9 +46,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from fsdist.ops.configs import default_config  # noqa: E402
-from fsdist.ops.fused_sample_ws import WAIT_FIELDS, launch_fused_ws  # noqa: E402
+from fsdist.ops.fused_sample_ws import launch_fused_ws, new_wait_probe  # noqa: E402
 from fsdist.ops.layout import BufferPair, CandidateLayout  # noqa: E402
-from fsdist.ops.utils import sm_count  # noqa: E402
 from fsdist.params import RowParams  # noqa: E402
 
 CASES = {"greedy": "", "noise": "", "legacy": "legacy", "rounds7": "rounds7"}
@@ -147,7 +146,7 @@ def main(argv=None) -> int:
                                         block_b=kw["block_b"])
 
                     plain, probed = BufferPair.alloc(layout, dev), BufferPair.alloc(layout, dev)
-                    probe = torch.full((sm_count(dev), WAIT_FIELDS.value), -1, dtype=torch.int64, device=dev)
+                    probe = new_wait_probe(dev)
                     launch(dest=plain)
                     launch(probe, dest=probed)
                     torch.cuda.synchronize(dev)

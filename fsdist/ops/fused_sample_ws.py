@@ -730,6 +730,13 @@ def last_tile_boxes(batch: int, block_b: int, last_box_rows: int = 0) -> tuple:
     return last_box_rows, cdiv(rest, last_box_rows)
 
 
+def new_wait_probe(device) -> torch.Tensor:
+    """A blank ``wait_probe`` for :func:`launch_fused_ws` (benchmarks): int64 [one row per SM (at least
+    :func:`persistent_grid`'s programs), WAIT_FIELDS], every field -1, so that a row no program wrote, or a field left
+    unwritten, shows as -1 (and field 9, an atomic max, starts below every count)."""
+    return torch.full((sm_count(device), WAIT_FIELDS.value), -1, dtype=torch.int64, device=device)
+
+
 def persistent_grid(sms: int, n_btiles: int, n_tiles: int, short_last: bool, grid_cap: int = 0) -> tuple:
     """(persistent programs, rotate) of a launch of n_tiles tiles (n_btiles batch tiles a vocabulary tile) on ``sms``
     SMs, at most grid_cap programs (0: no cap). Program p runs tiles p, p + P, p + 2P, ... with the batch tile

@@ -157,8 +157,7 @@ def test_wait_probe_keeps_the_candidates_and_counts_every_tile(D, V, B, ws_calls
     epilogue's barrier waits) writes the Triton kernel's candidates bit for bit, and its counts add up: the programs'
     tiles sum to the launch's tiles (the first P rows, program p's tiles p, p + P, ...), every wait lies within its
     partition's total and is positive (each partition waits at least once a tile), every total is positive."""
-    from fsdist.ops.fused_sample_ws import WAIT_FIELDS
-    from fsdist.ops.utils import sm_count
+    from fsdist.ops.fused_sample_ws import new_wait_probe
 
     h, w = _operands(B, D, V, torch.bfloat16, D + V + B)
     params = _row_params(B, torch.Generator().manual_seed(B), "rows")
@@ -167,7 +166,7 @@ def test_wait_probe_keeps_the_candidates_and_counts_every_tile(D, V, B, ws_calls
     real = fused_sample.launch_fused_ws
 
     def with_probe(*a, **k):
-        probe = torch.full((sm_count(h.device), WAIT_FIELDS.value), -1, dtype=torch.int64, device=h.device)
+        probe = new_wait_probe(h.device)
         probes.append(probe)
         return real(*a, **k, wait_probe=probe)
 
