@@ -96,7 +96,7 @@ def plot(data: dict, out_path: str) -> None:
     plt.close(fig)
 
 
-def out_name(path: str, data: dict) -> str:
+def out_name(path: str) -> str:
     """issue14_<gpu>_<stamp>.png from the JSON's file name (kernel_bench_<gpu>_<stamp>[_tag].json)."""
     m = re.match(r"kernel_bench_(.+?)_(\d{8}T\d{4,6}Z?)(?:_(.+))?\.json$", os.path.basename(path))
     if m:
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
         if not rows(data):
             print(f"{path}: no kernel_bench results", file=sys.stderr)
             return 1
-        out = os.path.join(args.plots_dir, out_name(path, data))
+        out = os.path.join(args.plots_dir, out_name(path))
         plot(data, out)
         print(table(data))
         print(f"\nplot: {out}\n")
