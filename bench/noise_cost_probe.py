@@ -33,6 +33,8 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
               tile up to 8 batch tiles; v101); ws_cap128_greedy with T = 0; ws_cap120 (120 = 15 x 8) a control
   ws_c<N>     the chunked epilogue (epilogue_chunk=N: N columns at a time in a rolled loop, a fraction of the code);
               ws_c<N>ab2 with a buffer per column half, ws_c<N>ab2_greedy with T = 0
+  pp          the ping-pong kernel (fsdist/ops/fused_sample_pp.py, v111: two MMA warpgroups, each sampling its own
+              tile from registers while the other multiplies), 5 stages; pp_s<N> N stages; pp_greedy with T = 0
   (v110's ws_lock<K>, the programs held within K rounds of each other, is in commit 9c28d51)
 
 then runs each method back to back for --seconds while ``nvidia-smi`` samples the SM clock and the power draw
@@ -60,6 +62,7 @@ import triton  # noqa: E402
 
 from fsdist.ops.configs import default_config  # noqa: E402
 from fsdist.ops.fused_sample import launch_fused  # noqa: E402
+from fsdist.ops.fused_sample_pp import launch_fused_pp  # noqa: E402
 from fsdist.ops.fused_sample_ws import NOISE_PROBES, launch_fused_ws  # noqa: E402
 from fsdist.ops.layout import BufferPair, CandidateLayout  # noqa: E402
 from fsdist.params import RowParams  # noqa: E402
@@ -80,6 +83,9 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=1,
                    help="time every method this many times in turn (the table: the median of the runs' medians, and "
                         "their range), to see how far a cell moves between runs")
+    p.add_argument("--check", choices=("all", "pp"), default="all",
+                   help="the checks before the timing: every variant's (all), or the ping-pong kernel's alone (pp: "
+                        "fewer compiles)")
     p.add_argument("--smi-ms", type=int, default=50, help="nvidia-smi's sampling period")
     return p.parse_args(argv)
 
@@ -150,11 +156,19 @@ def zeroed(layout, dev) -> BufferPair:
     return pair
 
 
-def check(h, W, params, layout, V, shipped, dev, failures, label):
+def check(h, W, params, layout, V, shipped, dev, failures, label, only_pp=False):
     """The probe's shipped variant and the legacy instructions against the dispatched launch, bit for bit; each
-    other noise variant must differ."""
+    other noise variant must differ. only_pp: the ping-pong kernel's check alone."""
     ref = zeroed(layout, dev)
     launch_fused(h, W, params, shipped, layout, ref, vocab_size=V)
+    for stages in (4, 5, 6):
+        cand = zeroed(layout, dev)
+        launch_fused_pp(h, W, params, layout, cand, vocab_size=V, stages=stages)
+        torch.cuda.synchronize(dev)
+        if not C.same_candidates(cand, ref):
+            failures.append(f"{label}: the ping-pong kernel with {stages} stages differs from the dispatched launch")
+    if only_pp:
+        return
     got = {}
     for probe in NOISE_PROBES:
         cand = zeroed(layout, dev)
@@ -210,12 +224,15 @@ def main(argv=None) -> int:
                 if not (shipped.ws and shipped.block_b == 128):
                     failures.append(f"{label}: the dispatch runs {shipped}, not the ws 128-row tile: cell skipped")
                     continue
-                check(hs[0], W, params, layout, V, shipped, dev, failures, label)
+                check(hs[0], W, params, layout, V, shipped, dev, failures, label, args.check == "pp")
 
                 def ws(h, p=params, probe="", epi=False, bufs=1, stages=shipped.num_stages, chunk=0, cap=0):
                     launch_fused_ws(h, W, p, layout, cand, vocab_size=V, stages=stages, epilogue_warps=8,
                                     noise_probe=probe, epilogue_only=epi, acc_buffers=bufs, epilogue_chunk=chunk,
                                     grid_cap=cap)
+
+                def pp(h, p=params, stages=5):
+                    launch_fused_pp(h, W, p, layout, cand, vocab_size=V, stages=stages)
 
                 methods = {"cublas": lambda h: F.linear(h, W), "ws": ws,
                            "ws_greedy": lambda h: ws(h, greedy), "ws_epi": lambda h: ws(h, epi=True),
@@ -234,7 +251,10 @@ def main(argv=None) -> int:
                            "ws_s4": lambda h: ws(h, stages=4), "ws_s4_greedy": lambda h: ws(h, greedy, stages=4),
                            "ws_s3": lambda h: ws(h, stages=3),
                            "ws_cap128": lambda h: ws(h, cap=128), "ws_cap128_greedy": lambda h: ws(h, greedy, cap=128),
-                           "ws_cap120": lambda h: ws(h, cap=120)}
+                           "ws_cap120": lambda h: ws(h, cap=120),
+                           "pp": lambda h: pp(h), "pp_greedy": lambda h: pp(h, greedy),
+                           "pp_s4": lambda h: pp(h, stages=4), "pp_s6": lambda h: pp(h, stages=6),
+                           "pp_s6_greedy": lambda h: pp(h, greedy, stages=6)}
                 if args.methods:
                     keep = {"cublas", "ws"} | set(args.methods.split(","))
                     unknown = keep - set(methods)

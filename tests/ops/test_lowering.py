@@ -444,6 +444,23 @@ CASES["stage1_ws_waits_chunked"] = dict(CASES["stage1_ws_waits"], ptx_lacks=[], 
     WS_PLAIN, LAST_BOXES=3, WAITS=True, EPI_CHUNK=16, ACC_BUFS=2))
 CASES["stage1_ws_plain"]["ptx_lacks"] = CASES["stage1_ws_plain"]["ptx_lacks"] + ["%clock64"]
 
+# The ping-pong kernel (fused_sample_pp.py, v111): two consumer warpgroups at 240 registers each (setmaxnreg), the
+# wgmma loop keeping one group in flight, the neighbour lanes' swap of each Philox quad's halves (two shuffles a
+# quad: 2 words x 4 quads a thread x 8 chunks, in each consumer's copy), the noise's v97 instructions.
+PP_TYPES = dict(h_desc="tensordesc<bf16[128, 64],NVMMA>", w_desc="tensordesc<bf16[128, 64],NVMMA>", cand_f="*fp32",
+                cand_i="*i32", B="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", buf_offset="i32",
+                buf_offset_i="i32", stride_slot="i32", n_btiles="i32", n_tiles="i32", k_steps="i32", **ROW_PARAMS)
+PP_CONST = dict(STAGES=5, CONSUMER_REGS=240, LOAD_REGS=24, SEED_PER_ROW=True, OFFSET_PER_ROW=True,
+                TEMP_PER_ROW=True, NOISE=True, FAST_LOG=True, PEER_TABLE=False, NPEERS=1)
+CASES["stage1_pp"] = dict(module="fsdist.ops.fused_sample_pp", kernel="fused_sample_pp_kernel", gluon=True,
+                          maxnreg=168, types=PP_TYPES, constexprs=PP_CONST,
+                          ptx_has=["wgmma.wait_group.sync.aligned 1;", "setmaxnreg.inc.sync.aligned.u32 \t240;"]
+                          + NOISE_PTX["has"], ptx_lacks=NOISE_PTX["lacks"],
+                          ptx_count={"1, 0x1f, 0xffffffff;": 2 * 2 * 4 * 8, "cp.async.bulk.tensor": 2})
+CASES["stage1_pp_greedy"] = dict(CASES["stage1_pp"], constexprs=dict(PP_CONST, NOISE=False, SEED_PER_ROW=False),
+                                 ptx_has=["wgmma.wait_group.sync.aligned 1;"], ptx_lacks=["0x1f, 0xffffffff;"],
+                                 ptx_count={"cp.async.bulk.tensor": 2})
+
 # The checks' power: specs a check must refuse, each with the message it must give.
 FAILING = {
     # the noise's checks refuse the instructions before v97 (launch_fused_ws(noise_probe="legacy"): the same bits)

@@ -1,0 +1,369 @@
+"""Stage 1 on Hopper with two ping-pong MMA warpgroups: each multiplies its own tile and samples it from registers.
+
+``fused_sample_ws.py``'s kernel has one MMA warpgroup and a separate epilogue: the accumulator crosses shared memory
+(two 32 KB hand-offs a tile), and past one batch tile the epilogue's noise slows the main loop beside it
+(docs/performance.md v86-v110). This kernel (issue 14's ping-pong lever, v111) keeps the 128 x 128 x 64 tile and its
+operand stream, but gives each program two *consumer* warpgroups and one load warp:
+
+* the **load** warp fills a ring of operand stages with TMA, tile after tile (the same copies as the ws kernel's);
+* consumer warpgroup c takes the program's tiles j with j % 2 == c: it runs the wgmma main loop of its tile, then
+  the whole sampling epilogue on the accumulator *in its own registers* (no hand-off) while the other warpgroup
+  runs the next tile's main loop. A "turn" barrier pair orders the main loops (A, B, A, ...), so the tensor cores
+  serve one warpgroup at a time and the stage ring's phases stay unambiguous (a warpgroup waits for a stage's fill
+  only after the other has waited for every earlier fill).
+
+The epilogue works on the wgmma layout itself, 16 columns at a time. A thread holds two adjacent columns of a
+Philox quad (4 ids share one evaluation) for a row r and for row r + 8; its neighbour (lane ^ 1) holds the quad's
+other two columns of the same rows. So each thread evaluates Philox once for one (row, quad) - the even thread
+for row r, the odd one for row r + 8 - and the two swap the halves the other needs with one warp shuffle a word:
+one Philox per four ids, as everywhere else. Each thread keeps a running best (score, column) per slot, a later
+column winning only when strictly larger, and the row's winner is the lowest column among the slots' maxima:
+``fused_sample_ws``'s candidates bit for bit (the same wgmmas in the same K order, the same noise, the same
+``perturb`` rounding).
+
+Plain calls only (temperature, seed, offset scalar or ``[B]``; the fan-out to tensor-parallel peers' buffers): no
+logprobs, kept logits, processors, call header or device parity. Benchmarks only so far (``launch_fused_pp``; the
+dispatch does not call it): v111 measures it against the shipped kernel.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..params import RowParams
+from .epilogue import perturb, row_temperature
+from .layout import BufferPair, CandidateLayout, store_fan_out
+from .noise import gumbel_from_bits, vocab_quad_bits
+from .utils import cdiv, fast_log_ok, load_row_param, row_param_args, sm_count
+
+try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this path is off.
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    from .fused_sample_ws import WS_LOAD_REGS, _col_halves, _load_tile
+
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    HAVE_GLUON = False
+
+PP_BLOCK_B = 128
+PP_BLOCK_V = 128
+PP_BLOCK_K = 64
+PP_STAGES = 5  # x 32 KB of operands; no accumulator hand-off buffer
+PP_CHUNK = triton.language.constexpr(16)  # columns the epilogue takes at a time (a register bit of the wgmma layout above the lane bits)
+# Registers: three warpgroups (two consumers, the load warp padded to one) share 64K: the launch gives every
+# thread maxnreg = 168, the load warp drops to WS_LOAD_REGS and consumer B rises to PP_CONSUMER_REGS; consumer A
+# (the default partition) keeps the rest (512 - 24 - 240 = 248).
+PP_MAXNREG = 168
+PP_CONSUMER_REGS = 240
+
+if HAVE_GLUON:
+
+    @triton.jit
+    def _swap_with_neighbour(x):
+        """x of lane ^ 1 of the same warp, elementwise (every lane runs it: the layouts here keep warps converged)."""
+        return tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 1, 0x1f, 0xffffffff;", "=r,r", [x],
+                                         dtype=tl.uint32, is_pure=True, pack=1)
+
+    @triton.jit
+    def _after(x, dep):
+        """x (int32), as a value the compiler must think depends on dep (same shape): the chunks' Philox chains
+        then start only once the chunk before is reduced, so that their temporaries are not all live at once
+        (ptxas otherwise hoists them: they do not depend on the logits)."""
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [x, dep], dtype=tl.int32, is_pure=True, pack=1)
+
+    @gluon.jit
+    def _row_halves(x, ROWS: gl.constexpr, W: gl.constexpr):
+        """The rows of x [ROWS, W] (the wgmma layout, or a column slice of it) with row bit 3 clear and set, each
+        [ROWS / 2, W]: compact row i is row (i // 8) * 16 + i % 8 (+ 8). Row bit 3 is a register bit of the wgmma
+        layout (a thread holds rows r and r + 8), so no data moves."""
+        y = gl.permute(gl.reshape(x, [ROWS // 16, 2, 8, W]), (0, 2, 3, 1))
+        lo, hi = gl.split(y)
+        return gl.reshape(lo, [ROWS // 2, W]), gl.reshape(hi, [ROWS // 2, W])
+
+    @gluon.jit
+    def _pairs(x, ROWS: gl.constexpr, W: gl.constexpr):
+        """x [ROWS, W]'s even and odd columns, [ROWS, W / 2] each (column bit 0: a register bit)."""
+        return gl.split(gl.reshape(x, [ROWS, W // 2, 2]))
+
+    @gluon.jit
+    def _slot_update(best, at, bad, logit, col, valid, scale, bits, NOISE: gl.constexpr, FAST_LOG: gl.constexpr):
+        """One column of every slot into the slots' running (best score, its column, any NaN / +inf logit)."""
+        logit = gl.where(valid, logit, float("-inf"))
+        bad = bad | (logit != logit) | (logit == float("inf"))
+        if NOISE:
+            score = perturb(logit, scale, gumbel_from_bits(bits, FAST_LOG), FAST_LOG)
+        else:
+            score = logit
+        take = score > best
+        return gl.where(take, score, best), gl.where(take, col, at), bad
+
+    @gluon.jit
+    def _chunk(x, c0, first_id, tile_start, V_rows, vocab_size, seed_lo, seed_hi, off_lo, off_hi, scale_lo, scale_hi,
+               b_lo, a_lo, d_lo, b_hi, a_hi, d_hi, FIRST: gl.constexpr, ROWS: gl.constexpr,
+               NOISE: gl.constexpr, FAST_LOG: gl.constexpr):
+        """Columns c0 .. c0 + PP_CHUNK - 1 of the tile (x: those columns of the accumulator, [ROWS, PP_CHUNK]) into
+        the running slots of the low rows (b_lo, a_lo, d_lo: best, column, bad) and of the high rows (row bit 3)."""
+        HALF: gl.constexpr = PP_CHUNK // 2
+        ev, od = _pairs(x, ROWS, PP_CHUNK)
+        e_lo, e_hi = _row_halves(ev, ROWS, HALF)
+        o_lo, o_hi = _row_halves(od, ROWS, HALF)
+        lay: gl.constexpr = e_lo.type.layout
+        p = gl.arange(0, HALF, gl.SliceLayout(0, lay))[None, :]  # pair p: columns c0 + 2p, c0 + 2p + 1
+        col_e = c0 + 2 * p
+        col_o = col_e + 1
+        valid_e = (first_id + 2 * p < vocab_size) & (tile_start + col_e < V_rows)
+        valid_o = (first_id + 2 * p + 1 < vocab_size) & (tile_start + col_o < V_rows)
+        odd = (p & 1) == 1  # the pair holds lanes 2, 3 of its quad (else 0, 1); also this thread's lane bit 0
+        if NOISE:
+            # one Philox a thread: the even thread's for its low row, the odd thread's for its high row
+            quad = (first_id >> 2) + (p >> 1) + gl.zeros(e_lo.shape, gl.int32, lay)
+            if not FIRST:
+                quad = _after(quad, b_hi)
+            r0, r1, r2, r3 = vocab_quad_bits(gl.where(odd, seed_hi, seed_lo), gl.where(odd, off_hi, off_lo), quad,
+                                             10, FAST_LOG)
+            # hand the neighbour the two words its pair needs of the row this thread drew
+            ra = _swap_with_neighbour(gl.where(odd, r0, r2))
+            rb = _swap_with_neighbour(gl.where(odd, r1, r3))
+            bits_lo_e = gl.where(odd, ra, r0)
+            bits_lo_o = gl.where(odd, rb, r1)
+            bits_hi_e = gl.where(odd, r2, ra)
+            bits_hi_o = gl.where(odd, r3, rb)
+        else:
+            bits_lo_e = p.to(gl.uint32)
+            bits_lo_o = bits_lo_e
+            bits_hi_e = bits_lo_e
+            bits_hi_o = bits_lo_e
+        if FIRST:
+            # the first column of each slot seeds it (a later one wins only when strictly larger)
+            b_lo = gl.full(e_lo.shape, float("-inf"), gl.float32, lay)
+            a_lo = col_e + gl.zeros(e_lo.shape, gl.int32, lay)
+            d_lo = gl.zeros(e_lo.shape, gl.int1, lay)
+            b_hi = b_lo
+            a_hi = a_lo
+            d_hi = d_lo
+        b_lo, a_lo, d_lo = _slot_update(b_lo, a_lo, d_lo, e_lo, col_e, valid_e, scale_lo, bits_lo_e, NOISE, FAST_LOG)
+        b_hi, a_hi, d_hi = _slot_update(b_hi, a_hi, d_hi, e_hi, col_e, valid_e, scale_hi, bits_hi_e, NOISE, FAST_LOG)
+        b_lo, a_lo, d_lo = _slot_update(b_lo, a_lo, d_lo, o_lo, col_o, valid_o, scale_lo, bits_lo_o, NOISE, FAST_LOG)
+        b_hi, a_hi, d_hi = _slot_update(b_hi, a_hi, d_hi, o_hi, col_o, valid_o, scale_hi, bits_hi_o, NOISE, FAST_LOG)
+        return b_lo, a_lo, d_lo, b_hi, a_hi, d_hi
+
+    @gluon.jit
+    def _store_rows(best, at, bad, rows, bad_temp, cand_f, cand_i, buf_offset, buf_offset_i, pid_v, stride_slot, B,
+                    tile_start, vocab_start, PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr):
+        """Each row's winner over its slots (the lowest column among the largest), poisoned as the ws kernel's."""
+        m = gl.max(best, axis=1)
+        col = gl.min(gl.where(best == m[:, None], at, 1 << 30), axis=1)
+        poisoned = (gl.max(bad.to(gl.int32), axis=1) > 0) | bad_temp
+        score = gl.where(poisoned, float("nan"), m)
+        idx = gl.where(poisoned, -1, vocab_start + tile_start + col).to(gl.int32)
+        mask = rows < B
+        store_fan_out(cand_f, buf_offset + pid_v * stride_slot + rows, score, mask, gl.float32, PEER_TABLE, NPEERS)
+        store_fan_out(cand_i, buf_offset_i + pid_v * stride_slot + rows, idx, mask, gl.int32, PEER_TABLE, NPEERS)
+
+    @gluon.jit
+    def _row_params(rows, B, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
+                    SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr):
+        """(seed, offset, noise scale, bad temperature) of the given rows."""
+        mask = rows < B
+        temp = load_row_param(temp_ptr, temp_val, rows, mask, gl.float32, TEMP_PER_ROW)
+        seed = load_row_param(seed_ptr, seed_val, rows, mask, gl.int64, SEED_PER_ROW)
+        offset = load_row_param(offset_ptr, offset_val, rows, mask, gl.int64, OFFSET_PER_ROW)
+        _inv_t, scale, _greedy, bad_temp = row_temperature(temp)
+        return seed, offset, scale, bad_temp
+
+    @gluon.jit
+    def _epilogue(acc, pid_b, pid_v, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, cand_f, cand_i,
+                  B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i, stride_slot,
+                  BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, SEED_PER_ROW: gl.constexpr,
+                  OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr,
+                  FAST_LOG: gl.constexpr, PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr):
+        """The sampling epilogue of one tile from the accumulator in registers: each row's candidate."""
+        gl.static_assert(BLOCK_V == 8 * PP_CHUNK, "the epilogue splits the tile into 8 chunks of PP_CHUNK columns")
+        tile_start = pid_v * BLOCK_V
+        first = vocab_start + tile_start
+        # the column chunks, in column order (each split halves the columns at a register bit: no data moves)
+        h0, h1 = _col_halves(acc, BLOCK_B, BLOCK_V)
+        q0, q1 = _col_halves(h0, BLOCK_B, BLOCK_V // 2)
+        q2, q3 = _col_halves(h1, BLOCK_B, BLOCK_V // 2)
+        c0, c1 = _col_halves(q0, BLOCK_B, BLOCK_V // 4)
+        # the rows' parameters in the slots' layout (low rows: row bit 3 clear)
+        probe_lo, _probe_hi = _row_halves(_pairs(c0, BLOCK_B, PP_CHUNK)[0], BLOCK_B, PP_CHUNK // 2)
+        row_lay: gl.constexpr = gl.SliceLayout(1, probe_lo.type.layout)
+        i = gl.arange(0, BLOCK_B // 2, row_lay)
+        rows_lo = pid_b * BLOCK_B + (i // 8) * 16 + i % 8
+        rows_hi = rows_lo + 8
+        s_lo, o_lo, n_lo, t_lo = _row_params(rows_lo, B, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
+                                             temp_val, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW)
+        s_hi, o_hi, n_hi, t_hi = _row_params(rows_hi, B, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
+                                             temp_val, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW)
+        s_lo = s_lo[:, None]
+        s_hi = s_hi[:, None]
+        o_lo = o_lo[:, None]
+        o_hi = o_hi[:, None]
+        n_lo = n_lo[:, None]
+        n_hi = n_hi[:, None]
+        C: gl.constexpr = PP_CHUNK
+        b_lo, a_lo, d_lo, b_hi, a_hi, d_hi = _chunk(c0, 0, first, tile_start, V_rows, vocab_size, s_lo, s_hi, o_lo,
+                                                    o_hi, n_lo, n_hi, None, None, None, None, None, None, True,
+                                                    BLOCK_B, NOISE, FAST_LOG)
+        b_lo, a_lo, d_lo, b_hi, a_hi, d_hi = _chunk(c1, C, first + C, tile_start, V_rows, vocab_size, s_lo, s_hi,
+                                                    o_lo, o_hi, n_lo, n_hi, b_lo, a_lo, d_lo, b_hi, a_hi, d_hi, False,
+                                                    BLOCK_B, NOISE, FAST_LOG)
+        c2, c3 = _col_halves(q1, BLOCK_B, BLOCK_V // 4)
+        b_lo, a_lo, d_lo, b_hi, a_hi, d_hi = _chunk(c2, 2 * C, first + 2 * C, tile_start, V_rows, vocab_size, s_lo,
+                                                    s_hi, o_lo, o_hi, n_lo, n_hi, b_lo, a_lo, d_lo, b_hi, a_hi, d_hi,
+                                                    False, BLOCK_B, NOISE, FAST_LOG)
+        b_lo, a_lo, d_lo, b_hi, a_hi, d_hi = _chunk(c3, 3 * C, first + 3 * C, tile_start, V_rows, vocab_size, s_lo,
+                                                    s_hi, o_lo, o_hi, n_lo, n_hi, b_lo, a_lo, d_lo, b_hi, a_hi, d_hi,
+                                                    False, BLOCK_B, NOISE, FAST_LOG)
+        c4, c5 = _col_halves(q2, BLOCK_B, BLOCK_V // 4)
+        b_lo, a_lo, d_lo, b_hi, a_hi, d_hi = _chunk(c4, 4 * C, first + 4 * C, tile_start, V_rows, vocab_size, s_lo,
+                                                    s_hi, o_lo, o_hi, n_lo, n_hi, b_lo, a_lo, d_lo, b_hi, a_hi, d_hi,
+                                                    False, BLOCK_B, NOISE, FAST_LOG)
+        b_lo, a_lo, d_lo, b_hi, a_hi, d_hi = _chunk(c5, 5 * C, first + 5 * C, tile_start, V_rows, vocab_size, s_lo,
+                                                    s_hi, o_lo, o_hi, n_lo, n_hi, b_lo, a_lo, d_lo, b_hi, a_hi, d_hi,
+                                                    False, BLOCK_B, NOISE, FAST_LOG)
+        c6, c7 = _col_halves(q3, BLOCK_B, BLOCK_V // 4)
+        b_lo, a_lo, d_lo, b_hi, a_hi, d_hi = _chunk(c6, 6 * C, first + 6 * C, tile_start, V_rows, vocab_size, s_lo,
+                                                    s_hi, o_lo, o_hi, n_lo, n_hi, b_lo, a_lo, d_lo, b_hi, a_hi, d_hi,
+                                                    False, BLOCK_B, NOISE, FAST_LOG)
+        b_lo, a_lo, d_lo, b_hi, a_hi, d_hi = _chunk(c7, 7 * C, first + 7 * C, tile_start, V_rows, vocab_size, s_lo,
+                                                    s_hi, o_lo, o_hi, n_lo, n_hi, b_lo, a_lo, d_lo, b_hi, a_hi, d_hi,
+                                                    False, BLOCK_B, NOISE, FAST_LOG)
+        _store_rows(b_lo, a_lo, d_lo, rows_lo, t_lo, cand_f, cand_i, buf_offset, buf_offset_i, pid_v, stride_slot, B,
+                    tile_start, vocab_start, PEER_TABLE, NPEERS)
+        _store_rows(b_hi, a_hi, d_hi, rows_hi, t_hi, cand_f, cand_i, buf_offset, buf_offset_i, pid_v, stride_slot, B,
+                    tile_start, vocab_start, PEER_TABLE, NPEERS)
+
+    @gluon.jit
+    def _consumer(ROLE: gl.constexpr, h_bufs, w_bufs, ready, empty, turn, seed_ptr, seed_val, offset_ptr, offset_val,
+                  temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
+                  stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr,
+                  STAGES: gl.constexpr, SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr,
+                  TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr, FAST_LOG: gl.constexpr,
+                  PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr):
+        # Consumer ROLE (0: the default partition, 1: a worker) takes this program's tiles j = ROLE, ROLE + 2, ...;
+        # tile j's operands are the ring's iterations j * k_steps .. (j + 1) * k_steps - 1.
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, BLOCK_V, 16])
+        pid = gl.program_id(0)
+        P = gl.num_programs(0)
+        m = 0  # this consumer's tiles so far
+        for t in range(pid + ROLE * P, n_tiles, 2 * P):
+            it = (2 * m + ROLE) * k_steps
+            # my turn: consumer 0's first passes at once (a fresh barrier's "previous" phase); then each waits for
+            # the other's main loop before it
+            mbarrier.wait(turn.index(ROLE), (m + 1 - ROLE) & 1)
+            acc = gl.zeros([BLOCK_B, BLOCK_V], gl.float32, acc_layout)
+            for k in range(k_steps):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                acc = warpgroup_mma(h_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
+                it += 1
+            # every fill of this tile awaited: the other consumer's main loop may start
+            mbarrier.arrive(turn.index(1 - ROLE))
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+            pid_b = t % n_btiles
+            pid_v = t // n_btiles
+            _epilogue(acc, pid_b, pid_v, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, cand_f,
+                      cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i, stride_slot, BLOCK_B,
+                      BLOCK_V, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS)
+            m += 1
+
+    @gluon.jit
+    def _load_partition(h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
+                        BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
+        # One warp: every tile of this program in order, a stage a k-step (fused_sample_ws._load_tile).
+        it = 0
+        w_emp = gl.program_id(0).to(gl.int64) * 0
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            it, w_emp = _load_tile(h_desc, w_desc, h_bufs, w_bufs, ready, empty, it, (t % n_btiles) * BLOCK_B,
+                                   (t // n_btiles) * BLOCK_V, k_steps, BLOCK_K, STAGES, 1, w_emp)
+
+    @gluon.jit
+    def fused_sample_pp_kernel(h_desc, w_desc, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
+                               cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
+                               stride_slot, n_btiles, n_tiles, k_steps, STAGES: gl.constexpr,
+                               CONSUMER_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, SEED_PER_ROW: gl.constexpr,
+                               OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr,
+                               FAST_LOG: gl.constexpr, PEER_TABLE: gl.constexpr = False, NPEERS: gl.constexpr = 1):
+        BLOCK_B: gl.constexpr = h_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
+        BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
+        dtype: gl.constexpr = h_desc.dtype
+        h_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_B, BLOCK_K], h_desc.layout)
+        w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_V, BLOCK_K], w_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+        # (the partitions' arguments spelled out: a tuple built here would turn the constexprs into tensors)
+        gl.warp_specialize([
+            (_consumer, (0, h_bufs, w_bufs, ready, empty, turn, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
+                         temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
+                         stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, STAGES, SEED_PER_ROW,
+                         OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS)),
+            (_consumer, (1, h_bufs, w_bufs, ready, empty, turn, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
+                         temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
+                         stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, STAGES, SEED_PER_ROW,
+                         OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS)),
+            (_load_partition, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps, BLOCK_B,
+                               BLOCK_V, BLOCK_K, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, LOAD_REGS])
+
+
+def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, layout: CandidateLayout,
+                    dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0,
+                    stages: int = PP_STAGES, grid_cap: int = 0) -> None:
+    """Every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard`` of ``dest``: the same
+    candidates as ``fused_sample_ws.launch_fused_ws`` (plain calls) bit for bit, on the ping-pong kernel above.
+
+    hidden [B, D], weight [V_rows, D]: bf16 / fp16 on an sm_90 GPU, rows 16-byte aligned (``ws_supported``'s
+    conditions). A batch that is not a multiple of 128 rows reads past the hidden's end (the copy engine's zero fill:
+    correct, slower; pad the hidden for speed). ``params``: temperature, seed, offset as scalars or ``[B]`` tensors;
+    no processors. stages: operand stages in shared memory (2-6, 32 KB each). grid_cap: at most this many
+    persistent programs (0: one per SM)."""
+    if not HAVE_GLUON:
+        raise RuntimeError("launch_fused_pp needs Triton's Gluon (Triton >= 3.5)")
+    if params.processing is not None:
+        raise ValueError("launch_fused_pp serves plain calls only (no processors)")
+    if layout.n_fields != 1 or layout.checked:
+        raise ValueError("launch_fused_pp writes the plain candidate layout only (score and id, no call header)")
+    if not 2 <= stages <= 6:
+        raise ValueError(f"stages must be in [2, 6], got {stages}")
+    if dest.parity is not None:
+        raise ValueError("launch_fused_pp does not read a device parity")
+    B, D = hidden.shape
+    if B == 0:
+        raise ValueError("hidden has no rows")
+    V_rows = weight.shape[0]
+    n_vtiles = layout.check_fit(B, V_rows, PP_BLOCK_V, shard, vocab_start)
+    n_btiles = cdiv(B, PP_BLOCK_B)
+    n_tiles = n_btiles * n_vtiles
+    gdt = gl.bfloat16 if hidden.dtype == torch.bfloat16 else gl.float16
+    smem = gl.NVMMASharedLayout.get_default_for([PP_BLOCK_B, PP_BLOCK_K], gdt)
+    h_desc = GluonDescriptor.from_tensor(hidden, [PP_BLOCK_B, PP_BLOCK_K], smem)
+    w_desc = GluonDescriptor.from_tensor(weight, [PP_BLOCK_V, PP_BLOCK_K], smem)
+    dummy = dest.i
+    seed_p, seed_v, seed_row = row_param_args(params.seed, dummy)
+    off_p, off_v, off_row = row_param_args(params.offset, dummy)
+    temp_p, temp_v, temp_row = row_param_args(params.temperature, dummy)
+    cap = sm_count(hidden.device)
+    if grid_cap:
+        cap = min(cap, grid_cap)
+    fused_sample_pp_kernel[(min(n_tiles, cap), )](
+        h_desc, w_desc, seed_p, seed_v, off_p, off_v, temp_p, float(temp_v), dest.f, dest.i, B, V_rows, vocab_size,
+        vocab_start, dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i,
+        layout.stride_slot, n_btiles, n_tiles, cdiv(D, PP_BLOCK_K), STAGES=stages, CONSUMER_REGS=PP_CONSUMER_REGS,
+        LOAD_REGS=WS_LOAD_REGS, SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
+        NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), PEER_TABLE=dest.peer_table,
+        NPEERS=dest.npeers or 1, num_warps=4, maxnreg=PP_MAXNREG)
