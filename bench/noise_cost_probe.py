@@ -34,7 +34,9 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
   ws_c<N>     the chunked epilogue (epilogue_chunk=N: N columns at a time in a rolled loop, a fraction of the code);
               ws_c<N>ab2 with a buffer per column half, ws_c<N>ab2_greedy with T = 0
   pp          the ping-pong kernel (fsdist/ops/fused_sample_pp.py, v111: two MMA warpgroups, each sampling its own
-              tile from registers while the other multiplies), 5 stages; pp_s<N> N stages; pp_greedy with T = 0
+              tile from registers while the other multiplies), 5 stages; pp_s<N> N stages; pp_greedy with T = 0;
+              pp_la0 / pp_la2 the epilogue's chunks drawing their noise freely (lookahead=0: ptxas hoists it all, and
+              spills) or two chunks ahead (the shipped: one)
   (v110's ws_lock<K>, the programs held within K rounds of each other, is in commit 9c28d51)
 
 then runs each method back to back for --seconds while ``nvidia-smi`` samples the SM clock and the power draw
@@ -161,12 +163,13 @@ def check(h, W, params, layout, V, shipped, dev, failures, label, only_pp=False)
     other noise variant must differ. only_pp: the ping-pong kernel's check alone."""
     ref = zeroed(layout, dev)
     launch_fused(h, W, params, shipped, layout, ref, vocab_size=V)
-    for stages in (4, 5, 6):
+    for stages, la in ((4, 1), (5, 1), (6, 1), (5, 0), (5, 2)):
         cand = zeroed(layout, dev)
-        launch_fused_pp(h, W, params, layout, cand, vocab_size=V, stages=stages)
+        launch_fused_pp(h, W, params, layout, cand, vocab_size=V, stages=stages, lookahead=la)
         torch.cuda.synchronize(dev)
         if not C.same_candidates(cand, ref):
-            failures.append(f"{label}: the ping-pong kernel with {stages} stages differs from the dispatched launch")
+            failures.append(f"{label}: the ping-pong kernel with {stages} stages, lookahead {la} differs from the "
+                            "dispatched launch")
     if only_pp:
         return
     got = {}
@@ -231,8 +234,8 @@ def main(argv=None) -> int:
                                     noise_probe=probe, epilogue_only=epi, acc_buffers=bufs, epilogue_chunk=chunk,
                                     grid_cap=cap)
 
-                def pp(h, p=params, stages=5):
-                    launch_fused_pp(h, W, p, layout, cand, vocab_size=V, stages=stages)
+                def pp(h, p=params, stages=5, la=1):
+                    launch_fused_pp(h, W, p, layout, cand, vocab_size=V, stages=stages, lookahead=la)
 
                 methods = {"cublas": lambda h: F.linear(h, W), "ws": ws,
                            "ws_greedy": lambda h: ws(h, greedy), "ws_epi": lambda h: ws(h, epi=True),
@@ -254,7 +257,8 @@ def main(argv=None) -> int:
                            "ws_cap120": lambda h: ws(h, cap=120),
                            "pp": lambda h: pp(h), "pp_greedy": lambda h: pp(h, greedy),
                            "pp_s4": lambda h: pp(h, stages=4), "pp_s6": lambda h: pp(h, stages=6),
-                           "pp_s6_greedy": lambda h: pp(h, greedy, stages=6)}
+                           "pp_s6_greedy": lambda h: pp(h, greedy, stages=6),
+                           "pp_la0": lambda h: pp(h, la=0), "pp_la2": lambda h: pp(h, la=2)}
                 if args.methods:
                     keep = {"cublas", "ws"} | set(args.methods.split(","))
                     unknown = keep - set(methods)

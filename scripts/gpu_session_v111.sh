@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One device call on one H100 or H200 for v111 (docs/performance.md): the ping-pong kernel (fsdist/ops/fused_sample_pp.py).
+# One device call on one H100 or H200 for v111 (docs/performance.md): the ping-pong kernel
+# (fsdist/ops/fused_sample_pp.py).
 # Parts (PARTS, default "test bench serving"), cut at what is left of $CALL_BUDGET s (default 560):
 #   test     its GPU tests (tests/ops/test_fused_pp_gpu.py: the ws kernel's candidates bit for bit)
 #   bench    stage 1 alone, bench/noise_cost_probe.py: cuBLAS's matmul, the shipped ws kernel (noise, greedy) and the
-#            ping-pong kernel (4 / 5 / 6 stages, greedy) at B = 256 / 512 / 1024, both shapes, three runs a cell,
+#            ping-pong kernel (4 / 5 / 6 stages, greedy, lookahead 0 / 2) at B = 256 / 512 / 1024, both shapes, three runs a cell,
 #            [B] temperatures (its checks first: the ping-pong candidates equal the dispatched launch's)
 #   serving  the serving GPU tests not re-run since v97 (no host sync, CUDA graphs, the wait probe)
 # JSONs in $OUT, logs in $OUT/v111_logs.tgz. Usage: export OUT; bash scripts/gpu_session_v111.sh
@@ -19,7 +20,8 @@ if wants test; then
 fi
 if wants bench; then
   TAIL=40 run_part bench "$(part_limit 260)" v111_bench_console.log python3 bench/noise_cost_probe.py \
-    --check pp --methods ws_greedy,pp,pp_greedy,pp_s4,pp_s6 --batches 256,512,1024 --repeat 3 --seconds 0 || rc=1
+    --check pp --methods ws_greedy,pp,pp_greedy,pp_s4,pp_s6,pp_la0,pp_la2 --batches 256,512,1024 --repeat 3 \
+    --seconds 0 || rc=1
 fi
 if wants serving; then
   TAIL=4 run_part serving "$(part_limit 120)" v111_serving.log python3 -m pytest -q -p no:cacheprovider \

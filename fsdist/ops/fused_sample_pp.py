@@ -56,6 +56,7 @@ PP_CHUNK = triton.language.constexpr(16)  # columns the epilogue takes at a time
 # thread maxnreg = 168, the load warp drops to WS_LOAD_REGS and consumer B rises to PP_CONSUMER_REGS; consumer A
 # (the default partition) keeps the rest (512 - 24 - 240 = 248).
 PP_MAXNREG = 168
+PP_LOOKAHEAD = 1  # launch_fused_pp's lookahead
 PP_CONSUMER_REGS = 240
 
 if HAVE_GLUON:
@@ -101,10 +102,11 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _chunk(x, c0, first_id, tile_start, V_rows, vocab_size, seed_lo, seed_hi, off_lo, off_hi, scale_lo, scale_hi,
-               b_lo, a_lo, d_lo, b_hi, a_hi, d_hi, FIRST: gl.constexpr, ROWS: gl.constexpr,
+               b_lo, a_lo, d_lo, b_hi, a_hi, d_hi, dep, FIRST: gl.constexpr, DEP: gl.constexpr, ROWS: gl.constexpr,
                NOISE: gl.constexpr, FAST_LOG: gl.constexpr):
         """Columns c0 .. c0 + PP_CHUNK - 1 of the tile (x: those columns of the accumulator, [ROWS, PP_CHUNK]) into
-        the running slots of the low rows (b_lo, a_lo, d_lo: best, column, bad) and of the high rows (row bit 3)."""
+        the running slots of the low rows (b_lo, a_lo, d_lo: best, column, bad) and of the high rows (row bit 3).
+        DEP: the chunk's Philox starts only once dep (an earlier chunk's result) is known (_after)."""
         HALF: gl.constexpr = PP_CHUNK // 2
         ev, od = _pairs(x, ROWS, PP_CHUNK)
         e_lo, e_hi = _row_halves(ev, ROWS, HALF)
@@ -119,8 +121,8 @@ if HAVE_GLUON:
         if NOISE:
             # one Philox a thread: the even thread's for its low row, the odd thread's for its high row
             quad = (first_id >> 2) + (p >> 1) + gl.zeros(e_lo.shape, gl.int32, lay)
-            if not FIRST:
-                quad = _after(quad, b_hi)
+            if DEP:
+                quad = _after(quad, dep)
             r0, r1, r2, r3 = vocab_quad_bits(gl.where(odd, seed_hi, seed_lo), gl.where(odd, off_hi, off_lo), quad,
                                              10, FAST_LOG)
             # hand the neighbour the two words its pair needs of the row this thread drew
@@ -148,6 +150,14 @@ if HAVE_GLUON:
         b_lo, a_lo, d_lo = _slot_update(b_lo, a_lo, d_lo, o_lo, col_o, valid_o, scale_lo, bits_lo_o, NOISE, FAST_LOG)
         b_hi, a_hi, d_hi = _slot_update(b_hi, a_hi, d_hi, o_hi, col_o, valid_o, scale_hi, bits_hi_o, NOISE, FAST_LOG)
         return b_lo, a_lo, d_lo, b_hi, a_hi, d_hi
+
+    @gluon.jit
+    def _pick_dep(last, before, LOOKAHEAD: gl.constexpr):
+        """The result a chunk's Philox waits for: the previous chunk's (LOOKAHEAD 1) or the one before it (2)."""
+        if LOOKAHEAD == 1:
+            return last
+        else:
+            return before
 
     @gluon.jit
     def _store_rows(best, at, bad, rows, bad_temp, cand_f, cand_i, buf_offset, buf_offset_i, pid_v, stride_slot, B,
@@ -178,7 +188,7 @@ if HAVE_GLUON:
                   B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i, stride_slot,
                   BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, SEED_PER_ROW: gl.constexpr,
                   OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr,
-                  FAST_LOG: gl.constexpr, PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr):
+                  FAST_LOG: gl.constexpr, PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr, LOOKAHEAD: gl.constexpr):
         """The sampling epilogue of one tile from the accumulator in registers: each row's candidate."""
         gl.static_assert(BLOCK_V == 8 * PP_CHUNK, "the epilogue splits the tile into 8 chunks of PP_CHUNK columns")
         tile_start = pid_v * BLOCK_V
@@ -205,33 +215,47 @@ if HAVE_GLUON:
         n_lo = n_lo[:, None]
         n_hi = n_hi[:, None]
         C: gl.constexpr = PP_CHUNK
+        # LOOKAHEAD: chunk i's Philox waits for chunk i - LOOKAHEAD's result (0: never; ptxas then hoists them all)
         b_lo, a_lo, d_lo, b_hi, a_hi, d_hi = _chunk(c0, 0, first, tile_start, V_rows, vocab_size, s_lo, s_hi, o_lo,
-                                                    o_hi, n_lo, n_hi, None, None, None, None, None, None, True,
-                                                    BLOCK_B, NOISE, FAST_LOG)
+                                                    o_hi, n_lo, n_hi, None, None, None, None, None, None, None, True,
+                                                    False, BLOCK_B, NOISE, FAST_LOG)
+        r0 = b_hi
         b_lo, a_lo, d_lo, b_hi, a_hi, d_hi = _chunk(c1, C, first + C, tile_start, V_rows, vocab_size, s_lo, s_hi,
-                                                    o_lo, o_hi, n_lo, n_hi, b_lo, a_lo, d_lo, b_hi, a_hi, d_hi, False,
-                                                    BLOCK_B, NOISE, FAST_LOG)
+                                                    o_lo, o_hi, n_lo, n_hi, b_lo, a_lo, d_lo, b_hi, a_hi, d_hi, r0,
+                                                    False, LOOKAHEAD == 1, BLOCK_B, NOISE, FAST_LOG)
+        r1 = b_hi
         c2, c3 = _col_halves(q1, BLOCK_B, BLOCK_V // 4)
         b_lo, a_lo, d_lo, b_hi, a_hi, d_hi = _chunk(c2, 2 * C, first + 2 * C, tile_start, V_rows, vocab_size, s_lo,
                                                     s_hi, o_lo, o_hi, n_lo, n_hi, b_lo, a_lo, d_lo, b_hi, a_hi, d_hi,
-                                                    False, BLOCK_B, NOISE, FAST_LOG)
+                                                    _pick_dep(r1, r0, LOOKAHEAD), False, LOOKAHEAD > 0, BLOCK_B,
+                                                    NOISE, FAST_LOG)
+        r2 = b_hi
         b_lo, a_lo, d_lo, b_hi, a_hi, d_hi = _chunk(c3, 3 * C, first + 3 * C, tile_start, V_rows, vocab_size, s_lo,
                                                     s_hi, o_lo, o_hi, n_lo, n_hi, b_lo, a_lo, d_lo, b_hi, a_hi, d_hi,
-                                                    False, BLOCK_B, NOISE, FAST_LOG)
+                                                    _pick_dep(r2, r1, LOOKAHEAD), False, LOOKAHEAD > 0, BLOCK_B,
+                                                    NOISE, FAST_LOG)
+        r3 = b_hi
         c4, c5 = _col_halves(q2, BLOCK_B, BLOCK_V // 4)
         b_lo, a_lo, d_lo, b_hi, a_hi, d_hi = _chunk(c4, 4 * C, first + 4 * C, tile_start, V_rows, vocab_size, s_lo,
                                                     s_hi, o_lo, o_hi, n_lo, n_hi, b_lo, a_lo, d_lo, b_hi, a_hi, d_hi,
-                                                    False, BLOCK_B, NOISE, FAST_LOG)
+                                                    _pick_dep(r3, r2, LOOKAHEAD), False, LOOKAHEAD > 0, BLOCK_B,
+                                                    NOISE, FAST_LOG)
+        r4 = b_hi
         b_lo, a_lo, d_lo, b_hi, a_hi, d_hi = _chunk(c5, 5 * C, first + 5 * C, tile_start, V_rows, vocab_size, s_lo,
                                                     s_hi, o_lo, o_hi, n_lo, n_hi, b_lo, a_lo, d_lo, b_hi, a_hi, d_hi,
-                                                    False, BLOCK_B, NOISE, FAST_LOG)
+                                                    _pick_dep(r4, r3, LOOKAHEAD), False, LOOKAHEAD > 0, BLOCK_B,
+                                                    NOISE, FAST_LOG)
+        r5 = b_hi
         c6, c7 = _col_halves(q3, BLOCK_B, BLOCK_V // 4)
         b_lo, a_lo, d_lo, b_hi, a_hi, d_hi = _chunk(c6, 6 * C, first + 6 * C, tile_start, V_rows, vocab_size, s_lo,
                                                     s_hi, o_lo, o_hi, n_lo, n_hi, b_lo, a_lo, d_lo, b_hi, a_hi, d_hi,
-                                                    False, BLOCK_B, NOISE, FAST_LOG)
+                                                    _pick_dep(r5, r4, LOOKAHEAD), False, LOOKAHEAD > 0, BLOCK_B,
+                                                    NOISE, FAST_LOG)
+        r6 = b_hi
         b_lo, a_lo, d_lo, b_hi, a_hi, d_hi = _chunk(c7, 7 * C, first + 7 * C, tile_start, V_rows, vocab_size, s_lo,
                                                     s_hi, o_lo, o_hi, n_lo, n_hi, b_lo, a_lo, d_lo, b_hi, a_hi, d_hi,
-                                                    False, BLOCK_B, NOISE, FAST_LOG)
+                                                    _pick_dep(r6, r5, LOOKAHEAD), False, LOOKAHEAD > 0, BLOCK_B,
+                                                    NOISE, FAST_LOG)
         _store_rows(b_lo, a_lo, d_lo, rows_lo, t_lo, cand_f, cand_i, buf_offset, buf_offset_i, pid_v, stride_slot, B,
                     tile_start, vocab_start, PEER_TABLE, NPEERS)
         _store_rows(b_hi, a_hi, d_hi, rows_hi, t_hi, cand_f, cand_i, buf_offset, buf_offset_i, pid_v, stride_slot, B,
@@ -243,7 +267,7 @@ if HAVE_GLUON:
                   stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr,
                   STAGES: gl.constexpr, SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr,
                   TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr, FAST_LOG: gl.constexpr,
-                  PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr):
+                  PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr, LOOKAHEAD: gl.constexpr):
         # Consumer ROLE (0: the default partition, 1: a worker) takes this program's tiles j = ROLE, ROLE + 2, ...;
         # tile j's operands are the ring's iterations j * k_steps .. (j + 1) * k_steps - 1.
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -272,7 +296,8 @@ if HAVE_GLUON:
             pid_v = t // n_btiles
             _epilogue(acc, pid_b, pid_v, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, cand_f,
                       cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i, stride_slot, BLOCK_B,
-                      BLOCK_V, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS)
+                      BLOCK_V, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS,
+                      LOOKAHEAD)
             m += 1
 
     @gluon.jit
@@ -291,7 +316,8 @@ if HAVE_GLUON:
                                stride_slot, n_btiles, n_tiles, k_steps, STAGES: gl.constexpr,
                                CONSUMER_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, SEED_PER_ROW: gl.constexpr,
                                OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr,
-                               FAST_LOG: gl.constexpr, PEER_TABLE: gl.constexpr = False, NPEERS: gl.constexpr = 1):
+                               FAST_LOG: gl.constexpr, PEER_TABLE: gl.constexpr = False, NPEERS: gl.constexpr = 1,
+                               LOOKAHEAD: gl.constexpr = 1):
         BLOCK_B: gl.constexpr = h_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
         BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
@@ -311,11 +337,11 @@ if HAVE_GLUON:
             (_consumer, (0, h_bufs, w_bufs, ready, empty, turn, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
                          temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
                          stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, STAGES, SEED_PER_ROW,
-                         OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS)),
+                         OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, LOOKAHEAD)),
             (_consumer, (1, h_bufs, w_bufs, ready, empty, turn, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
                          temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
                          stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, STAGES, SEED_PER_ROW,
-                         OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS)),
+                         OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, LOOKAHEAD)),
             (_load_partition, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps, BLOCK_B,
                                BLOCK_V, BLOCK_K, STAGES)),
         ], [4, 1], [CONSUMER_REGS, LOAD_REGS])
@@ -323,7 +349,7 @@ if HAVE_GLUON:
 
 def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, layout: CandidateLayout,
                     dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0,
-                    stages: int = PP_STAGES, grid_cap: int = 0) -> None:
+                    stages: int = PP_STAGES, grid_cap: int = 0, lookahead: int = PP_LOOKAHEAD) -> None:
     """Every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard`` of ``dest``: the same
     candidates as ``fused_sample_ws.launch_fused_ws`` (plain calls) bit for bit, on the ping-pong kernel above.
 
@@ -331,13 +357,17 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     conditions). A batch that is not a multiple of 128 rows reads past the hidden's end (the copy engine's zero fill:
     correct, slower; pad the hidden for speed). ``params``: temperature, seed, offset as scalars or ``[B]`` tensors;
     no processors. stages: operand stages in shared memory (2-6, 32 KB each). grid_cap: at most this many
-    persistent programs (0: one per SM)."""
+    persistent programs (0: one per SM). lookahead (benchmarks): the epilogue's chunk i draws its noise once chunk
+    i - lookahead is reduced (1, 2), or whenever ptxas likes (0: it hoists every chunk's, and spills); the same
+    candidates."""
     if not HAVE_GLUON:
         raise RuntimeError("launch_fused_pp needs Triton's Gluon (Triton >= 3.5)")
     if params.processing is not None:
         raise ValueError("launch_fused_pp serves plain calls only (no processors)")
     if layout.n_fields != 1 or layout.checked:
         raise ValueError("launch_fused_pp writes the plain candidate layout only (score and id, no call header)")
+    if lookahead not in (0, 1, 2):
+        raise ValueError(f"lookahead must be 0, 1 or 2, got {lookahead}")
     if not 2 <= stages <= 6:
         raise ValueError(f"stages must be in [2, 6], got {stages}")
     if dest.parity is not None:
@@ -366,4 +396,4 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         layout.stride_slot, n_btiles, n_tiles, cdiv(D, PP_BLOCK_K), STAGES=stages, CONSUMER_REGS=PP_CONSUMER_REGS,
         LOAD_REGS=WS_LOAD_REGS, SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
         NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), PEER_TABLE=dest.peer_table,
-        NPEERS=dest.npeers or 1, num_warps=4, maxnreg=PP_MAXNREG)
+        NPEERS=dest.npeers or 1, LOOKAHEAD=lookahead, num_warps=4, maxnreg=PP_MAXNREG)

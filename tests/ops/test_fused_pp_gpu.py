@@ -65,18 +65,18 @@ def _launch(fn, h, w, params, vocab_size, vocab_start, **kw):
 ])
 @pytest.mark.parametrize("kind", ["rows", "scalar", "greedy"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("stages", [5, 4])
-def test_pp_writes_the_ws_kernels_candidates(D, V, B, vocab_start, pad, kind, dtype, stages):
+@pytest.mark.parametrize("stages, lookahead", [(5, 1), (4, 1), (5, 0), (5, 2)])
+def test_pp_writes_the_ws_kernels_candidates(D, V, B, vocab_start, pad, kind, dtype, stages, lookahead):
     from fsdist.ops.fused_sample_pp import launch_fused_pp
     from fsdist.ops.fused_sample_ws import launch_fused_ws
     if dtype == torch.float16 and D > 4096:
         pytest.skip("one fp16 shape is enough")
-    if stages == 4 and (kind != "rows" or dtype != torch.bfloat16):
-        pytest.skip("4 stages: one kind and dtype")
+    if (stages, lookahead) != (5, 1) and (kind != "rows" or dtype != torch.bfloat16):
+        pytest.skip("other stages and lookaheads: one kind and dtype")
     h, w = _operands(B, D, V, dtype, D + V + B)
     params = _row_params(B, torch.Generator().manual_seed(D + V + B), kind)
     vocab_size = vocab_start + V - pad
-    got = _launch(launch_fused_pp, h, w, params, vocab_size, vocab_start, stages=stages)
+    got = _launch(launch_fused_pp, h, w, params, vocab_size, vocab_start, stages=stages, lookahead=lookahead)
     ref = _launch(launch_fused_ws, h, w, params, vocab_size, vocab_start, epilogue_warps=8)
     assert torch.equal(got[1], ref[1])
     assert torch.equal(got[0], ref[0])

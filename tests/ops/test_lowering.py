@@ -451,7 +451,7 @@ PP_TYPES = dict(h_desc="tensordesc<bf16[128, 64],NVMMA>", w_desc="tensordesc<bf1
                 cand_i="*i32", B="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", buf_offset="i32",
                 buf_offset_i="i32", stride_slot="i32", n_btiles="i32", n_tiles="i32", k_steps="i32", **ROW_PARAMS)
 PP_CONST = dict(STAGES=5, CONSUMER_REGS=240, LOAD_REGS=24, SEED_PER_ROW=True, OFFSET_PER_ROW=True,
-                TEMP_PER_ROW=True, NOISE=True, FAST_LOG=True, PEER_TABLE=False, NPEERS=1)
+                TEMP_PER_ROW=True, NOISE=True, FAST_LOG=True, PEER_TABLE=False, NPEERS=1, LOOKAHEAD=1)
 CASES["stage1_pp"] = dict(module="fsdist.ops.fused_sample_pp", kernel="fused_sample_pp_kernel", gluon=True,
                           maxnreg=168, types=PP_TYPES, constexprs=PP_CONST,
                           ptx_has=["wgmma.wait_group.sync.aligned 1;", "setmaxnreg.inc.sync.aligned.u32 \t240;"]
