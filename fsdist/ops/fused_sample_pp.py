@@ -51,7 +51,8 @@ PP_BLOCK_B = 128
 PP_BLOCK_V = 128
 PP_BLOCK_K = 64
 PP_STAGES = 5  # x 32 KB of operands; no accumulator hand-off buffer
-PP_CHUNK = triton.language.constexpr(16)  # columns the epilogue takes at a time (a register bit of the wgmma layout above the lane bits)
+# columns the epilogue takes at a time (column bit 3 is a register bit of the wgmma layout, above the lane bits)
+PP_CHUNK = triton.language.constexpr(16)
 # Registers: three warpgroups (two consumers, the load warp padded to one) share 64K: the launch gives every
 # thread maxnreg = 168, the load warp drops to WS_LOAD_REGS and consumer B rises to PP_CONSUMER_REGS; consumer A
 # (the default partition) keeps the rest (512 - 24 - 240 = 248).
