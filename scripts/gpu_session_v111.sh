@@ -5,8 +5,7 @@
 #   test     its GPU tests (tests/ops/test_fused_pp_gpu.py: the ws kernel's candidates bit for bit)
 #   bench    stage 1 alone, bench/noise_cost_probe.py: cuBLAS's matmul, the shipped ws kernel (noise, greedy) and the
 #            ping-pong kernel (4 / 5 / 6 stages, greedy, lookahead 0 / 2) at B = 256 / 512 / 1024, both shapes, three
-#            runs a cell,
-#            [B] temperatures (its checks first: the ping-pong candidates equal the dispatched launch's)
+#            runs a cell, [B] temperatures (its checks first: the ping-pong candidates equal the dispatched launch's)
 #   serving  the serving GPU tests not re-run since v97 (no host sync, CUDA graphs, the wait probe)
 # JSONs in $OUT, logs in $OUT/v111_logs.tgz. Usage: export OUT; bash scripts/gpu_session_v111.sh
 set -uo pipefail
