@@ -350,7 +350,8 @@ if HAVE_GLUON:
 
 def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, layout: CandidateLayout,
                     dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0,
-                    stages: int = PP_STAGES, grid_cap: int = 0, lookahead: int = PP_LOOKAHEAD) -> None:
+                    stages: int = PP_STAGES, grid_cap: int = 0, lookahead: int = PP_LOOKAHEAD,
+                    batch: int = None) -> None:
     """Every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard`` of ``dest``: the same
     candidates as ``fused_sample_ws.launch_fused_ws`` (plain calls) bit for bit, on the ping-pong kernel above.
 
@@ -360,7 +361,8 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     no processors. stages: operand stages in shared memory (2-6, 32 KB each). grid_cap: at most this many
     persistent programs (0: one per SM). lookahead (benchmarks): the epilogue's chunk i draws its noise once chunk
     i - lookahead is reduced (1, 2), or whenever ptxas likes (0: it hoists every chunk's, and spills); the same
-    candidates."""
+    candidates. batch: the rows to sample when ``hidden`` is padded with extra rows (as launch_fused_ws's); default
+    all of hidden's rows."""
     if not HAVE_GLUON:
         raise RuntimeError("launch_fused_pp needs Triton's Gluon (Triton >= 3.5)")
     if params.processing is not None:
@@ -374,6 +376,10 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     if dest.parity is not None:
         raise ValueError("launch_fused_pp does not read a device parity")
     B, D = hidden.shape
+    if batch is not None:
+        if not 0 < batch <= B:
+            raise ValueError(f"batch must be in [1, {B}] (hidden's rows), got {batch}")
+        B = batch
     if B == 0:
         raise ValueError("hidden has no rows")
     V_rows = weight.shape[0]

@@ -112,6 +112,28 @@ def test_pp_grid_cap_and_fan_out_buffer_offsets():
 
 
 @hopper
+def test_pp_on_a_padded_hidden_samples_its_batch_rows():
+    """batch=: a hidden zero-padded to whole tiles (as launch_fused's tile_operand) gives the unpadded call's
+    candidates for the batch's rows, and nothing for the pad rows."""
+    from fsdist.ops.fused_sample_pp import launch_fused_pp
+    from fsdist.ops.fused_sample_ws import launch_fused_ws
+    B, D, V = 200, 512, 9000
+    h, w = _operands(B, D, V, torch.bfloat16, 3)
+    padded = torch.cat([h, h.new_zeros(256 - B, D)])
+    params = _row_params(B, torch.Generator().manual_seed(3), "rows")
+    got = _launch(launch_fused_pp, padded, w, params, V, 0, batch=B)
+    layout = CandidateLayout(1, triton.cdiv(V, 128), B)
+    ref = BufferPair.alloc(layout, h.device)
+    ref.f.fill_(7.0)
+    ref.i.fill_(7)
+    launch_fused_ws(h, w, params, layout, ref, vocab_size=V, epilogue_warps=8)
+    torch.cuda.synchronize()
+    ids = got[1].view(-1, 256)
+    assert torch.equal(ids[:, :B], ref.i.view(-1, B)) and (ids[:, B:] == 7).all()
+    assert torch.equal(got[0].view(-1, 256)[:, :B], ref.f.nan_to_num(-12345.0).view(-1, B))
+
+
+@hopper
 def test_the_comparison_can_fail():
     """The check above notices one row's other seed (its candidates move in most tiles)."""
     from fsdist.ops.fused_sample_pp import launch_fused_pp
