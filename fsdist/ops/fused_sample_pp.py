@@ -41,7 +41,7 @@ try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this p
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
-    from .fused_sample_ws import WS_LOAD_REGS, _col_halves, _load_tile
+    from .fused_sample_ws import WS_LOAD_REGS, _col_halves, _load_tile, ws_supported
 
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - depends on the installed Triton
@@ -54,8 +54,8 @@ PP_STAGES = 5  # x 32 KB of operands; no accumulator hand-off buffer
 # columns the epilogue takes at a time (column bit 3 is a register bit of the wgmma layout, above the lane bits)
 PP_CHUNK = triton.language.constexpr(16)
 # Registers: three warpgroups (two consumers, the load warp padded to one) share 64K: the launch gives every
-# thread maxnreg = 168, the load warp drops to WS_LOAD_REGS and consumer B rises to PP_CONSUMER_REGS; consumer A
-# (the default partition) keeps the rest (512 - 24 - 240 = 248).
+# thread maxnreg = 168 (3 x 128 x 168 <= 64K), then (setmaxnreg) the load warpgroup drops to WS_LOAD_REGS and both
+# consumers take PP_CONSUMER_REGS (24 + 2 x 240 = 504 <= 3 x 168).
 PP_MAXNREG = 168
 PP_LOOKAHEAD = 1  # launch_fused_pp's lookahead
 PP_CONSUMER_REGS = 240
@@ -72,7 +72,8 @@ if HAVE_GLUON:
     def _after(x, dep):
         """x (int32), as a value the compiler must think depends on dep (same shape): the chunks' Philox chains
         then start only once the chunk before is reduced, so that their temporaries are not all live at once
-        (ptxas otherwise hoists them: they do not depend on the logits)."""
+        (LLVM otherwise hoists them: they do not depend on the logits). The PTX's mov does not name dep, so only
+        LLVM's order is bound; ptxas keeps it (local compile: 128 bytes of spills with it, 1,744 without)."""
         return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [x, dep], dtype=tl.int32, is_pure=True, pack=1)
 
     @gluon.jit
@@ -292,7 +293,7 @@ if HAVE_GLUON:
             # every fill of this tile awaited: the other consumer's main loop may start
             mbarrier.arrive(turn.index(1 - ROLE))
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k_steps > 0)
             pid_b = t % n_btiles
             pid_v = t // n_btiles
             _epilogue(acc, pid_b, pid_v, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, cand_f,
@@ -365,6 +366,9 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     all of hidden's rows."""
     if not HAVE_GLUON:
         raise RuntimeError("launch_fused_pp needs Triton's Gluon (Triton >= 3.5)")
+    if not ws_supported(hidden, weight, params, block_b=PP_BLOCK_B):
+        raise ValueError("launch_fused_pp needs an sm_90 GPU and bf16 / fp16 operands of one dtype, rows 16-byte "
+                         "aligned (fused_sample_ws.ws_supported)")
     if params.processing is not None:
         raise ValueError("launch_fused_pp serves plain calls only (no processors)")
     if layout.n_fields != 1 or layout.checked:

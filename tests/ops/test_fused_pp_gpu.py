@@ -28,12 +28,19 @@ def _row_params(B, g, kind):
     t[1::7] = 0.0
     t[2::11] = 1.7
     t[3::13] = 0.3
-    t[17] = -1.0  # poisoned rows: token -1
-    t[33] = float("nan")
-    t[37] = float("inf")
+    # poisoned rows (token -1) in each quarter of a batch tile, with row bit 3 clear and set (the epilogue's low and
+    # high rows), and in the second batch tile
+    for r in POISONED:
+        if r < B:
+            t[r] = (-1.0, float("nan"), float("inf"))[r % 3]
     t[39] = 1e30  # the largest temperature accepted: sampled
     return RowParams(t.cuda(), torch.randint(0, 2**62, (B,), generator=g).cuda(),
                      torch.randint(0, 2**40, (B,), generator=g).cuda())
+
+
+POISONED = (17, 25, 38, 57, 70, 77, 100, 121, 169)  # bad temperatures (kind "rows")
+INF_ROWS = (45, 99, 131)  # an inf in the hidden: +-inf logits (NaN where a weight entry is 0), the row poisoned
+TIE_ROW, TIE_COLS = 78, (200, 230)  # (greedy in kinds "rows" and "greedy"; row bit 3 set, second half of the tile)
 
 
 def _operands(B, D, V, dtype, seed):
@@ -41,7 +48,13 @@ def _operands(B, D, V, dtype, seed):
     w = torch.randn(V, D, generator=g, device="cuda").mul_(D ** -0.5).to(dtype)
     h = torch.randn(B, D, generator=g, device="cuda").to(dtype)
     h[1] = 0  # a greedy row (kind "rows") or a row of ties (greedy): every tile's winner is its first id
-    h[45, 7] = float("inf")  # +-inf logits, and NaN where a weight entry is 0: the row is poisoned
+    for r in INF_ROWS:
+        if r < B:
+            h[r, 7] = float("inf")
+    # a tie inside a tile: two equal weight rows along TIE_ROW's hidden, far above its other logits; the lower wins
+    unit = (h[TIE_ROW].float() / h[TIE_ROW].float().norm()).to(dtype)
+    for c in TIE_COLS:
+        w[c] = unit
     return h, w
 
 
@@ -60,7 +73,7 @@ def _launch(fn, h, w, params, vocab_size, vocab_start, **kw):
     (4096, 151936, 256, 0, 3),     # real shape, two batch tiles
     (4096, 1000, 200, 0, 3),       # vocabulary and batch both end inside a tile
     (96, 5000, 130, 256, 3),       # K ends inside a stage (TMA zero-fills it); a shard-like vocabulary start
-    (512, 5000, 128, 0, 300),      # the last two vocabulary tiles hold padding ids only (-inf tiles)
+    (512, 5000, 128, 0, 300),      # the last three vocabulary tiles hold padding ids only (-inf tiles)
     (8192, 128256, 384, 0, 3),
 ])
 @pytest.mark.parametrize("kind", ["rows", "scalar", "greedy"])
@@ -81,18 +94,23 @@ def test_pp_writes_the_ws_kernels_candidates(D, V, B, vocab_start, pad, kind, dt
     assert torch.equal(got[1], ref[1])
     assert torch.equal(got[0], ref[0])
     ids = got[1].view(-1, B)
-    assert (ids[:-3, 45] == -1).all()  # the inf row (but in tiles of padding ids alone, whose logits are all -inf)
+    live = triton.cdiv(vocab_size - vocab_start, 128)  # the tiles that hold a real id (the rest: padding ids alone,
+    for r in INF_ROWS:                                  # whose logits are all -inf, so an inf row is not poisoned)
+        if r < B:
+            assert (ids[:live, r] == -1).all()
     if kind == "rows":
-        assert (ids[:, 17] == -1).all() and (ids[:, 33] == -1).all() and (ids[:, 37] == -1).all()
+        assert all((ids[:, r] == -1).all() for r in POISONED if r < B)
     if kind != "scalar":  # row 1: greedy over zero logits, so each tile's first id (its lowest column)
         first = vocab_start + 128 * torch.arange(ids.shape[0], device=ids.device, dtype=ids.dtype)
         assert torch.equal(ids[:, 1], first)
+        assert ids[1, TIE_ROW] == vocab_start + TIE_COLS[0]
 
 
 @hopper
 def test_pp_grid_cap_and_fan_out_buffer_offsets():
-    """Fewer programs than SMs (each walks more tiles: both consumers alternate many times), into shard 1 of a
-    two-shard buffer: the same candidates as the ws kernel's there, shard 0 untouched."""
+    """Fewer programs than SMs (each walks more tiles: both consumers alternate many times), fanned out to two
+    peers' buffers, into shard 1 of a two-shard layout: the same candidates as the ws kernel's in each, shard 0
+    untouched."""
     from fsdist.ops.fused_sample_pp import launch_fused_pp
     from fsdist.ops.fused_sample_ws import launch_fused_ws
     B, D, V = 256, 1024, 40000
@@ -101,14 +119,19 @@ def test_pp_grid_cap_and_fan_out_buffer_offsets():
     layout = CandidateLayout(1, triton.cdiv(V, 128), B, n_shards=2)
     outs = []
     for fn, kw in ((launch_fused_pp, dict(grid_cap=7)), (launch_fused_ws, dict(epilogue_warps=8))):
-        dest = BufferPair.alloc(layout, h.device)
-        dest.f.fill_(7.0)
-        dest.i.fill_(7)
-        fn(h, w, params, layout, dest, vocab_size=2 * V, vocab_start=V, shard=1, **kw)
+        # two local buffers stand in for two ranks' (the fan-out stores into each through the address table)
+        bufs = [(torch.full((layout.float_numel,), 7.0, device="cuda"),
+                 torch.full((layout.int_numel,), 7, dtype=torch.int32, device="cuda")) for _ in range(2)]
+        table_f = torch.tensor([b[0].data_ptr() for b in bufs], dtype=torch.int64, device="cuda")
+        table_i = torch.tensor([b[1].data_ptr() for b in bufs], dtype=torch.int64, device="cuda")
+        fn(h, w, params, layout, BufferPair(table_f, table_i, npeers=2), vocab_size=2 * V, vocab_start=V, shard=1,
+           **kw)
         torch.cuda.synchronize()
-        outs.append((dest.f.nan_to_num(-1.0), dest.i))
-    assert torch.equal(outs[0][1], outs[1][1]) and torch.equal(outs[0][0], outs[1][0])
-    assert (outs[0][1][:layout.stride_shard_i] == 7).all()
+        outs.append([(f.nan_to_num(-1.0), i) for f, i in bufs])
+    for peer in range(2):
+        assert torch.equal(outs[0][peer][1], outs[1][peer][1]) and torch.equal(outs[0][peer][0], outs[1][peer][0])
+        assert (outs[0][peer][1][:layout.stride_shard_i] == 7).all()
+        assert (outs[0][peer][1][layout.stride_shard_i:] != 7).any()
 
 
 @hopper
