@@ -36,7 +36,8 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
   pp          the ping-pong kernel (fsdist/ops/fused_sample_pp.py, v111: two MMA warpgroups, each sampling its own
               tile from registers while the other multiplies), 5 stages; pp_s<N> N stages; pp_greedy with T = 0;
               pp_la0 / pp_la2 the epilogue's chunks drawing their noise freely (lookahead=0: ptxas hoists it all, and
-              spills) or two chunks ahead (the shipped: one)
+              spills) or two chunks ahead (the shipped: one); pp_sh<N> (v111b) the epilogue through shared memory in N
+              column chunks with the ws kernel's epilogue code (shared_epilogue=N), pp_sh8_s6 with 6 stages
   (v110's ws_lock<K>, the programs held within K rounds of each other, is in commit 9c28d51)
 
 then runs each method back to back for --seconds while ``nvidia-smi`` samples the SM clock and the power draw
@@ -163,13 +164,13 @@ def check(h, W, params, layout, V, shipped, dev, failures, label, only_pp=False)
     other noise variant must differ. only_pp: the ping-pong kernel's check alone."""
     ref = zeroed(layout, dev)
     launch_fused(h, W, params, shipped, layout, ref, vocab_size=V)
-    for stages, la in ((4, 1), (5, 1), (6, 1), (5, 0), (5, 2)):
+    for stages, la, sh in ((5, 1, 0), (5, 2, 0), (5, 1, 4), (5, 1, 8), (6, 1, 8)):
         cand = zeroed(layout, dev)
-        launch_fused_pp(h, W, params, layout, cand, vocab_size=V, stages=stages, lookahead=la)
+        launch_fused_pp(h, W, params, layout, cand, vocab_size=V, stages=stages, lookahead=la, shared_epilogue=sh)
         torch.cuda.synchronize(dev)
         if not C.same_candidates(cand, ref):
-            failures.append(f"{label}: the ping-pong kernel with {stages} stages, lookahead {la} differs from the "
-                            "dispatched launch")
+            failures.append(f"{label}: the ping-pong kernel with {stages} stages, lookahead {la}, shared_epilogue {sh} "
+                            "differs from the dispatched launch")
     if only_pp:
         return
     got = {}
@@ -234,8 +235,9 @@ def main(argv=None) -> int:
                                     noise_probe=probe, epilogue_only=epi, acc_buffers=bufs, epilogue_chunk=chunk,
                                     grid_cap=cap)
 
-                def pp(h, p=params, stages=5, la=1):
-                    launch_fused_pp(h, W, p, layout, cand, vocab_size=V, stages=stages, lookahead=la)
+                def pp(h, p=params, stages=5, la=1, sh=0):
+                    launch_fused_pp(h, W, p, layout, cand, vocab_size=V, stages=stages, lookahead=la,
+                                    shared_epilogue=sh)
 
                 methods = {"cublas": lambda h: F.linear(h, W), "ws": ws,
                            "ws_greedy": lambda h: ws(h, greedy), "ws_epi": lambda h: ws(h, epi=True),
@@ -258,7 +260,10 @@ def main(argv=None) -> int:
                            "pp": lambda h: pp(h), "pp_greedy": lambda h: pp(h, greedy),
                            "pp_s4": lambda h: pp(h, stages=4), "pp_s6": lambda h: pp(h, stages=6),
                            "pp_s6_greedy": lambda h: pp(h, greedy, stages=6),
-                           "pp_la0": lambda h: pp(h, la=0), "pp_la2": lambda h: pp(h, la=2)}
+                           "pp_la0": lambda h: pp(h, la=0), "pp_la2": lambda h: pp(h, la=2),
+                           "pp_sh4": lambda h: pp(h, sh=4), "pp_sh8": lambda h: pp(h, sh=8),
+                           "pp_sh8_s6": lambda h: pp(h, sh=8, stages=6),
+                           "pp_sh8_greedy": lambda h: pp(h, greedy, sh=8)}
                 if args.methods:
                     keep = {"cublas", "ws"} | set(args.methods.split(","))
                     unknown = keep - set(methods)

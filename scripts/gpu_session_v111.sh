@@ -7,7 +7,8 @@
 #            ping-pong kernel (4 / 5 / 6 stages, greedy, lookahead 0 / 2) at B = 256 / 512 / 1024, both shapes, three
 #            runs a cell, [B] temperatures (its checks first: the ping-pong candidates equal the dispatched launch's)
 #   serving  the serving GPU tests not re-run since v97 (no host sync, CUDA graphs, the wait probe)
-# JSONs in $OUT, logs in $OUT/v111_logs.tgz. Usage: export OUT; bash scripts/gpu_session_v111.sh
+# PP_TESTS (pytest -k), PP_METHODS and TEST_LIMIT choose the tests and methods (v111b: PP_TESTS="sh", the pp_sh*
+# methods). JSONs in $OUT, logs in $OUT/v111_logs.tgz. Usage: export OUT; bash scripts/gpu_session_v111.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_session_lib.sh
@@ -15,12 +16,13 @@ pack_on_exit v111
 PARTS="${PARTS:-test bench serving}"
 rc=0
 if wants test; then
-  TAIL=6 run_part test "$(part_limit 200)" v111_test.log python3 -m pytest -q -p no:cacheprovider -x \
-    tests/ops/test_fused_pp_gpu.py || rc=1
+  TAIL=6 run_part test "$(part_limit "${TEST_LIMIT:-200}")" v111_test.log python3 -m pytest -q -p no:cacheprovider -x \
+    tests/ops/test_fused_pp_gpu.py -k "${PP_TESTS:-}" || rc=1
 fi
 if wants bench; then
   TAIL=40 run_part bench "$(part_limit 260)" v111_bench_console.log python3 bench/noise_cost_probe.py \
-    --check pp --methods ws_greedy,pp,pp_greedy,pp_s4,pp_s6,pp_la0,pp_la2 --batches 256,512,1024 --repeat 3 \
+    --check pp --methods "${PP_METHODS:-ws_greedy,pp,pp_greedy,pp_s4,pp_s6,pp_la0,pp_la2}" --batches 256,512,1024 \
+    --repeat 3 \
     --seconds 0 || rc=1
 fi
 if wants serving; then

@@ -41,7 +41,7 @@ try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this p
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
-    from .fused_sample_ws import WS_LOAD_REGS, _col_halves, _load_tile, ws_supported
+    from .fused_sample_ws import WS_LOAD_REGS, _argmax_lowest, _col_halves, _half_bits, _load_tile, ws_supported
 
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - depends on the installed Triton
@@ -75,6 +75,11 @@ if HAVE_GLUON:
         (LLVM otherwise hoists them: they do not depend on the logits). The PTX's mov does not name dep, so only
         LLVM's order is bound; ptxas keeps it (local compile: 128 bytes of spills with it, 1,744 without)."""
         return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [x, dep], dtype=tl.int32, is_pure=True, pack=1)
+
+    @triton.jit
+    def _after64(x, dep):
+        """_after for an int64 x (a row's seed)."""
+        return tl.inline_asm_elementwise("mov.b64 $0, $1;", "=l,l,r", [x, dep], dtype=tl.int64, is_pure=True, pack=1)
 
     @gluon.jit
     def _row_halves(x, ROWS: gl.constexpr, W: gl.constexpr):
@@ -264,12 +269,102 @@ if HAVE_GLUON:
                     tile_start, vocab_start, PEER_TABLE, NPEERS)
 
     @gluon.jit
+    def _epilogue_shared(acc, pid_b, pid_v, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, cand_f,
+                         cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i, stride_slot,
+                         BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, SEED_PER_ROW: gl.constexpr,
+                         OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr,
+                         FAST_LOG: gl.constexpr, PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr,
+                         NCHUNK: gl.constexpr):
+        """_epilogue's candidates by the ws kernel's epilogue code: each of NCHUNK column chunks of the accumulator goes
+        through shared memory into the ws epilogue's quad layout (convert_layout), where a thread holds whole Philox
+        quads (no swaps) and its registers are the accumulator's no longer (more independent chains in flight)."""
+        W: gl.constexpr = BLOCK_V // NCHUNK
+        # a warp spans 8 rows x 4 threads of quads (fused_sample_ws's ROW_THREADS = 8 on 4 warps)
+        quad_layout: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0])
+        row_layout: gl.constexpr = gl.SliceLayout(1, quad_layout)
+        zq = gl.zeros([BLOCK_B, W // 4], gl.int32, quad_layout)
+        lay: gl.constexpr = gl.reshape(gl.join(gl.join(zq, zq), gl.join(zq, zq)), [BLOCK_B, W]).type.layout
+        offs_b = pid_b * BLOCK_B + gl.arange(0, BLOCK_B, row_layout)
+        seed, offset, scale, bad_temp = _row_params(offs_b, B, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
+                                                    temp_val, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW)
+        scale = gl.convert_layout(scale, gl.SliceLayout(1, lay))[:, None]
+        tile_start = pid_v * BLOCK_V
+        first = vocab_start + tile_start
+        cols = gl.arange(0, W, gl.SliceLayout(0, lay))
+        h0, h1 = _col_halves(acc, BLOCK_B, BLOCK_V)
+        x0, x1 = _col_halves(h0, BLOCK_B, BLOCK_V // 2)
+        x2, x3 = _col_halves(h1, BLOCK_B, BLOCK_V // 2)
+        if NCHUNK == 4:
+            best, at, bad = _quarter(x0, 0, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols, lay,
+                                     quad_layout, None, None, None, True, NOISE, FAST_LOG)
+            best, at, bad = _quarter(x1, W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols, lay,
+                                     quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            best, at, bad = _quarter(x2, 2 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
+                                     lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            best, at, bad = _quarter(x3, 3 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
+                                     lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+        else:
+            gl.static_assert(NCHUNK == 8, "the shared epilogue takes the tile in 4 or 8 column chunks")
+            y0, y1 = _col_halves(x0, BLOCK_B, BLOCK_V // 4)
+            best, at, bad = _quarter(y0, 0, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols, lay,
+                                     quad_layout, None, None, None, True, NOISE, FAST_LOG)
+            best, at, bad = _quarter(y1, W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols, lay,
+                                     quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            y2, y3 = _col_halves(x1, BLOCK_B, BLOCK_V // 4)
+            best, at, bad = _quarter(y2, 2 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
+                                     lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            best, at, bad = _quarter(y3, 3 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
+                                     lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            y4, y5 = _col_halves(x2, BLOCK_B, BLOCK_V // 4)
+            best, at, bad = _quarter(y4, 4 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
+                                     lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            best, at, bad = _quarter(y5, 5 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
+                                     lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            y6, y7 = _col_halves(x3, BLOCK_B, BLOCK_V // 4)
+            best, at, bad = _quarter(y6, 6 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
+                                     lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            best, at, bad = _quarter(y7, 7 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
+                                     lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+        poisoned = gl.convert_layout(bad > 0, row_layout) | bad_temp
+        score = gl.where(poisoned, float("nan"), gl.convert_layout(best, row_layout))
+        idx = gl.where(poisoned, -1, first + gl.convert_layout(at, row_layout)).to(gl.int32)
+        mask = offs_b < B
+        store_fan_out(cand_f, buf_offset + pid_v * stride_slot + offs_b, score, mask, gl.float32, PEER_TABLE, NPEERS)
+        store_fan_out(cand_i, buf_offset_i + pid_v * stride_slot + offs_b, idx, mask, gl.int32, PEER_TABLE, NPEERS)
+
+    @gluon.jit
+    def _quarter(x, c0, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols, lay: gl.constexpr,
+                 quad_layout: gl.constexpr, best, at, bad, FIRST: gl.constexpr, NOISE: gl.constexpr,
+                 FAST_LOG: gl.constexpr):
+        """Columns c0 .. c0 + W - 1 (x: those columns of the accumulator) into the rows' running (best score, its
+        column, any NaN / +inf logit), as fused_sample_ws's chunked epilogue merges its chunks."""
+        W: gl.constexpr = x.shape[1]
+        if not FIRST:  # this chunk's Philox once the chunk before is reduced (_after: else LLVM hoists them all)
+            seed = _after64(seed, gl.convert_layout(best, seed.type.layout))
+        col = c0 + cols
+        valid = (first + col < vocab_size) & (tile_start + col < V_rows)
+        logit = gl.where(valid[None, :], gl.convert_layout(x, lay), float("-inf"))
+        q_bad = gl.max(((logit != logit) | (logit == float("inf"))).to(gl.int32), axis=1)
+        if NOISE:
+            g = gumbel_from_bits(_half_bits(seed, offset, first + c0, W, quad_layout, 0, FAST_LOG), FAST_LOG)
+            score = perturb(logit, scale, g, FAST_LOG)
+        else:
+            score = logit
+        q_best, q_at = _argmax_lowest(score, col)
+        if FIRST:
+            return q_best, q_at, q_bad
+        else:
+            take = q_best > best
+            return gl.where(take, q_best, best), gl.where(take, q_at, at), gl.maximum(bad, q_bad)
+
+    @gluon.jit
     def _consumer(ROLE: gl.constexpr, h_bufs, w_bufs, ready, empty, turn, seed_ptr, seed_val, offset_ptr, offset_val,
                   temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
                   stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr,
                   STAGES: gl.constexpr, SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr,
                   TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr, FAST_LOG: gl.constexpr,
-                  PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr, LOOKAHEAD: gl.constexpr):
+                  PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr, LOOKAHEAD: gl.constexpr,
+                  SHARED_EPILOGUE: gl.constexpr):
         # Consumer ROLE (0: the default partition, 1: a worker) takes this program's tiles j = ROLE, ROLE + 2, ...;
         # tile j's operands are the ring's iterations j * k_steps .. (j + 1) * k_steps - 1.
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -296,10 +391,16 @@ if HAVE_GLUON:
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k_steps > 0)
             pid_b = t % n_btiles
             pid_v = t // n_btiles
-            _epilogue(acc, pid_b, pid_v, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, cand_f,
-                      cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i, stride_slot, BLOCK_B,
-                      BLOCK_V, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS,
-                      LOOKAHEAD)
+            if SHARED_EPILOGUE:
+                _epilogue_shared(acc, pid_b, pid_v, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
+                                 cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
+                                 stride_slot, BLOCK_B, BLOCK_V, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE,
+                                 FAST_LOG, PEER_TABLE, NPEERS, SHARED_EPILOGUE)
+            else:
+                _epilogue(acc, pid_b, pid_v, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val, cand_f,
+                          cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i, stride_slot, BLOCK_B,
+                          BLOCK_V, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS,
+                          LOOKAHEAD)
             m += 1
 
     @gluon.jit
@@ -319,7 +420,7 @@ if HAVE_GLUON:
                                CONSUMER_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, SEED_PER_ROW: gl.constexpr,
                                OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr,
                                FAST_LOG: gl.constexpr, PEER_TABLE: gl.constexpr = False, NPEERS: gl.constexpr = 1,
-                               LOOKAHEAD: gl.constexpr = 1):
+                               LOOKAHEAD: gl.constexpr = 1, SHARED_EPILOGUE: gl.constexpr = 0):
         BLOCK_B: gl.constexpr = h_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
         BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
@@ -339,11 +440,13 @@ if HAVE_GLUON:
             (_consumer, (0, h_bufs, w_bufs, ready, empty, turn, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
                          temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
                          stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, STAGES, SEED_PER_ROW,
-                         OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, LOOKAHEAD)),
+                         OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, LOOKAHEAD,
+                         SHARED_EPILOGUE)),
             (_consumer, (1, h_bufs, w_bufs, ready, empty, turn, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
                          temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
                          stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, STAGES, SEED_PER_ROW,
-                         OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, LOOKAHEAD)),
+                         OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, LOOKAHEAD,
+                         SHARED_EPILOGUE)),
             (_load_partition, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps, BLOCK_B,
                                BLOCK_V, BLOCK_K, STAGES)),
         ], [4, 1], [CONSUMER_REGS, LOAD_REGS])
@@ -352,7 +455,7 @@ if HAVE_GLUON:
 def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, layout: CandidateLayout,
                     dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0,
                     stages: int = PP_STAGES, grid_cap: int = 0, lookahead: int = PP_LOOKAHEAD,
-                    batch: int = None) -> None:
+                    batch: int = None, shared_epilogue: int = 0) -> None:
     """Every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard`` of ``dest``: the same
     candidates as ``fused_sample_ws.launch_fused_ws`` (plain calls) bit for bit, on the ping-pong kernel above.
 
@@ -362,8 +465,10 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     no processors. stages: operand stages in shared memory (2-6, 32 KB each). grid_cap: at most this many
     persistent programs (0: one per SM). lookahead (benchmarks): the epilogue's chunk i draws its noise once chunk
     i - lookahead is reduced (1, 2), or whenever ptxas likes (0: it hoists every chunk's, and spills); the same
-    candidates. batch: the rows to sample when ``hidden`` is padded with extra rows (as launch_fused_ws's); default
-    all of hidden's rows."""
+    candidates. shared_epilogue (v111b): 4 or 8: each consumer moves its accumulator through shared memory in that
+    many column chunks into fused_sample_ws's epilogue layout and runs that epilogue's code (lookahead then unused);
+    0: the epilogue on the accumulator's registers; the same candidates. batch: the rows to sample when ``hidden`` is
+    padded with extra rows (as launch_fused_ws's); default all of hidden's rows."""
     if not HAVE_GLUON:
         raise RuntimeError("launch_fused_pp needs Triton's Gluon (Triton >= 3.5)")
     if not ws_supported(hidden, weight, params, block_b=PP_BLOCK_B):
@@ -373,6 +478,8 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         raise ValueError("launch_fused_pp serves plain calls only (no processors)")
     if layout.n_fields != 1 or layout.checked:
         raise ValueError("launch_fused_pp writes the plain candidate layout only (score and id, no call header)")
+    if shared_epilogue not in (0, 4, 8):
+        raise ValueError(f"shared_epilogue must be 0, 4 or 8, got {shared_epilogue}")
     if lookahead not in (0, 1, 2):
         raise ValueError(f"lookahead must be 0, 1 or 2, got {lookahead}")
     if not 2 <= stages <= 6:
@@ -407,4 +514,5 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         layout.stride_slot, n_btiles, n_tiles, cdiv(D, PP_BLOCK_K), STAGES=stages, CONSUMER_REGS=PP_CONSUMER_REGS,
         LOAD_REGS=WS_LOAD_REGS, SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
         NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), PEER_TABLE=dest.peer_table,
-        NPEERS=dest.npeers or 1, LOOKAHEAD=lookahead, num_warps=4, maxnreg=PP_MAXNREG)
+        NPEERS=dest.npeers or 1, LOOKAHEAD=lookahead, SHARED_EPILOGUE=shared_epilogue, num_warps=4,
+        maxnreg=PP_MAXNREG)
