@@ -37,7 +37,8 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
               tile from registers while the other multiplies), 5 stages; pp_s<N> N stages; pp_greedy with T = 0;
               pp_la0 / pp_la2 the epilogue's chunks drawing their noise freely (lookahead=0: ptxas hoists it all, and
               spills) or two chunks ahead (the shipped: one); pp_sh<N> (v111b) the epilogue through shared memory in N
-              column chunks with the ws kernel's epilogue code (shared_epilogue=N), pp_sh8_s6 with 6 stages
+              column chunks with the ws kernel's epilogue code (shared_epilogue=N), pp_sh8_s6 with 6 stages; pp_epi /
+              pp_sh8_epi their epilogues alone (main loops skipped, zero logits: both consumers' side by side)
   (v110's ws_lock<K>, the programs held within K rounds of each other, is in commit 9c28d51)
 
 then runs each method back to back for --seconds while ``nvidia-smi`` samples the SM clock and the power draw
@@ -235,9 +236,9 @@ def main(argv=None) -> int:
                                     noise_probe=probe, epilogue_only=epi, acc_buffers=bufs, epilogue_chunk=chunk,
                                     grid_cap=cap)
 
-                def pp(h, p=params, stages=5, la=1, sh=0):
+                def pp(h, p=params, stages=5, la=1, sh=0, epi=False):
                     launch_fused_pp(h, W, p, layout, cand, vocab_size=V, stages=stages, lookahead=la,
-                                    shared_epilogue=sh)
+                                    shared_epilogue=sh, epilogue_only=epi)
 
                 methods = {"cublas": lambda h: F.linear(h, W), "ws": ws,
                            "ws_greedy": lambda h: ws(h, greedy), "ws_epi": lambda h: ws(h, epi=True),
@@ -263,7 +264,8 @@ def main(argv=None) -> int:
                            "pp_la0": lambda h: pp(h, la=0), "pp_la2": lambda h: pp(h, la=2),
                            "pp_sh4": lambda h: pp(h, sh=4), "pp_sh8": lambda h: pp(h, sh=8),
                            "pp_sh8_s6": lambda h: pp(h, sh=8, stages=6),
-                           "pp_sh8_greedy": lambda h: pp(h, greedy, sh=8)}
+                           "pp_sh8_greedy": lambda h: pp(h, greedy, sh=8),
+                           "pp_epi": lambda h: pp(h, la=2, epi=True), "pp_sh8_epi": lambda h: pp(h, sh=8, epi=True)}
                 if args.methods:
                     keep = {"cublas", "ws"} | set(args.methods.split(","))
                     unknown = keep - set(methods)

@@ -455,7 +455,7 @@ if HAVE_GLUON:
 def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, layout: CandidateLayout,
                     dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0,
                     stages: int = PP_STAGES, grid_cap: int = 0, lookahead: int = PP_LOOKAHEAD,
-                    batch: int = None, shared_epilogue: int = 0) -> None:
+                    batch: int = None, shared_epilogue: int = 0, epilogue_only: bool = False) -> None:
     """Every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard`` of ``dest``: the same
     candidates as ``fused_sample_ws.launch_fused_ws`` (plain calls) bit for bit, on the ping-pong kernel above.
 
@@ -468,7 +468,8 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     candidates. shared_epilogue (v111b): 4 or 8: each consumer moves its accumulator through shared memory in that
     many column chunks into fused_sample_ws's epilogue layout and runs that epilogue's code (lookahead then unused);
     0: the epilogue on the accumulator's registers; the same candidates. batch: the rows to sample when ``hidden`` is
-    padded with extra rows (as launch_fused_ws's); default all of hidden's rows."""
+    padded with extra rows (as launch_fused_ws's); default all of hidden's rows. epilogue_only (benchmarks): skip the
+    main loops (zero logits), to time the epilogues alone (the two consumers' then run side by side)."""
     if not HAVE_GLUON:
         raise RuntimeError("launch_fused_pp needs Triton's Gluon (Triton >= 3.5)")
     if not ws_supported(hidden, weight, params, block_b=PP_BLOCK_B):
@@ -511,8 +512,9 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     fused_sample_pp_kernel[(min(n_tiles, cap), )](
         h_desc, w_desc, seed_p, seed_v, off_p, off_v, temp_p, float(temp_v), dest.f, dest.i, B, V_rows, vocab_size,
         vocab_start, dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i,
-        layout.stride_slot, n_btiles, n_tiles, cdiv(D, PP_BLOCK_K), STAGES=stages, CONSUMER_REGS=PP_CONSUMER_REGS,
-        LOAD_REGS=WS_LOAD_REGS, SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
+        layout.stride_slot, n_btiles, n_tiles, 0 if epilogue_only else cdiv(D, PP_BLOCK_K), STAGES=stages,
+        CONSUMER_REGS=PP_CONSUMER_REGS, LOAD_REGS=WS_LOAD_REGS, SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row,
+        TEMP_PER_ROW=temp_row,
         NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), PEER_TABLE=dest.peer_table,
         NPEERS=dest.npeers or 1, LOOKAHEAD=lookahead, SHARED_EPILOGUE=shared_epilogue, num_warps=4,
         maxnreg=PP_MAXNREG)
