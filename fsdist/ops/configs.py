@@ -229,6 +229,25 @@ EXTENDED_WS_MAX_HIDDEN = 4096
 WS_FEWER_STAGES_FROM = 1024
 WS_LARGE_BATCH_STAGES = 4
 
+# All-greedy calls (one scalar temperature 0: vLLM passes one when its batch is all greedy) of at least
+# PP_GREEDY_MIN_BATCH rows on the warp-specialised 128-row tile run the ping-pong kernel (fused_sample_pp.py: two MMA
+# warpgroups, each running its own tile's main loop while the other samples; the shared-memory epilogue in 8 chunks)
+# where the call is plain (no logprobs, kept logits, processors, call header or device parity) and the batch has no
+# short last tile (last_box_rows); the same candidates bit for bit. Stage 1 alone, H100, three runs a cell (medians),
+# docs/performance.md v111b / v111c, greedy pp (this epilogue) / greedy ws: D = 4096 B = 256 / 512 / 1024 0.97 /
+# 0.84-0.93 / 0.85-0.87, D = 8192 0.93-0.97 / 0.89-0.92 / 0.90-0.94 (v111's register epilogue: 0.88-1.02, and 1.11 at
+# 8192 / 1024 in a run whose cells moved up to 20%); in v111c at D = 4096 B = 1024 it ran at 0.98x cuBLAS's matmul.
+# With noise the ping-pong epilogue (one warpgroup beside the other's wgmmas) cannot keep up at D = 4096 (v111-v111c),
+# so sampled calls keep the ws kernel.
+# Fast memory (the H200) not measured: off there.
+PP_GREEDY_MIN_BATCH = 256
+
+
+def pp_greedy_rule(batch: int, fast_memory: bool) -> bool:
+    """Whether an all-greedy plain call of ``batch`` rows on the ws 128-row tile takes the ping-pong kernel (see
+    PP_GREEDY_MIN_BATCH; fused_sample.launch_fused checks the call's other conditions)."""
+    return batch >= PP_GREEDY_MIN_BATCH and not fast_memory
+
 
 # The 32-row tile's pipeline depth on a GPU with faster memory (``fast_memory``; measured on the H200 only): one stage
 # more keeps more bytes in flight per SM, which a faster memory needs to stay busy (docs/performance.md v59 / v60, graph

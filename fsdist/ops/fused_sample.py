@@ -29,13 +29,15 @@ from ..params import RowParams
 from ..processing import has_entries
 from ..runtime import interpreting
 from .configs import (PAD_HALF_TILE_ROWS, PAD_TILE_ROWS, WS_BOX_ROWS, WS_BOX_TILE_ROWS, WS_LAST_BOX_ROWS, TileConfig,
-                      fit_num_stages, pdl_after_entry_offsets, stagger_applies, triton_twin)
+                      fast_memory, fit_num_stages, pdl_after_entry_offsets, pp_greedy_rule, stagger_applies,
+                      triton_twin)
 from .epilogue import perturb, raw_sum, row_temperature, tile_stats, tile_topk, write_candidates, write_kept
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
 from .pad_rows import pad_rows
 from .parity import parity_args, parity_offsets
 from .entry_offsets import HEAD as ENTRY_HEAD, launch_entry_offsets
+from .fused_sample_pp import launch_fused_pp
 from .fused_sample_ws import WS_BLOCK_B, WS_BLOCK_K, WS_BLOCK_V, last_tile_boxes, launch_fused_ws, ws_supported
 from .processors import process_tile, processor_args, row_penalties, table_slice, tile_bitmask_words
 from .step_check import call_flags, write_row_fingerprints, write_step_record, writes_header
@@ -300,6 +302,12 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         last = 0 if box else ws_last_box_rows(B, ws_rows)
         # (a call moved to the 64-row tile runs that tile's 5 stages, not a 128-row config's large-batch depth)
         stages = cfg.num_stages if ws_rows == cfg.block_b else 5
+        if ws_rows == WS_BLOCK_B and not (box or last) and _pp_greedy(B, params, layout, dest, logprobs, extended,
+                                                                       header, hidden.device):
+            # an all-greedy plain call: the ping-pong kernel (configs.PP_GREEDY_MIN_BATCH), same candidates
+            launch_fused_pp(tile_operand(hidden, ws_rows), weight, params, layout, dest, vocab_size=vocab_size,
+                            vocab_start=vocab_start, shard=shard, shared_epilogue=8, batch=B)
+            return
         launch_fused_ws(hidden if box or last else tile_operand(hidden, ws_rows), weight, params, layout, dest,
                         vocab_size=vocab_size, vocab_start=vocab_start, shard=shard, stages=stages,
                         epilogue_warps=8 if cfg.num_warps >= 8 else 4, block_b=ws_rows, logprobs=logprobs,
@@ -357,6 +365,14 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         num_warps=cfg.num_warps, num_stages=fit_num_stages(cfg, hidden.element_size(), hidden.device),
         **({"maxnreg": cfg.max_regs} if cfg.max_regs and hidden.device.type == "cuda" else {}),
     )
+
+
+def _pp_greedy(batch: int, params: RowParams, layout: CandidateLayout, dest: BufferPair, logprobs: bool,
+               extended: bool, header: bool, device: torch.device) -> bool:
+    """Whether a call on the ws 128-row tile runs fused_sample_pp instead: all greedy (a scalar temperature 0), plain
+    (no logprobs, kept logits, processors, call header or device parity) and configs.pp_greedy_rule's batch / GPU."""
+    return (params.all_greedy and not (logprobs or extended or header) and params.processing is None
+            and layout.n_fields == 1 and dest.parity is None and pp_greedy_rule(batch, fast_memory(device)))
 
 
 def _ws_tile(cfg: TileConfig) -> bool:

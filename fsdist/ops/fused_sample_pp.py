@@ -21,9 +21,14 @@ column winning only when strictly larger, and the row's winner is the lowest col
 ``fused_sample_ws``'s candidates bit for bit (the same wgmmas in the same K order, the same noise, the same
 ``perturb`` rounding).
 
+``shared_epilogue`` instead moves the accumulator through shared memory, a column chunk at a time, into the ws
+epilogue's layout and runs that epilogue's code (v111b).
+
 Plain calls only (temperature, seed, offset scalar or ``[B]``; the fan-out to tensor-parallel peers' buffers): no
-logprobs, kept logits, processors, call header or device parity. Benchmarks only so far (``launch_fused_pp``; the
-dispatch does not call it): v111 measures it against the shipped kernel.
+logprobs, kept logits, processors, call header or device parity. ``fused_sample.launch_fused`` runs it for all-greedy
+plain calls from ``configs.PP_GREEDY_MIN_BATCH`` rows (greedy: the main loop never waits for a hand-off, 7-16% faster
+than the ws kernel at B >= 512 on an H100). With noise the one warpgroup in its epilogue beside the other's wgmmas is
+too slow at D = 4096 (docs/performance.md v111-v111c), so sampled calls keep the ws kernel.
 """
 import torch
 import triton

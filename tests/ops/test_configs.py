@@ -366,3 +366,36 @@ def test_extended_calls_take_the_ws_64_row_tile_up_to_d4096(monkeypatch, batches
     assert plan.plan_sample(**dict(kw, hidden_size=8192), extended=True).config.block_b == kept
     monkeypatch.setattr(plan, "ws_device", lambda device, dtype=None: False)
     assert plan.plan_sample(**kw, extended=True).config.block_b == kept
+
+
+def test_pp_greedy_rule_batch_and_memory():
+    """All-greedy plain calls take the ping-pong kernel from PP_GREEDY_MIN_BATCH rows, on GPUs without fast memory."""
+    first = configs.PP_GREEDY_MIN_BATCH
+    assert not configs.pp_greedy_rule(first - 1, False)
+    assert configs.pp_greedy_rule(first, False) and configs.pp_greedy_rule(1024, False)
+    assert not configs.pp_greedy_rule(1024, True)
+
+
+def test_pp_greedy_needs_an_all_greedy_plain_call():
+    """fused_sample._pp_greedy: a scalar temperature 0 and a plain call (the ping-pong kernel writes no logprob fields,
+    kept logits, header or parity copy and applies no processors); each condition alone turns it off."""
+    from fsdist.ops.fused_sample import _pp_greedy
+    from fsdist.ops.layout import BufferPair, CandidateLayout
+    from fsdist.params import RowParams
+
+    cpu = torch.device("cpu")
+    B = 512
+    plain = CandidateLayout(1, 4, B)
+    dest = BufferPair.alloc(plain, cpu)
+    greedy = RowParams(0.0, 0, 0)
+
+    def ok(batch=B, params=greedy, layout=plain, logprobs=False, extended=False, header=False):
+        return _pp_greedy(batch, params, layout, dest, logprobs, extended, header, cpu)
+
+    assert ok()
+    assert not ok(batch=configs.PP_GREEDY_MIN_BATCH - 1)
+    assert not ok(params=RowParams(torch.zeros(B), 0, 0))  # [B] temperatures: the kernel draws noise
+    assert not ok(params=RowParams(0.7, 0, 0))
+    assert not ok(logprobs=True) and not ok(extended=True) and not ok(header=True)
+    assert not ok(layout=CandidateLayout(4, 4, B))
+    assert not ok(params=dataclasses.replace(greedy, processing=object()))  # (any processors: only None counts)

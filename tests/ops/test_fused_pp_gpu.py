@@ -177,3 +177,39 @@ def test_the_comparison_can_fail():
     ids, ref_ids = got[1].view(-1, B), ref[1].view(-1, B)
     assert torch.equal(ids[:, :100], ref_ids[:, :100])
     assert (ids[:, 100] != ref_ids[:, 100]).float().mean() > 0.5
+
+
+@hopper
+@pytest.mark.parametrize("B", [256, 340])  # whole tiles; a last tile of 84 rows (> 64: padded, not a short tile)
+def test_launch_fused_runs_pp_for_all_greedy_plain_calls(B, monkeypatch):
+    """launch_fused takes the ping-pong kernel for an all-greedy plain call on the 128-row ws tile (configs.
+    PP_GREEDY_MIN_BATCH), with the ws kernel's candidates; [B] temperatures (noise) keep the ws kernel."""
+    from fsdist.ops import fused_sample
+    from fsdist.ops.configs import TileConfig
+
+    monkeypatch.setattr(fused_sample, "fast_memory", lambda device: False)  # (the rule's H100 case on any sm_90)
+    calls = []
+    real = fused_sample.launch_fused_pp
+    monkeypatch.setattr(fused_sample, "launch_fused_pp", lambda *a, **k: (calls.append(k), real(*a, **k))[1])
+    cfg = TileConfig(128, 128, 64, 8, 5, tma=True, ws=True)
+    D, V = 1024, 30000
+    h, w = _operands(B, D, V, torch.bfloat16, B)
+
+    def run(params):
+        layout = CandidateLayout(1, triton.cdiv(V, 128), B)
+        dest = BufferPair.alloc(layout, h.device)
+        dest.f.fill_(7.0)
+        dest.i.fill_(7)
+        fused_sample.launch_fused(h, w, params, cfg, layout, dest, vocab_size=V - 5)
+        torch.cuda.synchronize()
+        return dest.f.nan_to_num(-12345.0), dest.i
+
+    got = run(RowParams(0.0, 0, 0))
+    assert len(calls) == 1 and calls[0]["batch"] == B
+    monkeypatch.setattr(fused_sample, "pp_greedy_rule", lambda batch, fast: False)
+    ref = run(RowParams(0.0, 0, 0))
+    assert len(calls) == 1  # the ws kernel this time
+    assert torch.equal(got[1], ref[1]) and torch.equal(got[0], ref[0])
+    monkeypatch.setattr(fused_sample, "pp_greedy_rule", lambda batch, fast: True)
+    run(RowParams(torch.zeros(B, device="cuda"), 0, 0))
+    assert len(calls) == 1  # [B] temperatures: the ws kernel
