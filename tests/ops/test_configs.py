@@ -368,21 +368,25 @@ def test_extended_calls_take_the_ws_64_row_tile_up_to_d4096(monkeypatch, batches
     assert plan.plan_sample(**kw, extended=True).config.block_b == kept
 
 
-def test_pp_greedy_rule_batch_and_memory():
-    """All-greedy plain calls take the ping-pong kernel from PP_GREEDY_MIN_BATCH rows, on GPUs without fast memory."""
+def test_pp_greedy_rule_batch_and_memory(monkeypatch):
+    """All-greedy plain calls take the ping-pong kernel from PP_GREEDY_MIN_BATCH rows, on GPUs without fast memory, once
+    PP_GREEDY_ON (off until v112's GPU run)."""
+    assert not configs.pp_greedy_rule(1024, False)  # off by default
+    monkeypatch.setattr(configs, "PP_GREEDY_ON", True)
     first = configs.PP_GREEDY_MIN_BATCH
     assert not configs.pp_greedy_rule(first - 1, False)
     assert configs.pp_greedy_rule(first, False) and configs.pp_greedy_rule(1024, False)
     assert not configs.pp_greedy_rule(1024, True)
 
 
-def test_pp_greedy_needs_an_all_greedy_plain_call():
+def test_pp_greedy_needs_an_all_greedy_plain_call(monkeypatch):
     """fused_sample._pp_greedy: a scalar temperature 0 and a plain call (the ping-pong kernel writes no logprob fields,
     kept logits, header or parity copy and applies no processors); each condition alone turns it off."""
     from fsdist.ops.fused_sample import _pp_greedy
     from fsdist.ops.layout import BufferPair, CandidateLayout
     from fsdist.params import RowParams
 
+    monkeypatch.setattr(configs, "PP_GREEDY_ON", True)
     cpu = torch.device("cpu")
     B = 512
     plain = CandidateLayout(1, 4, B)
