@@ -28,6 +28,7 @@ from triton.language.extra.cuda import gdc_wait
 from ..params import RowParams
 from ..processing import has_entries
 from ..runtime import interpreting
+from . import configs
 from .configs import (PAD_HALF_TILE_ROWS, PAD_TILE_ROWS, WS_BOX_ROWS, WS_BOX_TILE_ROWS, WS_LAST_BOX_ROWS, TileConfig,
                       fast_memory, fit_num_stages, pdl_after_entry_offsets, pp_greedy_rule, stagger_applies,
                       triton_twin)
@@ -371,8 +372,9 @@ def _pp_greedy(batch: int, params: RowParams, layout: CandidateLayout, dest: Buf
                extended: bool, header: bool, device: torch.device) -> bool:
     """Whether a call on the ws 128-row tile runs fused_sample_pp instead: all greedy (a scalar temperature 0), plain
     (no logprobs, kept logits, processors, call header or device parity) and configs.pp_greedy_rule's batch / GPU."""
-    return (params.all_greedy and not (logprobs or extended or header) and params.processing is None
-            and layout.n_fields == 1 and dest.parity is None and pp_greedy_rule(batch, fast_memory(device)))
+    return (configs.PP_GREEDY_ON and params.all_greedy and not (logprobs or extended or header)
+            and params.processing is None and layout.n_fields == 1 and dest.parity is None
+            and pp_greedy_rule(batch, fast_memory(device)))  # (the device asked last: only where all else holds)
 
 
 def _ws_tile(cfg: TileConfig) -> bool:

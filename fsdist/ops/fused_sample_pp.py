@@ -27,7 +27,7 @@ epilogue's layout and runs that epilogue's code (v111b).
 Plain calls only (temperature, seed, offset scalar or ``[B]``; the fan-out to tensor-parallel peers' buffers): no
 logprobs, kept logits, processors, call header or device parity. ``fused_sample.launch_fused`` runs it, once
 ``configs.PP_GREEDY_ON`` (off until v112's GPU run), for all-greedy plain calls from ``configs.PP_GREEDY_MIN_BATCH``
-rows (greedy: the main loop never waits for a hand-off; stage 1 7-16% faster than the ws kernel's at B >= 512 on an
+rows (greedy: the main loop never waits for a hand-off; stage 1 6-16% faster than the ws kernel's at B >= 512 on an
 H100). With noise the one warpgroup in its epilogue beside the other's wgmmas is
 too slow at D = 4096 (docs/performance.md v111-v111c), so sampled calls keep the ws kernel.
 """

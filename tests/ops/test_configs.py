@@ -382,6 +382,7 @@ def test_pp_greedy_rule_batch_and_memory(monkeypatch):
 def test_pp_greedy_needs_an_all_greedy_plain_call(monkeypatch):
     """fused_sample._pp_greedy: a scalar temperature 0 and a plain call (the ping-pong kernel writes no logprob fields,
     kept logits, header or parity copy and applies no processors); each condition alone turns it off."""
+    from fsdist.ops import fused_sample
     from fsdist.ops.fused_sample import _pp_greedy
     from fsdist.ops.layout import BufferPair, CandidateLayout
     from fsdist.params import RowParams
@@ -403,3 +404,9 @@ def test_pp_greedy_needs_an_all_greedy_plain_call(monkeypatch):
     assert not ok(logprobs=True) and not ok(extended=True) and not ok(header=True)
     assert not ok(layout=CandidateLayout(4, 4, B))
     assert not ok(params=dataclasses.replace(greedy, processing=object()))  # (any processors: only None counts)
+    dest = dataclasses.replace(dest, parity=object())  # a double buffer's device parity (any: only None counts)
+    assert not ok()
+    dest = BufferPair.alloc(plain, cpu)
+    assert ok()
+    monkeypatch.setattr(fused_sample, "fast_memory", lambda device: True)  # (measured on an H100 only)
+    assert not ok()

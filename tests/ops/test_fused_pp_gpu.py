@@ -184,10 +184,8 @@ def test_the_comparison_can_fail():
 def test_launch_fused_runs_pp_for_all_greedy_plain_calls(B, monkeypatch):
     """launch_fused takes the ping-pong kernel for an all-greedy plain call on the 128-row ws tile (configs.
     PP_GREEDY_MIN_BATCH), with the ws kernel's candidates; [B] temperatures (noise) keep the ws kernel."""
-    from fsdist.ops import fused_sample
+    from fsdist.ops import configs, fused_sample
     from fsdist.ops.configs import TileConfig
-
-    from fsdist.ops import configs
 
     monkeypatch.setattr(configs, "PP_GREEDY_ON", True)  # (off until this test and v112's bench have run)
     monkeypatch.setattr(fused_sample, "fast_memory", lambda device: False)  # (the rule's H100 case on any sm_90)
@@ -208,7 +206,7 @@ def test_launch_fused_runs_pp_for_all_greedy_plain_calls(B, monkeypatch):
         return dest.f.nan_to_num(-12345.0), dest.i
 
     got = run(RowParams(0.0, 0, 0))
-    assert len(calls) == 1 and calls[0]["batch"] == B
+    assert len(calls) == 1 and calls[0]["batch"] == B and calls[0]["shared_epilogue"] == 8
     monkeypatch.setattr(fused_sample, "pp_greedy_rule", lambda batch, fast: False)
     ref = run(RowParams(0.0, 0, 0))
     assert len(calls) == 1  # the ws kernel this time
