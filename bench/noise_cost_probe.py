@@ -172,6 +172,15 @@ def check(h, W, params, layout, V, shipped, dev, failures, label, only_pp=False)
         if not C.same_candidates(cand, ref):
             failures.append(f"{label}: the ping-pong kernel with {stages} stages, lookahead {la}, shared_epilogue {sh} "
                             "differs from the dispatched launch")
+    greedy = RowParams(0.0, 0, 0)  # (the timed *_greedy methods: the kernels compile without noise)
+    ref_g = zeroed(layout, dev)
+    launch_fused_ws(h, W, greedy, layout, ref_g, vocab_size=V, stages=shipped.num_stages, epilogue_warps=8)
+    for sh in (0, 8):
+        cand = zeroed(layout, dev)
+        launch_fused_pp(h, W, greedy, layout, cand, vocab_size=V, shared_epilogue=sh)
+        torch.cuda.synchronize(dev)
+        if not C.same_candidates(cand, ref_g):
+            failures.append(f"{label}: the greedy ping-pong kernel (shared_epilogue {sh}) differs from the ws kernel's")
     if only_pp:
         return
     got = {}
