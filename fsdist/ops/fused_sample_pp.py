@@ -22,7 +22,10 @@ column winning only when strictly larger, and the row's winner is the lowest col
 ``perturb`` rounding).
 
 ``shared_epilogue`` instead moves the accumulator through shared memory, a column chunk at a time, into the ws
-epilogue's layout and runs that epilogue's code (v111b).
+epilogue's layout and runs that epilogue's code (v111b). ``epilogue_warps=4`` (v113, not yet run on a GPU) keeps the
+consumers to their main loops and hands each tile to 4 epilogue warps of their own through a buffer set per consumer
+(fused_sample_ws's chunked hand-off and epilogue), so that one consumer's wait for the epilogue overlaps the other's
+main loop.
 
 Plain calls only (temperature, seed, offset scalar or ``[B]``; the fan-out to tensor-parallel peers' buffers): no
 logprobs, kept logits, processors, call header or device parity. ``fused_sample.launch_fused`` runs it, once
@@ -47,7 +50,8 @@ try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this p
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
-    from .fused_sample_ws import WS_LOAD_REGS, _argmax_lowest, _col_halves, _half_bits, _load_tile, ws_supported
+    from .fused_sample_ws import (WS_LOAD_REGS, _argmax_lowest, _col_halves, _epilogue_half_chunked, _half_bits,
+                                  _hand_off_phases, _load_tile, _store_hand_off, ws_supported)
 
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - depends on the installed Triton
@@ -64,6 +68,13 @@ PP_CHUNK = triton.language.constexpr(16)
 # consumers take PP_CONSUMER_REGS (24 + 2 x 240 = 504 <= 3 x 168).
 PP_MAXNREG = 168
 PP_LOOKAHEAD = 1  # launch_fused_pp's lookahead
+# launch_fused_pp(epilogue_warps=4): four warpgroups (two consumers, the epilogue warps, the load warp padded to one)
+# share 64K: maxnreg 128 at launch (4 x 128 x 128), then the load warpgroup drops to WS_LOAD_REGS, the epilogue warps
+# take PP_EPI_REGS, consumer B PP_HAND_OFF_CONSUMER_REGS and consumer A the rest (512 - 24 - 168 - 160 = 160)
+PP_EPI_MAXNREG = 128
+PP_EPI_REGS = 168
+PP_HAND_OFF_CONSUMER_REGS = 160
+PP_HAND_OFF_CHUNK = triton.language.constexpr(16)  # the hand-off's chunk columns (fused_sample_ws's EPI_CHUNK)
 PP_CONSUMER_REGS = 240
 
 if HAVE_GLUON:
@@ -370,7 +381,7 @@ if HAVE_GLUON:
                   STAGES: gl.constexpr, SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr,
                   TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr, FAST_LOG: gl.constexpr,
                   PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr, LOOKAHEAD: gl.constexpr,
-                  SHARED_EPILOGUE: gl.constexpr):
+                  SHARED_EPILOGUE: gl.constexpr, acc_smem, acc_ready, acc_empty, EPI_WARPS: gl.constexpr):
         # Consumer ROLE (0: the default partition, 1: a worker) takes this program's tiles j = ROLE, ROLE + 2, ...;
         # tile j's operands are the ring's iterations j * k_steps .. (j + 1) * k_steps - 1.
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -397,7 +408,19 @@ if HAVE_GLUON:
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k_steps > 0)
             pid_b = t % n_btiles
             pid_v = t // n_btiles
-            if SHARED_EPILOGUE:
+            if EPI_WARPS > 0:
+                # hand the tile to the epilogue warps (fused_sample_ws's chunked hand-off, through this consumer's
+                # own buffers): while this warpgroup waits for them to read the left half, the other multiplies
+                NCH: gl.constexpr = acc_smem.shape[0] // 2
+                left, right = _col_halves(acc, BLOCK_B, BLOCK_V)
+                p0, p1 = _hand_off_phases(2 * m, 1)
+                mbarrier.wait(acc_empty.index(ROLE), p0 ^ 1)
+                _store_hand_off(acc_smem, ROLE * NCH, left, BLOCK_B, BLOCK_V // 2, NCH, True)
+                mbarrier.arrive(acc_ready.index(ROLE))
+                mbarrier.wait(acc_empty.index(ROLE), p1 ^ 1)
+                _store_hand_off(acc_smem, ROLE * NCH, right, BLOCK_B, BLOCK_V // 2, NCH, True)
+                mbarrier.arrive(acc_ready.index(ROLE))
+            elif SHARED_EPILOGUE:
                 _epilogue_shared(acc, pid_b, pid_v, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
                                  cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
                                  stride_slot, BLOCK_B, BLOCK_V, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE,
@@ -407,6 +430,66 @@ if HAVE_GLUON:
                           cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i, stride_slot, BLOCK_B,
                           BLOCK_V, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS,
                           LOOKAHEAD)
+            m += 1
+
+    @gluon.jit
+    def _epi_tile(acc_smem, base: gl.constexpr, acc_ready, acc_empty, m, t, seed_ptr, seed_val, offset_ptr,
+                  offset_val, temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset,
+                  buf_offset_i, stride_slot, n_btiles, BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr,
+                  EPI_WARPS: gl.constexpr, SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr,
+                  TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr, FAST_LOG: gl.constexpr,
+                  PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr):
+        """Tile t, a consumer's m-th, from its hand-off buffers base ..: fused_sample_ws's plain chunked epilogue."""
+        HALF: gl.constexpr = BLOCK_V // 2
+        CHUNK: gl.constexpr = acc_smem.shape[2]
+        quad_layout: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [EPI_WARPS, 1], [1, 0])
+        row_layout: gl.constexpr = gl.SliceLayout(1, quad_layout)
+        pid_b = t % n_btiles
+        pid_v = t // n_btiles
+        offs_b = pid_b * BLOCK_B + gl.arange(0, BLOCK_B, row_layout)
+        seed, offset, scale, bad_temp = _row_params(offs_b, B, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
+                                                    temp_val, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW)
+        tile_start = pid_v * BLOCK_V
+        p0, p1 = _hand_off_phases(2 * m, 1)
+        best0, at0, bad0, _w0 = _epilogue_half_chunked(acc_smem, base, acc_ready, acc_empty, p0, 0, seed, offset,
+                                                       scale, tile_start, V_rows, vocab_size, vocab_start, HALF,
+                                                       CHUNK, NOISE, FAST_LOG, quad_layout)
+        best1, at1, bad1, _w1 = _epilogue_half_chunked(acc_smem, base, acc_ready, acc_empty, p1, 1, seed, offset,
+                                                       scale, tile_start, V_rows, vocab_size, vocab_start, HALF,
+                                                       CHUNK, NOISE, FAST_LOG, quad_layout)
+        take1 = best1 > best0  # the right half wins only when strictly larger (ties to the lower id)
+        best = gl.convert_layout(gl.where(take1, best1, best0), row_layout)
+        at = gl.convert_layout(gl.where(take1, at1, at0), row_layout)
+        poisoned = gl.convert_layout((bad0 | bad1) > 0, row_layout) | bad_temp
+        score = gl.where(poisoned, float("nan"), best)
+        idx = gl.where(poisoned, -1, vocab_start + tile_start + at).to(gl.int32)
+        mask = offs_b < B
+        store_fan_out(cand_f, buf_offset + pid_v * stride_slot + offs_b, score, mask, gl.float32, PEER_TABLE, NPEERS)
+        store_fan_out(cand_i, buf_offset_i + pid_v * stride_slot + offs_b, idx, mask, gl.int32, PEER_TABLE, NPEERS)
+
+    @gluon.jit
+    def _epilogue_partition(acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
+                            temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
+                            stride_slot, n_btiles, n_tiles, BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr,
+                            EPI_WARPS: gl.constexpr, SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr,
+                            TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr, FAST_LOG: gl.constexpr,
+                            PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr):
+        # EPI_WARPS warps of their own (epilogue_warps=): the program's tiles in order, consumer 0's from its
+        # buffers 0 .., consumer 1's from NCH .., a pair of tiles a round (so each call's buffer base is static)
+        NCH: gl.constexpr = acc_smem.shape[0] // 2
+        pid = gl.program_id(0)
+        P = gl.num_programs(0)
+        m = 0
+        for t in range(pid, n_tiles, 2 * P):
+            _epi_tile(acc_smem, 0, acc_ready.index(0), acc_empty.index(0), m, t, seed_ptr, seed_val, offset_ptr,
+                      offset_val, temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset,
+                      buf_offset_i, stride_slot, n_btiles, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW, OFFSET_PER_ROW,
+                      TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS)
+            if t + P < n_tiles:
+                _epi_tile(acc_smem, NCH, acc_ready.index(1), acc_empty.index(1), m, t + P, seed_ptr, seed_val,
+                          offset_ptr, offset_val, temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size,
+                          vocab_start, buf_offset, buf_offset_i, stride_slot, n_btiles, BLOCK_B, BLOCK_V, EPI_WARPS,
+                          SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS)
             m += 1
 
     @gluon.jit
@@ -426,7 +509,8 @@ if HAVE_GLUON:
                                CONSUMER_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, SEED_PER_ROW: gl.constexpr,
                                OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr,
                                FAST_LOG: gl.constexpr, PEER_TABLE: gl.constexpr = False, NPEERS: gl.constexpr = 1,
-                               LOOKAHEAD: gl.constexpr = 1, SHARED_EPILOGUE: gl.constexpr = 0):
+                               LOOKAHEAD: gl.constexpr = 1, SHARED_EPILOGUE: gl.constexpr = 0,
+                               EPI_WARPS: gl.constexpr = 0, EPI_REGS: gl.constexpr = 0):
         BLOCK_B: gl.constexpr = h_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
         BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
@@ -441,27 +525,60 @@ if HAVE_GLUON:
             mbarrier.init(empty.index(i), count=1)
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
+        # EPI_WARPS (epilogue_warps=): the consumers hand their tiles to that many epilogue warps of their own through
+        # a buffer set each (fused_sample_ws's chunked hand-off: each column half as PP_HAND_OFF_CHUNK-column chunks)
+        CHUNK: gl.constexpr = PP_HAND_OFF_CHUNK
+        NCH: gl.constexpr = BLOCK_V // 2 // CHUNK
+        acc_smem = gl.allocate_shared_memory(gl.float32, [2 * NCH if EPI_WARPS > 0 else 2, BLOCK_B, CHUNK],
+                                             gl.SwizzledSharedLayout(4, 32 // CHUNK, CHUNK // 4, order=[1, 0]))
+        acc_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        acc_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(acc_ready.index(i), count=1)
+            mbarrier.init(acc_empty.index(i), count=1)
         # (the partitions' arguments spelled out: a tuple built here would turn the constexprs into tensors)
-        gl.warp_specialize([
-            (_consumer, (0, h_bufs, w_bufs, ready, empty, turn, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
-                         temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
-                         stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, STAGES, SEED_PER_ROW,
-                         OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, LOOKAHEAD,
-                         SHARED_EPILOGUE)),
-            (_consumer, (1, h_bufs, w_bufs, ready, empty, turn, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
-                         temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
-                         stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, STAGES, SEED_PER_ROW,
-                         OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, LOOKAHEAD,
-                         SHARED_EPILOGUE)),
-            (_load_partition, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps, BLOCK_B,
-                               BLOCK_V, BLOCK_K, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, LOAD_REGS])
+        if EPI_WARPS > 0:
+            gl.warp_specialize([
+                (_consumer, (0, h_bufs, w_bufs, ready, empty, turn, seed_ptr, seed_val, offset_ptr, offset_val,
+                             temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset,
+                             buf_offset_i, stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, STAGES,
+                             SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, LOOKAHEAD,
+                             SHARED_EPILOGUE, acc_smem, acc_ready, acc_empty, EPI_WARPS)),
+                (_consumer, (1, h_bufs, w_bufs, ready, empty, turn, seed_ptr, seed_val, offset_ptr, offset_val,
+                             temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset,
+                             buf_offset_i, stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, STAGES,
+                             SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, LOOKAHEAD,
+                             SHARED_EPILOGUE, acc_smem, acc_ready, acc_empty, EPI_WARPS)),
+                (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
+                                       temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
+                                       buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles, BLOCK_B, BLOCK_V,
+                                       EPI_WARPS, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG,
+                                       PEER_TABLE, NPEERS)),
+                (_load_partition, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps, BLOCK_B,
+                                   BLOCK_V, BLOCK_K, STAGES)),
+            ], [4, EPI_WARPS, 1], [CONSUMER_REGS, EPI_REGS, LOAD_REGS])
+        else:
+            gl.warp_specialize([
+                (_consumer, (0, h_bufs, w_bufs, ready, empty, turn, seed_ptr, seed_val, offset_ptr, offset_val,
+                             temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset,
+                             buf_offset_i, stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, STAGES,
+                             SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, LOOKAHEAD,
+                             SHARED_EPILOGUE, acc_smem, acc_ready, acc_empty, EPI_WARPS)),
+                (_consumer, (1, h_bufs, w_bufs, ready, empty, turn, seed_ptr, seed_val, offset_ptr, offset_val,
+                             temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset,
+                             buf_offset_i, stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, STAGES,
+                             SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, LOOKAHEAD,
+                             SHARED_EPILOGUE, acc_smem, acc_ready, acc_empty, EPI_WARPS)),
+                (_load_partition, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps, BLOCK_B,
+                                   BLOCK_V, BLOCK_K, STAGES)),
+            ], [4, 1], [CONSUMER_REGS, LOAD_REGS])
 
 
 def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, layout: CandidateLayout,
                     dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0,
                     stages: int = PP_STAGES, grid_cap: int = 0, lookahead: int = PP_LOOKAHEAD,
-                    batch: int = None, shared_epilogue: int = 0, epilogue_only: bool = False) -> None:
+                    batch: int = None, shared_epilogue: int = 0, epilogue_only: bool = False,
+                    epilogue_warps: int = 0) -> None:
     """Every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard`` of ``dest``: the same
     candidates as ``fused_sample_ws.launch_fused_ws`` (plain calls) bit for bit, on the ping-pong kernel above.
 
@@ -475,7 +592,11 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     many column chunks into fused_sample_ws's epilogue layout and runs that epilogue's code (lookahead then unused);
     0: the epilogue on the accumulator's registers; the same candidates. batch: the rows to sample when ``hidden`` is
     padded with extra rows (as launch_fused_ws's); default all of hidden's rows. epilogue_only (benchmarks): skip the
-    main loops (zero logits), to time the epilogues alone (the two consumers' then run side by side)."""
+    main loops (zero logits), to time the epilogues alone (the two consumers' then run side by side).
+    epilogue_warps (v113, benchmarks): 4: the consumers only multiply, and hand each tile to 4 epilogue warps of their
+    own through shared memory (fused_sample_ws's chunked hand-off and epilogue; a buffer set per consumer, so one
+    consumer's wait for the epilogue overlaps the other's main loop); stages at most 5; 0: each consumer samples its
+    own tiles (shared_epilogue / lookahead as above); the same candidates."""
     if not HAVE_GLUON:
         raise RuntimeError("launch_fused_pp needs Triton's Gluon (Triton >= 3.5)")
     if not ws_supported(hidden, weight, params, block_b=PP_BLOCK_B):
@@ -485,6 +606,10 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         raise ValueError("launch_fused_pp serves plain calls only (no processors)")
     if layout.n_fields != 1 or layout.checked:
         raise ValueError("launch_fused_pp writes the plain candidate layout only (score and id, no call header)")
+    if epilogue_warps not in (0, 4):
+        raise ValueError(f"epilogue_warps must be 0 or 4, got {epilogue_warps}")
+    if epilogue_warps and (shared_epilogue or stages > 5):
+        raise ValueError("epilogue_warps=4 takes no shared_epilogue and at most 5 stages (the hand-off's 64 KB)")
     if shared_epilogue not in (0, 4, 8):
         raise ValueError(f"shared_epilogue must be 0, 4 or 8, got {shared_epilogue}")
     if lookahead not in (0, 1, 2):
@@ -519,8 +644,9 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         h_desc, w_desc, seed_p, seed_v, off_p, off_v, temp_p, float(temp_v), dest.f, dest.i, B, V_rows, vocab_size,
         vocab_start, dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i,
         layout.stride_slot, n_btiles, n_tiles, 0 if epilogue_only else cdiv(D, PP_BLOCK_K), STAGES=stages,
-        CONSUMER_REGS=PP_CONSUMER_REGS, LOAD_REGS=WS_LOAD_REGS, SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row,
-        TEMP_PER_ROW=temp_row,
+        CONSUMER_REGS=PP_HAND_OFF_CONSUMER_REGS if epilogue_warps else PP_CONSUMER_REGS, LOAD_REGS=WS_LOAD_REGS,
+        SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
         NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), PEER_TABLE=dest.peer_table,
-        NPEERS=dest.npeers or 1, LOOKAHEAD=lookahead, SHARED_EPILOGUE=shared_epilogue, num_warps=4,
-        maxnreg=PP_MAXNREG)
+        NPEERS=dest.npeers or 1, LOOKAHEAD=lookahead, SHARED_EPILOGUE=shared_epilogue, EPI_WARPS=epilogue_warps,
+        EPI_REGS=PP_EPI_REGS if epilogue_warps else 0, num_warps=4,
+        maxnreg=PP_EPI_MAXNREG if epilogue_warps else PP_MAXNREG)

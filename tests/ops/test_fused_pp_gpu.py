@@ -78,21 +78,23 @@ def _launch(fn, h, w, params, vocab_size, vocab_start, **kw):
 ])
 @pytest.mark.parametrize("kind", ["rows", "scalar", "greedy"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("stages, lookahead, shared", [(5, 1, 0), (4, 1, 0), (5, 0, 0), (5, 2, 0), (5, 1, 4),
-                                                      (5, 1, 8), (6, 1, 8)],
-                         ids=["s5", "s4", "la0", "la2", "sh4", "sh8", "sh8s6"])
-def test_pp_writes_the_ws_kernels_candidates(D, V, B, vocab_start, pad, kind, dtype, stages, lookahead, shared):
+@pytest.mark.parametrize("stages, lookahead, shared, epi", [(5, 1, 0, 0), (4, 1, 0, 0), (5, 0, 0, 0), (5, 2, 0, 0),
+                                                           (5, 1, 4, 0), (5, 1, 8, 0), (6, 1, 8, 0), (4, 1, 0, 4),
+                                                           (5, 1, 0, 4)],
+                         ids=["s5", "s4", "la0", "la2", "sh4", "sh8", "sh8s6", "ew4s4", "ew4"])
+def test_pp_writes_the_ws_kernels_candidates(D, V, B, vocab_start, pad, kind, dtype, stages, lookahead, shared, epi):
     from fsdist.ops.fused_sample_pp import launch_fused_pp
     from fsdist.ops.fused_sample_ws import launch_fused_ws
     if dtype == torch.float16 and D > 4096:
         pytest.skip("one fp16 shape is enough")
-    if (stages, lookahead, shared) not in ((5, 1, 0), (5, 1, 8)) and (kind != "rows" or dtype != torch.bfloat16):
+    if (stages, lookahead, shared, epi) not in ((5, 1, 0, 0), (5, 1, 8, 0), (4, 1, 0, 4)) and (
+            kind != "rows" or dtype != torch.bfloat16):
         pytest.skip("other stages, lookaheads and epilogues: one kind and dtype")
     h, w = _operands(B, D, V, dtype, D + V + B)
     params = _row_params(B, torch.Generator().manual_seed(D + V + B), kind)
     vocab_size = vocab_start + V - pad
     got = _launch(launch_fused_pp, h, w, params, vocab_size, vocab_start, stages=stages, lookahead=lookahead,
-                  shared_epilogue=shared)
+                  shared_epilogue=shared, epilogue_warps=epi)
     ref = _launch(launch_fused_ws, h, w, params, vocab_size, vocab_start, epilogue_warps=8)
     assert torch.equal(got[1], ref[1])
     assert torch.equal(got[0], ref[0])
@@ -110,8 +112,8 @@ def test_pp_writes_the_ws_kernels_candidates(D, V, B, vocab_start, pad, kind, dt
 
 
 @hopper
-@pytest.mark.parametrize("shared", [0, 8], ids=["registers", "sh8"])
-def test_pp_grid_cap_and_fan_out_buffer_offsets(shared):
+@pytest.mark.parametrize("shared, epi", [(0, 0), (8, 0), (0, 4)], ids=["registers", "sh8", "ew4"])
+def test_pp_grid_cap_and_fan_out_buffer_offsets(shared, epi):
     """Fewer programs than SMs (each walks more tiles: both consumers alternate many times), fanned out to two
     peers' buffers, into shard 1 of a two-shard layout: the same candidates as the ws kernel's in each, shard 0
     untouched."""
@@ -122,7 +124,7 @@ def test_pp_grid_cap_and_fan_out_buffer_offsets(shared):
     params = _row_params(B, torch.Generator().manual_seed(11), "rows")
     layout = CandidateLayout(1, triton.cdiv(V, 128), B, n_shards=2)
     outs = []
-    for fn, kw in ((launch_fused_pp, dict(grid_cap=7, shared_epilogue=shared)),
+    for fn, kw in ((launch_fused_pp, dict(grid_cap=7, shared_epilogue=shared, epilogue_warps=epi, stages=4)),
                    (launch_fused_ws, dict(epilogue_warps=8))):
         # two local buffers stand in for two ranks' (the fan-out stores into each through the address table)
         bufs = [(torch.full((layout.float_numel,), 7.0, device="cuda"),
