@@ -40,7 +40,8 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
               column chunks with the ws kernel's epilogue code (shared_epilogue=N), pp_sh8_s6 with 6 stages; pp_epi /
               pp_sh8_epi their epilogues alone (main loops skipped, zero logits: both consumers' side by side);
               pp_ew4 (v113) the consumers handing their tiles to 4 epilogue warps of their own (epilogue_warps=4),
-              pp_ew4_s4 with 4 stages, pp_ew4_greedy with T = 0, pp_ew4_epi its hand-offs and epilogue alone
+              pp_ew4_s4 with 4 stages, pp_ew4_greedy with T = 0, pp_ew4_epi its hand-offs and epilogue alone,
+              pp_ew4_c16 with 16-column chunks (else 32)
   (v110's ws_lock<K>, the programs held within K rounds of each other, is in commit 9c28d51)
 
 then runs each method back to back for --seconds while ``nvidia-smi`` samples the SM clock and the power draw
@@ -167,15 +168,15 @@ def check(h, W, params, layout, V, shipped, dev, failures, label, only_pp=False)
     other noise variant must differ. only_pp: the ping-pong kernel's check alone."""
     ref = zeroed(layout, dev)
     launch_fused(h, W, params, shipped, layout, ref, vocab_size=V)
-    for stages, la, sh, ew in ((5, 1, 0, 0), (5, 2, 0, 0), (5, 1, 4, 0), (5, 1, 8, 0), (6, 1, 8, 0), (5, 1, 0, 4),
-                               (4, 1, 0, 4)):
+    for stages, la, sh, ew, ec in ((5, 1, 0, 0, 32), (5, 2, 0, 0, 32), (5, 1, 4, 0, 32), (5, 1, 8, 0, 32),
+                                   (6, 1, 8, 0, 32), (5, 1, 0, 4, 32), (4, 1, 0, 4, 32), (5, 1, 0, 4, 16)):
         cand = zeroed(layout, dev)
         launch_fused_pp(h, W, params, layout, cand, vocab_size=V, stages=stages, lookahead=la, shared_epilogue=sh,
-                        epilogue_warps=ew)
+                        epilogue_warps=ew, epilogue_chunk=ec)
         torch.cuda.synchronize(dev)
         if not C.same_candidates(cand, ref):
             failures.append(f"{label}: the ping-pong kernel with {stages} stages, lookahead {la}, shared_epilogue "
-                            f"{sh}, epilogue_warps {ew} differs from the dispatched launch")
+                            f"{sh}, epilogue_warps {ew} (chunk {ec}) differs from the dispatched launch")
     greedy = RowParams(0.0, 0, 0)  # (the timed *_greedy methods: the kernels compile without noise)
     ref_g = zeroed(layout, dev)
     launch_fused_ws(h, W, greedy, layout, ref_g, vocab_size=V, stages=shipped.num_stages, epilogue_warps=8)
@@ -250,9 +251,9 @@ def main(argv=None) -> int:
                                     noise_probe=probe, epilogue_only=epi, acc_buffers=bufs, epilogue_chunk=chunk,
                                     grid_cap=cap)
 
-                def pp(h, p=params, stages=5, la=1, sh=0, epi=False, ew=0):
+                def pp(h, p=params, stages=5, la=1, sh=0, epi=False, ew=0, ec=32):
                     launch_fused_pp(h, W, p, layout, cand, vocab_size=V, stages=stages, lookahead=la,
-                                    shared_epilogue=sh, epilogue_only=epi, epilogue_warps=ew)
+                                    shared_epilogue=sh, epilogue_only=epi, epilogue_warps=ew, epilogue_chunk=ec)
 
                 methods = {"cublas": lambda h: F.linear(h, W), "ws": ws,
                            "ws_greedy": lambda h: ws(h, greedy), "ws_epi": lambda h: ws(h, epi=True),
@@ -282,7 +283,8 @@ def main(argv=None) -> int:
                            "pp_epi": lambda h: pp(h, la=2, epi=True), "pp_sh8_epi": lambda h: pp(h, sh=8, epi=True),
                            "pp_ew4": lambda h: pp(h, ew=4), "pp_ew4_s4": lambda h: pp(h, ew=4, stages=4),
                            "pp_ew4_greedy": lambda h: pp(h, greedy, ew=4),
-                           "pp_ew4_epi": lambda h: pp(h, ew=4, epi=True)}
+                           "pp_ew4_epi": lambda h: pp(h, ew=4, epi=True),
+                           "pp_ew4_c16": lambda h: pp(h, ew=4, ec=16)}
                 if args.methods:
                     keep = {"cublas", "ws"} | set(args.methods.split(","))
                     unknown = keep - set(methods)

@@ -74,7 +74,7 @@ PP_LOOKAHEAD = 1  # launch_fused_pp's lookahead
 PP_EPI_MAXNREG = 128
 PP_EPI_REGS = 168
 PP_HAND_OFF_CONSUMER_REGS = 160
-PP_HAND_OFF_CHUNK = triton.language.constexpr(16)  # the hand-off's chunk columns (fused_sample_ws's EPI_CHUNK)
+PP_HAND_OFF_CHUNK = 32  # launch_fused_pp's epilogue_chunk: the hand-off's chunk columns (fused_sample_ws's EPI_CHUNK)
 PP_CONSUMER_REGS = 240
 
 if HAVE_GLUON:
@@ -510,7 +510,7 @@ if HAVE_GLUON:
                                OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr,
                                FAST_LOG: gl.constexpr, PEER_TABLE: gl.constexpr = False, NPEERS: gl.constexpr = 1,
                                LOOKAHEAD: gl.constexpr = 1, SHARED_EPILOGUE: gl.constexpr = 0,
-                               EPI_WARPS: gl.constexpr = 0, EPI_REGS: gl.constexpr = 0):
+                               EPI_WARPS: gl.constexpr = 0, EPI_REGS: gl.constexpr = 0, EPI_CHUNK: gl.constexpr = 16):
         BLOCK_B: gl.constexpr = h_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
         BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
@@ -526,8 +526,8 @@ if HAVE_GLUON:
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
         # EPI_WARPS (epilogue_warps=): the consumers hand their tiles to that many epilogue warps of their own through
-        # a buffer set each (fused_sample_ws's chunked hand-off: each column half as PP_HAND_OFF_CHUNK-column chunks)
-        CHUNK: gl.constexpr = PP_HAND_OFF_CHUNK
+        # a buffer set each (fused_sample_ws's chunked hand-off: each column half as EPI_CHUNK-column chunks)
+        CHUNK: gl.constexpr = EPI_CHUNK
         NCH: gl.constexpr = BLOCK_V // 2 // CHUNK
         acc_smem = gl.allocate_shared_memory(gl.float32, [2 * NCH if EPI_WARPS > 0 else 2, BLOCK_B, CHUNK],
                                              gl.SwizzledSharedLayout(4, 32 // CHUNK, CHUNK // 4, order=[1, 0]))
@@ -578,7 +578,7 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0,
                     stages: int = PP_STAGES, grid_cap: int = 0, lookahead: int = PP_LOOKAHEAD,
                     batch: int = None, shared_epilogue: int = 0, epilogue_only: bool = False,
-                    epilogue_warps: int = 0) -> None:
+                    epilogue_warps: int = 0, epilogue_chunk: int = PP_HAND_OFF_CHUNK) -> None:
     """Every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard`` of ``dest``: the same
     candidates as ``fused_sample_ws.launch_fused_ws`` (plain calls) bit for bit, on the ping-pong kernel above.
 
@@ -596,7 +596,8 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     epilogue_warps (v113, benchmarks): 4: the consumers only multiply, and hand each tile to 4 epilogue warps of their
     own through shared memory (fused_sample_ws's chunked hand-off and epilogue; a buffer set per consumer, so one
     consumer's wait for the epilogue overlaps the other's main loop); stages at most 5; 0: each consumer samples its
-    own tiles (shared_epilogue / lookahead as above); the same candidates."""
+    own tiles (shared_epilogue / lookahead as above); the same candidates. epilogue_chunk: the columns (16 or 32) the
+    epilogue warps take at a time (32: twice the independent Philox quads a thread)."""
     if not HAVE_GLUON:
         raise RuntimeError("launch_fused_pp needs Triton's Gluon (Triton >= 3.5)")
     if not ws_supported(hidden, weight, params, block_b=PP_BLOCK_B):
@@ -610,6 +611,8 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         raise ValueError(f"epilogue_warps must be 0 or 4, got {epilogue_warps}")
     if epilogue_warps and (shared_epilogue or stages > 5):
         raise ValueError("epilogue_warps=4 takes no shared_epilogue and at most 5 stages (the hand-off's 64 KB)")
+    if epilogue_chunk not in (16, 32):
+        raise ValueError(f"epilogue_chunk must be 16 or 32, got {epilogue_chunk}")
     if shared_epilogue not in (0, 4, 8):
         raise ValueError(f"shared_epilogue must be 0, 4 or 8, got {shared_epilogue}")
     if lookahead not in (0, 1, 2):
@@ -648,5 +651,5 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
         NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), PEER_TABLE=dest.peer_table,
         NPEERS=dest.npeers or 1, LOOKAHEAD=lookahead, SHARED_EPILOGUE=shared_epilogue, EPI_WARPS=epilogue_warps,
-        EPI_REGS=PP_EPI_REGS if epilogue_warps else 0, num_warps=4,
+        EPI_REGS=PP_EPI_REGS if epilogue_warps else 0, EPI_CHUNK=epilogue_chunk, num_warps=4,
         maxnreg=PP_EPI_MAXNREG if epilogue_warps else PP_MAXNREG)

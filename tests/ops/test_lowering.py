@@ -452,7 +452,7 @@ PP_TYPES = dict(h_desc="tensordesc<bf16[128, 64],NVMMA>", w_desc="tensordesc<bf1
                 buf_offset_i="i32", stride_slot="i32", n_btiles="i32", n_tiles="i32", k_steps="i32", **ROW_PARAMS)
 PP_CONST = dict(STAGES=5, CONSUMER_REGS=240, LOAD_REGS=24, SEED_PER_ROW=True, OFFSET_PER_ROW=True,
                 TEMP_PER_ROW=True, NOISE=True, FAST_LOG=True, PEER_TABLE=False, NPEERS=1, LOOKAHEAD=1,
-                SHARED_EPILOGUE=0, EPI_WARPS=0, EPI_REGS=0)
+                SHARED_EPILOGUE=0, EPI_WARPS=0, EPI_REGS=0, EPI_CHUNK=16)
 CASES["stage1_pp"] = dict(module="fsdist.ops.fused_sample_pp", kernel="fused_sample_pp_kernel", gluon=True,
                           maxnreg=168, types=PP_TYPES, constexprs=PP_CONST,
                           ptx_has=["wgmma.wait_group.sync.aligned 1;", "setmaxnreg.inc.sync.aligned.u32 \t240;"]
@@ -465,7 +465,8 @@ CASES["stage1_pp_shared"] = dict(CASES["stage1_pp"], constexprs=dict(PP_CONST, S
 # v113: the consumers hand their tiles to 4 epilogue warps (EPI_WARPS): 4 warpgroups at 128 registers, the consumers
 # at 160, the epilogue warps at 168; the chunked hand-off's rolled loop; no swaps
 CASES["stage1_pp_epi_warps"] = dict(CASES["stage1_pp"], maxnreg=128,
-                                    constexprs=dict(PP_CONST, STAGES=4, EPI_WARPS=4, EPI_REGS=168, CONSUMER_REGS=160),
+                                    constexprs=dict(PP_CONST, STAGES=4, EPI_WARPS=4, EPI_REGS=168, CONSUMER_REGS=160,
+                                                    EPI_CHUNK=32),
                                     ptx_has=["setmaxnreg.inc.sync.aligned.u32 \t168;", '.pragma "nounroll"']
                                     + NOISE_PTX["has"], ptx_lacks=NOISE_PTX["lacks"] + ["0x1f, 0xffffffff;"],
                                     ptx_count={"cp.async.bulk.tensor": 2})
