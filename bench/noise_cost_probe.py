@@ -41,7 +41,7 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
               pp_sh8_epi their epilogues alone (main loops skipped, zero logits: both consumers' side by side);
               pp_ew4 (v113) the consumers handing their tiles to 4 epilogue warps of their own (epilogue_warps=4),
               pp_ew4_s4 with 4 stages, pp_ew4_greedy with T = 0, pp_ew4_epi its hand-offs and epilogue alone,
-              pp_ew4_c16 with 16-column chunks (else 32)
+              pp_ew4_c32 with 32-column chunks (else 16)
   (v110's ws_lock<K>, the programs held within K rounds of each other, is in commit 9c28d51)
 
 then runs each method back to back for --seconds while ``nvidia-smi`` samples the SM clock and the power draw
@@ -168,8 +168,8 @@ def check(h, W, params, layout, V, shipped, dev, failures, label, only_pp=False)
     other noise variant must differ. only_pp: the ping-pong kernel's check alone."""
     ref = zeroed(layout, dev)
     launch_fused(h, W, params, shipped, layout, ref, vocab_size=V)
-    for stages, la, sh, ew, ec in ((5, 1, 0, 0, 32), (5, 2, 0, 0, 32), (5, 1, 4, 0, 32), (5, 1, 8, 0, 32),
-                                   (6, 1, 8, 0, 32), (5, 1, 0, 4, 32), (4, 1, 0, 4, 32), (5, 1, 0, 4, 16)):
+    for stages, la, sh, ew, ec in ((5, 1, 0, 0, 16), (5, 2, 0, 0, 16), (5, 1, 4, 0, 16), (5, 1, 8, 0, 16),
+                                   (6, 1, 8, 0, 16), (5, 1, 0, 4, 16), (4, 1, 0, 4, 16), (5, 1, 0, 4, 32)):
         cand = zeroed(layout, dev)
         launch_fused_pp(h, W, params, layout, cand, vocab_size=V, stages=stages, lookahead=la, shared_epilogue=sh,
                         epilogue_warps=ew, epilogue_chunk=ec)
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
                                     noise_probe=probe, epilogue_only=epi, acc_buffers=bufs, epilogue_chunk=chunk,
                                     grid_cap=cap)
 
-                def pp(h, p=params, stages=5, la=1, sh=0, epi=False, ew=0, ec=32):
+                def pp(h, p=params, stages=5, la=1, sh=0, epi=False, ew=0, ec=16):
                     launch_fused_pp(h, W, p, layout, cand, vocab_size=V, stages=stages, lookahead=la,
                                     shared_epilogue=sh, epilogue_only=epi, epilogue_warps=ew, epilogue_chunk=ec)
 
@@ -284,7 +284,7 @@ def main(argv=None) -> int:
                            "pp_ew4": lambda h: pp(h, ew=4), "pp_ew4_s4": lambda h: pp(h, ew=4, stages=4),
                            "pp_ew4_greedy": lambda h: pp(h, greedy, ew=4),
                            "pp_ew4_epi": lambda h: pp(h, ew=4, epi=True),
-                           "pp_ew4_c16": lambda h: pp(h, ew=4, ec=16)}
+                           "pp_ew4_c32": lambda h: pp(h, ew=4, ec=32)}
                 if args.methods:
                     keep = {"cublas", "ws"} | set(args.methods.split(","))
                     unknown = keep - set(methods)

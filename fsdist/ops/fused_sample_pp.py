@@ -74,7 +74,10 @@ PP_LOOKAHEAD = 1  # launch_fused_pp's lookahead
 PP_EPI_MAXNREG = 128
 PP_EPI_REGS = 168
 PP_HAND_OFF_CONSUMER_REGS = 160
-PP_HAND_OFF_CHUNK = 32  # launch_fused_pp's epilogue_chunk: the hand-off's chunk columns (fused_sample_ws's EPI_CHUNK)
+# launch_fused_pp's epilogue_chunk: the hand-off's chunk columns (fused_sample_ws's EPI_CHUNK). 16: the epilogue
+# warps at 168 registers spill 16 bytes; 32 (twice the independent Philox quads a thread) spills ~600 bytes inside the chunk
+# loop (local compile; moving registers from the consumers to the epilogue warps spills more)
+PP_HAND_OFF_CHUNK = 16
 PP_CONSUMER_REGS = 240
 
 if HAVE_GLUON:
@@ -597,7 +600,7 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     own through shared memory (fused_sample_ws's chunked hand-off and epilogue; a buffer set per consumer, so one
     consumer's wait for the epilogue overlaps the other's main loop); stages at most 5; 0: each consumer samples its
     own tiles (shared_epilogue / lookahead as above); the same candidates. epilogue_chunk: the columns (16 or 32) the
-    epilogue warps take at a time (32: twice the independent Philox quads a thread)."""
+    epilogue warps take at a time (PP_HAND_OFF_CHUNK)."""
     if not HAVE_GLUON:
         raise RuntimeError("launch_fused_pp needs Triton's Gluon (Triton >= 3.5)")
     if not ws_supported(hidden, weight, params, block_b=PP_BLOCK_B):
