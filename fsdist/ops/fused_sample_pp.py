@@ -75,8 +75,8 @@ PP_EPI_MAXNREG = 128
 PP_EPI_REGS = 168
 PP_HAND_OFF_CONSUMER_REGS = 160
 # launch_fused_pp's epilogue_chunk: the hand-off's chunk columns (fused_sample_ws's EPI_CHUNK). 16: the epilogue
-# warps at 168 registers spill 16 bytes; 32 (twice the independent Philox quads a thread) spills ~600 bytes inside the chunk
-# loop (local compile; moving registers from the consumers to the epilogue warps spills more)
+# warps at 168 registers spill 16 bytes; 32 (twice the independent Philox quads a thread) spills ~600 bytes inside
+# the chunk loop (local compile; moving registers from the consumers to the epilogue warps spills more)
 PP_HAND_OFF_CHUNK = 16
 PP_CONSUMER_REGS = 240
 
