@@ -67,6 +67,7 @@ PP_CHUNK = triton.language.constexpr(16)
 # thread maxnreg = 168 (3 x 128 x 168 <= 64K), then (setmaxnreg) the load warpgroup drops to WS_LOAD_REGS and both
 # consumers take PP_CONSUMER_REGS (24 + 2 x 240 = 504 <= 3 x 168).
 PP_MAXNREG = 168
+PP_CONSUMER_REGS = 240
 PP_LOOKAHEAD = 1  # launch_fused_pp's lookahead
 # launch_fused_pp(epilogue_warps=4): four warpgroups (two consumers, the epilogue warps, the load warp padded to one)
 # share 64K: maxnreg 128 at launch (4 x 128 x 128), then the load warpgroup drops to WS_LOAD_REGS, the epilogue warps
@@ -78,7 +79,6 @@ PP_HAND_OFF_CONSUMER_REGS = 160
 # warps at 168 registers spill 16 bytes; 32 (twice the independent Philox quads a thread) spills ~600 bytes inside
 # the chunk loop (local compile; moving registers from the consumers to the epilogue warps spills more)
 PP_HAND_OFF_CHUNK = 16
-PP_CONSUMER_REGS = 240
 
 if HAVE_GLUON:
 
@@ -315,36 +315,36 @@ if HAVE_GLUON:
         x0, x1 = _col_halves(h0, BLOCK_B, BLOCK_V // 2)
         x2, x3 = _col_halves(h1, BLOCK_B, BLOCK_V // 2)
         if NCHUNK == 4:
-            best, at, bad = _quarter(x0, 0, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols, lay,
-                                     quad_layout, None, None, None, True, NOISE, FAST_LOG)
-            best, at, bad = _quarter(x1, W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols, lay,
-                                     quad_layout, best, at, bad, False, NOISE, FAST_LOG)
-            best, at, bad = _quarter(x2, 2 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
-                                     lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
-            best, at, bad = _quarter(x3, 3 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
-                                     lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            best, at, bad = _shared_chunk(x0, 0, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols, lay,
+                                          quad_layout, None, None, None, True, NOISE, FAST_LOG)
+            best, at, bad = _shared_chunk(x1, W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols, lay,
+                                          quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            best, at, bad = _shared_chunk(x2, 2 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
+                                          lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            best, at, bad = _shared_chunk(x3, 3 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
+                                          lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
         else:
             gl.static_assert(NCHUNK == 8, "the shared epilogue takes the tile in 4 or 8 column chunks")
             y0, y1 = _col_halves(x0, BLOCK_B, BLOCK_V // 4)
-            best, at, bad = _quarter(y0, 0, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols, lay,
-                                     quad_layout, None, None, None, True, NOISE, FAST_LOG)
-            best, at, bad = _quarter(y1, W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols, lay,
-                                     quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            best, at, bad = _shared_chunk(y0, 0, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols, lay,
+                                          quad_layout, None, None, None, True, NOISE, FAST_LOG)
+            best, at, bad = _shared_chunk(y1, W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols, lay,
+                                          quad_layout, best, at, bad, False, NOISE, FAST_LOG)
             y2, y3 = _col_halves(x1, BLOCK_B, BLOCK_V // 4)
-            best, at, bad = _quarter(y2, 2 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
-                                     lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
-            best, at, bad = _quarter(y3, 3 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
-                                     lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            best, at, bad = _shared_chunk(y2, 2 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
+                                          lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            best, at, bad = _shared_chunk(y3, 3 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
+                                          lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
             y4, y5 = _col_halves(x2, BLOCK_B, BLOCK_V // 4)
-            best, at, bad = _quarter(y4, 4 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
-                                     lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
-            best, at, bad = _quarter(y5, 5 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
-                                     lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            best, at, bad = _shared_chunk(y4, 4 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
+                                          lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            best, at, bad = _shared_chunk(y5, 5 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
+                                          lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
             y6, y7 = _col_halves(x3, BLOCK_B, BLOCK_V // 4)
-            best, at, bad = _quarter(y6, 6 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
-                                     lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
-            best, at, bad = _quarter(y7, 7 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
-                                     lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            best, at, bad = _shared_chunk(y6, 6 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
+                                          lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
+            best, at, bad = _shared_chunk(y7, 7 * W, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols,
+                                          lay, quad_layout, best, at, bad, False, NOISE, FAST_LOG)
         poisoned = gl.convert_layout(bad > 0, row_layout) | bad_temp
         score = gl.where(poisoned, float("nan"), gl.convert_layout(best, row_layout))
         idx = gl.where(poisoned, -1, first + gl.convert_layout(at, row_layout)).to(gl.int32)
@@ -353,7 +353,7 @@ if HAVE_GLUON:
         store_fan_out(cand_i, buf_offset_i + pid_v * stride_slot + offs_b, idx, mask, gl.int32, PEER_TABLE, NPEERS)
 
     @gluon.jit
-    def _quarter(x, c0, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols, lay: gl.constexpr,
+    def _shared_chunk(x, c0, first, tile_start, V_rows, vocab_size, seed, offset, scale, cols, lay: gl.constexpr,
                  quad_layout: gl.constexpr, best, at, bad, FIRST: gl.constexpr, NOISE: gl.constexpr,
                  FAST_LOG: gl.constexpr):
         """Columns c0 .. c0 + W - 1 (x: those columns of the accumulator) into the rows' running (best score, its
