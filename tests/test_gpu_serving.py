@@ -5,7 +5,8 @@
   filtered, top-N, logprob modes) and for a ShardedFlashLMHead in a one-rank group;
 * filtered sampling at V = 151936 with >= 10**6 draws (chi-squared + top-token binomial);
 * the extra memory of a filtered call stays O(B x tiles) plus the fixed fallback pool;
-* a CUDA graph captured with filter tensors replays like eager calls.
+* a CUDA graph captured with filter tensors replays like eager calls;
+* an all-greedy call on the ping-pong kernel (v112) neither synchronises nor breaks a CUDA graph.
 """
 import math
 import os
@@ -183,3 +184,37 @@ def test_cuda_graph_with_filter_tensors(B, config):
         eager = fsdist.sample(h, w, **kw)
         assert torch.equal(out.tokens, eager.tokens) and torch.equal(out.top_ids, eager.top_ids)
         torch.testing.assert_close(out.logprobs, eager.logprobs, equal_nan=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the ping-pong kernel needs an sm_90 GPU")
+def test_all_greedy_call_on_the_ping_pong_kernel_never_synchronises_and_graphs(monkeypatch):
+    """An all-greedy call (scalar temperature 0) of >= configs.PP_GREEDY_MIN_BATCH rows runs the ping-pong kernel
+    (v112): no host synchronisation, and a captured CUDA graph replays the eager tokens."""
+    from fsdist.ops import configs, fused_sample
+
+    monkeypatch.setattr(fused_sample, "fast_memory", lambda device: False)  # (the rule's H100 case on any sm_90)
+    ran = []
+    real = fused_sample.launch_fused_pp
+    monkeypatch.setattr(fused_sample, "launch_fused_pp", lambda *a, **k: (ran.append(1), real(*a, **k))[1])
+    B = configs.PP_GREEDY_MIN_BATCH
+    h, w, _, _ = _serving_inputs(B, seed=5)  # (v112's D = 4096 shape)
+    first = fsdist.sample(h, w, temperature=0.0, path="fused")
+    torch.cuda.synchronize()
+    assert ran, "the call did not take the ping-pong kernel"
+    reference = (h.float() @ w.float().t()).argmax(-1)
+    # bf16 products summed in another order may swap two near-equal logits: the float32 argmax agrees on most rows
+    assert (first.tokens == reference).float().mean() > 0.99
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = fsdist.sample(h, w, temperature=0.0, path="fused")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(eager.tokens, first.tokens)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fsdist.sample(h, w, temperature=0.0, path="fused")
+    h.copy_(h.roll(1, 0))  # new inputs in place: the replay must read them
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.tokens, first.tokens.roll(1, 0))

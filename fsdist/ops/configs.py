@@ -238,17 +238,18 @@ WS_LARGE_BATCH_STAGES = 4
 # 0.84-0.93 / 0.85-0.87, D = 8192 0.93-0.97 / 0.89-0.92 / 0.90-0.94 (v111's register epilogue: 0.88-1.02, and 1.11 at
 # 8192 / 1024 in a run whose cells moved up to 20%); in v111c at D = 4096 B = 1024 it ran at 0.98x cuBLAS's matmul.
 # With noise the ping-pong epilogue (one warpgroup beside the other's wgmmas) cannot keep up at D = 4096 (v111-v111c),
-# so sampled calls keep the ws kernel.
-# Fast memory (the H200) not measured: off there. PP_GREEDY_ON: the rule is written and tested on the CPU, but its
-# whole-call GPU test and bench (v112, scripts/gpu_session_v112.sh) have not run yet (the forty-second session's
-# device time ran out): off until they pass.
-PP_GREEDY_ON = False
+# nor can 4 epilogue warps of its own (v113: 0.94-1.28x ws's time), so sampled calls keep the ws kernel.
+# Whole calls (v112, H100, bench/greedy_pp_ab.py, three runs a cell): fsdist.sample(temperature=0.0) 4-11% faster
+# with the rule (pp / ws 0.90-0.93 at D = 4096, 0.93-0.96 at D = 8192, B = 256-1024), 0.90-1.05x cuBLAS's matmul.
+# Fast memory (the H200) not measured: off there.
+PP_GREEDY_ON = True
 PP_GREEDY_MIN_BATCH = 256
 
 
 def pp_greedy_rule(batch: int, fast_memory: bool) -> bool:
     """Whether an all-greedy plain call of ``batch`` rows on the ws 128-row tile takes the ping-pong kernel (see
-    PP_GREEDY_MIN_BATCH; fused_sample.launch_fused checks the call's other conditions). False while PP_GREEDY_ON is."""
+    PP_GREEDY_MIN_BATCH; fused_sample.launch_fused checks the call's other conditions). Always False when
+    PP_GREEDY_ON is switched off."""
     return PP_GREEDY_ON and batch >= PP_GREEDY_MIN_BATCH and not fast_memory
 
 

@@ -370,8 +370,10 @@ def test_extended_calls_take_the_ws_64_row_tile_up_to_d4096(monkeypatch, batches
 
 def test_pp_greedy_rule_batch_and_memory(monkeypatch):
     """All-greedy plain calls take the ping-pong kernel from PP_GREEDY_MIN_BATCH rows, on GPUs without fast memory, once
-    PP_GREEDY_ON (off until v112's GPU run)."""
-    assert not configs.pp_greedy_rule(1024, False)  # off by default
+    PP_GREEDY_ON (on since v112's GPU run); switched off, never."""
+    assert configs.PP_GREEDY_ON  # on by default
+    monkeypatch.setattr(configs, "PP_GREEDY_ON", False)
+    assert not configs.pp_greedy_rule(1024, False)
     monkeypatch.setattr(configs, "PP_GREEDY_ON", True)
     first = configs.PP_GREEDY_MIN_BATCH
     assert not configs.pp_greedy_rule(first - 1, False)

@@ -30,6 +30,14 @@ pytestmark = pytest.mark.gpu
 hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                             reason="the warp-specialised kernel needs an sm_90 GPU")
 
+
+@pytest.fixture(autouse=True)
+def _ws_kernel_for_greedy_calls(monkeypatch):
+    """These tests check the ws kernel, so launch_fused keeps all-greedy calls of >= 256 rows on it too (an H100 runs
+    them on the ping-pong kernel since v112: tests/ops/test_fused_pp_gpu.py checks that kernel and that dispatch)."""
+    from fsdist.ops import configs
+    monkeypatch.setattr(configs, "PP_GREEDY_ON", False)
+
 WS = TileConfig(128, 128, 64, 8, 5, tma=True, ws=True)
 TRITON = TileConfig(128, 128, 64, 8, 5, tma=True)
 
