@@ -41,7 +41,8 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
               pp_sh8_epi their epilogues alone (main loops skipped, zero logits: both consumers' side by side);
               pp_ew4 (v113) the consumers handing their tiles to 4 epilogue warps of their own (epilogue_warps=4),
               pp_ew4_s4 with 4 stages, pp_ew4_greedy with T = 0, pp_ew4_epi its hand-offs and epilogue alone,
-              pp_ew4_c32 with 32-column chunks (else 16)
+              pp_ew4_c32 with 32-column chunks (else 16); pp_ew8 / pp_ew8_s4 / pp_ew8_epi (v115) the same with 8
+              epilogue warps (at 64 registers)
   (v110's ws_lock<K>, the programs held within K rounds of each other, is in commit 9c28d51)
 
 then runs each method back to back for --seconds while ``nvidia-smi`` samples the SM clock and the power draw
@@ -169,7 +170,8 @@ def check(h, W, params, layout, V, shipped, dev, failures, label, only_pp=False)
     ref = zeroed(layout, dev)
     launch_fused(h, W, params, shipped, layout, ref, vocab_size=V)
     for stages, la, sh, ew, ec in ((5, 1, 0, 0, 16), (5, 2, 0, 0, 16), (5, 1, 4, 0, 16), (5, 1, 8, 0, 16),
-                                   (6, 1, 8, 0, 16), (5, 1, 0, 4, 16), (4, 1, 0, 4, 16), (5, 1, 0, 4, 32)):
+                                   (6, 1, 8, 0, 16), (5, 1, 0, 4, 16), (4, 1, 0, 4, 16), (5, 1, 0, 4, 32),
+                                   (5, 1, 0, 8, 16), (4, 1, 0, 8, 16)):
         cand = zeroed(layout, dev)
         launch_fused_pp(h, W, params, layout, cand, vocab_size=V, stages=stages, lookahead=la, shared_epilogue=sh,
                         epilogue_warps=ew, epilogue_chunk=ec)
@@ -180,7 +182,7 @@ def check(h, W, params, layout, V, shipped, dev, failures, label, only_pp=False)
     greedy = RowParams(0.0, 0, 0)  # (the timed *_greedy methods: the kernels compile without noise)
     ref_g = zeroed(layout, dev)
     launch_fused_ws(h, W, greedy, layout, ref_g, vocab_size=V, stages=shipped.num_stages, epilogue_warps=8)
-    for sh, ew in ((0, 0), (8, 0), (0, 4)):
+    for sh, ew in ((0, 0), (8, 0), (0, 4), (0, 8)):
         cand = zeroed(layout, dev)
         launch_fused_pp(h, W, greedy, layout, cand, vocab_size=V, shared_epilogue=sh, epilogue_warps=ew)
         torch.cuda.synchronize(dev)
@@ -284,7 +286,9 @@ def main(argv=None) -> int:
                            "pp_ew4": lambda h: pp(h, ew=4), "pp_ew4_s4": lambda h: pp(h, ew=4, stages=4),
                            "pp_ew4_greedy": lambda h: pp(h, greedy, ew=4),
                            "pp_ew4_epi": lambda h: pp(h, ew=4, epi=True),
-                           "pp_ew4_c32": lambda h: pp(h, ew=4, ec=32)}
+                           "pp_ew4_c32": lambda h: pp(h, ew=4, ec=32),
+                           "pp_ew8": lambda h: pp(h, ew=8), "pp_ew8_s4": lambda h: pp(h, ew=8, stages=4),
+                           "pp_ew8_epi": lambda h: pp(h, ew=8, epi=True)}
                 if args.methods:
                     keep = {"cublas", "ws"} | set(args.methods.split(","))
                     unknown = keep - set(methods)

@@ -75,6 +75,11 @@ PP_LOOKAHEAD = 1  # launch_fused_pp's lookahead
 PP_EPI_MAXNREG = 128
 PP_EPI_REGS = 168
 PP_HAND_OFF_CONSUMER_REGS = 160
+# epilogue_warps=8 (v115): five warpgroups at maxnreg 96 (5 x 128 x 96 <= 64K); the load warpgroup 24, the epilogue's
+# two at 64, consumer B 160, consumer A the rest (480 - 24 - 128 - 160 = 168). Local compile: 352 bytes of spills in
+# the epilogue; any register more for the epilogue warps (72 / 80 / 88) leaves a consumer under 160, where ptxas
+# serialises its wgmmas and spills 1-2 KB. epilogue_warps -> (maxnreg, consumer B's registers, the epilogue's):
+PP_EPI_REGISTERS = {4: (PP_EPI_MAXNREG, PP_HAND_OFF_CONSUMER_REGS, PP_EPI_REGS), 8: (96, 160, 64)}
 # launch_fused_pp's epilogue_chunk: the hand-off's chunk columns (fused_sample_ws's EPI_CHUNK). 16: the epilogue
 # warps at 168 registers spill 16 bytes; 32 (twice the independent Philox quads a thread) spills ~600 bytes inside
 # the chunk loop (local compile; moving registers from the consumers to the epilogue warps spills more)
@@ -596,10 +601,11 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     0: the epilogue on the accumulator's registers; the same candidates. batch: the rows to sample when ``hidden`` is
     padded with extra rows (as launch_fused_ws's); default all of hidden's rows. epilogue_only (benchmarks): skip the
     main loops (zero logits), to time the epilogues alone (the two consumers' then run side by side).
-    epilogue_warps (v113, benchmarks): 4: the consumers only multiply, and hand each tile to 4 epilogue warps of their
-    own through shared memory (fused_sample_ws's chunked hand-off and epilogue; a buffer set per consumer, so one
-    consumer's wait for the epilogue overlaps the other's main loop); stages at most 5; 0: each consumer samples its
-    own tiles (shared_epilogue / lookahead as above); the same candidates. epilogue_chunk: the columns (16 or 32) the
+    epilogue_warps (v113 / v115, benchmarks): 4 or 8: the consumers only multiply, and hand each tile to that many
+    epilogue warps of their own through shared memory (fused_sample_ws's chunked hand-off and epilogue; a buffer set
+    per consumer, so one consumer's wait for the epilogue overlaps the other's main loop; registers
+    PP_EPI_REGISTERS); stages at most 5; 0: each consumer samples its own tiles (shared_epilogue / lookahead as
+    above); the same candidates. epilogue_chunk: the columns (16 or 32) the
     epilogue warps take at a time (PP_HAND_OFF_CHUNK)."""
     if not HAVE_GLUON:
         raise RuntimeError("launch_fused_pp needs Triton's Gluon (Triton >= 3.5)")
@@ -610,10 +616,10 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         raise ValueError("launch_fused_pp serves plain calls only (no processors)")
     if layout.n_fields != 1 or layout.checked:
         raise ValueError("launch_fused_pp writes the plain candidate layout only (score and id, no call header)")
-    if epilogue_warps not in (0, 4):
-        raise ValueError(f"epilogue_warps must be 0 or 4, got {epilogue_warps}")
+    if epilogue_warps not in (0, 4, 8):
+        raise ValueError(f"epilogue_warps must be 0, 4 or 8, got {epilogue_warps}")
     if epilogue_warps and (shared_epilogue or stages > 5):
-        raise ValueError("epilogue_warps=4 takes no shared_epilogue and at most 5 stages (the hand-off's 64 KB)")
+        raise ValueError("epilogue_warps takes no shared_epilogue and at most 5 stages (the hand-off's 64 KB)")
     if epilogue_chunk not in (16, 32):
         raise ValueError(f"epilogue_chunk must be 16 or 32, got {epilogue_chunk}")
     if shared_epilogue not in (0, 4, 8):
@@ -646,13 +652,13 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     cap = sm_count(hidden.device)
     if grid_cap:
         cap = min(cap, grid_cap)
+    maxnreg, consumer_regs, epi_regs = PP_EPI_REGISTERS.get(epilogue_warps, (PP_MAXNREG, PP_CONSUMER_REGS, 0))
     fused_sample_pp_kernel[(min(n_tiles, cap), )](
         h_desc, w_desc, seed_p, seed_v, off_p, off_v, temp_p, float(temp_v), dest.f, dest.i, B, V_rows, vocab_size,
         vocab_start, dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i,
         layout.stride_slot, n_btiles, n_tiles, 0 if epilogue_only else cdiv(D, PP_BLOCK_K), STAGES=stages,
-        CONSUMER_REGS=PP_HAND_OFF_CONSUMER_REGS if epilogue_warps else PP_CONSUMER_REGS, LOAD_REGS=WS_LOAD_REGS,
+        CONSUMER_REGS=consumer_regs, LOAD_REGS=WS_LOAD_REGS,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
         NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), PEER_TABLE=dest.peer_table,
         NPEERS=dest.npeers or 1, LOOKAHEAD=lookahead, SHARED_EPILOGUE=shared_epilogue, EPI_WARPS=epilogue_warps,
-        EPI_REGS=PP_EPI_REGS if epilogue_warps else 0, EPI_CHUNK=epilogue_chunk, num_warps=4,
-        maxnreg=PP_EPI_MAXNREG if epilogue_warps else PP_MAXNREG)
+        EPI_REGS=epi_regs, EPI_CHUNK=epilogue_chunk, num_warps=4, maxnreg=maxnreg)

@@ -80,22 +80,23 @@ def _launch(fn, h, w, params, vocab_size, vocab_start, **kw):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("stages, lookahead, shared, epi", [(5, 1, 0, 0), (4, 1, 0, 0), (5, 0, 0, 0), (5, 2, 0, 0),
                                                            (5, 1, 4, 0), (5, 1, 8, 0), (6, 1, 8, 0), (4, 1, 0, 4),
-                                                           (5, 1, 0, 4), (5, 1, 0, 432)],
-                         ids=["s5", "s4", "la0", "la2", "sh4", "sh8", "sh8s6", "ew4s4", "ew4", "ew4c32"])
+                                                           (5, 1, 0, 4), (5, 1, 0, 432), (5, 1, 0, 8), (4, 1, 0, 8)],
+                         ids=["s5", "s4", "la0", "la2", "sh4", "sh8", "sh8s6", "ew4s4", "ew4", "ew4c32", "ew8",
+                              "ew8s4"])
 def test_pp_writes_the_ws_kernels_candidates(D, V, B, vocab_start, pad, kind, dtype, stages, lookahead, shared, epi):
     from fsdist.ops.fused_sample_pp import launch_fused_pp
     from fsdist.ops.fused_sample_ws import launch_fused_ws
     if dtype == torch.float16 and D > 4096:
         pytest.skip("one fp16 shape is enough")
-    if (stages, lookahead, shared, epi) not in ((5, 1, 0, 0), (5, 1, 8, 0), (4, 1, 0, 4)) and (
+    if (stages, lookahead, shared, epi) not in ((5, 1, 0, 0), (5, 1, 8, 0), (4, 1, 0, 4), (5, 1, 0, 8)) and (
             kind != "rows" or dtype != torch.bfloat16):
         pytest.skip("other stages, lookaheads and epilogues: one kind and dtype")
     h, w = _operands(B, D, V, dtype, D + V + B)
     params = _row_params(B, torch.Generator().manual_seed(D + V + B), kind)
     vocab_size = vocab_start + V - pad
-    # (epi 432: 4 epilogue warps taking 32-column chunks; 4: 16-column chunks, the default)
+    # (epi 432: 4 epilogue warps taking 32-column chunks; 4 / 8: that many warps, 16-column chunks, the default)
     got = _launch(launch_fused_pp, h, w, params, vocab_size, vocab_start, stages=stages, lookahead=lookahead,
-                  shared_epilogue=shared, epilogue_warps=4 if epi else 0, epilogue_chunk=32 if epi == 432 else 16)
+                  shared_epilogue=shared, epilogue_warps=epi % 100, epilogue_chunk=32 if epi == 432 else 16)
     ref = _launch(launch_fused_ws, h, w, params, vocab_size, vocab_start, epilogue_warps=8)
     assert torch.equal(got[1], ref[1])
     assert torch.equal(got[0], ref[0])
@@ -113,7 +114,7 @@ def test_pp_writes_the_ws_kernels_candidates(D, V, B, vocab_start, pad, kind, dt
 
 
 @hopper
-@pytest.mark.parametrize("shared, epi", [(0, 0), (8, 0), (0, 4)], ids=["registers", "sh8", "ew4"])
+@pytest.mark.parametrize("shared, epi", [(0, 0), (8, 0), (0, 4), (0, 8)], ids=["registers", "sh8", "ew4", "ew8"])
 def test_pp_grid_cap_and_fan_out_buffer_offsets(shared, epi):
     """Fewer programs than SMs (each walks more tiles: both consumers alternate many times), fanned out to two
     peers' buffers, into shard 1 of a two-shard layout: the same candidates as the ws kernel's in each, shard 0

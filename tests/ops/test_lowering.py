@@ -470,6 +470,13 @@ CASES["stage1_pp_epi_warps"] = dict(CASES["stage1_pp"], maxnreg=128,
                                     ptx_has=["setmaxnreg.inc.sync.aligned.u32 \t168;", '.pragma "nounroll"']
                                     + NOISE_PTX["has"], ptx_lacks=NOISE_PTX["lacks"] + ["0x1f, 0xffffffff;"],
                                     ptx_count={"cp.async.bulk.tensor": 2})
+# v115: 8 epilogue warps: 5 warpgroups at 96 registers; the epilogue's two at 64, the consumers at 160 / 168
+CASES["stage1_pp_epi_warps8"] = dict(CASES["stage1_pp_epi_warps"], maxnreg=96,
+                                     constexprs=dict(PP_CONST, EPI_WARPS=8, EPI_REGS=64, CONSUMER_REGS=160),
+                                     ptx_has=["setmaxnreg.inc.sync.aligned.u32 \t64;",
+                                              "setmaxnreg.inc.sync.aligned.u32 \t160;",
+                                              "setmaxnreg.dec.sync.aligned.u32 \t168;", '.pragma "nounroll"']
+                                     + NOISE_PTX["has"])
 CASES["stage1_pp_greedy"] = dict(CASES["stage1_pp"], constexprs=dict(PP_CONST, NOISE=False, SEED_PER_ROW=False),
                                  ptx_has=["wgmma.wait_group.sync.aligned 1;"], ptx_lacks=["0x1f, 0xffffffff;"],
                                  ptx_count={"cp.async.bulk.tensor": 2})
