@@ -1,6 +1,6 @@
 """Issue 14, v112: all-greedy calls on the ping-pong stage 1 (fsdist/ops/fused_sample_pp.py) against the ws kernel.
 
-Once ``configs.PP_GREEDY_ON``, ``fused_sample.launch_fused`` runs an all-greedy plain call (one scalar temperature 0,
+With ``configs.PP_GREEDY_ON`` (on since this bench's v112 run), ``fused_sample.launch_fused`` runs an all-greedy plain call (one scalar temperature 0,
 as vLLM passes for an all-greedy batch) of at least ``configs.PP_GREEDY_MIN_BATCH`` rows on the ping-pong kernel
 instead of the warp-specialised one (v111b / v111c: stage 1 alone 6-16% faster at B >= 512). This bench (which turns
 the rule on for its "on" side) times whole
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     out.data.update(env=C.env_info(), args=vars(args), cells=[], fast_memory=configs.fast_memory(dev))
     failures = []
     flush = C.L2Flusher(dev)
-    configs.PP_GREEDY_ON = True  # (the rule as it would ship; configs keeps it off until this bench has run)
+    configs.PP_GREEDY_ON = True  # (the rule as shipped; set here too, so a run with it switched off still compares)
     real_rule = fused_sample.pp_greedy_rule
     real_pp = fused_sample.launch_fused_pp
     launches = []

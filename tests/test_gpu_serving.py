@@ -218,3 +218,4 @@ def test_all_greedy_call_on_the_ping_pong_kernel_never_synchronises_and_graphs(m
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out.tokens, first.tokens.roll(1, 0))
+    assert len(ran) == 3  # the eager, the sync-checked and the captured call all took the ping-pong kernel

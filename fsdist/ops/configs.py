@@ -238,9 +238,9 @@ WS_LARGE_BATCH_STAGES = 4
 # 0.84-0.93 / 0.85-0.87, D = 8192 0.93-0.97 / 0.89-0.92 / 0.90-0.94 (v111's register epilogue: 0.88-1.02, and 1.11 at
 # 8192 / 1024 in a run whose cells moved up to 20%); in v111c at D = 4096 B = 1024 it ran at 0.98x cuBLAS's matmul.
 # With noise the ping-pong epilogue (one warpgroup beside the other's wgmmas) cannot keep up at D = 4096 (v111-v111c),
-# nor can 4 epilogue warps of its own (v113: 0.94-1.28x ws's time), so sampled calls keep the ws kernel.
+# nor can 4 epilogue warps of its own at either D (v113: 0.94-1.28x ws's time), so sampled calls keep the ws kernel.
 # Whole calls (v112, H100, bench/greedy_pp_ab.py, three runs a cell): fsdist.sample(temperature=0.0) 4-11% faster
-# with the rule (pp / ws 0.90-0.93 at D = 4096, 0.93-0.96 at D = 8192, B = 256-1024), 0.90-1.05x cuBLAS's matmul.
+# with the rule (pp / ws 0.89-0.93 at D = 4096, 0.93-0.96 at D = 8192, B = 256-1024), 0.90-1.05x cuBLAS's matmul.
 # Fast memory (the H200) not measured: off there.
 PP_GREEDY_ON = True
 PP_GREEDY_MIN_BATCH = 256

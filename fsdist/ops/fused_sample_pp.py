@@ -25,14 +25,16 @@ column winning only when strictly larger, and the row's winner is the lowest col
 epilogue's layout and runs that epilogue's code (v111b). ``epilogue_warps=4`` (v113) keeps the consumers to their main
 loops and hands each tile to 4 epilogue warps of their own through a buffer set per consumer (fused_sample_ws's
 chunked hand-off and epilogue), so that one consumer's wait for the epilogue overlaps the other's main loop; on an
-H100 its 4 warps sample at half the ws kernel's 8 warps' rate and it ran at 0.94-1.28x the ws kernel's time.
+H100 it ran at 0.94-1.28x the ws kernel's time (v113: the noise's cost grew with the main loop's length, D).
+``epilogue_warps=8`` (v115) gives the epilogue the ws kernel's warp count, at 64 registers.
 
 Plain calls only (temperature, seed, offset scalar or ``[B]``; the fan-out to tensor-parallel peers' buffers): no
 logprobs, kept logits, processors, call header or device parity. ``fused_sample.launch_fused`` runs it
 (``configs.PP_GREEDY_ON``) for all-greedy plain calls from ``configs.PP_GREEDY_MIN_BATCH`` rows (greedy: the main
-loop never waits for a hand-off; stage 1 6-16% faster than the ws kernel's at B >= 512 on an H100, whole calls 4-11%
-faster at B = 256-1024, v112). With noise none of its epilogues keeps up beside the other consumer's wgmmas at
-D = 4096 (docs/performance.md v111-v113), so sampled calls keep the ws kernel.
+loop never waits for a hand-off; stage 1 4-16% faster than the ws kernel's at B >= 512 on an H100 (v111b / v111c /
+v113), whole calls 4-11% faster at B = 256-1024, v112). With noise none of its epilogues keeps up: one consumer's
+beside the other's wgmmas at D = 4096 (v111), 4 epilogue warps of its own at either D (v113; docs/performance.md),
+so sampled calls keep the ws kernel.
 """
 import torch
 import triton

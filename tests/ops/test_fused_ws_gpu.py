@@ -38,6 +38,7 @@ def _ws_kernel_for_greedy_calls(monkeypatch):
     from fsdist.ops import configs
     monkeypatch.setattr(configs, "PP_GREEDY_ON", False)
 
+
 WS = TileConfig(128, 128, 64, 8, 5, tma=True, ws=True)
 TRITON = TileConfig(128, 128, 64, 8, 5, tma=True)
 
