@@ -1,9 +1,9 @@
 """Issue 14, v112: all-greedy calls on the ping-pong stage 1 (fsdist/ops/fused_sample_pp.py) against the ws kernel.
 
 With ``configs.PP_GREEDY_ON`` (on since this bench's v112 run), ``fused_sample.launch_fused`` runs an all-greedy
-plain call (one scalar temperature 0, as vLLM passes for an all-greedy batch) of at least ``configs.PP_GREEDY_MIN_BATCH`` rows on the ping-pong kernel
-instead of the warp-specialised one (v111b / v111c: stage 1 alone 6-16% faster at B >= 512). This bench (which turns
-the rule on for its "on" side) times whole
+plain call (one scalar temperature 0, as vLLM passes for an all-greedy batch) of at least
+``configs.PP_GREEDY_MIN_BATCH`` rows on the ping-pong kernel instead of the warp-specialised one (v111b / v111c:
+stage 1 alone 6-16% faster at B >= 512). This bench (which turns the rule on for its "on" side) times whole
 ``fsdist.sample(temperature=0.0)`` calls with the rule on and off, side by side, L2 flushed, CUDA events, medians
 (``bench/common.py``), beside cuBLAS's matmul alone and the materialized greedy baseline (cuBLAS logits, argmax):
 
