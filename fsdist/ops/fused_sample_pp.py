@@ -44,7 +44,7 @@ from ..params import RowParams
 from .epilogue import perturb, row_temperature
 from .layout import BufferPair, CandidateLayout, store_fan_out
 from .noise import gumbel_from_bits, vocab_quad_bits
-from .utils import cdiv, fast_log_ok, load_row_param, row_param_args, sm_count
+from .utils import cdiv, fast_log_ok, load_row_param, row_param_args, sm_clock, sm_count
 
 try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this path is off.
     from triton.experimental import gluon
@@ -53,7 +53,7 @@ try:  # Gluon ships with Triton >= 3.5; without it (or its Hopper module) this p
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
     from .fused_sample_ws import (WS_LOAD_REGS, _argmax_lowest, _col_halves, _epilogue_half_chunked, _half_bits,
-                                  _hand_off_phases, _load_tile, _store_hand_off, ws_supported)
+                                  _hand_off_phases, _load_tile, _store_hand_off, _wait_counted, ws_supported)
 
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - depends on the installed Triton
@@ -82,6 +82,12 @@ PP_HAND_OFF_CONSUMER_REGS = 160
 # the epilogue; any register more for the epilogue warps (72 / 80 / 88) leaves a consumer under 160, where ptxas
 # serialises its wgmmas and spills 1-2 KB. epilogue_warps -> (maxnreg, consumer B's registers, the epilogue's):
 PP_EPI_REGISTERS = {4: (PP_EPI_MAXNREG, PP_HAND_OFF_CONSUMER_REGS, PP_EPI_REGS), 8: (96, 160, 64)}
+# launch_fused_pp(wait_probe=) (v116, benchmarks): int64 fields a program's row holds (%clock64 cycles). Consumer r
+# (0, 1) at 4 r: its cycles in all, waiting for operand stages, waiting for its turn (the other's main loop), and its
+# tiles' tails (from the end of a main loop to the next turn wait: the last wgmma's retire, then the hand-off to the
+# epilogue warps or its own epilogue); 8: the epilogue warps' cycles in all (epilogue_warps > 0), 9: of them waiting
+# for the consumers' halves. Each is one thread's count (warp 0 of its partition).
+PP_WAIT_FIELDS = triton.language.constexpr(10)
 # launch_fused_pp's epilogue_chunk: the hand-off's chunk columns (fused_sample_ws's EPI_CHUNK). 16: the epilogue
 # warps at 168 registers spill 16 bytes; 32 (twice the independent Philox quads a thread) spills ~600 bytes inside
 # the chunk loop (local compile; moving registers from the consumers to the epilogue warps spills more)
@@ -391,7 +397,8 @@ if HAVE_GLUON:
                   STAGES: gl.constexpr, SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr,
                   TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr, FAST_LOG: gl.constexpr,
                   PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr, LOOKAHEAD: gl.constexpr,
-                  SHARED_EPILOGUE: gl.constexpr, acc_smem, acc_ready, acc_empty, EPI_WARPS: gl.constexpr):
+                  SHARED_EPILOGUE: gl.constexpr, acc_smem, acc_ready, acc_empty, EPI_WARPS: gl.constexpr, wait_ptr,
+                  WAITS: gl.constexpr):
         # Consumer ROLE (0: the default partition, 1: a worker) takes this program's tiles j = ROLE, ROLE + 2, ...;
         # tile j's operands are the ring's iterations j * k_steps .. (j + 1) * k_steps - 1.
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -399,21 +406,28 @@ if HAVE_GLUON:
         pid = gl.program_id(0)
         P = gl.num_programs(0)
         m = 0  # this consumer's tiles so far
+        w_rdy = pid.to(gl.int64) * 0  # (wait_probe's counts)
+        w_turn = w_rdy
+        w_tail = w_rdy
+        if WAITS:
+            c_start = sm_clock(pid)
         for t in range(pid + ROLE * P, n_tiles, 2 * P):
             it = (2 * m + ROLE) * k_steps
             # my turn: consumer 0's first passes at once (a fresh barrier's "previous" phase); then each waits for
             # the other's main loop before it
-            mbarrier.wait(turn.index(ROLE), (m + 1 - ROLE) & 1)
+            w_turn = _wait_counted(turn.index(ROLE), (m + 1 - ROLE) & 1, w_turn, WAITS)
             acc = gl.zeros([BLOCK_B, BLOCK_V], gl.float32, acc_layout)
             for k in range(k_steps):
                 s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                w_rdy = _wait_counted(ready.index(s), (it // STAGES) & 1, w_rdy, WAITS)
                 acc = warpgroup_mma(h_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
                 mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
                 it += 1
             # every fill of this tile awaited: the other consumer's main loop may start
             mbarrier.arrive(turn.index(1 - ROLE))
+            if WAITS:
+                c_tail = sm_clock(it)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k_steps > 0)
             pid_b = t % n_btiles
@@ -440,7 +454,15 @@ if HAVE_GLUON:
                           cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i, stride_slot, BLOCK_B,
                           BLOCK_V, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS,
                           LOOKAHEAD)
+            if WAITS:
+                w_tail += sm_clock(it) - c_tail
             m += 1
+        if WAITS:  # (launch_fused_pp's wait_probe, PP_WAIT_FIELDS)
+            row = wait_ptr + pid * PP_WAIT_FIELDS + 4 * ROLE
+            gl.store(row + 0, sm_clock(pid) - c_start)
+            gl.store(row + 1, w_rdy)
+            gl.store(row + 2, w_turn)
+            gl.store(row + 3, w_tail)
 
     @gluon.jit
     def _epi_tile(acc_smem, base: gl.constexpr, acc_ready, acc_empty, m, t, seed_ptr, seed_val, offset_ptr,
@@ -448,8 +470,9 @@ if HAVE_GLUON:
                   buf_offset_i, stride_slot, n_btiles, BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr,
                   EPI_WARPS: gl.constexpr, SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr,
                   TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr, FAST_LOG: gl.constexpr,
-                  PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr):
-        """Tile t, a consumer's m-th, from its hand-off buffers base ..: fused_sample_ws's plain chunked epilogue."""
+                  PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr, WAITS: gl.constexpr):
+        """Tile t, a consumer's m-th, from its hand-off buffers base ..: fused_sample_ws's plain chunked epilogue.
+        Returns the cycles spent waiting for its halves (WAITS; else 0)."""
         HALF: gl.constexpr = BLOCK_V // 2
         CHUNK: gl.constexpr = acc_smem.shape[2]
         quad_layout: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [EPI_WARPS, 1], [1, 0])
@@ -461,12 +484,12 @@ if HAVE_GLUON:
                                                     temp_val, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW)
         tile_start = pid_v * BLOCK_V
         p0, p1 = _hand_off_phases(2 * m, 1)
-        best0, at0, bad0, _w0 = _epilogue_half_chunked(acc_smem, base, acc_ready, acc_empty, p0, 0, seed, offset,
-                                                       scale, tile_start, V_rows, vocab_size, vocab_start, HALF,
-                                                       CHUNK, NOISE, FAST_LOG, quad_layout)
-        best1, at1, bad1, _w1 = _epilogue_half_chunked(acc_smem, base, acc_ready, acc_empty, p1, 1, seed, offset,
-                                                       scale, tile_start, V_rows, vocab_size, vocab_start, HALF,
-                                                       CHUNK, NOISE, FAST_LOG, quad_layout)
+        best0, at0, bad0, w0 = _epilogue_half_chunked(acc_smem, base, acc_ready, acc_empty, p0, 0, seed, offset,
+                                                      scale, tile_start, V_rows, vocab_size, vocab_start, HALF, CHUNK,
+                                                      NOISE, FAST_LOG, quad_layout, WAITS)
+        best1, at1, bad1, w1 = _epilogue_half_chunked(acc_smem, base, acc_ready, acc_empty, p1, 1, seed, offset,
+                                                      scale, tile_start, V_rows, vocab_size, vocab_start, HALF, CHUNK,
+                                                      NOISE, FAST_LOG, quad_layout, WAITS)
         take1 = best1 > best0  # the right half wins only when strictly larger (ties to the lower id)
         best = gl.convert_layout(gl.where(take1, best1, best0), row_layout)
         at = gl.convert_layout(gl.where(take1, at1, at0), row_layout)
@@ -476,6 +499,7 @@ if HAVE_GLUON:
         mask = offs_b < B
         store_fan_out(cand_f, buf_offset + pid_v * stride_slot + offs_b, score, mask, gl.float32, PEER_TABLE, NPEERS)
         store_fan_out(cand_i, buf_offset_i + pid_v * stride_slot + offs_b, idx, mask, gl.int32, PEER_TABLE, NPEERS)
+        return w0 + w1
 
     @gluon.jit
     def _epilogue_partition(acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
@@ -483,24 +507,32 @@ if HAVE_GLUON:
                             stride_slot, n_btiles, n_tiles, BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr,
                             EPI_WARPS: gl.constexpr, SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr,
                             TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr, FAST_LOG: gl.constexpr,
-                            PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr):
+                            PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr, wait_ptr, WAITS: gl.constexpr):
         # EPI_WARPS warps of their own (epilogue_warps=): the program's tiles in order, consumer 0's from its
         # buffers 0 .., consumer 1's from NCH .., a pair of tiles a round (so each call's buffer base is static)
         NCH: gl.constexpr = acc_smem.shape[0] // 2
         pid = gl.program_id(0)
         P = gl.num_programs(0)
         m = 0
+        w = pid.to(gl.int64) * 0
+        if WAITS:
+            c_start = sm_clock(pid)
         for t in range(pid, n_tiles, 2 * P):
-            _epi_tile(acc_smem, 0, acc_ready.index(0), acc_empty.index(0), m, t, seed_ptr, seed_val, offset_ptr,
-                      offset_val, temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset,
-                      buf_offset_i, stride_slot, n_btiles, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW, OFFSET_PER_ROW,
-                      TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS)
+            w += _epi_tile(acc_smem, 0, acc_ready.index(0), acc_empty.index(0), m, t, seed_ptr, seed_val, offset_ptr,
+                           offset_val, temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
+                           buf_offset, buf_offset_i, stride_slot, n_btiles, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW,
+                           OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, WAITS)
             if t + P < n_tiles:
-                _epi_tile(acc_smem, NCH, acc_ready.index(1), acc_empty.index(1), m, t + P, seed_ptr, seed_val,
-                          offset_ptr, offset_val, temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size,
-                          vocab_start, buf_offset, buf_offset_i, stride_slot, n_btiles, BLOCK_B, BLOCK_V, EPI_WARPS,
-                          SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS)
+                w += _epi_tile(acc_smem, NCH, acc_ready.index(1), acc_empty.index(1), m, t + P, seed_ptr, seed_val,
+                               offset_ptr, offset_val, temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size,
+                               vocab_start, buf_offset, buf_offset_i, stride_slot, n_btiles, BLOCK_B, BLOCK_V,
+                               EPI_WARPS, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE,
+                               NPEERS, WAITS)
             m += 1
+        if WAITS:  # (launch_fused_pp's wait_probe, PP_WAIT_FIELDS)
+            row = wait_ptr + pid * PP_WAIT_FIELDS
+            gl.store(row + 8, sm_clock(pid) - c_start)
+            gl.store(row + 9, w)
 
     @gluon.jit
     def _load_partition(h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps,
@@ -515,12 +547,13 @@ if HAVE_GLUON:
     @gluon.jit
     def fused_sample_pp_kernel(h_desc, w_desc, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
                                cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
-                               stride_slot, n_btiles, n_tiles, k_steps, STAGES: gl.constexpr,
+                               stride_slot, n_btiles, n_tiles, k_steps, wait_ptr, STAGES: gl.constexpr,
                                CONSUMER_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, SEED_PER_ROW: gl.constexpr,
                                OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr, NOISE: gl.constexpr,
                                FAST_LOG: gl.constexpr, PEER_TABLE: gl.constexpr = False, NPEERS: gl.constexpr = 1,
                                LOOKAHEAD: gl.constexpr = 1, SHARED_EPILOGUE: gl.constexpr = 0,
-                               EPI_WARPS: gl.constexpr = 0, EPI_REGS: gl.constexpr = 0, EPI_CHUNK: gl.constexpr = 16):
+                               EPI_WARPS: gl.constexpr = 0, EPI_REGS: gl.constexpr = 0, EPI_CHUNK: gl.constexpr = 16,
+                               WAITS: gl.constexpr = False):
         BLOCK_B: gl.constexpr = h_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = h_desc.block_type.shape[1]
         BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
@@ -553,17 +586,17 @@ if HAVE_GLUON:
                              temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset,
                              buf_offset_i, stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, STAGES,
                              SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, LOOKAHEAD,
-                             SHARED_EPILOGUE, acc_smem, acc_ready, acc_empty, EPI_WARPS)),
+                             SHARED_EPILOGUE, acc_smem, acc_ready, acc_empty, EPI_WARPS, wait_ptr, WAITS)),
                 (_consumer, (1, h_bufs, w_bufs, ready, empty, turn, seed_ptr, seed_val, offset_ptr, offset_val,
                              temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset,
                              buf_offset_i, stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, STAGES,
                              SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, LOOKAHEAD,
-                             SHARED_EPILOGUE, acc_smem, acc_ready, acc_empty, EPI_WARPS)),
+                             SHARED_EPILOGUE, acc_smem, acc_ready, acc_empty, EPI_WARPS, wait_ptr, WAITS)),
                 (_epilogue_partition, (acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val,
                                        temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start,
                                        buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles, BLOCK_B, BLOCK_V,
                                        EPI_WARPS, SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG,
-                                       PEER_TABLE, NPEERS)),
+                                       PEER_TABLE, NPEERS, wait_ptr, WAITS)),
                 (_load_partition, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps, BLOCK_B,
                                    BLOCK_V, BLOCK_K, STAGES)),
             ], [4, EPI_WARPS, 1], [CONSUMER_REGS, EPI_REGS, LOAD_REGS])
@@ -573,12 +606,12 @@ if HAVE_GLUON:
                              temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset,
                              buf_offset_i, stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, STAGES,
                              SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, LOOKAHEAD,
-                             SHARED_EPILOGUE, acc_smem, acc_ready, acc_empty, EPI_WARPS)),
+                             SHARED_EPILOGUE, acc_smem, acc_ready, acc_empty, EPI_WARPS, wait_ptr, WAITS)),
                 (_consumer, (1, h_bufs, w_bufs, ready, empty, turn, seed_ptr, seed_val, offset_ptr, offset_val,
                              temp_ptr, temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset,
                              buf_offset_i, stride_slot, n_btiles, n_tiles, k_steps, BLOCK_B, BLOCK_V, STAGES,
                              SEED_PER_ROW, OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, PEER_TABLE, NPEERS, LOOKAHEAD,
-                             SHARED_EPILOGUE, acc_smem, acc_ready, acc_empty, EPI_WARPS)),
+                             SHARED_EPILOGUE, acc_smem, acc_ready, acc_empty, EPI_WARPS, wait_ptr, WAITS)),
                 (_load_partition, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, n_btiles, n_tiles, k_steps, BLOCK_B,
                                    BLOCK_V, BLOCK_K, STAGES)),
             ], [4, 1], [CONSUMER_REGS, LOAD_REGS])
@@ -588,7 +621,8 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0,
                     stages: int = PP_STAGES, grid_cap: int = 0, lookahead: int = PP_LOOKAHEAD,
                     batch: int = None, shared_epilogue: int = 0, epilogue_only: bool = False,
-                    epilogue_warps: int = 0, epilogue_chunk: int = PP_HAND_OFF_CHUNK) -> None:
+                    epilogue_warps: int = 0, epilogue_chunk: int = PP_HAND_OFF_CHUNK,
+                    wait_probe: torch.Tensor = None) -> None:
     """Every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard`` of ``dest``: the same
     candidates as ``fused_sample_ws.launch_fused_ws`` (plain calls) bit for bit, on the ping-pong kernel above.
 
@@ -608,7 +642,9 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     per consumer, so one consumer's wait for the epilogue overlaps the other's main loop; registers
     PP_EPI_REGISTERS); stages at most 5; 0: each consumer samples its own tiles (shared_epilogue / lookahead as
     above); the same candidates. epilogue_chunk: the columns (16 or 32) the
-    epilogue warps take at a time (PP_HAND_OFF_CHUNK)."""
+    epilogue warps take at a time (PP_HAND_OFF_CHUNK). wait_probe (v116, benchmarks): an int64 CUDA tensor
+    [programs, PP_WAIT_FIELDS] (:func:`new_pp_wait_probe`) that each program fills with cycle counts (PP_WAIT_FIELDS
+    says which); the same candidates."""
     if not HAVE_GLUON:
         raise RuntimeError("launch_fused_pp needs Triton's Gluon (Triton >= 3.5)")
     if not ws_supported(hidden, weight, params, block_b=PP_BLOCK_B):
@@ -654,13 +690,28 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     cap = sm_count(hidden.device)
     if grid_cap:
         cap = min(cap, grid_cap)
+    programs = min(n_tiles, cap)
+    if wait_probe is not None and (wait_probe.dtype != torch.int64 or wait_probe.dim() != 2
+                                   or wait_probe.shape[1] != PP_WAIT_FIELDS.value or not wait_probe.is_contiguous()
+                                   or wait_probe.shape[0] < programs or wait_probe.device != hidden.device):
+        raise ValueError(f"wait_probe must be a contiguous int64 tensor [>= {programs} programs, "
+                         f"{PP_WAIT_FIELDS.value}] on {hidden.device}, got {tuple(wait_probe.shape)} "
+                         f"{wait_probe.dtype} on {wait_probe.device}")
     maxnreg, consumer_regs, epi_regs = PP_EPI_REGISTERS.get(epilogue_warps, (PP_MAXNREG, PP_CONSUMER_REGS, 0))
-    fused_sample_pp_kernel[(min(n_tiles, cap), )](
+    fused_sample_pp_kernel[(programs, )](
         h_desc, w_desc, seed_p, seed_v, off_p, off_v, temp_p, float(temp_v), dest.f, dest.i, B, V_rows, vocab_size,
         vocab_start, dest.base_f + shard * layout.stride_shard, dest.base_i + shard * layout.stride_shard_i,
-        layout.stride_slot, n_btiles, n_tiles, 0 if epilogue_only else cdiv(D, PP_BLOCK_K), STAGES=stages,
+        layout.stride_slot, n_btiles, n_tiles, 0 if epilogue_only else cdiv(D, PP_BLOCK_K),
+        dummy if wait_probe is None else wait_probe, STAGES=stages,
         CONSUMER_REGS=consumer_regs, LOAD_REGS=WS_LOAD_REGS,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
         NOISE=not params.all_greedy, FAST_LOG=fast_log_ok(hidden.device), PEER_TABLE=dest.peer_table,
         NPEERS=dest.npeers or 1, LOOKAHEAD=lookahead, SHARED_EPILOGUE=shared_epilogue, EPI_WARPS=epilogue_warps,
-        EPI_REGS=epi_regs, EPI_CHUNK=epilogue_chunk, num_warps=4, maxnreg=maxnreg)
+        EPI_REGS=epi_regs, EPI_CHUNK=epilogue_chunk, WAITS=wait_probe is not None, num_warps=4, maxnreg=maxnreg)
+
+
+def new_pp_wait_probe(device) -> torch.Tensor:
+    """A blank ``wait_probe`` for :func:`launch_fused_pp` (benchmarks): int64 [one row per SM, PP_WAIT_FIELDS], every
+    field -1, so that a row no program wrote, or a field a launch does not fill (8 and 9 without epilogue warps),
+    shows as -1."""
+    return torch.full((sm_count(device), PP_WAIT_FIELDS.value), -1, dtype=torch.int64, device=device)

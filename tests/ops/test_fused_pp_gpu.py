@@ -220,3 +220,33 @@ def test_launch_fused_runs_pp_for_all_greedy_plain_calls(B, monkeypatch):
     monkeypatch.setattr(fused_sample, "pp_greedy_rule", lambda batch, fast: True)
     run(RowParams(torch.zeros(B, device="cuda"), 0, 0))
     assert len(calls) == 1  # [B] temperatures: the ws kernel
+
+
+@hopper
+@pytest.mark.parametrize("shared, epi", [(8, 0), (0, 4), (0, 8)], ids=["sh8", "ew4", "ew8"])
+def test_wait_probe_changes_no_candidate_and_fills_its_fields(shared, epi):
+    """launch_fused_pp(wait_probe=) (v116): the same candidates; every program that ran stores its consumers' four
+    fields each (the epilogue warps' two with epilogue_warps), the waits within the totals; rows of no program stay
+    -1; a probe of the wrong shape is refused by name."""
+    from fsdist.ops.fused_sample_pp import PP_WAIT_FIELDS, launch_fused_pp, new_pp_wait_probe
+    B, D, V = 256, 1024, 30000
+    h, w = _operands(B, D, V, torch.bfloat16, 21)
+    params = _row_params(B, torch.Generator().manual_seed(21), "rows")
+    plain = _launch(launch_fused_pp, h, w, params, V, 0, shared_epilogue=shared, epilogue_warps=epi)
+    probe = new_pp_wait_probe(h.device)
+    probed = _launch(launch_fused_pp, h, w, params, V, 0, shared_epilogue=shared, epilogue_warps=epi,
+                     wait_probe=probe, grid_cap=100)
+    assert torch.equal(plain[0], probed[0]) and torch.equal(plain[1], probed[1])
+    rows = probe.cpu()
+    assert (rows[100:] == -1).all()
+    ran = rows[:100]
+    for r in range(2):
+        total, operands, turn, tail = (ran[:, 4 * r + i] for i in range(4))
+        assert (total > 0).all() and (operands >= 0).all() and (turn >= 0).all() and (tail > 0).all()
+        assert (operands + turn + tail <= total).all()
+    if epi:
+        assert (ran[:, 8] > 0).all() and (ran[:, 9] >= 0).all() and (ran[:, 9] <= ran[:, 8]).all()
+    else:
+        assert (ran[:, 8:] == -1).all()
+    with pytest.raises(ValueError, match="wait_probe"):
+        _launch(launch_fused_pp, h, w, params, V, 0, wait_probe=probe[:, :PP_WAIT_FIELDS.value - 1].contiguous())

@@ -449,10 +449,11 @@ CASES["stage1_ws_plain"]["ptx_lacks"] = CASES["stage1_ws_plain"]["ptx_lacks"] + 
 # quad: 2 words x 4 quads a thread x 8 chunks, in each consumer's copy), the noise's v97 instructions.
 PP_TYPES = dict(h_desc="tensordesc<bf16[128, 64],NVMMA>", w_desc="tensordesc<bf16[128, 64],NVMMA>", cand_f="*fp32",
                 cand_i="*i32", B="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", buf_offset="i32",
-                buf_offset_i="i32", stride_slot="i32", n_btiles="i32", n_tiles="i32", k_steps="i32", **ROW_PARAMS)
+                buf_offset_i="i32", stride_slot="i32", n_btiles="i32", n_tiles="i32", k_steps="i32", wait_ptr="*i64",
+                **ROW_PARAMS)
 PP_CONST = dict(STAGES=5, CONSUMER_REGS=240, LOAD_REGS=24, SEED_PER_ROW=True, OFFSET_PER_ROW=True,
                 TEMP_PER_ROW=True, NOISE=True, FAST_LOG=True, PEER_TABLE=False, NPEERS=1, LOOKAHEAD=1,
-                SHARED_EPILOGUE=0, EPI_WARPS=0, EPI_REGS=0, EPI_CHUNK=16)
+                SHARED_EPILOGUE=0, EPI_WARPS=0, EPI_REGS=0, EPI_CHUNK=16, WAITS=False)
 CASES["stage1_pp"] = dict(module="fsdist.ops.fused_sample_pp", kernel="fused_sample_pp_kernel", gluon=True,
                           maxnreg=168, types=PP_TYPES, constexprs=PP_CONST,
                           ptx_has=["wgmma.wait_group.sync.aligned 1;", "setmaxnreg.inc.sync.aligned.u32 \t240;"]
@@ -477,6 +478,10 @@ CASES["stage1_pp_epi_warps8"] = dict(CASES["stage1_pp_epi_warps"], maxnreg=96,
                                               "setmaxnreg.inc.sync.aligned.u32 \t160;",
                                               "setmaxnreg.dec.sync.aligned.u32 \t168;", '.pragma "nounroll"']
                                      + NOISE_PTX["has"])
+# v116: the wait probe's clock reads in the consumers and the epilogue warps (launch_fused_pp(wait_probe=))
+CASES["stage1_pp_waits"] = dict(CASES["stage1_pp_epi_warps"],
+                                constexprs=dict(CASES["stage1_pp_epi_warps"]["constexprs"], WAITS=True),
+                                ptx_has=CASES["stage1_pp_epi_warps"]["ptx_has"] + ["%clock64"])
 CASES["stage1_pp_greedy"] = dict(CASES["stage1_pp"], constexprs=dict(PP_CONST, NOISE=False, SEED_PER_ROW=False),
                                  ptx_has=["wgmma.wait_group.sync.aligned 1;"], ptx_lacks=["0x1f, 0xffffffff;"],
                                  ptx_count={"cp.async.bulk.tensor": 2})

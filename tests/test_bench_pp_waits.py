@@ -1,0 +1,47 @@
+"""bench/pp_waits.py: the wait probe's rows turned into per-tile figures (no GPU)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+_bench = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(_bench))  # (its `import common`)
+_spec = importlib.util.spec_from_file_location("pp_waits", _bench / "pp_waits.py")
+pw = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pw)
+
+
+def _probe(P, consumer, epi=None):
+    rows = torch.full((P + 2, 10), -1, dtype=torch.int64)  # (two rows no program wrote)
+    for p in range(P):
+        rows[p, 0:4] = torch.tensor(consumer)
+        rows[p, 4:8] = torch.tensor(consumer)
+        if epi:
+            rows[p, 8:10] = torch.tensor(epi)
+    return rows
+
+
+def test_per_tile_divides_by_each_consumers_tiles():
+    # 3 programs, 10 tiles: program p's consumer 0 takes p, p + 6, consumer 1 p + 3, p + 9 (only p = 0 has a 10th)
+    got = pw.per_tile(_probe(3, [12000, 2000, 1000, 3000], [8000, 2000]), 10, True)
+    assert got["programs"] == 3 and got["tiles"] == 10
+    # consumer tiles: 2 everywhere except programs 1 and 2's consumer 1 (one tile): medians over the six
+    assert got["total"] == pytest.approx(6.0) and got["loop"] == pytest.approx(3.0)
+    assert got["operands"] == pytest.approx(1.0) and got["turn"] == pytest.approx(0.5)
+    assert got["tail"] == pytest.approx(1.5) and got["epi_idle"] == pytest.approx(0.25)
+
+
+def test_per_tile_refuses_unset_fields():
+    assert pw.per_tile(_probe(3, [12000, -1, 1000, 3000]), 10, False) is None
+    assert pw.per_tile(_probe(3, [12000, 2000, 1000, 3000]), 10, True) is None  # epilogue fields unset
+    assert pw.per_tile(_probe(3, [12000, 2000, 1000, 3000]), 10, False) is not None  # sh8: no epilogue warps
+    assert pw.per_tile(torch.full((4, 10), -1, dtype=torch.int64), 10, False) is None
+
+
+def test_variants():
+    assert pw.variant_kwargs("ew8+s4") == dict(epilogue_warps=8, stages=4)
+    assert pw.variant_kwargs("sh8") == dict(shared_epilogue=8, stages=5)
+    with pytest.raises(ValueError, match="unknown variant"):
+        pw.variant_kwargs("ew8+s6")
