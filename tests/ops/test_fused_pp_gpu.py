@@ -96,7 +96,8 @@ def test_pp_writes_the_ws_kernels_candidates(D, V, B, vocab_start, pad, kind, dt
     vocab_size = vocab_start + V - pad
     # (epi 432: 4 epilogue warps taking 32-column chunks; 4 / 8: that many warps, 16-column chunks, the default)
     got = _launch(launch_fused_pp, h, w, params, vocab_size, vocab_start, stages=stages, lookahead=lookahead,
-                  shared_epilogue=shared, epilogue_warps=epi % 100, epilogue_chunk=32 if epi == 432 else 16)
+                  shared_epilogue=shared, epilogue_warps=4 if epi == 432 else epi,
+                  epilogue_chunk=32 if epi == 432 else 16)
     ref = _launch(launch_fused_ws, h, w, params, vocab_size, vocab_start, epilogue_warps=8)
     assert torch.equal(got[1], ref[1])
     assert torch.equal(got[0], ref[0])
@@ -229,7 +230,7 @@ def test_wait_probe_changes_no_candidate_and_fills_its_fields(shared, epi):
     fields each (the epilogue warps' two with epilogue_warps), the waits within the totals; rows of no program stay
     -1; a probe of the wrong shape is refused by name."""
     from fsdist.ops.fused_sample_pp import PP_WAIT_FIELDS, launch_fused_pp, new_pp_wait_probe
-    B, D, V = 256, 1024, 30000
+    B, D, V = 256, 1024, 30000  # 470 tiles: every consumer of the 100 programs gets some (else its tail is 0)
     h, w = _operands(B, D, V, torch.bfloat16, 21)
     params = _row_params(B, torch.Generator().manual_seed(21), "rows")
     plain = _launch(launch_fused_pp, h, w, params, V, 0, shared_epilogue=shared, epilogue_warps=epi)

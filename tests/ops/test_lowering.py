@@ -479,12 +479,17 @@ CASES["stage1_pp_epi_warps8"] = dict(CASES["stage1_pp_epi_warps"], maxnreg=96,
                                               "setmaxnreg.dec.sync.aligned.u32 \t168;", '.pragma "nounroll"']
                                      + NOISE_PTX["has"])
 # v116: the wait probe's clock reads in the consumers and the epilogue warps (launch_fused_pp(wait_probe=))
+# (26 reads: per consumer its start and end, a turn and an operand wait's two each, the tail's two; the epilogue
+# warps' start and end, and two per half of its two tiles a round)
 CASES["stage1_pp_waits"] = dict(CASES["stage1_pp_epi_warps"],
                                 constexprs=dict(CASES["stage1_pp_epi_warps"]["constexprs"], WAITS=True),
-                                ptx_has=CASES["stage1_pp_epi_warps"]["ptx_has"] + ["%clock64"])
+                                ptx_count=dict(CASES["stage1_pp_epi_warps"]["ptx_count"], **{"%clock64": 26}))
 CASES["stage1_pp_greedy"] = dict(CASES["stage1_pp"], constexprs=dict(PP_CONST, NOISE=False, SEED_PER_ROW=False),
                                  ptx_has=["wgmma.wait_group.sync.aligned 1;"], ptx_lacks=["0x1f, 0xffffffff;"],
                                  ptx_count={"cp.async.bulk.tensor": 2})
+
+for _case in ("stage1_pp", "stage1_pp_shared", "stage1_pp_epi_warps", "stage1_pp_epi_warps8", "stage1_pp_greedy"):
+    CASES[_case]["ptx_lacks"] = CASES[_case].get("ptx_lacks", []) + ["%clock64"]  # (the wait probe off: no reads)
 
 # The checks' power: specs a check must refuse, each with the message it must give.
 FAILING = {
