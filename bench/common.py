@@ -421,6 +421,14 @@ class ResultWriter:
                 print(f"warning: could not write {p}: {e}", flush=True)
 
 
+def report_checks(failures: List[str], out: ResultWriter) -> int:
+    """A bench's closing lines: its checks (all passed, or each failure), where its JSON went; the exit status
+    (1 when a check failed)."""
+    print("checks:", "all passed" if not failures else "\n  ".join(["FAILED"] + failures))
+    print("results:", out.path)
+    return 1 if failures else 0
+
+
 def _json_default(x):
     if isinstance(x, torch.dtype):
         return dtype_name(x)

@@ -284,9 +284,7 @@ def main(argv=None) -> int:
         print(f"{name:18s}" + "".join(f" D{r['D']}/B{r['B']}:{r['times'].get(name, {}).get('median_us', float('nan')):8.1f}"
                                       for r in table))
     print("fused vs chunked token mismatches (near-ties):", [r["fused_vs_chunked_mismatch_rows"] for r in table])
-    print("checks:", "all passed" if not failures else "\n  ".join(["FAILED"] + failures))
-    print("results:", out.path)
-    return 1 if failures else 0
+    return C.report_checks(failures, out)
 
 
 if __name__ == "__main__":

@@ -112,9 +112,7 @@ def main(argv=None) -> int:
             meds = t["run_medians_us"]
             print(f"  {name:14s} {t['median_us']:9.1f} us [{min(meds):8.1f}-{max(meds):8.1f}] "
                   f"{t['median_us'] / base:6.3f}x")
-    print("checks:", "all passed" if not failures else "\n  ".join(["FAILED"] + failures))
-    print("results:", out.path)
-    return 1 if failures else 0
+    return C.report_checks(failures, out)
 
 
 if __name__ == "__main__":

@@ -334,9 +334,7 @@ def main(argv=None) -> int:
             print(f"  {name:13s} {t['median_us']:9.1f} us{spread} {t['median_us'] / base:6.3f}x   "
                   f"{pw.get('sm_mhz', float('nan')):6.0f} MHz {pw.get('watts', float('nan')):5.0f} W "
                   f"({pw.get('n', 0)} samples, {pw.get('sustained_us', float('nan')):.1f} us a call back to back)")
-    print("checks:", "all passed" if not failures else "\n  ".join(["FAILED"] + failures))
-    print("results:", out.path)
-    return 1 if failures else 0
+    return C.report_checks(failures, out)
 
 
 if __name__ == "__main__":

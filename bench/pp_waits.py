@@ -192,9 +192,7 @@ def main(argv=None) -> int:
                       f"{f['turn']:6.1f} {f['tail']:6.1f} {f['loop']:6.1f} {f.get('epi_idle', float('nan')):9.1%} "
                       f"{t.get(vname + '|plain', float('nan')):8.1f} {t.get(vname + '|probed', float('nan')):8.1f} "
                       f"{t.get('ws|plain', float('nan')):8.1f} {t.get('cublas|plain', float('nan')):8.1f}")
-    print("checks:", "all passed" if not failures else "\n  ".join(["FAILED"] + failures))
-    print("results:", out.path)
-    return 1 if failures else 0
+    return C.report_checks(failures, out)
 
 
 if __name__ == "__main__":

@@ -301,9 +301,7 @@ def main(argv=None) -> int:
             base = r["times"].get("cublas", {}).get("median_us")
             cells.append(f"{t:9.1f} ({t / base:5.2f})" if t and base else f"{'-':>18s}")
         print(f"{name:12s}" + "".join(f" {c:>18s}" for c in cells))
-    print("checks:", "all passed" if not failures else "\n  ".join(["FAILED"] + failures))
-    print("results:", out.path)
-    return 1 if failures else 0
+    return C.report_checks(failures, out)
 
 
 if __name__ == "__main__":

@@ -211,9 +211,7 @@ def main(argv=None) -> int:
                   f"{c['epi_idle']:9.1%} "
                   f"{t.get('plain', float('nan')):8.1f} {t.get('probed', float('nan')):8.1f} "
                   f"{t.get('plain', float('nan')) / cub:8.3f}")
-    print("checks:", "all passed" if not failures else "\n  ".join(["FAILED"] + failures))
-    print("results:", out.path)
-    return 1 if failures else 0
+    return C.report_checks(failures, out)
 
 
 if __name__ == "__main__":

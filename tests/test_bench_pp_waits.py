@@ -56,3 +56,16 @@ def test_variants():
     assert pw.variant_kwargs("sh8") == dict(shared_epilogue=8, stages=5)
     with pytest.raises(ValueError, match="unknown variant"):
         pw.variant_kwargs("ew8+s6")
+
+
+def test_report_checks_prints_and_returns_the_status(capsys, tmp_path):
+    import common as C  # (bench/, on the path above)
+
+    class Out:
+        path = tmp_path / "x.json"
+
+    assert C.report_checks([], Out()) == 0
+    assert "checks: all passed" in capsys.readouterr().out
+    assert C.report_checks(["cell A: differs"], Out()) == 1
+    text = capsys.readouterr().out
+    assert "FAILED\n  cell A: differs" in text and f"results: {Out.path}" in text
