@@ -641,10 +641,10 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     epilogue warps of their own through shared memory (fused_sample_ws's chunked hand-off and epilogue; a buffer set
     per consumer, so one consumer's wait for the epilogue overlaps the other's main loop; registers
     PP_EPI_REGISTERS); stages at most 5; 0: each consumer samples its own tiles (shared_epilogue / lookahead as
-    above); the same candidates. epilogue_chunk: the columns (16 or 32) the
-    epilogue warps take at a time (PP_HAND_OFF_CHUNK). wait_probe (v116, benchmarks): an int64 CUDA tensor
-    [programs, PP_WAIT_FIELDS] (:func:`new_pp_wait_probe`) that each program fills with cycle counts (PP_WAIT_FIELDS
-    says which); the same candidates."""
+    above); the same candidates. epilogue_chunk: the columns (16 or 32) the epilogue warps take at a time
+    (PP_HAND_OFF_CHUNK). wait_probe (v116, benchmarks): an int64 CUDA tensor [programs, PP_WAIT_FIELDS]
+    (:func:`new_pp_wait_probe`) that each program fills with cycle counts (PP_WAIT_FIELDS says which); the same
+    candidates."""
     if not HAVE_GLUON:
         raise RuntimeError("launch_fused_pp needs Triton's Gluon (Triton >= 3.5)")
     if not ws_supported(hidden, weight, params, block_b=PP_BLOCK_B):
