@@ -33,17 +33,13 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
               tile up to 8 batch tiles; v101); ws_cap128_greedy with T = 0; ws_cap120 (120 = 15 x 8) a control
   ws_c<N>     the chunked epilogue (epilogue_chunk=N: N columns at a time in a rolled loop, a fraction of the code);
               ws_c<N>ab2 with a buffer per column half, ws_c<N>ab2_greedy with T = 0
-  pp          the ping-pong kernel (fsdist/ops/fused_sample_pp.py, v111: two MMA warpgroups, each sampling its own
-              tile from registers while the other multiplies), 5 stages; pp_s<N> N stages; pp_greedy with T = 0;
-              pp_la0 / pp_la2 the epilogue's chunks drawing their noise freely (lookahead=0: ptxas hoists it all, and
-              spills) or two chunks ahead (the shipped: one); pp_sh<N> (v111b) the epilogue through shared memory in N
-              column chunks with the ws kernel's epilogue code (shared_epilogue=N), pp_sh8_s6 with 6 stages; pp_epi /
-              pp_sh8_epi their epilogues alone (main loops skipped, zero logits: both consumers' side by side);
-              pp_ew4 (v113) the consumers handing their tiles to 4 epilogue warps of their own (epilogue_warps=4),
-              pp_ew4_s4 with 4 stages, pp_ew4_greedy with T = 0, pp_ew4_epi its hand-offs and epilogue alone,
-              pp_ew4_c32 with 32-column chunks (else 16); pp_ew8 / pp_ew8_s4 / pp_ew8_epi (v115) the same with 8
-              epilogue warps (at 64 registers)
-  (v110's ws_lock<K>, the programs held within K rounds of each other, is in commit 9c28d51)
+  pp          the ping-pong kernel (fsdist/ops/fused_sample_pp.py, v111b: two MMA warpgroups, each sampling its own
+              tile through shared memory in 8 column chunks while the other multiplies: the shipped greedy path),
+              5 stages; pp_s<N> N stages; pp_greedy / pp_s<N>_greedy with T = 0; pp_sh4 4 column chunks; pp_epi its
+              epilogues alone (main loops skipped, zero logits: both consumers' side by side). (pp_sh8* name the
+              same launches as pp*, the names of v111b-v113's runs.)
+  (v110's ws_lock<K>, the programs held within K rounds of each other, is in commit 9c28d51; v111's register
+  epilogue, pp_la<N>, and v113 / v115's epilogue warps, pp_ew<N>*, in commit ef07ffb)
 
 then runs each method back to back for --seconds while ``nvidia-smi`` samples the SM clock and the power draw
 (every 50 ms; read only: the card's settings are left alone), and reports each method's median clock and power.
@@ -169,26 +165,22 @@ def check(h, W, params, layout, V, shipped, dev, failures, label, only_pp=False)
     other noise variant must differ. only_pp: the ping-pong kernel's check alone."""
     ref = zeroed(layout, dev)
     launch_fused(h, W, params, shipped, layout, ref, vocab_size=V)
-    for stages, la, sh, ew, ec in ((5, 1, 0, 0, 16), (5, 2, 0, 0, 16), (5, 1, 4, 0, 16), (5, 1, 8, 0, 16),
-                                   (6, 1, 8, 0, 16), (5, 1, 0, 4, 16), (4, 1, 0, 4, 16), (5, 1, 0, 4, 32),
-                                   (5, 1, 0, 8, 16), (4, 1, 0, 8, 16)):
+    for stages, sh in ((5, 8), (4, 8), (6, 8), (5, 4)):
         cand = zeroed(layout, dev)
-        launch_fused_pp(h, W, params, layout, cand, vocab_size=V, stages=stages, lookahead=la, shared_epilogue=sh,
-                        epilogue_warps=ew, epilogue_chunk=ec)
+        launch_fused_pp(h, W, params, layout, cand, vocab_size=V, stages=stages, shared_epilogue=sh)
         torch.cuda.synchronize(dev)
         if not C.same_candidates(cand, ref):
-            failures.append(f"{label}: the ping-pong kernel with {stages} stages, lookahead {la}, shared_epilogue "
-                            f"{sh}, epilogue_warps {ew} (chunk {ec}) differs from the dispatched launch")
+            failures.append(f"{label}: the ping-pong kernel with {stages} stages, shared_epilogue {sh} differs from "
+                            "the dispatched launch")
     greedy = RowParams(0.0, 0, 0)  # (the timed *_greedy methods: the kernels compile without noise)
     ref_g = zeroed(layout, dev)
     launch_fused_ws(h, W, greedy, layout, ref_g, vocab_size=V, stages=shipped.num_stages, epilogue_warps=8)
-    for sh, ew in ((0, 0), (8, 0), (0, 4), (0, 8)):
+    for sh in (8, 4):
         cand = zeroed(layout, dev)
-        launch_fused_pp(h, W, greedy, layout, cand, vocab_size=V, shared_epilogue=sh, epilogue_warps=ew)
+        launch_fused_pp(h, W, greedy, layout, cand, vocab_size=V, shared_epilogue=sh)
         torch.cuda.synchronize(dev)
         if not C.same_candidates(cand, ref_g):
-            failures.append(f"{label}: the greedy ping-pong kernel (shared_epilogue {sh}, epilogue_warps {ew}) differs "
-                            "from the ws kernel's")
+            failures.append(f"{label}: the greedy ping-pong kernel (shared_epilogue {sh}) differs from the ws kernel's")
     if only_pp:
         return
     got = {}
@@ -253,9 +245,9 @@ def main(argv=None) -> int:
                                     noise_probe=probe, epilogue_only=epi, acc_buffers=bufs, epilogue_chunk=chunk,
                                     grid_cap=cap)
 
-                def pp(h, p=params, stages=5, la=1, sh=0, epi=False, ew=0, ec=16):
-                    launch_fused_pp(h, W, p, layout, cand, vocab_size=V, stages=stages, lookahead=la,
-                                    shared_epilogue=sh, epilogue_only=epi, epilogue_warps=ew, epilogue_chunk=ec)
+                def pp(h, p=params, stages=5, sh=8, epi=False):
+                    launch_fused_pp(h, W, p, layout, cand, vocab_size=V, stages=stages, shared_epilogue=sh,
+                                    epilogue_only=epi)
 
                 methods = {"cublas": lambda h: F.linear(h, W), "ws": ws,
                            "ws_greedy": lambda h: ws(h, greedy), "ws_epi": lambda h: ws(h, epi=True),
@@ -278,17 +270,9 @@ def main(argv=None) -> int:
                            "pp": lambda h: pp(h), "pp_greedy": lambda h: pp(h, greedy),
                            "pp_s4": lambda h: pp(h, stages=4), "pp_s6": lambda h: pp(h, stages=6),
                            "pp_s6_greedy": lambda h: pp(h, greedy, stages=6),
-                           "pp_la0": lambda h: pp(h, la=0), "pp_la2": lambda h: pp(h, la=2),
-                           "pp_sh4": lambda h: pp(h, sh=4), "pp_sh8": lambda h: pp(h, sh=8),
-                           "pp_sh8_s6": lambda h: pp(h, sh=8, stages=6),
-                           "pp_sh8_greedy": lambda h: pp(h, greedy, sh=8),
-                           "pp_epi": lambda h: pp(h, la=2, epi=True), "pp_sh8_epi": lambda h: pp(h, sh=8, epi=True),
-                           "pp_ew4": lambda h: pp(h, ew=4), "pp_ew4_s4": lambda h: pp(h, ew=4, stages=4),
-                           "pp_ew4_greedy": lambda h: pp(h, greedy, ew=4),
-                           "pp_ew4_epi": lambda h: pp(h, ew=4, epi=True),
-                           "pp_ew4_c32": lambda h: pp(h, ew=4, ec=32),
-                           "pp_ew8": lambda h: pp(h, ew=8), "pp_ew8_s4": lambda h: pp(h, ew=8, stages=4),
-                           "pp_ew8_epi": lambda h: pp(h, ew=8, epi=True)}
+                           "pp_sh4": lambda h: pp(h, sh=4), "pp_sh8": lambda h: pp(h),
+                           "pp_sh8_s6": lambda h: pp(h, stages=6), "pp_sh8_greedy": lambda h: pp(h, greedy),
+                           "pp_epi": lambda h: pp(h, epi=True), "pp_sh8_epi": lambda h: pp(h, epi=True)}
                 if args.methods:
                     keep = {"cublas", "ws"} | set(args.methods.split(","))
                     unknown = keep - set(methods)

@@ -1,32 +1,26 @@
 """Issue 14, v116: where the ping-pong kernel's consumers spend each tile, with and without noise.
 
-v113 (docs/performance.md) left two readings of why the ping-pong main loop feeding epilogue warps of its own loses
-to the ws kernel with noise: (a) the epilogue warps' rate is the limit, so the consumers wait to hand their tiles
-off; (b) noise-drawing warps slow the consumers' main loops themselves (the noise's cost grew with D, the main loop's
-length). ``launch_fused_pp(wait_probe=)`` has each program count cycles (``%clock64``, warp 0 of each partition)
-and this probe reports, per variant and case, the medians over the programs of, per tile of a consumer (kcycles):
+``launch_fused_pp(wait_probe=)`` has each program count cycles (``%clock64``, warp 0 of each consumer) and this probe
+reports, per variant and case, the medians over the programs of, per tile of a consumer (kcycles):
 
   total     a consumer's cycles from its first tile to its last, per tile
   operands  waiting for the next operand stage
   turn      waiting for its turn (the other consumer's main loop)
-  tail      from the end of its main loop to its next turn wait: the last wgmma's retire, then the hand-off to the
-            epilogue warps (sh8: its own epilogue)
+  tail      from the end of its main loop to its next turn wait: the last wgmma's retire, then its own epilogue
   loop      total - operands - turn - tail: the main loop's own instructions (issuing the wgmmas, barrier
             arrivals) and its waits for the previous wgmma to retire (tensor-core time: at the cuBLAS line it is
             most of the loop; a loop that grows with noise at the same wgmmas is issue delay)
-  epi idle  the epilogue warps' share of their cycles waiting for a consumer's half (ew4 / ew8)
 
-Reading (a) shows as a tail that grows with noise (the hand-off waits for the epilogue); (b) as a loop that grows
-with noise while the tail stays. Also each launch's time with and without the probe (its own cost) beside the ws
-kernel's and cuBLAS's, L2 flushed, medians of three runs. Checks first: every probed launch writes the unprobed
-launch's candidates, and every variant the ws kernel's, bit for bit; each of the launch's programs stores every
-field it owns, and no row past them is written.
+Also each launch's time with and without the probe (its own cost) beside the ws kernel's and cuBLAS's, L2 flushed,
+medians of three runs. Checks first: every probed launch writes the unprobed launch's candidates, and every variant
+the ws kernel's, bit for bit; each of the launch's programs stores every field, and no row past them is written.
+(v116 also ran the variants with 4 / 8 epilogue warps of their own, removed since: docs/performance.md.)
 
     python3 bench/pp_waits.py [--shapes 4096x151936,8192x128256] [--batches 512,1024] [--cases greedy,noise]
-                              [--variants sh8,ew4,ew8]
+                              [--variants sh8,sh4]
 
-Variants: ``sh8`` (the consumers sample their own tiles through shared memory: the shipped greedy path), ``ew4`` /
-``ew8`` (4 / 8 epilogue warps of their own), each with ``+s4`` for 4 operand stages (else 5). Prints a table last;
+Variants: ``sh8`` / ``sh4`` (the consumers move their accumulators through shared memory in 8 / 4 column chunks;
+sh8 is the shipped greedy path), each with ``+s4`` / ``+s6`` for 4 / 6 operand stages (else 5). Prints a table last;
 the JSON goes to bench/results/pp_waits_<gpu>_<date>.json (and $OUT). sm_90 only.
 """
 import common as C  # first: the repo root on sys.path, fsdist.env.apply_safe_env() before torch
@@ -48,11 +42,11 @@ from fsdist.params import RowParams  # noqa: E402
 
 def variant_kwargs(name: str) -> dict:
     """launch_fused_pp's keyword arguments of a --variants entry."""
-    base, _, more = name.partition("+")
-    kw = {"sh8": dict(shared_epilogue=8), "ew4": dict(epilogue_warps=4), "ew8": dict(epilogue_warps=8)}.get(base)
-    if kw is None or more not in ("", "s4"):
-        raise ValueError(f"unknown variant {name!r} (sh8, ew4, ew8, each optionally +s4)")
-    return dict(kw, stages=4 if more == "s4" else 5)
+    base, plus, more = name.partition("+")
+    kw = {"sh8": dict(shared_epilogue=8), "sh4": dict(shared_epilogue=4)}.get(base)
+    if kw is None or (plus and more not in ("s4", "s6")):
+        raise ValueError(f"unknown variant {name!r} (sh8, sh4, each optionally +s4 or +s6)")
+    return dict(kw, stages=int(more[1:]) if more else 5)
 
 
 def parse_args(argv=None):
@@ -60,7 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--shapes", default="4096x151936,8192x128256")
     p.add_argument("--batches", default="512,1024")
     p.add_argument("--cases", default="greedy,noise")
-    p.add_argument("--variants", default="sh8,ew4,ew8")
+    p.add_argument("--variants", default="sh8")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--probe-runs", type=int, default=3, help="probed launches a case (the fields: their medians)")
@@ -74,16 +68,14 @@ def parse_args(argv=None):
     return args
 
 
-def per_tile(probe: torch.Tensor, programs: int, n_tiles: int, epi: bool) -> dict:
+def per_tile(probe: torch.Tensor, programs: int, n_tiles: int) -> dict:
     """Medians over the launch's ``programs`` programs and both consumers of each field per consumer tile
-    (kilocycles), and the epilogue warps' idle share; None when a program left a field it owns unset (-1) or a row
-    past the programs was written (row p must be program p: the per-tile division counts p's tiles)."""
+    (kilocycles); None when a program left a field unset (-1) or a row past the programs was written (row p must be
+    program p: the per-tile division counts p's tiles)."""
     rows = probe[:programs]
     P = programs
-    owned = list(range(8)) + ([8, 9] if epi else [])
-    totals = [0, 4] + ([8] if epi else [])
-    if (P == 0 or rows.shape[0] < P or (rows[:, owned] < 0).any() or (rows[:, totals] <= 0).any()
-            or (probe[programs:] != -1).any() or (not epi and (rows[:, 8:] != -1).any())):
+    if (P == 0 or rows.shape[0] < P or (rows < 0).any() or (rows[:, [0, 4]] <= 0).any()
+            or (probe[programs:] != -1).any()):
         return None
     per = {k: [] for k in ("total", "operands", "turn", "tail", "loop")}
     tiles = 0
@@ -99,8 +91,6 @@ def per_tile(probe: torch.Tensor, programs: int, n_tiles: int, epi: bool) -> dic
             per["loop"].append((f[0] - f[1] - f[2] - f[3]) / n / 1e3)
     out = {k: statistics.median(v) for k, v in per.items()}
     out.update(programs=P, tiles=tiles)
-    if epi:
-        out["epi_idle"] = statistics.median(float(rows[p, 9]) / float(rows[p, 8]) for p in range(P))
     return out
 
 
@@ -157,9 +147,9 @@ def main(argv=None) -> int:
                         flush()
                         launch(probed, probe)
                         torch.cuda.synchronize(dev)
-                        runs.append(per_tile(probe.cpu(), programs, n_tiles, kw.get("epilogue_warps", 0) > 0))
+                        runs.append(per_tile(probe.cpu(), programs, n_tiles))
                     if any(r is None for r in runs):
-                        failures.append(f"{label} {case}/{vname}: a probed launch left fields it owns unset, or "
+                        failures.append(f"{label} {case}/{vname}: a probed launch left fields unset, or "
                                         f"wrote rows past its {programs} programs")
                         continue
                     cells[vname] = dict({k: statistics.median(r[k] for r in runs) for k in runs[0]}, runs=runs,
@@ -180,16 +170,16 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     out.data["failures"] = failures
     out.flush()
-    print("\nper consumer tile, kilocycles (medians over programs and both consumers); epilogue warps' idle share; "
-          "µs without / with the probe, the ws kernel's and cuBLAS's")
+    print("\nper consumer tile, kilocycles (medians over programs and both consumers); µs without / with the probe, "
+          "the ws kernel's and cuBLAS's")
     print(f"{'cell':15s} {'case':7s} {'variant':8s} {'total':>7s} {'operands':>9s} {'turn':>6s} {'tail':>6s} "
-          f"{'loop':>6s} {'epi idle':>9s} {'us':>8s} {'probed':>8s} {'ws us':>8s} {'cuBLAS':>8s}")
+          f"{'loop':>6s} {'us':>8s} {'probed':>8s} {'ws us':>8s} {'cuBLAS':>8s}")
     for r in table:
         for case, c in r["cases"].items():
             t = c["times_us"]
             for vname, f in c["variants"].items():
                 print(f"D={r['D']} B={r['B']:<5d} {case:7s} {vname:8s} {f['total']:7.1f} {f['operands']:9.1f} "
-                      f"{f['turn']:6.1f} {f['tail']:6.1f} {f['loop']:6.1f} {f.get('epi_idle', float('nan')):9.1%} "
+                      f"{f['turn']:6.1f} {f['tail']:6.1f} {f['loop']:6.1f} "
                       f"{t.get(vname + '|plain', float('nan')):8.1f} {t.get(vname + '|probed', float('nan')):8.1f} "
                       f"{t.get('ws|plain', float('nan')):8.1f} {t.get('cublas|plain', float('nan')):8.1f}")
     return C.report_checks(failures, out)

@@ -13,49 +13,48 @@ pw = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pw)
 
 
-def _probe(P, consumer, epi=None):
-    rows = torch.full((P + 2, 10), -1, dtype=torch.int64)  # (two rows no program wrote)
+def _probe(P, consumer):
+    rows = torch.full((P + 2, 8), -1, dtype=torch.int64)  # (two rows no program wrote)
     for p in range(P):
         rows[p, 0:4] = torch.tensor(consumer)
         rows[p, 4:8] = torch.tensor(consumer)
-        if epi:
-            rows[p, 8:10] = torch.tensor(epi)
     return rows
 
 
 def test_per_tile_divides_by_each_consumers_tiles():
     # 3 programs, 10 tiles: program p's consumer 0 takes p, p + 6, consumer 1 p + 3, p + 9 (only p = 0 has a 10th)
-    got = pw.per_tile(_probe(3, [12000, 2000, 1000, 3000], [8000, 2000]), 3, 10, True)
+    got = pw.per_tile(_probe(3, [12000, 2000, 1000, 3000]), 3, 10)
     assert got["programs"] == 3 and got["tiles"] == 10
     # consumer tiles: 2 everywhere except programs 1 and 2's consumer 1 (one tile): medians over the six
     assert got["total"] == pytest.approx(6.0) and got["loop"] == pytest.approx(3.0)
     assert got["operands"] == pytest.approx(1.0) and got["turn"] == pytest.approx(0.5)
-    assert got["tail"] == pytest.approx(1.5) and got["epi_idle"] == pytest.approx(0.25)
+    assert got["tail"] == pytest.approx(1.5)
 
 
 def test_per_tile_refuses_unset_fields_and_rows_past_the_programs():
-    assert pw.per_tile(_probe(3, [12000, -1, 1000, 3000]), 3, 10, False) is None
-    assert pw.per_tile(_probe(3, [12000, 2000, 1000, 3000]), 3, 10, True) is None  # epilogue fields unset
-    assert pw.per_tile(_probe(3, [12000, 2000, 1000, 3000]), 3, 10, False) is not None  # sh8: no epilogue warps
-    assert pw.per_tile(_probe(3, [12000, 2000, 1000, 3000]), 4, 10, False) is None  # a program stored nothing
-    assert pw.per_tile(_probe(3, [12000, 2000, 1000, 3000]), 2, 10, False) is None  # a row past the programs
-    assert pw.per_tile(torch.full((4, 10), -1, dtype=torch.int64), 3, 10, False) is None
+    assert pw.per_tile(_probe(3, [12000, -1, 1000, 3000]), 3, 10) is None
+    assert pw.per_tile(_probe(3, [12000, 2000, 1000, 3000]), 3, 10) is not None
+    assert pw.per_tile(_probe(3, [0, 2000, 1000, 3000]), 3, 10) is None  # a total of no cycles
+    assert pw.per_tile(_probe(3, [12000, 2000, 1000, 3000]), 4, 10) is None  # a program stored nothing
+    assert pw.per_tile(_probe(3, [12000, 2000, 1000, 3000]), 2, 10) is None  # a row past the programs
+    assert pw.per_tile(torch.full((4, 8), -1, dtype=torch.int64), 3, 10) is None
 
 
 def test_a_consumer_without_tiles_is_left_out():
     # 3 programs, 4 tiles: consumer 1 of programs 1 and 2 gets none (the kernel still stores its fields: 0 waits)
     probe = _probe(3, [12000, 2000, 1000, 3000])
     probe[1:3, 4:8] = torch.tensor([50, 0, 0, 0])
-    got = pw.per_tile(probe, 3, 4, False)
+    got = pw.per_tile(probe, 3, 4)
     # one tile each for program 0's two consumers and consumer 0 of programs 1 and 2: the medians of those four
     assert got["tiles"] == 4 and got["total"] == pytest.approx(12.0) and got["loop"] == pytest.approx(6.0)
 
 
 def test_variants():
-    assert pw.variant_kwargs("ew8+s4") == dict(epilogue_warps=8, stages=4)
+    assert pw.variant_kwargs("sh4+s6") == dict(shared_epilogue=4, stages=6)
     assert pw.variant_kwargs("sh8") == dict(shared_epilogue=8, stages=5)
-    with pytest.raises(ValueError, match="unknown variant"):
-        pw.variant_kwargs("ew8+s6")
+    for bad in ("ew8", "sh8+s3", "sh8+"):
+        with pytest.raises(ValueError, match="unknown variant"):
+            pw.variant_kwargs(bad)
 
 
 def test_report_checks_prints_and_returns_the_status(capsys, tmp_path):

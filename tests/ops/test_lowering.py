@@ -444,51 +444,31 @@ CASES["stage1_ws_waits_chunked"] = dict(CASES["stage1_ws_waits"], ptx_lacks=[], 
     WS_PLAIN, LAST_BOXES=3, WAITS=True, EPI_CHUNK=16, ACC_BUFS=2))
 CASES["stage1_ws_plain"]["ptx_lacks"] = CASES["stage1_ws_plain"]["ptx_lacks"] + ["%clock64"]
 
-# The ping-pong kernel (fused_sample_pp.py, v111): two consumer warpgroups at 240 registers each (setmaxnreg), the
-# wgmma loop keeping one group in flight, the neighbour lanes' swap of each Philox quad's halves (two shuffles a
-# quad: 2 words x 4 quads a thread x 8 chunks, in each consumer's copy), the noise's v97 instructions.
+# The ping-pong kernel (fused_sample_pp.py, v111b): two consumer warpgroups at 240 registers each (setmaxnreg), the
+# wgmma loop keeping one group in flight, each consumer's epilogue through shared memory into the ws epilogue's quad
+# layout (no lane shuffles), the noise's v97 instructions.
 PP_TYPES = dict(h_desc="tensordesc<bf16[128, 64],NVMMA>", w_desc="tensordesc<bf16[128, 64],NVMMA>", cand_f="*fp32",
                 cand_i="*i32", B="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", buf_offset="i32",
                 buf_offset_i="i32", stride_slot="i32", n_btiles="i32", n_tiles="i32", k_steps="i32", wait_ptr="*i64",
                 **ROW_PARAMS)
 PP_CONST = dict(STAGES=5, CONSUMER_REGS=240, LOAD_REGS=24, SEED_PER_ROW=True, OFFSET_PER_ROW=True,
-                TEMP_PER_ROW=True, NOISE=True, FAST_LOG=True, PEER_TABLE=False, NPEERS=1, LOOKAHEAD=1,
-                SHARED_EPILOGUE=0, EPI_WARPS=0, EPI_REGS=0, EPI_CHUNK=16, WAITS=False)
+                TEMP_PER_ROW=True, NOISE=True, FAST_LOG=True, PEER_TABLE=False, NPEERS=1, SHARED_EPILOGUE=8,
+                WAITS=False)
 CASES["stage1_pp"] = dict(module="fsdist.ops.fused_sample_pp", kernel="fused_sample_pp_kernel", gluon=True,
                           maxnreg=168, types=PP_TYPES, constexprs=PP_CONST,
                           ptx_has=["wgmma.wait_group.sync.aligned 1;", "setmaxnreg.inc.sync.aligned.u32 \t240;"]
-                          + NOISE_PTX["has"], ptx_lacks=NOISE_PTX["lacks"],
-                          ptx_count={"1, 0x1f, 0xffffffff;": 2 * 2 * 4 * 8, "cp.async.bulk.tensor": 2})
-# v111b: the epilogue through shared memory (8 column chunks into the ws epilogue's quad layout): no swaps
-CASES["stage1_pp_shared"] = dict(CASES["stage1_pp"], constexprs=dict(PP_CONST, SHARED_EPILOGUE=8),
-                                 ptx_count={"cp.async.bulk.tensor": 2}, ptx_lacks=NOISE_PTX["lacks"] + [
-                                     "0x1f, 0xffffffff;"])
-# v113: the consumers hand their tiles to 4 epilogue warps (EPI_WARPS): 4 warpgroups at 128 registers, the consumers
-# at 160, the epilogue warps at 168; the chunked hand-off's rolled loop; no swaps
-CASES["stage1_pp_epi_warps"] = dict(CASES["stage1_pp"], maxnreg=128,
-                                    constexprs=dict(PP_CONST, STAGES=4, EPI_WARPS=4, EPI_REGS=168, CONSUMER_REGS=160,
-                                                    EPI_CHUNK=32),
-                                    ptx_has=["setmaxnreg.inc.sync.aligned.u32 \t168;", '.pragma "nounroll"']
-                                    + NOISE_PTX["has"], ptx_lacks=NOISE_PTX["lacks"] + ["0x1f, 0xffffffff;"],
-                                    ptx_count={"cp.async.bulk.tensor": 2})
-# v115: 8 epilogue warps: 5 warpgroups at 96 registers; the epilogue's two at 64, the consumers at 160 / 168
-CASES["stage1_pp_epi_warps8"] = dict(CASES["stage1_pp_epi_warps"], maxnreg=96,
-                                     constexprs=dict(PP_CONST, EPI_WARPS=8, EPI_REGS=64, CONSUMER_REGS=160),
-                                     ptx_has=["setmaxnreg.inc.sync.aligned.u32 \t64;",
-                                              "setmaxnreg.inc.sync.aligned.u32 \t160;",
-                                              "setmaxnreg.dec.sync.aligned.u32 \t168;", '.pragma "nounroll"']
-                                     + NOISE_PTX["has"])
-# v116: the wait probe's clock reads in the consumers and the epilogue warps (launch_fused_pp(wait_probe=))
-# (26 reads: per consumer its start and end, a turn and an operand wait's two each, the tail's two; the epilogue
-# warps' start and end, and two per half of its two tiles a round)
-CASES["stage1_pp_waits"] = dict(CASES["stage1_pp_epi_warps"],
-                                constexprs=dict(CASES["stage1_pp_epi_warps"]["constexprs"], WAITS=True),
-                                ptx_count=dict(CASES["stage1_pp_epi_warps"]["ptx_count"], **{"%clock64": 26}))
+                          + NOISE_PTX["has"], ptx_lacks=NOISE_PTX["lacks"] + ["0x1f, 0xffffffff;"],
+                          ptx_count={"cp.async.bulk.tensor": 2})
+CASES["stage1_pp_sh4"] = dict(CASES["stage1_pp"], constexprs=dict(PP_CONST, SHARED_EPILOGUE=4))
+# v116: the wait probe's clock reads (launch_fused_pp(wait_probe=); 16: in each consumer's copy its start and end,
+# a turn and an operand wait's two each, the tail's two)
+CASES["stage1_pp_waits"] = dict(CASES["stage1_pp"], constexprs=dict(PP_CONST, WAITS=True),
+                                ptx_count=dict(CASES["stage1_pp"]["ptx_count"], **{"%clock64": 16}))
 CASES["stage1_pp_greedy"] = dict(CASES["stage1_pp"], constexprs=dict(PP_CONST, NOISE=False, SEED_PER_ROW=False),
                                  ptx_has=["wgmma.wait_group.sync.aligned 1;"], ptx_lacks=["0x1f, 0xffffffff;"],
                                  ptx_count={"cp.async.bulk.tensor": 2})
 
-for _case in ("stage1_pp", "stage1_pp_shared", "stage1_pp_epi_warps", "stage1_pp_epi_warps8", "stage1_pp_greedy"):
+for _case in ("stage1_pp", "stage1_pp_sh4", "stage1_pp_greedy"):
     CASES[_case]["ptx_lacks"] = CASES[_case].get("ptx_lacks", []) + ["%clock64"]  # (the wait probe off: no reads)
 
 # The checks' power: specs a check must refuse, each with the message it must give.
