@@ -35,9 +35,10 @@ L2 flushed, CUDA events, medians (``fsdist.timing``):
               ws_c<N>ab2 with a buffer per column half, ws_c<N>ab2_greedy with T = 0
   pp          the ping-pong kernel (fsdist/ops/fused_sample_pp.py, v111b: two MMA warpgroups, each sampling its own
               tile through shared memory in 8 column chunks while the other multiplies: the shipped greedy path),
-              5 stages; pp_s<N> N stages; pp_greedy / pp_s<N>_greedy with T = 0; pp_sh4 4 column chunks; pp_epi its
+              5 stages; pp_s<N> N stages; pp_greedy / pp_s6_greedy with T = 0; pp_sh4 4 column chunks; pp_epi its
               epilogues alone (main loops skipped, zero logits: both consumers' side by side). (pp_sh8* name the
-              same launches as pp*, the names of v111b-v113's runs.)
+              same launches as pp*, the names of v111b-v113's runs; before v117 pp, pp_greedy, pp_s<N> and pp_epi
+              named v111's register epilogue: results of earlier sessions under those names are that kernel's.)
   (v110's ws_lock<K>, the programs held within K rounds of each other, is in commit 9c28d51; v111's register
   epilogue, pp_la<N>, and v113 / v115's epilogue warps, pp_ew<N>*, in commit ef07ffb)
 

@@ -22,9 +22,9 @@ logprobs, kept logits, processors, call header or device parity. ``fused_sample.
 ever waits for a hand-off; whole calls 4-11% faster than on the ws kernel at B = 256-1024 on an H100, v112). With
 noise no arrangement of its epilogue kept up with the ws kernel on an H100, so sampled calls keep the ws kernel:
 each consumer sampling its own tile from registers (v111) or through shared memory (v111b), or the consumers handing
-their tiles to 4 or 8 epilogue warps of their own (v113-v116: 1.00-1.28x the ws kernel's time). Those variants were
-removed after v116 (the register epilogue, ``lookahead``, ``epilogue_warps``; commit ef07ffb has them);
-docs/performance.md keeps their measurements.
+their tiles to 4 or 8 epilogue warps of their own (v113-v116: up to 1.4x the ws kernel's time; 3-5% faster only
+at D = 4096 B = 256 with 4 warps). Those variants were removed after v116 (the register epilogue, ``lookahead``,
+``epilogue_warps``; commit ef07ffb has them); docs/performance.md keeps their measurements.
 """
 import torch
 import triton
@@ -68,10 +68,10 @@ if HAVE_GLUON:
 
     @triton.jit
     def _after64(x, dep):
-        """x (a row's seed), as a value the compiler must think depends on dep (int32, same shape): a chunk's Philox
-        chains then start only once the chunk before is reduced, so that their temporaries are not all live at once
-        (LLVM otherwise hoists them: they do not depend on the logits). The PTX's mov does not name dep, so only
-        LLVM's order is bound; ptxas keeps it."""
+        """x (a row's seed), as a value the compiler must think depends on dep (any 32-bit value of the same shape): a
+        chunk's Philox chains then start only once the chunk before is reduced, so that their temporaries are not all
+        live at once (LLVM otherwise hoists them: they do not depend on the logits). The PTX's mov does not name dep,
+        so only LLVM's order is bound; ptxas keeps it."""
         return tl.inline_asm_elementwise("mov.b64 $0, $1;", "=l,l,r", [x, dep], dtype=tl.int64, is_pure=True, pack=1)
 
     @gluon.jit
@@ -298,10 +298,10 @@ def launch_fused_pp(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     (:func:`new_pp_wait_probe`) that each program fills with cycle counts (PP_WAIT_FIELDS says which); the same
     candidates.
 
-    Example (what ``fused_sample.launch_fused`` does for an all-greedy call of 300 rows)::
+    Example (what ``fused_sample.launch_fused`` does for an all-greedy call of 350 rows)::
 
-        padded = fused_sample.tile_operand(hidden, 128)  # 300 rows zero-padded to 384: whole tiles for the copy engine
-        launch_fused_pp(padded, weight, RowParams(0.0, 0, 0), layout, dest, vocab_size=V, batch=300)
+        padded = fused_sample.tile_operand(hidden, 128)  # 350 rows zero-padded to 384: whole tiles for the copy engine
+        launch_fused_pp(padded, weight, RowParams(0.0, 0, 0), layout, dest, vocab_size=V, batch=350)
     """
     if not HAVE_GLUON:
         raise RuntimeError("launch_fused_pp needs Triton's Gluon (Triton >= 3.5)")
