@@ -116,6 +116,16 @@ def bench_device() -> torch.device:
     return default_device()
 
 
+def hopper_device(name: str) -> Optional[torch.device]:
+    """The benchmark device when it is a Hopper (sm_90) GPU, the only one the Gluon kernels run on; else None, after
+    printing that benchmark ``name`` is skipped (its caller then returns 0: a CPU run is not a failure)."""
+    dev = bench_device()
+    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) != (9, 0):
+        print(f"{name}: skipped, needs a Hopper (sm_90) GPU.", flush=True)
+        return None
+    return dev
+
+
 def sync(device: Optional[torch.device] = None):
     synchronize(device)
 

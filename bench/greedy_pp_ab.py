@@ -43,9 +43,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    dev = C.bench_device()
-    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) != (9, 0):
-        print("greedy_pp_ab: skipped, needs a Hopper (sm_90) GPU.", flush=True)
+    dev = C.hopper_device("greedy_pp_ab")
+    if dev is None:
         return 0
     out = C.ResultWriter("greedy_pp_ab", dev)
     out.data.update(env=C.env_info(), args=vars(args), cells=[], fast_memory=configs.fast_memory(dev))

@@ -213,9 +213,8 @@ def check(h, W, params, layout, V, shipped, dev, failures, label, only_pp=False)
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    dev = C.bench_device()
-    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) != (9, 0):
-        print("noise_cost_probe: skipped, needs a Hopper (sm_90) GPU.", flush=True)
+    dev = C.hopper_device("noise_cost_probe")
+    if dev is None:
         return 0
     out = C.ResultWriter("noise_cost_probe", dev)
     out.data.update(env=C.env_info(), args=vars(args), cells=[])

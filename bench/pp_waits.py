@@ -96,9 +96,8 @@ def per_tile(probe: torch.Tensor, programs: int, n_tiles: int) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    dev = C.bench_device()
-    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) != (9, 0):
-        print("pp_waits: skipped, needs a Hopper (sm_90) GPU.", flush=True)
+    dev = C.hopper_device("pp_waits")
+    if dev is None:
         return 0
     out = C.ResultWriter("pp_waits", dev)
     out.data.update(env=C.env_info(), args={k: v for k, v in vars(args).items() if k != "variant_kwargs"}, cells=[],

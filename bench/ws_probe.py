@@ -214,9 +214,8 @@ def _score_diff(got, ref):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    dev = C.bench_device()
-    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) != (9, 0):
-        print("ws_probe: skipped, needs a Hopper (sm_90) GPU.", flush=True)
+    dev = C.hopper_device("ws_probe")
+    if dev is None:
         return 0
     vs = variants(args.variants)
     out = C.ResultWriter("ws_probe", dev)

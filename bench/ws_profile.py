@@ -49,9 +49,8 @@ def main(argv=None) -> int:
     unknown = sorted(set(cases) - set(known))
     if unknown:
         p.error(f"--cases: unknown {unknown}; choose from {', '.join(known)}")
-    dev = C.bench_device()
-    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) != (9, 0):
-        print("ws_profile: skipped, needs a Hopper (sm_90) GPU.", flush=True)
+    dev = C.hopper_device("ws_profile")
+    if dev is None:
         return 0
     (D, V), = C.parse_shapes(args.shape)
     cfg = pick_config(1024, D, "cuda")  # the shipped large-batch tile: its stages and warps

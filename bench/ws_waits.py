@@ -109,9 +109,8 @@ def shares(probe: torch.Tensor) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    dev = C.bench_device()
-    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) != (9, 0):
-        print("ws_waits: skipped, needs a Hopper (sm_90) GPU.", flush=True)
+    dev = C.hopper_device("ws_waits")
+    if dev is None:
         return 0
     out = C.ResultWriter("ws_waits", dev)
     out.data.update(env=C.env_info(), args=vars(args), cells=[])

@@ -68,3 +68,15 @@ def test_report_checks_prints_and_returns_the_status(capsys, tmp_path):
     assert C.report_checks(["cell A: differs"], Out()) == 1
     text = capsys.readouterr().out
     assert "FAILED\n  cell A: differs" in text and f"results: {Out.path}" in text
+
+
+def test_hopper_device_skips_anything_but_sm90(capsys, monkeypatch):
+    import common as C  # (bench/, on the path above)
+
+    monkeypatch.setattr(C, "bench_device", lambda: torch.device("cpu"))
+    assert C.hopper_device("pp_waits") is None
+    assert "pp_waits: skipped, needs a Hopper (sm_90) GPU." in capsys.readouterr().out
+    monkeypatch.setattr(C, "bench_device", lambda: torch.device("cuda", 0))
+    for cap, ok in (((9, 0), True), ((8, 0), False), ((10, 0), False)):
+        monkeypatch.setattr(C.torch.cuda, "get_device_capability", lambda dev, cap=cap: cap)
+        assert (C.hopper_device("x") is not None) == ok
