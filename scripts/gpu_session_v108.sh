@@ -6,6 +6,7 @@
 #          graph replays, [B] temperatures, L2 flushed, two interleaved runs a cell
 #   probe  v96's stage 1 alone: 4 against 5 operand stages with noise and greedy at B = 512 / 768 / 1024
 #          (scripts/gpu_session_v96.sh's probe part: bench/noise_cost_probe.py, three runs a cell)
+# LARGE_BATCHES, LARGE_REPS, LARGE_REPEATS and LARGE_LIMIT (s) trim the bench part for a short call.
 # JSONs in $OUT, logs in $OUT/v108_logs.tgz (the probe's in v96_logs.tgz).
 # Usage: export OUT; bash scripts/gpu_session_v108.sh
 set -uo pipefail
@@ -16,8 +17,9 @@ pack_on_exit v108
 PARTS="${PARTS:-bench probe}"
 rc=0
 if wants bench; then
-  TAIL=45 LARGE_LIMIT=320 LARGE_REPS=40 LARGE_REPEATS=2 LARGE_LOG=v108_kernel_bench_console.log \
-    LARGE_BATCHES=1,2,4,8,16,32,64,96,128,192,256,384,512,768,1024 large_batches_bench || rc=1
+  TAIL=45 LARGE_LIMIT="${LARGE_LIMIT:-320}" LARGE_REPS="${LARGE_REPS:-40}" LARGE_REPEATS="${LARGE_REPEATS:-2}" \
+    LARGE_LOG=v108_kernel_bench_console.log \
+    LARGE_BATCHES="${LARGE_BATCHES:-1,2,4,8,16,32,64,96,128,192,256,384,512,768,1024}" large_batches_bench || rc=1
 fi
 if wants probe; then
   OUT="$FINAL" CALL_BUDGET=$(part_limit 200) PARTS=probe bash scripts/gpu_session_v96.sh || rc=1
