@@ -17,11 +17,6 @@ import re
 import sys
 from typing import Dict, List, Tuple
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 TARGET_CUBLAS = 1.05  # issue 14: fsdist <= 1.05 x cuBLAS's matmul alone at every B
 TARGET_BASELINE = 1.2  # issue 14: >= 1.2 x faster than the best materialized baseline
 
@@ -62,6 +57,12 @@ def table(data: dict) -> str:
 
 
 def plot(data: dict, out_path: str) -> None:
+    """The figure of one JSON into out_path (matplotlib, imported here: the table needs none of it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     rs = rows(data)
     shapes = sorted({(r["D"], r["V"]) for r in rs})
     if not shapes:

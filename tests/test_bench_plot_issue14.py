@@ -39,6 +39,7 @@ def test_rows_take_graph_ratios_eager_beside_and_leave_failures_nan():
 
 
 def test_main_writes_one_png_per_json_named_after_it(tmp_path, capsys):
+    pytest.importorskip("matplotlib")  # (the test extras install it; without it only the drawing is untested)
     path = tmp_path / "kernel_bench_h100_20261206T161615Z_v108.json"
     path.write_text(json.dumps(_data()))
     assert p14.main([str(path), "--plots-dir", str(tmp_path / "plots")]) == 0
