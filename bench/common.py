@@ -126,6 +126,14 @@ def hopper_device(name: str) -> Optional[torch.device]:
     return dev
 
 
+def seeded_weight(D: int, V: int, device: torch.device, dtype: torch.dtype = torch.bfloat16):
+    """A random LM-head weight [V, D] of logits' scale ~1 (entries N(0, 1 / D)), and the device generator, seeded with
+    D, that drew it: the issue-14 probes draw their hidden states from it next, so each shape's inputs are the same
+    from run to run. Returns (weight, generator)."""
+    g = torch.Generator(device=device).manual_seed(D)
+    return (torch.randn(V, D, device=device, generator=g) * D ** -0.5).to(dtype), g
+
+
 def sync(device: Optional[torch.device] = None):
     synchronize(device)
 

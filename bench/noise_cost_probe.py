@@ -224,8 +224,7 @@ def main(argv=None) -> int:
     table = []
     try:
         for D, V in C.parse_shapes(args.shapes):
-            g = torch.Generator(device=dev).manual_seed(D)
-            W = (torch.randn(V, D, device=dev, generator=g) * D ** -0.5).to(torch.bfloat16)
+            W, g = C.seeded_weight(D, V, dev)
             for B in C.parse_int_list(args.batches):
                 hs = [torch.randn(B, D, device=dev, generator=g).to(torch.bfloat16) for _ in range(4)]
                 params = RowParams(torch.ones(B, device=dev), torch.randint(0, 2**62, (B,), device=dev, generator=g),

@@ -106,8 +106,7 @@ def main(argv=None) -> int:
     flush = C.L2Flusher(dev)
     table = []
     for D, V in C.parse_shapes(args.shapes):
-        g = torch.Generator(device=dev).manual_seed(D)
-        W = (torch.randn(V, D, device=dev, generator=g) * D ** -0.5).to(torch.bfloat16)
+        W, g = C.seeded_weight(D, V, dev)
         for B in C.parse_int_list(args.batches):
             label = f"D={D} B={B}"
             cfg = default_config(B, D, dev)

@@ -80,3 +80,14 @@ def test_hopper_device_skips_anything_but_sm90(capsys, monkeypatch):
     for cap, ok in (((9, 0), True), ((8, 0), False), ((10, 0), False)):
         monkeypatch.setattr(C.torch.cuda, "get_device_capability", lambda dev, cap=cap: cap)
         assert (C.hopper_device("x") is not None) == ok
+
+
+def test_seeded_weight_is_the_probes_weight_and_hands_on_its_generator():
+    import common as C  # (bench/, on the path above)
+
+    W, g = C.seeded_weight(64, 100, torch.device("cpu"))
+    ref_g = torch.Generator().manual_seed(64)
+    assert W.dtype == torch.bfloat16 and W.shape == (100, 64)
+    assert torch.equal(W, (torch.randn(100, 64, generator=ref_g) * 64 ** -0.5).to(torch.bfloat16))
+    assert torch.equal(torch.randn(8, generator=g), torch.randn(8, generator=ref_g))  # the hidden states come next
+    assert not torch.equal(C.seeded_weight(65, 100, torch.device("cpu"))[0][:, :64], W)  # each shape its own draw
