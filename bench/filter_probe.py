@@ -59,7 +59,10 @@ PDL_SETTINGS = {"off": (False, False, False), "stage2": (True, False, False), "f
                 # of 8 / 16 / 32 rows, or (box0) one box of the tile's rows on the padded copy, as before
                 # (... and with a "w", on the 128-row tile too: one-tile batches of B = 65-127; v77: boxes of 8 lost
                 # 2 µs there)
-                **{f"box{n}": (False, True, True) for n in ("0", "8", "16", "32", "8w", "16w", "32w")}}
+                **{f"box{n}": (False, True, True) for n in ("0", "8", "16", "32", "8w", "16w", "32w")},
+                # v118: the shipped PDL setting with configs.WS_FIELDS_FULL_TILE on (logprob / kept-logit calls whose
+                # config is the ws 128-row tile run on it instead of its Triton twin)
+                "full": (False, True, True)}
 
 
 def _nothing(*args, **kwargs):
@@ -88,7 +91,8 @@ FALLBACK_PATCHES = {"nofb": [(fs_sampling, "run_fallback", _nothing)],
                     "tiny": [(fs_fallback, "launch_materialize", _tiny), (fs_fallback, "launch_resolve", _tiny)],
                     **{f"box{n}": [(fs_fused, "WS_BOX_ROWS", n)] for n in (0, 8, 16, 32)},
                     **{f"box{n}w": [(fs_fused, "WS_BOX_ROWS", n), (fs_fused, "WS_BOX_TILE_ROWS", 128)]
-                       for n in (8, 16, 32)}}
+                       for n in (8, 16, 32)},
+                    "full": [(fs_configs, "WS_FIELDS_FULL_TILE", True)]}
 
 
 @triton.jit
@@ -351,8 +355,8 @@ def main():
                          "fallback, beside, on; e.g. off,on,off; nofb / nomat / nores / tiny: v74's fallback "
                          "setting with the fallback's launches left out or replaced, upper bounds; box0 / box8 / "
                          "box16 / box32: v76's, the ws kernel's one-tile hidden in boxes of that many rows "
-                         "(0: padded; box8w / box16w / box32w: on the 128-row tile too); "
-                         "default: the configs' as they are)")
+                         "(0: padded; box8w / box16w / box32w: on the 128-row tile too); full: v76's with "
+                         "configs.WS_FIELDS_FULL_TILE on (v118); default: the configs' as they are)")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
     gpu = common.has_gpu()

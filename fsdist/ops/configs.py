@@ -214,6 +214,13 @@ SPARSE_WS_MIN_BATCH = 17
 # the 32-row tile: the ws tile with v77's boxes cost it 3-7 µs there at both D (v85).
 EXTENDED_WS_MAX_HIDDEN = 4096
 
+# Logprob / kept-logit calls (filters, top-N) whose config is the warp-specialised 128-row tile: with this on,
+# launch_fused runs them on that tile (its epilogue takes each column half's fields as the half arrives: the half's
+# max, sums shifted by it, 4 largest logits; the sums rescaled to the tile's max at the end, so they differ from the
+# Triton kernel's in the last bits as the 64-row tile's do), else on its Triton twin. Off until measured
+# (docs/performance.md v118).
+WS_FIELDS_FULL_TILE = False
+
 # The warp-specialised 128-row tile's operand ring from WS_FEWER_STAGES_FROM rows on a GPU without fast memory: one
 # stage fewer than the 5 below it, where the ws kernel runs (pick_config's ws_kernel: an sm_90 GPU, bf16 / fp16). The
 # key is "no fast memory" (configs.fast_memory: the H100 SXM / PCIe, the H800; also an sm_90 GPU whose driver gives no

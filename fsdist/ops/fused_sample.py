@@ -266,6 +266,16 @@ def ws_last_box_rows(batch: int, block_b: int) -> int:
     return WS_LAST_BOX_ROWS
 
 
+def ws_takes_fields(block_b: int, logprobs: bool, extended: bool, raw_sums: bool) -> bool:
+    """Whether launch_fused runs a call with these fields on the warp-specialised ``block_b``-row tile (if the
+    kernel takes the call at all: ws_supported): plain calls and the 64-row tile always; logprobs and kept logits on
+    the 128-row tile where configs.WS_FIELDS_FULL_TILE says, and without raw sums ("raw" logprobs: that epilogue
+    spills 83 registers a thread on sm_90, against 13-16 without them); else the Triton twin."""
+    if block_b == 64 or not (logprobs or extended):
+        return True
+    return configs.WS_FIELDS_FULL_TILE and not (extended and raw_sums)
+
+
 def _tma_capable(device: torch.device) -> bool:
     if device.type == "cpu":
         return interpreting()  # Triton's interpreter emulates descriptor loads (tests)
@@ -294,8 +304,9 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     # A bitmask alone stays on the Triton twin, which loads its words before the main loop (v26c: 17% faster).
     ws_rows = 64 if cfg.block_b == WS_BLOCK_B and has_entries(params.processing) else cfg.block_b
     B, D = hidden.shape
-    if cfg.ws and _ws_tile(cfg) and ws_supported(hidden, weight, params, logprobs=logprobs, extended=extended,
-                                                  block_v=cfg.block_v, block_b=ws_rows):
+    if (cfg.ws and _ws_tile(cfg) and ws_takes_fields(ws_rows, logprobs, extended, raw_sums)
+            and ws_supported(hidden, weight, params, logprobs=logprobs, extended=extended, block_v=cfg.block_v,
+                             block_b=ws_rows)):
         # The same tile on the warp-specialised Hopper kernel (fused_sample_ws.py): same candidates
         # (the tile sums up to their summation order). A partial last tile may read a padded hidden (tile_operand),
         # or run as half a tile (ws_last_box_rows).

@@ -346,9 +346,14 @@ if HAVE_GLUON:
                        val_ptr, ent_stride, start, n, head, head_val, rep, freq, pres, HALF: gl.constexpr,
                        NOISE: gl.constexpr, FAST_LOG: gl.constexpr, quad_layout: gl.constexpr,
                        BITMASK: gl.constexpr, SPARSE: gl.constexpr, PINNED: gl.constexpr,
-                       LATE_NOISE: gl.constexpr, PROBE: gl.constexpr = 0, WAITS: gl.constexpr = False):
+                       LATE_NOISE: gl.constexpr, PROBE: gl.constexpr = 0, WAITS: gl.constexpr = False,
+                       inv_t=None, STATS: gl.constexpr = False, EXTENDED: gl.constexpr = False,
+                       WINNER_LOGIT: gl.constexpr = False, RAW_SUM: gl.constexpr = False):
         """(best score, best column, any NaN / +inf logit) of one HALF-wide column slice of the tile,
-        its (processed) logits and columns, and the cycles spent waiting for the half (WAITS; else 0)."""
+        its (processed) logits and columns, and the cycles spent waiting for the half (WAITS; else 0); then with
+        STATS (the 128-row tile) the half's logprob / kept-logit fields (_half_stats), taken from the processed
+        logits before the noise is drawn (LATE_NOISE: the top-4 search's temporaries and the noise's are not live
+        together), the winner's logit after it; else placeholders."""
         # The noise's layout (Philox quads joined into columns); with LATE_NOISE the bits themselves are drawn
         # after the logits are processed, so they and the processors' temporaries are not live together.
         zq = gl.zeros([seed.shape[0], HALF // 4], gl.int32, quad_layout)
@@ -385,6 +390,8 @@ if HAVE_GLUON:
                                  gl.convert_layout(head_val, lay), hcol, gl.convert_layout(rep, row_lay),
                                  gl.convert_layout(freq, row_lay), gl.convert_layout(pres, row_lay), st,
                                  False, True, HEAD_N, False, PINNED)
+        if STATS:
+            m, s, r, wl, v0, v1, v2, v3, c0, c1, c2, c3, bnd = _half_stats(logit, col, inv_t, EXTENDED, RAW_SUM)
         if NOISE:
             if LATE_NOISE:
                 bits = _half_bits(seed, offset, vocab_start + tile_start + half * HALF, HALF, quad_layout, PROBE,
@@ -399,7 +406,14 @@ if HAVE_GLUON:
         else:
             score = logit
         best, at = _argmax_lowest(score, col)
-        return best, at, bad, logit, col, w
+        if STATS:
+            if WINNER_LOGIT:
+                wl = gl.max(gl.where(col[None, :] == at[:, None], logit, float("-inf")), axis=1)
+        else:  # placeholders nothing reads
+            m = best
+            c0 = at
+            s, r, wl, v0, v1, v2, v3, c1, c2, c3, bnd = m, m, m, m, m, m, m, c0, c0, c0, m
+        return best, at, bad, logit, col, w, m, s, r, wl, v0, v1, v2, v3, c0, c1, c2, c3, bnd
 
     @gluon.jit
     def _epilogue_half_chunked(acc_smem, base: gl.constexpr, acc_ready, acc_empty, phase, half: gl.constexpr, seed,
@@ -473,6 +487,35 @@ if HAVE_GLUON:
         return v, c, ia + take_a.to(gl.int32), ib + (~take_a).to(gl.int32)
 
     @gluon.jit
+    def _half_stats(logit, col, inv_t, EXTENDED: gl.constexpr, RAW_SUM: gl.constexpr):
+        """One column half's share of the logprob and kept-logit fields (the 128-row tile, whose epilogue has no
+        registers to hold the first half's logits beside the second's): the half's max m, its sums shifted by m
+        (scaled by 1 / T, and raw when EXTENDED and RAW_SUM; 0 for an all -inf half), a placeholder for the winner's
+        logit (_epilogue_half takes it after the noise), and its 4 largest logits, their columns and boundary
+        (EXTENDED). Fields a flag leaves out hold m. _merge_sums rescales the sums to the tile's max."""
+        lay: gl.constexpr = logit.type.layout
+        m = gl.max(logit, axis=1)
+        it = gl.convert_layout(inv_t, gl.SliceLayout(1, lay))
+        s = scaled_sum(logit, True, m, it)
+        r = m
+        if EXTENDED and RAW_SUM:
+            r = raw_sum(logit, True, m)
+        if EXTENDED:
+            v0, v1, v2, v3, c0, c1, c2, c3, bnd = _half_top4(logit, col)
+        else:  # placeholders nothing reads
+            c0 = gl.zeros_like(m).to(gl.int32)
+            v0, v1, v2, v3, c1, c2, c3, bnd = m, m, m, m, c0, c0, c0, m
+        return m, s, r, m, v0, v1, v2, v3, c0, c1, c2, c3, bnd
+
+    @gluon.jit
+    def _merge_sums(m0, s0, m1, s1, tmax, it):
+        """Two halves' sums, each shifted by its own max (m0, m1), as one sum shifted by the tile's max tmax: each
+        half's sum times exp((m - tmax) * it) (it = 1 / T, or 1 for raw sums). The same sum as one pass over the
+        tile up to the fp32 rounding of the products (an all -inf half adds 0; an all -inf tile sums to 0)."""
+        safe = gl.where(tmax == float("-inf"), 0.0, tmax)
+        return s0 * gl.exp((m0 - safe) * it) + s1 * gl.exp((m1 - safe) * it)
+
+    @gluon.jit
     def _epilogue_partition(acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
                             temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
                             stride_slot, n_btiles, n_tiles, stride_field, stride_ifield, bm_ptr, bm_stride, ent_ptr,
@@ -488,6 +531,9 @@ if HAVE_GLUON:
                             ROTATE: gl.constexpr, NOISE_PROBE: gl.constexpr, ACC_BUFS: gl.constexpr,
                             EPI_CHUNK: gl.constexpr, wait_ptr, WAITS: gl.constexpr):
         HALF: gl.constexpr = BLOCK_V // 2
+        # The 128-row tile takes each half's logprob / kept-logit fields as the half arrives (_half_stats); the
+        # 64-row tile holds both halves' logits and takes them over the whole tile.
+        PER_HALF: gl.constexpr = LOGPROBS and BLOCK_B > 64
         # the copy of a double buffer this call writes (parity.py), read once
         buf_offset, buf_offset_i = parity_offsets(buf_offset, buf_offset_i, parity_ptr, parity_stride_f,
                                                   parity_stride_i, DEVICE_PARITY)
@@ -554,22 +600,22 @@ if HAVE_GLUON:
                                                                tile_start, V_rows, vocab_size, vocab_start, HALF,
                                                                EPI_CHUNK, NOISE, FAST_LOG, quad_layout, WAITS)
             else:
-                best0, at0, bad0, l0, col0, wa0 = _epilogue_half(acc_smem.index(0), acc_ready.index(0),
-                                                                 acc_empty.index(0), p0, 0, seed, offset,
-                                                                 noise_scale, tile_start, V_rows, vocab_size,
-                                                                 vocab_start, offs_b, mask_b, bm_ptr, bm_stride,
-                                                                 ent_ptr, val_ptr, ent_stride, s0, n0, h0, hv0, rep,
-                                                                 freq, pres, HALF, NOISE, FAST_LOG, quad_layout,
-                                                                 BITMASK, SPARSE, PINNED, SPARSE and BLOCK_B > 64,
-                                                                 NOISE_PROBE, WAITS)
-                best1, at1, bad1, l1, col1, wa1 = _epilogue_half(acc_smem.index(J1), acc_ready.index(J1),
-                                                                 acc_empty.index(J1), p1, 1, seed, offset,
-                                                                 noise_scale, tile_start, V_rows, vocab_size,
-                                                                 vocab_start, offs_b, mask_b, bm_ptr, bm_stride,
-                                                                 ent_ptr, val_ptr, ent_stride, s1, n1, h1, hv1, rep,
-                                                                 freq, pres, HALF, NOISE, FAST_LOG, quad_layout,
-                                                                 BITMASK, SPARSE, PINNED, SPARSE and BLOCK_B > 64,
-                                                                 NOISE_PROBE, WAITS)
+                # (LATE_NOISE: bias / penalty entries on 128 rows, or the fields taken per half before the noise)
+                late: gl.constexpr = (SPARSE and BLOCK_B > 64) or PER_HALF
+                (best0, at0, bad0, l0, col0, wa0, m0, s0, r0, wl0, a0, a1, a2, a3, ac0, ac1, ac2, ac3,
+                 abnd) = _epilogue_half(acc_smem.index(0), acc_ready.index(0), acc_empty.index(0), p0, 0, seed,
+                                        offset, noise_scale, tile_start, V_rows, vocab_size, vocab_start, offs_b,
+                                        mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, s0, n0, h0, hv0,
+                                        rep, freq, pres, HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
+                                        PINNED, late, NOISE_PROBE, WAITS, inv_t, PER_HALF, EXTENDED,
+                                        WINNER_LOGIT, RAW_SUM)
+                (best1, at1, bad1, l1, col1, wa1, m1, s1, r1, wl1, b0, b1, b2, b3, bc0, bc1, bc2, bc3,
+                 bbnd) = _epilogue_half(acc_smem.index(J1), acc_ready.index(J1), acc_empty.index(J1), p1, 1, seed,
+                                        offset, noise_scale, tile_start, V_rows, vocab_size, vocab_start, offs_b,
+                                        mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, s1, n1, h1, hv1,
+                                        rep, freq, pres, HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
+                                        PINNED, late, NOISE_PROBE, WAITS, inv_t, PER_HALF, EXTENDED,
+                                        WINNER_LOGIT, RAW_SUM)
             hc += 2
             w_acc += wa0 + wa1
             dst = buf_offset + pid_v * stride_slot + offs_b
@@ -585,28 +631,35 @@ if HAVE_GLUON:
             store_fan_out(cand_f, dst, score, mask_b, gl.float32, PEER_TABLE, NPEERS)
             store_fan_out(cand_i, dst_i, idx, mask_b, gl.int32, PEER_TABLE, NPEERS)
             if LOGPROBS:
-                # epilogue.tile_stats / raw_sum over both halves (held in registers until the second
-                # arrives: each exp needs the whole tile's max); the sums add the halves' partial sums.
-                # The halves' padding is -inf already, so every column counts as valid.
-                lay: gl.constexpr = l0.type.layout
-                tmax = gl.maximum(gl.max(l0, axis=1), gl.max(l1, axis=1))
-                it = gl.convert_layout(inv_t, gl.SliceLayout(1, lay))
-                tsum = scaled_sum(l0, True, tmax, it) + scaled_sum(l1, True, tmax, it)
+                # epilogue.tile_stats / raw_sum over both halves: the 64-row tile holds the first half's logits until
+                # the second arrives (each exp needs the whole tile's max), the 128-row tile rescales each half's
+                # sums (_merge_sums). The halves' padding is -inf already, so every column counts as valid.
+                if PER_HALF:
+                    tmax = gl.maximum(m0, m1)
+                    it = gl.convert_layout(inv_t, tmax.type.layout)
+                    tsum = _merge_sums(m0, s0, m1, s1, tmax, it)
+                else:
+                    lay: gl.constexpr = l0.type.layout
+                    tmax = gl.maximum(gl.max(l0, axis=1), gl.max(l1, axis=1))
+                    it = gl.convert_layout(inv_t, gl.SliceLayout(1, lay))
+                    tsum = scaled_sum(l0, True, tmax, it) + scaled_sum(l1, True, tmax, it)
                 store_fan_out(cand_f, 2 * stride_field + dst, gl.convert_layout(tmax, row_layout), mask_b,
                               gl.float32, PEER_TABLE, NPEERS)
                 store_fan_out(cand_f, 3 * stride_field + dst, gl.convert_layout(tsum, row_layout), mask_b,
                               gl.float32, PEER_TABLE, NPEERS)
                 if WINNER_LOGIT:
-                    w0 = gl.max(gl.where(col0[None, :] == at0[:, None], l0, float("-inf")), axis=1)
-                    w1 = gl.max(gl.where(col1[None, :] == at1[:, None], l1, float("-inf")), axis=1)
-                    wl = gl.convert_layout(gl.where(best1 > best0, w1, w0), row_layout)
+                    if not PER_HALF:
+                        wl0 = gl.max(gl.where(col0[None, :] == at0[:, None], l0, float("-inf")), axis=1)
+                        wl1 = gl.max(gl.where(col1[None, :] == at1[:, None], l1, float("-inf")), axis=1)
+                    wl = gl.convert_layout(gl.where(best1 > best0, wl1, wl0), row_layout)
                 else:  # field 1 only feeds the winner's logprob, which this call does not return
                     wl = score
                 store_fan_out(cand_f, 1 * stride_field + dst, wl, mask_b, gl.float32, PEER_TABLE, NPEERS)
             if EXTENDED:
                 # epilogue.tile_topk: each half's 4 largest (the halves' columns never interleave), merged.
-                a0, a1, a2, a3, ac0, ac1, ac2, ac3, abnd = _half_top4(l0, col0)
-                b0, b1, b2, b3, bc0, bc1, bc2, bc3, bbnd = _half_top4(l1, col1)
+                if not PER_HALF:
+                    a0, a1, a2, a3, ac0, ac1, ac2, ac3, abnd = _half_top4(l0, col0)
+                    b0, b1, b2, b3, bc0, bc1, bc2, bc3, bbnd = _half_top4(l1, col1)
                 ia = gl.zeros_like(ac0)
                 ib = gl.zeros_like(bc0)
                 id0 = vocab_start + tile_start
@@ -623,7 +676,10 @@ if HAVE_GLUON:
                 store_fan_out(cand_f, 9 * stride_field + dst, gl.convert_layout(gl.maximum(na, nb), row_layout),
                               mask_b, gl.float32, PEER_TABLE, NPEERS)
                 if RAW_SUM:
-                    rsum = raw_sum(l0, True, tmax) + raw_sum(l1, True, tmax)
+                    if PER_HALF:
+                        rsum = _merge_sums(m0, r0, m1, r1, tmax, gl.full_like(tmax, 1.0))
+                    else:
+                        rsum = raw_sum(l0, True, tmax) + raw_sum(l1, True, tmax)
                     store_fan_out(cand_f, 4 * stride_field + dst, gl.convert_layout(rsum, row_layout), mask_b,
                                   gl.float32, PEER_TABLE, NPEERS)
                 else:  # only "raw" logprobs read it: NaN, so that a wrong reader shows
@@ -773,13 +829,16 @@ def ws_supported(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
                  extended: bool = False, block_v: int = WS_BLOCK_V, block_b: int = WS_BLOCK_B) -> bool:
     """Whether this call can run on the warp-specialised kernel: a Hopper GPU (sm_90: wgmma),
     bf16 / fp16 operands TMA can read, the 128-id vocabulary tile (with or without the tensor-parallel
-    fan-out, device parity and call header); logprobs, kept logits (filters, top-N) and processors
-    (bitmask, bias, penalties) only on the 64-row batch tile (the epilogue then holds a whole tile's
-    logits, and has the registers for the processors' per-row state). Everything else keeps
-    fused_sample_kernel. Every candidate layout and destination is supported."""
+    fan-out, device parity and call header); logprobs and kept logits (filters, top-N) with KEEP = 4 kept
+    logits a tile; processors (bitmask, bias, penalties) only on the 64-row batch tile (its epilogue has the
+    registers for their per-row state). Everything else keeps fused_sample_kernel. Every candidate layout and
+    destination is supported. (launch_fused runs logprob / kept-logit calls on the 128-row tile only where
+    configs.WS_FIELDS_FULL_TILE says.)"""
     if not ws_device(hidden.device, hidden.dtype) or weight.dtype != hidden.dtype:
         return False
-    if (logprobs or extended or params.processing is not None) and (block_b != 64 or KEEP != 4):
+    if (logprobs or extended) and KEEP != 4:
+        return False
+    if params.processing is not None and block_b != 64:
         return False
     if block_v != WS_BLOCK_V or hidden.shape[0] == 0:
         return False
@@ -818,9 +877,10 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     same candidates.
     block_b: the batch tile, 128 or 64 (one wgmma of 64 rows per k-step instead of two; the same
     candidates: each row's products and their order do not depend on it). logprobs / extended /
-    raw_sums / winner_logit as launch_fused's (64-row tiles only): the winner's logit with logprobs or
+    raw_sums / winner_logit as launch_fused's: the winner's logit with logprobs or
     winner_logit, the tile's (max, sum) with logprobs or extended, the kept logits, their ids and the
-    boundary with extended, the raw sums unless raw_sums is False. The sums add the two column halves' partial sums, so they may differ
+    boundary with extended, the raw sums unless raw_sums is False. The sums add the two column halves' partial
+    sums (on 128-row tiles each shifted by its half's max, then rescaled to the tile's), so they may differ
     from the Triton kernel's in the last bits; every other field is the same bit for bit.
     params.processing: the logits are processed as the Triton kernel's (ws_supported sends processors to
     64-row tiles only; on 128-row tiles the epilogue spills registers, for benchmarks).
@@ -857,8 +917,6 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                          f"{tuple(wait_probe.shape)} {wait_probe.dtype}")
     if extended and not layout.extended:
         raise ValueError("kept logits need an extended candidate layout")
-    if (logprobs or extended) and block_b != 64:
-        raise ValueError("logprobs and kept logits run on the 64-row batch tile only")
     B, D = hidden.shape
     if batch is not None:
         if not 0 < batch <= B:

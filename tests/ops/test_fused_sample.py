@@ -706,3 +706,18 @@ def test_ws_box_rows_where_the_boxes_were_measured(monkeypatch):
     assert [fused_sample.ws_box_rows(b, 128) for b in (24, 96, 127)] == [0] * 3
     monkeypatch.setattr(fused_sample, "WS_BOX_ROWS", 0)
     assert fused_sample.ws_box_rows(24, 64) == 0
+
+
+def test_ws_takes_fields_rule(monkeypatch):
+    """launch_fused's rule for logprob / kept-logit fields on the warp-specialised tiles: plain calls and the 64-row
+    tile always; the 128-row tile only with configs.WS_FIELDS_FULL_TILE on, and never with raw sums."""
+    from fsdist.ops import configs
+    from fsdist.ops.fused_sample import ws_takes_fields
+    for on in (False, True):
+        monkeypatch.setattr(configs, "WS_FIELDS_FULL_TILE", on)
+        assert ws_takes_fields(128, False, False, True)  # plain (raw_sums is only read with kept logits)
+        assert ws_takes_fields(64, True, True, True)
+        assert ws_takes_fields(128, True, False, False) == on
+        assert ws_takes_fields(128, True, True, False) == on
+        assert ws_takes_fields(128, False, True, False) == on
+        assert not ws_takes_fields(128, True, True, True)

@@ -14,7 +14,7 @@ import torch
 import triton
 
 import fsdist
-from fsdist.ops import fused_sample
+from fsdist.ops import configs, fused_sample
 from fsdist.ops.configs import TileConfig
 from fsdist.ops.fused_sample import launch_fused
 from fsdist.ops.fused_sample_ws import ws_supported
@@ -35,7 +35,6 @@ hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_devi
 def _ws_kernel_for_greedy_calls(monkeypatch):
     """These tests check the ws kernel, so launch_fused keeps all-greedy calls of >= 256 rows on it too (an H100 runs
     them on the ping-pong kernel since v112: tests/ops/test_fused_pp_gpu.py checks that kernel and that dispatch)."""
-    from fsdist.ops import configs
     monkeypatch.setattr(configs, "PP_GREEDY_ON", False)
 
 
@@ -547,8 +546,10 @@ class _Call:
         return [b.nan_to_num(-12345.0) if b.is_floating_point() else b for b in bufs]
 
     def supported(self):
-        return ws_supported(self.h, self.w, self.params, logprobs=self.kw.get("logprobs", False),
-                            extended=self.layout.extended)
+        """Whether launch_fused runs this call on the ws 128-row tile (the kernel takes it, and the fields rule)."""
+        logprobs = self.kw.get("logprobs", False)
+        return (fused_sample.ws_takes_fields(128, logprobs, self.layout.extended, True)
+                and ws_supported(self.h, self.w, self.params, logprobs=logprobs, extended=self.layout.extended))
 
 
 @hopper
@@ -618,7 +619,8 @@ def test_tensor_parallel_calls_write_the_triton_kernels_buffers(case, ws_calls):
 @hopper
 @pytest.mark.parametrize("case", ["plain"] + EXCLUSIONS)
 def test_calls_it_cannot_take_run_the_triton_kernel(case, ws_calls):
-    """With the ws tile, every call ws_supported excludes runs the Triton kernel: the warp-specialised
+    """With the ws tile, every call ws_supported (or, for logprob / kept-logit fields, ws_takes_fields: off by
+    default) excludes runs the Triton kernel: the warp-specialised
     launcher is never reached, and every buffer written (kept logits, logprob fields) is the Triton kernel's
     with the plain tile. "plain", the same call without the exclusion, must launch it: a case that launches
     nothing shows its exclusion, not a setup the kernel would refuse anyway."""
@@ -721,14 +723,14 @@ WS64 = TileConfig(64, 128, 64, 8, 5, tma=True, ws=True)
 TRITON64 = TileConfig(64, 128, 64, 8, 5, tma=True)
 
 
-def _fields_as_the_triton_tile(h, w, params, layout, vocab_size, vocab_start, ws_calls, **kw):
-    """Launch the 64-row tile on the ws kernel and on the Triton kernel (launch_fused keyword arguments kw) and
-    check that the ws kernel ran and wrote every field of the Triton kernel's bit for bit, the two tile sums
-    (fields 3 and 4: the column halves' partial sums added) within a few ulp; the ws fields (NaN as -12345,
-    [fields, tiles, B]) and ids ([ifields, tiles, B])."""
+def _fields_as_the_triton_tile(h, w, params, layout, vocab_size, vocab_start, ws_calls, cfgs=None, **kw):
+    """Launch the 64-row tile (or ``cfgs``: the ws config, then its Triton twin) on the ws kernel and on the Triton
+    kernel (launch_fused keyword arguments kw) and check that the ws kernel ran and wrote every field of the Triton
+    kernel's bit for bit, the two tile sums (fields 3 and 4: the column halves' partial sums added) within a few ulp;
+    the ws fields (NaN as -12345, [fields, tiles, B]) and ids ([ifields, tiles, B])."""
     B = h.shape[0]
     got = []
-    for cfg in (WS64, TRITON64):
+    for cfg in cfgs or (WS64, TRITON64):
         dest = BufferPair.alloc(layout, h.device)
         dest.f.fill_(7.0)
         dest.i.fill_(7)
@@ -749,16 +751,21 @@ def _fields_as_the_triton_tile(h, w, params, layout, vocab_size, vocab_start, ws
 @pytest.mark.parametrize("kind", ["rows", "scalar", "greedy"])
 @pytest.mark.parametrize("case", ["logprobs", "extended", "extended_lean", "extended_winners"])
 @pytest.mark.parametrize("vocab_start", [0, 5120])  # 5120: a tensor-parallel shard (group-log-mass head)
-def test_64_row_tile_writes_the_triton_kernels_fields(kind, case, vocab_start, ws_calls):
-    """On 64-row tiles the warp-specialised kernel also writes the logprob fields (the winner's logit, the
-    tile's max and scaled sum) and the extended ones (raw sum, the 4 kept logits and their ids, the boundary):
-    every field bit for bit as the Triton kernel with the same tile, except the two sums, which add the
-    column halves' partial sums (a few ulp). Ragged batch (B = 100: two tiles, the second part empty), a tie
+@pytest.mark.parametrize("rows, B", [(64, 100), (128, 200), (128, 150)])
+def test_ws_tiles_write_the_triton_kernels_fields(kind, case, vocab_start, rows, B, ws_calls, monkeypatch):
+    """The warp-specialised kernel also writes the logprob fields (the winner's logit, the tile's max and scaled
+    sum) and the extended ones (raw sum, the 4 kept logits and their ids, the boundary): every field bit for bit as
+    the Triton kernel with the same tile, except the two sums, which add the column halves' partial sums (a few
+    ulp; on the 128-row tile each half's sum is shifted by its own max, then rescaled: configs.WS_FIELDS_FULL_TILE,
+    on here). Ragged batches (64-row tile: B = 100, two tiles, the second part empty; 128-row tile: B = 200, the
+    last tile of 72 rows on a padded hidden, and B = 150, a last tile of 22 rows run as half a tile), a tie
     across the column halves as every row's tile maximum (ids 3 and 70), one inside a half (130, 131), a
     tile of -inf logits for every row (tile 2), a last tile with two valid ids and a padding id whose logit
     is the largest of its tile, bad-temperature rows. ("extended_winners": kept logits and the winners'
-    logits without logprobs, as a min-p call writes them for select_filtered.)"""
-    B, D, V = 100, 256, 3000
+    logits without logprobs, as a min-p call writes them for select_filtered.) On the 128-row tile raw sums
+    ("extended") keep the Triton twin in launch_fused (their epilogue spills): run here on the ws kernel anyway."""
+    monkeypatch.setattr(configs, "WS_FIELDS_FULL_TILE", True)
+    D, V = 256, 3000
     vocab_size = vocab_start + 2946  # the last tile (local ids 2944-2999) has two valid ids
     h, w = _operands(B, D, V, torch.bfloat16, 77)
     w[:, :4] = 0.0
@@ -773,9 +780,13 @@ def test_64_row_tile_writes_the_triton_kernels_fields(kind, case, vocab_start, w
     extended = case != "logprobs"
     layout = CandidateLayout(CandidateLayout.fields(True, extended), triton.cdiv(V, 128), B,
                              n_ifields=1 + KEEP if extended else 1)
+    kw = dict(logprobs=case == "logprobs", extended=extended, raw_sums=case == "extended",
+              winner_logit=case == "extended_winners")
+    if rows == 128 and case == "extended":  # (the kernel's raw sums: launch_fused leaves them to the twin)
+        assert not fused_sample.ws_takes_fields(128, False, True, True)
+        monkeypatch.setattr(fused_sample, "ws_takes_fields", lambda *a: True)
     fw, iw = _fields_as_the_triton_tile(h, w, params, layout, vocab_size, vocab_start, ws_calls,
-                                        logprobs=case == "logprobs", extended=extended, raw_sums=case == "extended",
-                                        winner_logit=case == "extended_winners")
+                                        cfgs=(WS64, TRITON64) if rows == 64 else (WS, TRITON), **kw)
     if case == "extended_winners" and kind != "greedy":
         assert not torch.equal(fw[1], fw[0]), "field 1 must hold the winners' logits, not their scores"
     if extended:
@@ -837,6 +848,34 @@ def test_filtered_calls_past_64_rows_keep_the_64_row_tile(B, ws_calls):
         assert torch.equal(got.fallback, ref.fallback)
         assert torch.equal(got.top_ids, ref.top_ids)
         torch.testing.assert_close(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5)
+
+
+@hopper
+@pytest.mark.parametrize("B", [150, 200, 256])
+@pytest.mark.parametrize("D", [512, 8192])
+def test_filtered_calls_on_the_128_row_ws_tile(B, D, ws_calls, monkeypatch):
+    """configs.WS_FIELDS_FULL_TILE: filtered / top-N calls on the warp-specialised 128-row tile (B = 150: a last tile
+    of 22 rows run as half a tile; 200: a last tile of 72 rows on a padded hidden; D = 8192: the shape whose default
+    config is that tile) give what the 128-row Triton tile gives: tokens, fallback flags, top-N ids, logprobs within
+    fp32 rounding; "raw" logprobs (raw sums) keep the Triton twin."""
+    monkeypatch.setattr(configs, "WS_FIELDS_FULL_TILE", True)
+    V = 20_000
+    h, w = _operands(B, D, V, torch.bfloat16, 81)
+    g = torch.Generator().manual_seed(9)
+    rows = dict(temperature=(torch.rand(B, generator=g) + 0.3).cuda(), seed=torch.arange(B).cuda() * 7 + 3,
+                offset=torch.full((B,), 11).cuda())
+    for filt in (dict(top_k=torch.full((B,), 40, dtype=torch.int32).cuda(), top_p=torch.full((B,), 0.9).cuda()),
+                 dict(min_p=torch.full((B,), 0.05).cuda()), dict(top_k=20, logprobs_mode="raw")):
+        kw = dict(rows, **filt, return_logprobs=True, top_logprobs=3, path="fused")
+        ws_calls.clear()
+        got = fsdist.sample(h, w, **kw, config=WS)
+        assert ws_calls == ([] if filt.get("logprobs_mode") == "raw" else [128]), ws_calls
+        ref = fsdist.sample(h, w, **kw, config=TRITON)
+        assert torch.equal(got.tokens, ref.tokens)
+        assert torch.equal(got.fallback, ref.fallback)
+        assert torch.equal(got.top_ids, ref.top_ids)
+        torch.testing.assert_close(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5)
+
 
 # ---- the 64-row tile: token bitmask, logit bias and penalties ---------------------------------------------------
 def _processing(B, vocab_start, vocab_size, which, seed):

@@ -411,6 +411,11 @@ CASES["stage1_ws_last_boxes"] = dict(CASES["stage1_ws_plain"],
                                      ptx_count={"cp.async.bulk.tensor": 6, "expect_tx.shared.b64 _, [%r": 2,
                                                 ", 32768;": 1, ", 19456;": 1})
 
+# The 128-row tile with kept logits and the winners' logits (configs.WS_FIELDS_FULL_TILE: each column half's fields
+# taken as it arrives, before its noise is drawn)
+CASES["stage1_ws_extended_128"] = dict(CASES["stage1_ws_plain"], constexprs=dict(WS_CONST, BLOCK_B=128,
+                                                                                 WINNER_LOGIT=True))
+
 # The hand-off variants of plain calls (v87 / v90): a buffer per column half, and the chunked epilogue (each half in
 # chunks of 16 columns walked in a loop that ptxas must not unroll: the pragma reaches the PTX), on a short last tile.
 CASES["stage1_ws_chunked"] = dict(CASES["stage1_ws_last_boxes"],
