@@ -433,10 +433,11 @@ EXCLUSIONS = ["logprobs", "extended", "processors", "hidden-misaligned", "hidden
 # at once ("tp-head": the candidates head's stage 1; "-even": the step counter even, so the first copy), on the
 # head's own layout (room for kept logits, capacity above the batch, two shards, this rank shard 1 at a vocabulary
 # offset: "-shard"), on the 64-row tile with kept logits and logprobs ("-64-extended": a filtered TP call at
-# B = 33-64) and with bias entries ("-bias": the 64-row tile past B = 64), and with a last batch tile of 22 rows run
-# as half a tile ("-short": B = 150, launch_fused_ws's last_box_rows).
+# B = 33-64), on the 128-row tile with them ("-128-extended": configs.WS_FIELDS_FULL_TILE on; B = 200) and with bias
+# entries ("-bias": the 64-row tile past B = 64), and with a last batch tile of 22 rows run as half a tile ("-short":
+# B = 150, launch_fused_ws's last_box_rows).
 TP_CASES = ["peer-table", "parity", "checked", "flags", "tp-head", "tp-head-even", "tp-head-shard",
-            "tp-head-64-extended", "tp-head-bias", "tp-head-short"]
+            "tp-head-64-extended", "tp-head-128-extended", "tp-head-bias", "tp-head-short"]
 # The header flags the tp-head cases pass: not any launch's defaults, so that only a pass-through writes them.
 TP_FLAGS = call_flags(True, True, extended=True, top_n=3, mode=1)
 
@@ -492,6 +493,8 @@ class _Call:
             self.layout = CandidateLayout(CandidateLayout.fields(extended, extended=extended), n_tiles, B,
                                           checked=True, n_ifields=1 + KEEP if extended else 1)
             self.kw = dict(flags=TP_FLAGS, logprobs=extended)
+            if case == "tp-head-128-extended":  # (raw sums keep the 128-row tile's Triton twin: ws_takes_fields)
+                self.kw["raw_sums"] = False
             if case == "tp-head-shard":
                 self.layout = CandidateLayout(CandidateLayout.fields(False, extended=True), n_tiles, B + 56, 2,
                                               checked=True, n_ifields=1 + KEEP)
@@ -570,12 +573,13 @@ def test_bias_past_64_rows_takes_the_64_row_ws_tile(ws_calls):
 
 @hopper
 @pytest.mark.parametrize("case", TP_CASES)
-def test_tensor_parallel_calls_write_the_triton_kernels_buffers(case, ws_calls):
+def test_tensor_parallel_calls_write_the_triton_kernels_buffers(case, ws_calls, monkeypatch):
     """The tensor-parallel heads' stage 1 on the ws kernel: every buffer written (both peers' copies, in the
     copy the device counter picks, the call's header: row fingerprints and step record with the caller's
-    flags; kept logits and logprob fields on the 64-row tile) is the Triton kernel's with the same tile, bit
-    for bit (the 64-row tile's two tile sums within a few ulp, as in _fields_as_the_triton_tile), and
+    flags; kept logits and logprob fields on the 64- and 128-row tiles) is the Triton kernel's with the same tile, bit
+    for bit (the two tile sums within a few ulp, as in _fields_as_the_triton_tile), and
     the buffers the counter does not pick, or past the rows, keep their sentinel."""
+    monkeypatch.setattr(configs, "WS_FIELDS_FULL_TILE", case == "tp-head-128-extended")
     call = _Call(case)
     ws_cfg, triton_cfg, rows = (WS64, TRITON64, 64) if case.endswith("64-extended") else (WS, TRITON, 128)
     if case == "tp-head-bias":
@@ -594,7 +598,7 @@ def test_tensor_parallel_calls_write_the_triton_kernels_buffers(case, ws_calls):
         if n % 2 == 1 or not L.extended:
             assert torch.equal(a, b), n
             continue
-        # fp32 buffer of the 64-row tile: fields 3 and 4 (the tile sums) add the column halves' partial sums
+        # fp32 buffer with kept logits: fields 3 and 4 (the tile sums) add the column halves' partial sums
         copies = a.view(-1, L.float_numel)
         for c in range(copies.shape[0]):
             fa = copies[c].view(L.n_fields, -1)
