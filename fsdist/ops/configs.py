@@ -39,8 +39,9 @@ class TileConfig:
     # Run the tile on the warp-specialised Hopper kernel (fused_sample_ws.py: per SM a load warp, an
     # MMA warpgroup and 8 epilogue warps (4 when num_warps < 8), persistent) where it applies
     # (fused_sample_ws.ws_supported, decided per call from the tensors): sm_90, a 128 or 64 x 128 x 64
-    # TMA tile, with or without the tensor-parallel fan-out; logprobs, kept logits and processors on
-    # 64-row tiles only (a 128-row config with bias / penalties runs the 64-row ws tile: launch_fused).
+    # TMA tile, with or without the tensor-parallel fan-out; processors on 64-row tiles only (a 128-row config
+    # with bias / penalties runs the 64-row ws tile: launch_fused), logprobs and kept logits on 128-row tiles
+    # only where fused_sample.ws_takes_fields says (WS_FIELDS_FULL_TILE).
     # Elsewhere the Triton kernel runs ``triton_twin(cfg)``: so ws=True in a plan is a preference, not a
     # promise of which kernel runs. Same candidates (the tile sums up to their summation order).
     ws: bool = False
@@ -140,7 +141,8 @@ def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int 
         # tile's wgmmas; so do the processors', v26); wherever fused_sample_ws.ws_supported says no (fp32,
         # misaligned operands, not sm_90) the Triton kernel's tile, triton_twin. The TP heads' shards run it too (v40).
         # Past 64 rows one GPU's extended calls keep it where D <= EXTENDED_WS_MAX_HIDDEN (v80 on an H200, v85 on an
-        # H100): the 128-row ws tile has no registers for the extended epilogue, and its Triton twin waits for the MMA.
+        # H100): the 128-row ws tile had no registers for the extended epilogue (it takes it per column half since v118,
+        # behind WS_FIELDS_FULL_TILE), and its Triton twin waits for the MMA.
         return TileConfig(64, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5, tma=True, ws=True)
     # Past one 64-row tile: 128-row tiles fed by TMA, 5 stages (bench/epilogue_bench.py, H200,
     # 2026-11-24, docs/performance.md v16): 1.2-1.4x faster than the configs used before (64-row

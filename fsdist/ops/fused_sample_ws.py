@@ -19,10 +19,12 @@ bit for bit: the same wgmma instruction sequence in the same K order gives the s
 the noise is keyed by the global vocabulary id. Batch tiles of 128 rows (B > 64) or 64 rows
 (``configs.pick_config`` uses them for B = 33-64, and for B = 17-32 with bias / penalty entries on
 fast-memory GPUs; ``launch_fused`` also for calls with bias or penalties past B = 64);
-temperature, seed and offset as scalars or ``[B]`` tensors. On 64-row tiles it also writes the
-logprob fields and the kept logits of filtered calls (``epilogue.tile_stats`` / ``tile_topk``'s
-fields: the first column half's logits stay in registers until the second arrives; the tile's
-sums add the halves' partial sums, so they may differ from the Triton kernel's in the last bits),
+temperature, seed and offset as scalars or ``[B]`` tensors. It also writes the logprob fields and
+the kept logits of filtered calls (``epilogue.tile_stats`` / ``tile_topk``'s fields; on 64-row tiles
+the first column half's logits stay in registers until the second arrives, on 128-row tiles each
+half's fields are taken as it arrives and its sums rescaled to the tile's max at the end, which
+``launch_fused`` uses where ``configs.WS_FIELDS_FULL_TILE`` says; the tile's sums add the halves'
+partial sums, so they may differ from the Triton kernel's in the last bits),
 and applies the logit processors (``processors.py``: three bitmask words per row and column half,
 each row's bias / penalty slices of both halves by one 3-key search with their first 4 entries,
 all loaded before the logits are awaited; the walk past those reads the list).
@@ -508,12 +510,15 @@ if HAVE_GLUON:
         return m, s, r, m, v0, v1, v2, v3, c0, c1, c2, c3, bnd
 
     @gluon.jit
-    def _merge_sums(m0, s0, m1, s1, tmax, it):
+    def _merge_sums(m0, sum0, m1, sum1, tmax, it):
         """Two halves' sums, each shifted by its own max (m0, m1), as one sum shifted by the tile's max tmax: each
         half's sum times exp((m - tmax) * it) (it = 1 / T, or 1 for raw sums). The same sum as one pass over the
-        tile up to the fp32 rounding of the products (an all -inf half adds 0; an all -inf tile sums to 0)."""
+        tile up to the fp32 rounding of the products. A half with nothing to add (all -inf, or all NaN: its max is
+        then NaN, which the factor must not carry into the sum) adds 0; a +inf logit gives NaN, as one pass does."""
         safe = gl.where(tmax == float("-inf"), 0.0, tmax)
-        return s0 * gl.exp((m0 - safe) * it) + s1 * gl.exp((m1 - safe) * it)
+        t0 = gl.where(sum0 == 0.0, 0.0, sum0 * gl.exp((m0 - safe) * it))
+        t1 = gl.where(sum1 == 0.0, 0.0, sum1 * gl.exp((m1 - safe) * it))
+        return t0 + t1
 
     @gluon.jit
     def _epilogue_partition(acc_smem, acc_ready, acc_empty, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr,
@@ -602,14 +607,14 @@ if HAVE_GLUON:
             else:
                 # (LATE_NOISE: bias / penalty entries on 128 rows, or the fields taken per half before the noise)
                 late: gl.constexpr = (SPARSE and BLOCK_B > 64) or PER_HALF
-                (best0, at0, bad0, l0, col0, wa0, m0, s0, r0, wl0, a0, a1, a2, a3, ac0, ac1, ac2, ac3,
+                (best0, at0, bad0, l0, col0, wa0, m0, sum0, raw0, wl0, a0, a1, a2, a3, ac0, ac1, ac2, ac3,
                  abnd) = _epilogue_half(acc_smem.index(0), acc_ready.index(0), acc_empty.index(0), p0, 0, seed,
                                         offset, noise_scale, tile_start, V_rows, vocab_size, vocab_start, offs_b,
                                         mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, s0, n0, h0, hv0,
                                         rep, freq, pres, HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
                                         PINNED, late, NOISE_PROBE, WAITS, inv_t, PER_HALF, EXTENDED,
                                         WINNER_LOGIT, RAW_SUM)
-                (best1, at1, bad1, l1, col1, wa1, m1, s1, r1, wl1, b0, b1, b2, b3, bc0, bc1, bc2, bc3,
+                (best1, at1, bad1, l1, col1, wa1, m1, sum1, raw1, wl1, b0, b1, b2, b3, bc0, bc1, bc2, bc3,
                  bbnd) = _epilogue_half(acc_smem.index(J1), acc_ready.index(J1), acc_empty.index(J1), p1, 1, seed,
                                         offset, noise_scale, tile_start, V_rows, vocab_size, vocab_start, offs_b,
                                         mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, s1, n1, h1, hv1,
@@ -637,7 +642,7 @@ if HAVE_GLUON:
                 if PER_HALF:
                     tmax = gl.maximum(m0, m1)
                     it = gl.convert_layout(inv_t, tmax.type.layout)
-                    tsum = _merge_sums(m0, s0, m1, s1, tmax, it)
+                    tsum = _merge_sums(m0, sum0, m1, sum1, tmax, it)
                 else:
                     lay: gl.constexpr = l0.type.layout
                     tmax = gl.maximum(gl.max(l0, axis=1), gl.max(l1, axis=1))
@@ -677,7 +682,7 @@ if HAVE_GLUON:
                               mask_b, gl.float32, PEER_TABLE, NPEERS)
                 if RAW_SUM:
                     if PER_HALF:
-                        rsum = _merge_sums(m0, r0, m1, r1, tmax, gl.full_like(tmax, 1.0))
+                        rsum = _merge_sums(m0, raw0, m1, raw1, tmax, gl.full_like(tmax, 1.0))
                     else:
                         rsum = raw_sum(l0, True, tmax) + raw_sum(l1, True, tmax)
                     store_fan_out(cand_f, 4 * stride_field + dst, gl.convert_layout(rsum, row_layout), mask_b,

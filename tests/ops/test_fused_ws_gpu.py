@@ -551,8 +551,9 @@ class _Call:
     def supported(self):
         """Whether launch_fused runs this call on the ws 128-row tile (the kernel takes it, and the fields rule)."""
         logprobs = self.kw.get("logprobs", False)
-        return (fused_sample.ws_takes_fields(128, logprobs, self.layout.extended, True)
-                and ws_supported(self.h, self.w, self.params, logprobs=logprobs, extended=self.layout.extended))
+        extended = self.kw.get("extended", self.layout.extended)
+        return (fused_sample.ws_takes_fields(128, logprobs, extended, self.kw.get("raw_sums", True))
+                and ws_supported(self.h, self.w, self.params, logprobs=logprobs, extended=extended))
 
 
 @hopper
@@ -740,7 +741,7 @@ def _fields_as_the_triton_tile(h, w, params, layout, vocab_size, vocab_start, ws
         dest.i.fill_(7)
         launch_fused(h, w, params, cfg, layout, dest, vocab_size=vocab_size, vocab_start=vocab_start, **kw)
         got.append((dest.f.view(layout.n_fields, -1, B).nan_to_num(-12345.0), dest.i.view(layout.n_ifields, -1, B)))
-    assert len(ws_calls) == 1
+    assert ws_calls == [(cfgs or (WS64,))[0].block_b]
     (fw, iw), (ft, it) = got
     assert torch.equal(iw, it)
     sums = [3] + ([4] if layout.extended else [])
@@ -806,6 +807,57 @@ def test_ws_tiles_write_the_triton_kernels_fields(kind, case, vocab_start, rows,
         assert finite[:2, 23].all() and not finite[2:, 23].any() and (fw[9, 23] == lowest).all()  # 2 valid ids
         assert (kept[0, 23] == 2944).all() and (kept[1, 23] == 2945).all()
         assert (fw[5] >= fw[8]).all() and (fw[8] >= fw[9]).all()
+
+
+@hopper
+@pytest.mark.parametrize("rows, B", [(64, 100), (128, 200)])
+@pytest.mark.parametrize("case", ["logprobs", "extended", "extended_lean"])
+def test_nan_logits_in_the_fields_as_the_triton_tile(rows, B, case, ws_calls, monkeypatch):
+    """A row whose logits are all NaN (a NaN hidden row) and a column half whose logits are NaN for every row (64
+    weight rows of NaN in tile 10): such (row, tile) cells are poisoned (id -1); their tile sums are still the
+    Triton kernel's (0 or finite where it writes them: on the 128-row tile a half's NaN max must not reach the
+    rescaled sum), and every field of every other cell is too, bit for bit (the sums within a few ulp)."""
+    monkeypatch.setattr(configs, "WS_FIELDS_FULL_TILE", True)
+    if rows == 128 and case == "extended":  # (raw sums: launch_fused leaves them to the twin; run them anyway)
+        monkeypatch.setattr(fused_sample, "ws_takes_fields", lambda *a: True)
+    D, V = 256, 3000
+    h, w = _operands(B, D, V, torch.bfloat16, 83)
+    h[5] = float("nan")
+    w[1280:1344] = float("nan")
+    params = _row_params(B, torch.Generator().manual_seed(13), "rows")
+    extended = case != "logprobs"
+    layout = CandidateLayout(CandidateLayout.fields(True, extended), triton.cdiv(V, 128), B,
+                             n_ifields=1 + KEEP if extended else 1)
+    got = []
+    for cfg in ((WS64, TRITON64) if rows == 64 else (WS, TRITON)):
+        dest = BufferPair.alloc(layout, h.device)
+        dest.f.fill_(7.0)
+        dest.i.fill_(7)
+        launch_fused(h, w, params, cfg, layout, dest, vocab_size=V - 3, logprobs=case == "logprobs",
+                     extended=extended, raw_sums=case == "extended")
+        got.append((dest.f.view(layout.n_fields, -1, B).nan_to_num(-12345.0), dest.i.view(layout.n_ifields, -1, B)))
+    assert ws_calls == [rows]
+    (fw, iw), (ft, it) = got
+    assert torch.equal(iw[0], it[0])
+    poisoned = it[0] == -1
+    t = params.temperature
+    expected = torch.zeros_like(poisoned)
+    expected[:, 5] = True
+    expected[10] = True
+    expected[:, ~((t >= 0) & (t <= MAX_TEMPERATURE))] = True  # the bad-temperature rows
+    assert torch.equal(poisoned, expected), "row 5, tile 10 and the bad-temperature rows, nothing else"
+    sums = [3] + ([4] if case == "extended" else [])
+    for k in range(layout.n_fields):
+        a, b = (fw[k], ft[k]) if k in sums else (fw[k][~poisoned], ft[k][~poisoned])
+        if k in sums:
+            torch.testing.assert_close(a, b, rtol=2e-6, atol=0.0)
+        else:
+            assert torch.equal(a, b), k
+    for k in range(1, layout.n_ifields):
+        assert torch.equal(iw[k][~poisoned], it[k][~poisoned]), k
+    finite = torch.arange(B, device="cuda") != 5
+    assert (fw[3, 10][finite] > 0).all(), "tile 10's finite half adds to its sum (NaN maps to -12345)"
+    assert (fw[3, :, 5] == 0).all(), "a NaN row sums nothing"
 
 
 @hopper
