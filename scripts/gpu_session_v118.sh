@@ -8,6 +8,7 @@
 #              (the switch on): the default dispatch (the ws 64-row tile) and the 128-row ws config (its Triton twin
 #              under "beside", the ws tile under "full"); batches $B4096
 #   probe8192  the same at D = 8192, where the default config past 64 rows is the 128-row tile; batches $B8192
+# TESTS_LIMIT, P4096_LIMIT and P8192_LIMIT (s) cap the parts (260, 280, 280).
 # JSONs in $OUT, logs in $OUT/v118_logs.tgz.
 # Usage: export OUT; bash scripts/gpu_session_v118.sh
 set -uo pipefail
@@ -19,7 +20,7 @@ C=128x128x64w8s5t-ws
 rc=0
 if wants tests; then
   K4="cannot_take or tensor_parallel_calls or past_64_rows_keep or filtered_calls_on_the_64 or nan_logits"
-  TESTS_TIMEOUT=$(part_limit 260) bash scripts/gpu_tests_parallel.sh \
+  TESTS_TIMEOUT=$(part_limit "${TESTS_LIMIT:-260}") bash scripts/gpu_tests_parallel.sh \
     "tests/ops/test_fused_ws_gpu.py -k 'ws_tiles_write and 128 and rows'" \
     "tests/ops/test_fused_ws_gpu.py -k 'ws_tiles_write and 128 and (scalar or greedy)'" \
     "tests/ops/test_fused_ws_gpu.py -k 'filtered_calls_on_the_128'" \
@@ -27,12 +28,12 @@ if wants tests; then
     "tests/ops/test_fused_ws_gpu.py -k 'ws_tiles_write and 64'" || rc=1
 fi
 if wants probe4096; then
-  TAIL=45 run_part probe4096 "$(part_limit 280)" v118_probe_4096.log python3 bench/filter_probe.py \
+  TAIL=45 run_part probe4096 "$(part_limit "${P4096_LIMIT:-280}")" v118_probe_4096.log python3 bench/filter_probe.py \
     --shape 4096x151936 --batches "${B4096:-96,136,256,512,1024}" --only graph --caps 0 --configs "$C" \
     --pdl beside,full,beside,full --graph-cases "plain,k50+p0.9,min_p0.05,k50+p0.9 $C,min_p0.05 $C" || rc=1
 fi
 if wants probe8192; then
-  TAIL=35 run_part probe8192 "$(part_limit 280)" v118_probe_8192.log python3 bench/filter_probe.py \
+  TAIL=35 run_part probe8192 "$(part_limit "${P8192_LIMIT:-280}")" v118_probe_8192.log python3 bench/filter_probe.py \
     --shape 8192x128256 --batches "${B8192:-96,192,256,512,1024}" --only graph --caps 0 \
     --pdl beside,full,beside,full --graph-cases "plain,k50+p0.9,min_p0.05" || rc=1
 fi
