@@ -8,7 +8,7 @@
 #              (the switch on): the default dispatch (the ws 64-row tile) and the 128-row ws config (its Triton twin
 #              under "beside", the ws tile under "full"); batches $B4096
 #   probe8192  the same at D = 8192, where the default config past 64 rows is the 128-row tile; batches $B8192
-# TESTS_LIMIT, P4096_LIMIT and P8192_LIMIT (s) cap the parts (260, 280, 280).
+# TESTS_LIMIT, P4096_LIMIT and P8192_LIMIT (s) cap the parts (260, 280, 280); V118_PDL: the settings, in order.
 # JSONs in $OUT, logs in $OUT/v118_logs.tgz.
 # Usage: export OUT; bash scripts/gpu_session_v118.sh
 set -uo pipefail
@@ -30,11 +30,12 @@ fi
 if wants probe4096; then
   TAIL=45 run_part probe4096 "$(part_limit "${P4096_LIMIT:-280}")" v118_probe_4096.log python3 bench/filter_probe.py \
     --shape 4096x151936 --batches "${B4096:-96,136,256,512,1024}" --only graph --caps 0 --configs "$C" \
-    --pdl beside,full,beside,full --graph-cases "plain,k50+p0.9,min_p0.05,k50+p0.9 $C,min_p0.05 $C" || rc=1
+    --pdl "${V118_PDL:-beside,full,beside,full}" --graph-cases "plain,k50+p0.9,min_p0.05,k50+p0.9 $C,min_p0.05 $C" \
+    || rc=1
 fi
 if wants probe8192; then
   TAIL=35 run_part probe8192 "$(part_limit "${P8192_LIMIT:-280}")" v118_probe_8192.log python3 bench/filter_probe.py \
     --shape 8192x128256 --batches "${B8192:-96,192,256,512,1024}" --only graph --caps 0 \
-    --pdl beside,full,beside,full --graph-cases "plain,k50+p0.9,min_p0.05" || rc=1
+    --pdl "${V118_PDL:-beside,full,beside,full}" --graph-cases "plain,k50+p0.9,min_p0.05" || rc=1
 fi
 exit $rc
