@@ -61,7 +61,8 @@ PDL_SETTINGS = {"off": (False, False, False), "stage2": (True, False, False), "f
                 # 2 µs there)
                 **{f"box{n}": (False, True, True) for n in ("0", "8", "16", "32", "8w", "16w", "32w")},
                 # v118: the shipped PDL setting with configs.WS_FIELDS_FULL_TILE on (logprob / kept-logit calls whose
-                # config is the ws 128-row tile run on it instead of its Triton twin)
+                # config is the ws 128-row tile run on it instead of its Triton twin, and the default dispatch sends
+                # extended calls of configs.FIELDS_FULL_TILE_MIN_BATCH rows or more there at D <= 4096)
                 "full": (False, True, True)}
 
 

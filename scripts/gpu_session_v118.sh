@@ -5,8 +5,9 @@
 #   tests      the GPU tests of the path in parallel groups: every field against the Triton twin on 128-row tiles
 #              (and the 64-row tile's, unchanged), whole filtered / top-N calls, the exclusions, the TP heads' cases
 #   probe4096  bench/filter_probe.py graph replays at D = 4096, A/B/A/B of the shipped setting ("beside") and "full"
-#              (the switch on): the default dispatch (the ws 64-row tile) and the 128-row ws config (its Triton twin
-#              under "beside", the ws tile under "full"); batches $B4096
+#              (the switch on): the default dispatch (the ws 64-row tile under "beside"; under "full" the 128-row ws
+#              tile from configs.FIELDS_FULL_TILE_MIN_BATCH rows) and the 128-row ws config (its Triton twin under
+#              "beside", the ws tile under "full"); batches $B4096
 #   probe8192  the same at D = 8192, where the default config past 64 rows is the 128-row tile; batches $B8192
 # TESTS_LIMIT, P4096_LIMIT and P8192_LIMIT (s) cap the parts (260, 280, 280); V118_PDL: the settings, in order.
 # JSONs in $OUT, logs in $OUT/v118_logs.tgz.

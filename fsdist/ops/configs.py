@@ -110,7 +110,7 @@ def default_block_v(device_type: str) -> int:
 
 def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int = None,
                 fast_memory: bool = False, extended: bool = False, sparse_processors: bool = False,
-                extended_ws: bool = False, ws_kernel: bool = False) -> TileConfig:
+                extended_ws: bool = False, ws_kernel: bool = False, fields_full_tile: bool = False) -> TileConfig:
     """The stage-1 tile for ``batch`` rows of ``hidden_size``. fast_memory (``configs.fast_memory`` of the device;
     ``plan_sample`` passes it): the 32-row tile takes FAST_MEMORY_32_ROW_STAGES pipeline stages. extended: the call
     keeps the tiles' largest logits (filters, top-N, raw logprobs): the 32-row tile's first-wave stagger is then
@@ -119,7 +119,10 @@ def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int 
     call on one GPU where that kernel runs: at D <= EXTENDED_WS_MAX_HIDDEN it takes that tile past 64 rows too, and on
     fast memory from SPARSE_WS_MIN_BATCH rows. ws_kernel: the warp-specialised kernel runs on the device for the call's
     dtype (``fused_sample_ws.ws_device``): its 128-row tile then takes WS_LARGE_BATCH_STAGES stages from
-    WS_FEWER_STAGES_FROM rows without fast memory. None changes a candidate."""
+    WS_FEWER_STAGES_FROM rows without fast memory. fields_full_tile: the call's logprob / kept-logit fields may run
+    on the ws 128-row tile (``fused_sample.ws_takes_fields``: WS_FIELDS_FULL_TILE on, no raw sums): an extended call
+    of at least FIELDS_FULL_TILE_MIN_BATCH rows then takes that tile instead of extended_ws's 64-row one. None
+    changes a candidate."""
     block_v = block_v or default_block_v(device_type)
     if device_type == "cpu":
         # Interpreter: every program costs Python overhead, so use few, large ones.
@@ -135,7 +138,8 @@ def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int 
         return TileConfig(32, block_v, _block_k(hidden_size, 128), num_warps=4,
                           num_stages=FAST_MEMORY_32_ROW_STAGES if fast_memory else 4,
                           stagger_us=first_wave_stagger_us(hidden_size, rows=32, extended=extended))
-    if batch <= 64 or (extended_ws and hidden_size <= EXTENDED_WS_MAX_HIDDEN):
+    full_tile = fields_full_tile and batch >= FIELDS_FULL_TILE_MIN_BATCH
+    if batch <= 64 or (extended_ws and hidden_size <= EXTENDED_WS_MAX_HIDDEN and not full_tile):
         # The warp-specialised kernel's 64-row tile where it runs (v25b, H100: the plain call as fast as the
         # Triton tile, a filtered one 19-20 us faster at B = 48 / 64: its epilogue runs beside the next
         # tile's wgmmas; so do the processors', v26); wherever fused_sample_ws.ws_supported says no (fp32,
@@ -166,10 +170,10 @@ def default_config(batch: int, hidden_size: int, device, *, extended: bool = Fal
 
     device = torch.device(device)
     ws_kernel = ws_device(device)
-    ws = (sparse_processors or extended) and ws_kernel  # as plan_sample decides for one GPU
+    ws = (sparse_processors or extended) and ws_kernel  # as plan_sample decides for one GPU (no raw sums)
     return pick_config(batch, hidden_size, device.type, block_v=block_v, fast_memory=fast_memory(device),
                        extended=extended, sparse_processors=sparse_processors and ws, extended_ws=extended and ws,
-                       ws_kernel=ws_kernel)
+                       ws_kernel=ws_kernel, fields_full_tile=extended and ws and WS_FIELDS_FULL_TILE)
 
 
 # The warp-specialised kernel on a batch of one partial 64-row tile (B <= 48) reads the hidden in TMA boxes of this
@@ -219,9 +223,12 @@ EXTENDED_WS_MAX_HIDDEN = 4096
 # Logprob / kept-logit calls (filters, top-N) whose config is the warp-specialised 128-row tile: with this on,
 # launch_fused runs them on that tile (its epilogue takes each column half's fields as the half arrives: the half's
 # max, sums shifted by it, 4 largest logits; the sums rescaled to the tile's max at the end, so they differ from the
-# Triton kernel's in the last bits as the 64-row tile's do), else on its Triton twin. Off until measured
-# (docs/performance.md v118).
+# Triton kernel's in the last bits as the 64-row tile's do), else on its Triton twin; with it on, one GPU's extended
+# calls of at least FIELDS_FULL_TILE_MIN_BATCH rows at D <= EXTENDED_WS_MAX_HIDDEN take that tile too (pick_config's
+# fields_full_tile) instead of the 64-row one. Off until measured (docs/performance.md v118: planned, not yet run on
+# a GPU; FIELDS_FULL_TILE_MIN_BATCH is v118's guess, past one 128-row tile, until its B = 96 cell says otherwise).
 WS_FIELDS_FULL_TILE = False
+FIELDS_FULL_TILE_MIN_BATCH = 129
 
 # The warp-specialised 128-row tile's operand ring from WS_FEWER_STAGES_FROM rows on a GPU without fast memory: one
 # stage fewer than the 5 below it, where the ws kernel runs (pick_config's ws_kernel: an sm_90 GPU, bf16 / fp16). The

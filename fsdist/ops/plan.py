@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from ..params import RowParams
+from . import configs
 from .configs import STAGE1_PATHS, TileConfig, choose_path, default_block_v, pick_config
 from .configs import fast_memory as device_fast_memory
 from .fused_sample import launch_fused
@@ -92,7 +93,7 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
                logprobs=logprobs, config=config, path=path, block_v=block_v, n_shards=n_shards, batch_cap=batch_cap,
                n_fields=n_fields, checked=checked, extended=extended, dtype=dtype, raw_sums=raw_sums,
                winner_logits=winner_logits, sparse_processors=sparse_processors, fast_memory=bool(fast_memory),
-               ws_kernel=ws_kernel, default_v=default_v)
+               ws_kernel=ws_kernel, default_v=default_v, fields_full_tile=configs.WS_FIELDS_FULL_TILE)
     try:
         hash(tuple(key.values()))
     except TypeError:  # (an unhashable argument, e.g. a symbolic batch size under tracing: plan it uncached)
@@ -102,9 +103,10 @@ def plan_sample(*, batch: int, hidden_size: int, weight_rows: int, device: torch
 
 def _plan(batch, hidden_size, weight_rows, device_type, logprobs, config, path, block_v, n_shards, batch_cap,
           n_fields, checked, extended, dtype, raw_sums, winner_logits, sparse_processors, fast_memory, ws_kernel,
-          default_v) -> SamplePlan:
+          default_v, fields_full_tile) -> SamplePlan:
     """plan_sample's decisions from its arguments and the device's answers (ws_kernel: the warp-specialised kernel
-    runs on the device for the dtype; default_v: the device's default vocabulary tile)."""
+    runs on the device for the dtype; default_v: the device's default vocabulary tile; fields_full_tile:
+    configs.WS_FIELDS_FULL_TILE, read at each call)."""
     path = path or choose_path(batch, hidden_size, device_type, dtype.itemsize if dtype is not None else 2,
                                sparse_processors, fast_memory=fast_memory)
     if path not in STAGE1_PATHS:
@@ -117,7 +119,8 @@ def _plan(batch, hidden_size, weight_rows, device_type, logprobs, config, path, 
     cfg = config or pick_config(batch, hidden_size, device_type, block_v=block_v or default_v,
                                 fast_memory=fast_memory, extended=extended,
                                 sparse_processors=sparse_processors and ws_kernel,
-                                extended_ws=extended_ws and ws_kernel, ws_kernel=ws_kernel)
+                                extended_ws=extended_ws and ws_kernel, ws_kernel=ws_kernel,
+                                fields_full_tile=fields_full_tile and ws_kernel and not (extended and raw_sums))
     if block_v is not None and cfg.block_v != block_v:
         raise ValueError(f"config.block_v = {cfg.block_v} but the buffers are laid out for block_v = {block_v}")
     roomy = extended or n_fields == CandidateLayout.fields(True, extended=True)
@@ -133,7 +136,8 @@ def _plan(batch, hidden_size, weight_rows, device_type, logprobs, config, path, 
 # more on a slower GPU host); a plan is frozen (its config and layout too), so one object serves every call with the
 # same key. An exception (a bad path, a block_v the config contradicts) is not cached: it is raised at every call.
 # configs' module constants (SPARSE_WS_MIN_BATCH, FAST_MEMORY_FULL_TILE_ROWS, ...) are read inside: code that changes
-# one at run time (a probe) must call ``_cached_plan.cache_clear()`` after, or reuse plans of the old value.
+# one at run time (a probe) must call ``_cached_plan.cache_clear()`` after, or reuse plans of the old value
+# (WS_FIELDS_FULL_TILE excepted: plan_sample reads it at each call, into the key).
 _cached_plan = functools.lru_cache(maxsize=256)(_plan)
 
 

@@ -412,3 +412,22 @@ def test_pp_greedy_needs_an_all_greedy_plain_call(monkeypatch):
     assert ok()
     monkeypatch.setattr(fused_sample, "fast_memory", lambda device: True)  # (measured on an H100 only)
     assert not ok()
+
+
+def test_fields_full_tile_sends_extended_calls_to_the_128_row_tile():
+    """pick_config's fields_full_tile (plan_sample passes it with configs.WS_FIELDS_FULL_TILE on and no raw sums): an
+    extended call of FIELDS_FULL_TILE_MIN_BATCH rows or more at D <= EXTENDED_WS_MAX_HIDDEN takes the ws 128-row tile
+    (with the large-batch depth) instead of extended_ws's 64-row one; below that batch, or without it, the 64-row
+    tile; at D = 8192 the 128-row tile either way; B <= 64 unchanged."""
+    big = configs.FIELDS_FULL_TILE_MIN_BATCH
+    kw = dict(extended=True, extended_ws=True, ws_kernel=True)
+    for B in (big, 1024):
+        cfg = configs.pick_config(B, 4096, "cuda", fields_full_tile=True, **kw)
+        assert (cfg.block_b, cfg.ws) == (128, True)
+        assert cfg == configs.pick_config(B, 4096, "cuda", ws_kernel=True)  # the plain call's tile
+        assert configs.pick_config(B, 4096, "cuda", **kw).block_b == 64
+        full = configs.pick_config(B, 8192, "cuda", fields_full_tile=True, **kw)
+        assert configs.pick_config(B, 8192, "cuda", **kw) == full
+    assert configs.pick_config(big - 1, 4096, "cuda", fields_full_tile=True, **kw).block_b == 64
+    full = configs.pick_config(48, 4096, "cuda", fields_full_tile=True, **kw)
+    assert configs.pick_config(48, 4096, "cuda", **kw) == full

@@ -81,6 +81,28 @@ def test_large_batches_take_four_stages_where_the_ws_kernel_runs_without_fast_me
     assert plan.plan_sample(**dict(kw, batch=768), fast_memory=False).config.num_stages == 5
 
 
+@pytest.mark.parametrize("n_shards", [1, 2])
+def test_the_fields_switch_is_read_at_every_call(n_shards, monkeypatch):
+    """configs.WS_FIELDS_FULL_TILE (off: the shipped dispatch) is read at each call: with it on, one GPU's filtered call
+    of FIELDS_FULL_TILE_MIN_BATCH rows or more at D = 4096 takes the ws 128-row tile instead of the 64-row one, but
+    not with raw sums ("raw" logprobs, which launch_fused leaves to the twin) and not below that batch; a
+    tensor-parallel shard's checked layout takes the 128-row config either way (launch_fused decides there)."""
+    from fsdist.ops import configs
+    monkeypatch.setattr(plan, "ws_device", lambda device, dtype=None: True)
+    big = configs.FIELDS_FULL_TILE_MIN_BATCH
+    kw = dict(batch=big, hidden_size=4096, weight_rows=151936 // n_shards, device=torch.device("cuda", 0),
+              dtype=torch.bfloat16, extended=True, raw_sums=False, n_shards=n_shards, checked=n_shards > 1,
+              fast_memory=False)
+    rows = {True: 128, False: 64 if n_shards == 1 else 128}
+    for on in (False, True, False):
+        monkeypatch.setattr(configs, "WS_FIELDS_FULL_TILE", on)
+        p = plan.plan_sample(**kw)
+        assert p.config.block_b == rows[on] and p.config.ws, on
+        assert p == uncached(**kw)
+        assert plan.plan_sample(**dict(kw, raw_sums=True)).config.block_b == rows[False]
+        assert plan.plan_sample(**dict(kw, batch=big - 1)).config.block_b == (64 if n_shards == 1 else 128)
+
+
 def test_the_interpreter_switch_is_read_at_every_call(monkeypatch):
     """A CPU's default vocabulary tile follows TRITON_INTERPRET (512 under the interpreter) from call to call."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
