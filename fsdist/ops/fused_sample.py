@@ -269,8 +269,8 @@ def ws_last_box_rows(batch: int, block_b: int) -> int:
 def ws_takes_fields(block_b: int, logprobs: bool, extended: bool, raw_sums: bool) -> bool:
     """Whether launch_fused runs a call with these fields on the warp-specialised ``block_b``-row tile (if the
     kernel takes the call at all: ws_supported): plain calls and the 64-row tile always; logprobs and kept logits on
-    the 128-row tile where configs.WS_FIELDS_FULL_TILE says, and without raw sums ("raw" logprobs: that epilogue
-    spills 83 registers a thread on sm_90, against 13-16 without them); else the Triton twin."""
+    the 128-row tile where configs.WS_FIELDS_FULL_TILE says, and without raw sums ("raw" logprobs: that epilogue's
+    sm_90 code has 73-75 spill stores, against 13-16 without them); else the Triton twin."""
     if block_b == 64 or not (logprobs or extended):
         return True
     return configs.WS_FIELDS_FULL_TILE and not (extended and raw_sums)

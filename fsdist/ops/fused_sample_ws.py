@@ -393,7 +393,7 @@ if HAVE_GLUON:
                                  gl.convert_layout(freq, row_lay), gl.convert_layout(pres, row_lay), st,
                                  False, True, HEAD_N, False, PINNED)
         if STATS:
-            m, s, r, wl, v0, v1, v2, v3, c0, c1, c2, c3, bnd = _half_stats(logit, col, inv_t, EXTENDED, RAW_SUM)
+            m, s, r, v0, v1, v2, v3, c0, c1, c2, c3, bnd = _half_stats(logit, col, inv_t, EXTENDED, RAW_SUM)
         if NOISE:
             if LATE_NOISE:
                 bits = _half_bits(seed, offset, vocab_start + tile_start + half * HALF, HALF, quad_layout, PROBE,
@@ -409,6 +409,7 @@ if HAVE_GLUON:
             score = logit
         best, at = _argmax_lowest(score, col)
         if STATS:
+            wl = m  # (a placeholder without WINNER_LOGIT)
             if WINNER_LOGIT:
                 wl = gl.max(gl.where(col[None, :] == at[:, None], logit, float("-inf")), axis=1)
         else:  # placeholders nothing reads
@@ -492,9 +493,9 @@ if HAVE_GLUON:
     def _half_stats(logit, col, inv_t, EXTENDED: gl.constexpr, RAW_SUM: gl.constexpr):
         """One column half's share of the logprob and kept-logit fields (the 128-row tile, whose epilogue has no
         registers to hold the first half's logits beside the second's): the half's max m, its sums shifted by m
-        (scaled by 1 / T, and raw when EXTENDED and RAW_SUM; 0 for an all -inf half), a placeholder for the winner's
-        logit (_epilogue_half takes it after the noise), and its 4 largest logits, their columns and boundary
-        (EXTENDED). Fields a flag leaves out hold m. _merge_sums rescales the sums to the tile's max."""
+        (scaled by 1 / T, and raw when EXTENDED and RAW_SUM; 0 for an all -inf half), and its 4 largest logits,
+        their columns and boundary (EXTENDED). Fields a flag leaves out hold m (columns 0). _merge_sums rescales the
+        sums to the tile's max; the winner's logit, which needs the noise, is _epilogue_half's."""
         lay: gl.constexpr = logit.type.layout
         m = gl.max(logit, axis=1)
         it = gl.convert_layout(inv_t, gl.SliceLayout(1, lay))
@@ -507,7 +508,7 @@ if HAVE_GLUON:
         else:  # placeholders nothing reads
             c0 = gl.zeros_like(m).to(gl.int32)
             v0, v1, v2, v3, c1, c2, c3, bnd = m, m, m, m, c0, c0, c0, m
-        return m, s, r, m, v0, v1, v2, v3, c0, c1, c2, c3, bnd
+        return m, s, r, v0, v1, v2, v3, c0, c1, c2, c3, bnd
 
     @gluon.jit
     def _merge_sums(m0, sum0, m1, sum1, tmax, it):

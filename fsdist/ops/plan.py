@@ -18,8 +18,8 @@ from ..params import RowParams
 from . import configs
 from .configs import STAGE1_PATHS, TileConfig, choose_path, default_block_v, pick_config
 from .configs import fast_memory as device_fast_memory
-from .fused_sample import launch_fused
-from .fused_sample_ws import ws_device
+from .fused_sample import launch_fused, ws_takes_fields
+from .fused_sample_ws import WS_BLOCK_B, ws_device
 from .layout import KEEP, BufferPair, CandidateLayout
 from .sample_logits import launch_chunked
 from .step_check import call_flags
@@ -120,7 +120,8 @@ def _plan(batch, hidden_size, weight_rows, device_type, logprobs, config, path, 
                                 fast_memory=fast_memory, extended=extended,
                                 sparse_processors=sparse_processors and ws_kernel,
                                 extended_ws=extended_ws and ws_kernel, ws_kernel=ws_kernel,
-                                fields_full_tile=fields_full_tile and ws_kernel and not (extended and raw_sums))
+                                fields_full_tile=fields_full_tile and ws_kernel
+                                and ws_takes_fields(WS_BLOCK_B, logprobs, extended, raw_sums))
     if block_v is not None and cfg.block_v != block_v:
         raise ValueError(f"config.block_v = {cfg.block_v} but the buffers are laid out for block_v = {block_v}")
     roomy = extended or n_fields == CandidateLayout.fields(True, extended=True)
