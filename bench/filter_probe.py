@@ -62,8 +62,9 @@ PDL_SETTINGS = {"off": (False, False, False), "stage2": (True, False, False), "f
                 **{f"box{n}": (False, True, True) for n in ("0", "8", "16", "32", "8w", "16w", "32w")},
                 # v118: the shipped PDL setting with configs.WS_FIELDS_FULL_TILE on (logprob / kept-logit calls whose
                 # config is the ws 128-row tile run on it instead of its Triton twin, and the default dispatch sends
-                # extended calls of configs.FIELDS_FULL_TILE_MIN_BATCH rows or more there at D <= 4096)
-                "full": (False, True, True)}
+                # extended calls of configs.FIELDS_FULL_TILE_MIN_BATCH rows or more there at D <= 4096; shipped
+                # since v118), and "fields64" with it off (v117's dispatch: the 64-row ws tile or the Triton twin)
+                "full": (False, True, True), "fields64": (False, True, True)}
 
 
 def _nothing(*args, **kwargs):
@@ -93,7 +94,8 @@ FALLBACK_PATCHES = {"nofb": [(fs_sampling, "run_fallback", _nothing)],
                     **{f"box{n}": [(fs_fused, "WS_BOX_ROWS", n)] for n in (0, 8, 16, 32)},
                     **{f"box{n}w": [(fs_fused, "WS_BOX_ROWS", n), (fs_fused, "WS_BOX_TILE_ROWS", 128)]
                        for n in (8, 16, 32)},
-                    "full": [(fs_configs, "WS_FIELDS_FULL_TILE", True)]}
+                    "full": [(fs_configs, "WS_FIELDS_FULL_TILE", True)],
+                    "fields64": [(fs_configs, "WS_FIELDS_FULL_TILE", False)]}
 
 
 @triton.jit
@@ -357,7 +359,8 @@ def main():
                          "setting with the fallback's launches left out or replaced, upper bounds; box0 / box8 / "
                          "box16 / box32: v76's, the ws kernel's one-tile hidden in boxes of that many rows "
                          "(0: padded; box8w / box16w / box32w: on the 128-row tile too); full: v76's with "
-                         "configs.WS_FIELDS_FULL_TILE on (v118); default: the configs' as they are)")
+                         "configs.WS_FIELDS_FULL_TILE on (v118, shipped), fields64 with it off; default: the "
+                         "configs' as they are)")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
     gpu = common.has_gpu()

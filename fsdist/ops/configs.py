@@ -145,8 +145,9 @@ def pick_config(batch: int, hidden_size: int, device_type: str, *, block_v: int 
         # tile's wgmmas; so do the processors', v26); wherever fused_sample_ws.ws_supported says no (fp32,
         # misaligned operands, not sm_90) the Triton kernel's tile, triton_twin. The TP heads' shards run it too (v40).
         # Past 64 rows one GPU's extended calls keep it where D <= EXTENDED_WS_MAX_HIDDEN (v80 on an H200, v85 on an
-        # H100): the 128-row ws tile had no registers for the extended epilogue (it takes it per column half since v118,
-        # behind WS_FIELDS_FULL_TILE), and its Triton twin waits for the MMA.
+        # H100): the 128-row ws tile had no registers for the extended epilogue, and its Triton twin waits for the MMA;
+        # since v118 (WS_FIELDS_FULL_TILE) the 128-row ws tile takes it per column half, from
+        # FIELDS_FULL_TILE_MIN_BATCH rows (fields_full_tile above).
         return TileConfig(64, block_v, _block_k(hidden_size, 64), num_warps=8, num_stages=5, tma=True, ws=True)
     # Past one 64-row tile: 128-row tiles fed by TMA, 5 stages (bench/epilogue_bench.py, H200,
     # 2026-11-24, docs/performance.md v16): 1.2-1.4x faster than the configs used before (64-row
@@ -225,9 +226,15 @@ EXTENDED_WS_MAX_HIDDEN = 4096
 # max, sums shifted by it, 4 largest logits; the sums rescaled to the tile's max at the end, so they differ from the
 # Triton kernel's in the last bits as the 64-row tile's do), else on its Triton twin; with it on, one GPU's extended
 # calls of at least FIELDS_FULL_TILE_MIN_BATCH rows at D <= EXTENDED_WS_MAX_HIDDEN take that tile too (pick_config's
-# fields_full_tile) instead of the 64-row one. Off until measured (docs/performance.md v118: planned, not yet run on
-# a GPU; FIELDS_FULL_TILE_MIN_BATCH is v118's guess, past one 128-row tile, until its B = 96 cell says otherwise).
-WS_FIELDS_FULL_TILE = False
+# fields_full_tile) instead of the 64-row one. "Raw" logprobs keep the Triton twin (fused_sample.ws_takes_fields).
+# docs/performance.md v118 (H200, graph replays, µs, two A/B pairs, top-k 50 + top-p 0.9 / min-p 0.05, switch off ->
+# on): D = 4096 the default dispatch B = 256 783, 717 -> 646, 654 / 706, 700 -> 637, 672; B = 512 1,407, 1,385 ->
+# 1,214, 1,331 / 1,393, 1,422 -> 1,394, 1,316; B = 1024 2,744, 2,803 -> 2,677, 2,694 / 2,735, 2,756 -> 2,668, 2,653
+# (0-13% faster: every pair but min-p B = 512's first, level); the 128-row config itself (twin -> ws) 3-16% faster at
+# B = 96 and 256-1024, level at B = 136; D = 8192 (128-row tiles past 64 rows) 1-3% faster at B = 96, 5-11% at
+# B = 256-1024, 3% slower at B = 192 where the plain call, which the switch does not touch, moved as much. The 128-row tile at B = 96 / 136 (D = 4096) is level with the 64-row
+# one (418-432 against 416-426 µs; 575-594 against 576-594), so the 64-row tile keeps B <= 128.
+WS_FIELDS_FULL_TILE = True
 FIELDS_FULL_TILE_MIN_BATCH = 129
 
 # The warp-specialised 128-row tile's operand ring from WS_FEWER_STAGES_FROM rows on a GPU without fast memory: one

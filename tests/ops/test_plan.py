@@ -83,7 +83,7 @@ def test_large_batches_take_four_stages_where_the_ws_kernel_runs_without_fast_me
 
 @pytest.mark.parametrize("n_shards", [1, 2])
 def test_the_fields_switch_is_read_at_every_call(n_shards, monkeypatch):
-    """configs.WS_FIELDS_FULL_TILE (off: the shipped dispatch) is read at each call: with it on, one GPU's filtered call
+    """configs.WS_FIELDS_FULL_TILE (on since v118) is read at each call: with it on, one GPU's filtered call
     of FIELDS_FULL_TILE_MIN_BATCH rows or more at D = 4096 takes the ws 128-row tile instead of the 64-row one, but
     not with raw sums ("raw" logprobs, which launch_fused leaves to the twin) and not below that batch; a
     tensor-parallel shard's checked layout takes the 128-row config either way (launch_fused decides there)."""
