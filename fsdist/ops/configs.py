@@ -226,14 +226,17 @@ EXTENDED_WS_MAX_HIDDEN = 4096
 # max, sums shifted by it, 4 largest logits; the sums rescaled to the tile's max at the end, so they differ from the
 # Triton kernel's in the last bits as the 64-row tile's do), else on its Triton twin; with it on, one GPU's extended
 # calls of at least FIELDS_FULL_TILE_MIN_BATCH rows at D <= EXTENDED_WS_MAX_HIDDEN take that tile too (pick_config's
-# fields_full_tile) instead of the 64-row one. "Raw" logprobs keep the Triton twin (fused_sample.ws_takes_fields).
+# fields_full_tile) instead of the 64-row one. With raw sums ("raw" logprobs) a 128-row config keeps its Triton twin
+# and one GPU's calls at D <= EXTENDED_WS_MAX_HIDDEN the 64-row tile (fused_sample.ws_takes_fields).
 # docs/performance.md v118 (H200, graph replays, µs, two A/B pairs, top-k 50 + top-p 0.9 / min-p 0.05, switch off ->
 # on): D = 4096 the default dispatch B = 256 783, 717 -> 646, 654 / 706, 700 -> 637, 672; B = 512 1,407, 1,385 ->
 # 1,214, 1,331 / 1,393, 1,422 -> 1,394, 1,316; B = 1024 2,744, 2,803 -> 2,677, 2,694 / 2,735, 2,756 -> 2,668, 2,653
-# (0-13% faster: every pair but min-p B = 512's first, level); the 128-row config itself (twin -> ws) 3-16% faster at
-# B = 96 and 256-1024, level at B = 136; D = 8192 (128-row tiles past 64 rows) 1-3% faster at B = 96, 5-11% at
-# B = 256-1024, 3% slower at B = 192 where the plain call, which the switch does not touch, moved as much. The 128-row tile at B = 96 / 136 (D = 4096) is level with the 64-row
-# one (418-432 against 416-426 µs; 575-594 against 576-594), so the 64-row tile keeps B <= 128.
+# (3-13% on the pairs' means, 0-17% pair by pair); the 128-row config itself (twin -> ws) 3-16% faster at B = 96
+# and 256-1024, level at B = 136; D = 8192 (128-row tiles past 64 rows) 1-3% faster at B = 96, 5-11% at B = 256-1024,
+# 1-5% slower at B = 192, where the plain call, which the switch does not touch, moved as much. At D = 4096 the
+# 128-row ws tile is level to 3% slower than the 64-row one at B = 96 (418-432 against 416-426 µs) and level at
+# B = 136 (576-594 against 576-593), so the 64-row tile keeps B <= 128. Plain logprob calls (no filters) move to the
+# 128-row ws tile too, untimed (their GPU tests pass).
 WS_FIELDS_FULL_TILE = True
 FIELDS_FULL_TILE_MIN_BATCH = 129
 

@@ -396,7 +396,8 @@ def test_the_comparison_resolves_one_ulp():
 @hopper
 def test_sample_uses_it_and_keeps_tokens(ws_calls):
     """fsdist.sample at B = 256 plans the warp-specialised tile; tokens equal the Triton kernel's,
-    eager and replayed from a CUDA graph; a call it cannot take (logprobs) falls back."""
+    eager and replayed from a CUDA graph; a logprob call runs it too where configs.WS_FIELDS_FULL_TILE says (v118),
+    else falls back to the Triton twin, with the same tokens either way."""
     g = torch.Generator().manual_seed(11)
     B, D, V = 256, 4096, 32000
     w = (torch.randn(V, D, generator=g) * D ** -0.5).cuda().bfloat16()
@@ -409,7 +410,10 @@ def test_sample_uses_it_and_keeps_tokens(ws_calls):
     ref = fsdist.sample(h, w, temperature=temp, seed=seed, offset=offset, config=TRITON)
     assert torch.equal(out.tokens, ref.tokens)
     lp = fsdist.sample(h, w, temperature=temp, seed=seed, offset=offset, return_logprobs=True)
-    assert len(ws_calls) == 1 and torch.equal(lp.tokens, ref.tokens)
+    assert len(ws_calls) == 1 + int(fused_sample.ws_takes_fields(128, True, False, True))
+    assert torch.equal(lp.tokens, ref.tokens)
+    ref_lp = fsdist.sample(h, w, temperature=temp, seed=seed, offset=offset, return_logprobs=True, config=TRITON)
+    torch.testing.assert_close(lp.logprobs, ref_lp.logprobs, rtol=1e-5, atol=1e-5)
 
     static_h = h.clone()
     graph = torch.cuda.CUDAGraph()
@@ -623,12 +627,14 @@ def test_tensor_parallel_calls_write_the_triton_kernels_buffers(case, ws_calls, 
 
 @hopper
 @pytest.mark.parametrize("case", ["plain"] + EXCLUSIONS)
-def test_calls_it_cannot_take_run_the_triton_kernel(case, ws_calls):
-    """With the ws tile, every call ws_supported (or, for logprob / kept-logit fields, ws_takes_fields: off by
-    default) excludes runs the Triton kernel: the warp-specialised
-    launcher is never reached, and every buffer written (kept logits, logprob fields) is the Triton kernel's
-    with the plain tile. "plain", the same call without the exclusion, must launch it: a case that launches
-    nothing shows its exclusion, not a setup the kernel would refuse anyway."""
+def test_calls_it_cannot_take_run_the_triton_kernel(case, ws_calls, monkeypatch):
+    """With the ws tile, every call ws_supported (or, for logprob / kept-logit fields, ws_takes_fields) excludes runs
+    the Triton kernel: the warp-specialised launcher is never reached, and every buffer written (kept logits, logprob
+    fields) is the Triton kernel's with the plain tile. "plain", the same call without the exclusion, must launch
+    it: a case that launches nothing shows its exclusion, not a setup the kernel would refuse anyway. With
+    configs.WS_FIELDS_FULL_TILE off (on since v118, whose tests run these fields on the 128-row tile), so that
+    "logprobs" stays an exclusion; "extended" is one either way (raw sums)."""
+    monkeypatch.setattr(configs, "WS_FIELDS_FULL_TILE", False)
     call = _Call(case)
     assert call.supported() == (case == "plain")
     got = call.run(WS)
@@ -880,14 +886,15 @@ def test_filtered_calls_on_the_64_row_tile(ws_calls):
     assert len(ws_calls) == 3
 
 
-
 @hopper
 @pytest.mark.parametrize("B", [96, 256])
-def test_filtered_calls_past_64_rows_keep_the_64_row_tile(B, ws_calls):
+def test_filtered_calls_past_64_rows_take_the_ws_tiles(B, ws_calls):
     """v80 / v85: past one 64-row tile a filtered / top-N call at D <= 4096 takes the warp-specialised 64-row tile by
     default on an H100 and an H200 alike (B = 96: a partial last tile read past the hidden's end, which TMA fills with
-    zeros) and gives what the 128-row Triton tile gives: tokens, fallback flags, top-N ids, logprobs within fp32
-    rounding."""
+    zeros), and from configs.FIELDS_FULL_TILE_MIN_BATCH rows its 128-row tile where configs.WS_FIELDS_FULL_TILE says
+    (v118; B = 256); either gives what the 128-row Triton tile gives: tokens, fallback flags, top-N ids, logprobs
+    within fp32 rounding."""
+    tile = 128 if configs.WS_FIELDS_FULL_TILE and B >= configs.FIELDS_FULL_TILE_MIN_BATCH else 64
     D, V = 512, 20_000
     h, w = _operands(B, D, V, torch.bfloat16, 80)
     g = torch.Generator().manual_seed(8)
@@ -898,7 +905,7 @@ def test_filtered_calls_past_64_rows_keep_the_64_row_tile(B, ws_calls):
         kw = dict(rows, **filt, return_logprobs=True, top_logprobs=3, path="fused")
         ws_calls.clear()
         got = fsdist.sample(h, w, **kw)
-        assert ws_calls == [64], ws_calls  # the default config: one launch of the 64-row tile
+        assert ws_calls == [tile], ws_calls  # the default config: one launch of the ws tile
         ref = fsdist.sample(h, w, **kw, config=TRITON)
         assert torch.equal(got.tokens, ref.tokens)
         assert torch.equal(got.fallback, ref.fallback)

@@ -85,7 +85,8 @@ def test_large_batches_take_four_stages_where_the_ws_kernel_runs_without_fast_me
 def test_the_fields_switch_is_read_at_every_call(n_shards, monkeypatch):
     """configs.WS_FIELDS_FULL_TILE (on since v118) is read at each call: with it on, one GPU's filtered call
     of FIELDS_FULL_TILE_MIN_BATCH rows or more at D = 4096 takes the ws 128-row tile instead of the 64-row one, but
-    not with raw sums ("raw" logprobs, which launch_fused leaves to the twin) and not below that batch; a
+    not with raw sums ("raw" logprobs: one GPU's keep the 64-row tile; launch_fused leaves a 128-row config's to its
+    Triton twin) and not below that batch; a
     tensor-parallel shard's checked layout takes the 128-row config either way (launch_fused decides there)."""
     from fsdist.ops import configs
     monkeypatch.setattr(plan, "ws_device", lambda device, dtype=None: True)
