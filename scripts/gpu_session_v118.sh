@@ -22,6 +22,7 @@ C=128x128x64w8s5t-ws
 rc=0
 if wants tests; then
   K4="cannot_take or tensor_parallel_calls or past_64_rows_take or filtered_calls_on_the_64 or nan_logits"
+  K4="$K4 or sample_uses_it"
   TESTS_TIMEOUT=$(part_limit "${TESTS_LIMIT:-260}") bash scripts/gpu_tests_parallel.sh \
     "tests/ops/test_fused_ws_gpu.py -k 'ws_tiles_write and 128 and rows'" \
     "tests/ops/test_fused_ws_gpu.py -k 'ws_tiles_write and 128 and (scalar or greedy)'" \
