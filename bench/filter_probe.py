@@ -142,8 +142,10 @@ def stage1_times(D, V, B, configs, args, device):
     cases += [("plain", False, c) for c in configs[1:]]  # the extra configs on the plain call too
     for label, extended, cfg in cases:
         cfg = cfg or default_config(B, D, device, extended=extended)
+        # (raw_sums=False: a filtered call without "raw" logprobs, as fsdist.sample plans it; with raw sums a 128-row
+        # config's extended call would run the Triton twin, not the ws tile the call itself runs since v118)
         plan = plan_sample(batch=B, hidden_size=D, weight_rows=V, device=device, config=cfg, path="fused",
-                           extended=extended)
+                           extended=extended, raw_sums=False)
         bufs = BufferPair.alloc(plan.layout, device)
         p = fparams if extended else params
         t = median_us(lambda: launch_stage1(plan, h, w, p, bufs, vocab_size=V), warmup=args.warmup, reps=args.reps,
@@ -175,7 +177,8 @@ def select_times(D, V, B, args, device):
     out = {}
     for name, kw in (("k50+p0.9", filt), ("min_p0.05", dict(min_p=torch.full((B,), 0.05, device=device)))):
         params = RowParams(temp, rows + 1, rows * 0, **kw)
-        plan = plan_sample(batch=B, hidden_size=D, weight_rows=V, device=device, path="fused", extended=True)
+        plan = plan_sample(batch=B, hidden_size=D, weight_rows=V, device=device, path="fused", extended=True,
+                           raw_sums=False)  # (as fsdist.sample plans a filtered call without "raw" logprobs)
         bufs = BufferPair.alloc(plan.layout, device)
         launch_stage1(plan, h, w, params, bufs, vocab_size=V)
         tokens0, _, _ = launch_merge(plan.layout, bufs, B, params)
