@@ -64,7 +64,11 @@ PDL_SETTINGS = {"off": (False, False, False), "stage2": (True, False, False), "f
                 # config is the ws 128-row tile run on it instead of its Triton twin, and the default dispatch sends
                 # extended calls of configs.FIELDS_FULL_TILE_MIN_BATCH rows or more there at D <= 4096; shipped
                 # since v118), and "fields64" with it off (v117's dispatch: the 64-row ws tile or the Triton twin)
-                "full": (False, True, True), "fields64": (False, True, True)}
+                "full": (False, True, True), "fields64": (False, True, True),
+                # v120: the shipped setting ("beside") with the fallback left out ("bnofb"), with each of its launches
+                # replaced by a one-warp flag count ("btiny"), or with its first round only ("bround1": what one
+                # launch pair costs a call with nothing to resolve; upper bounds, tokens checked as above)
+                "bnofb": (False, True, True), "btiny": (False, True, True), "bround1": (False, True, True)}
 
 
 def _nothing(*args, **kwargs):
@@ -86,6 +90,18 @@ def _tiny(*args, flags, pdl_wait=False, trigger=False, **kwargs):
                        num_warps=1)
 
 
+def _first_round(hidden, weight, params, *, vocab_size, flags, tokens, kept, logprobs=None, top_n=0,
+                 mode="scaled", top_ids=None, top_lp=None, block_k=64, pdl=False):
+    """--pdl bround1: run_fallback's first round only (rows ranked past POOL_ROWS are left unresolved)."""
+    pool = fs_fallback.PoolLayout(fs_fallback.POOL_ROWS, weight.shape[0])
+    buf = torch.empty(pool.numel, dtype=torch.float32, device=hidden.device)
+    fs_fallback.launch_materialize(hidden, weight, pool, buf, flags=flags, start=0, vocab_size=vocab_size, kept=kept,
+                                   block_k=block_k, processing=params.processing, pdl_wait=pdl, trigger=pdl)
+    fs_fallback.launch_resolve(pool, buf, params, flags=flags, start=0, vocab_size=vocab_size, tokens=tokens,
+                               kept=kept, logprobs=logprobs, top_n=top_n, mode=mode, top_ids=top_ids, top_lp=top_lp,
+                               pdl_wait=pdl, trigger=False)
+
+
 # --pdl settings that patch the fallback or a module constant (module, attribute, replacement)
 FALLBACK_PATCHES = {"nofb": [(fs_sampling, "run_fallback", _nothing)],
                     "nomat": [(fs_fallback, "launch_materialize", _nothing)],
@@ -95,7 +111,10 @@ FALLBACK_PATCHES = {"nofb": [(fs_sampling, "run_fallback", _nothing)],
                     **{f"box{n}w": [(fs_fused, "WS_BOX_ROWS", n), (fs_fused, "WS_BOX_TILE_ROWS", 128)]
                        for n in (8, 16, 32)},
                     "full": [(fs_configs, "WS_FIELDS_FULL_TILE", True)],
-                    "fields64": [(fs_configs, "WS_FIELDS_FULL_TILE", False)]}
+                    "fields64": [(fs_configs, "WS_FIELDS_FULL_TILE", False)],
+                    "bnofb": [(fs_sampling, "run_fallback", _nothing)],
+                    "btiny": [(fs_fallback, "launch_materialize", _tiny), (fs_fallback, "launch_resolve", _tiny)],
+                    "bround1": [(fs_sampling, "run_fallback", _first_round)]}
 
 
 @triton.jit
@@ -362,7 +381,9 @@ def main():
                          "setting with the fallback's launches left out or replaced, upper bounds; box0 / box8 / "
                          "box16 / box32: v76's, the ws kernel's one-tile hidden in boxes of that many rows "
                          "(0: padded; box8w / box16w / box32w: on the 128-row tile too); full: v76's with "
-                         "configs.WS_FIELDS_FULL_TILE on (v118, shipped), fields64 with it off; default: the "
+                         "configs.WS_FIELDS_FULL_TILE on (v118, shipped), fields64 with it off; bnofb / btiny / bround1: "
+                         "v120's, the shipped setting with no fallback, one-warp fallback launches, or its first "
+                         "round only (upper bounds); default: the "
                          "configs' as they are)")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
