@@ -381,10 +381,9 @@ def main():
                          "setting with the fallback's launches left out or replaced, upper bounds; box0 / box8 / "
                          "box16 / box32: v76's, the ws kernel's one-tile hidden in boxes of that many rows "
                          "(0: padded; box8w / box16w / box32w: on the 128-row tile too); full: v76's with "
-                         "configs.WS_FIELDS_FULL_TILE on (v118, shipped), fields64 with it off; bnofb / btiny / bround1: "
-                         "v120's, the shipped setting with no fallback, one-warp fallback launches, or its first "
-                         "round only (upper bounds); default: the "
-                         "configs' as they are)")
+                         "configs.WS_FIELDS_FULL_TILE on (v118, shipped), fields64 with it off; bnofb / btiny / "
+                         "bround1: v120's, the shipped setting with no fallback, one-warp fallback launches, or its "
+                         "first round only (upper bounds); default: the configs' as they are)")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
     gpu = common.has_gpu()

@@ -19,6 +19,13 @@ reads filter_probe.py JSONs of an A/B/A (graph replays: plain, top-k 50 + top-p 
 writes one plot per triple (``filter_ab_<gpu>_<date>.png``: filtered / plain against B, before and after, with issue
 11's 1.10x line) and prints its markdown table; docs/benchmarks.md is left alone.
 
+    python bench/plot.py --filter-settings OFF,ON filter_probe.json [more.json ...]
+
+reads filter_probe.py JSONs whose graph replays ran each case under several ``--pdl`` settings in one process (e.g.
+v118's ``fields64,beside,fields64,beside``), and writes one plot per JSON (``filter_settings_<gpu>_d<D>_<date>.png``:
+filtered / plain against B under setting OFF and under ON, each the mean over that setting's repeats, every ratio over
+the plain call of the same setting and repeat) and prints its markdown table.
+
 Options: --plots-dir DIR, --md FILE, --no-md (print the markdown instead), --no-plots.
 Only matplotlib (Agg backend) and the standard library are needed; no GPU.
 """
@@ -941,8 +948,65 @@ def filter_ab(before: dict, after: dict, before2: dict):
     return out
 
 
-def filter_ab_markdown(table: dict, gpu: str, sources) -> str:
-    lines = [f"{gpu} ({', '.join(sources)}): filtered / plain, graph replays, before -> after", "",
+def filter_settings(data: dict, off: str, on: str):
+    """{B: {case: (ratio under ``off``, ratio under ``on``)}} of one filter_probe.py run whose graph replays ran every
+    case under several --pdl settings (keys "<case> pdl=<setting>" and, for the k-th repeat, "... pdl=<setting>#<k>"):
+    each filtered call over the plain call of the same setting and repeat, averaged over the repeats. A batch that
+    lacks the plain call under either setting is left out; a case missing under either setting leaves its cell out."""
+    def ratios(runs: dict, case: str, setting: str):
+        out, k = [], 1
+        while True:
+            tag = f" pdl={setting}" + (f"#{k}" if k > 1 else "")
+            if f"plain{tag}" not in runs:
+                return out
+            if f"{case}{tag}" in runs:
+                out.append(runs[f"{case}{tag}"] / runs[f"plain{tag}"])
+            k += 1
+
+    table = {}
+    for b in sorted(data["batches"], key=int):
+        runs = data["batches"][b].get("graph_us", {})
+        row = {}
+        for case, _label in FILTER_CASES:
+            r_off, r_on = ratios(runs, case, off), ratios(runs, case, on)
+            if r_off and r_on:
+                row[case] = (sum(r_off) / len(r_off), sum(r_on) / len(r_on))
+        if row:
+            table[int(b)] = row
+    return table
+
+
+def filter_settings_main(files, settings: str, plots_dir: Path, no_plots: bool, labels: str = None) -> int:
+    names = settings.split(",")
+    if len(names) != 2 or not all(names):
+        print(f"--filter-settings wants two setting names, OFF,ON; got {settings!r}", file=sys.stderr)
+        return 2
+    off, on = names
+    shown = labels.split(",") if labels else names
+    if len(shown) != 2 or not all(shown):
+        print(f"--setting-labels wants two labels, got {labels!r}", file=sys.stderr)
+        return 2
+    for f in files:
+        data = json.loads(Path(f).read_text())
+        table = filter_settings(data, off, on)
+        if not table:
+            print(f"{f}: no batch has the plain call under both {off!r} and {on!r}", file=sys.stderr)
+            return 2
+        gpu = data["env"]["gpu"]["name"]
+        D = data["shape"][0]
+        print(filter_ab_markdown(table, f"{gpu}, D = {D}", [os.path.basename(f)], before=shown[0], after=shown[1]))
+        if not no_plots:
+            m = re.search(r"_(\d{8})T", os.path.basename(f))
+            plots_dir.mkdir(parents=True, exist_ok=True)
+            out = filter_ab_plot(table, f"{gpu}, D = {D}", plots_dir / (
+                f"filter_settings_{gpu_of(data)}_d{D}_{m.group(1) if m else Path(f).stem}.png"),
+                before=shown[0], after=shown[1])
+            print(f"wrote {out}")
+    return 0
+
+
+def filter_ab_markdown(table: dict, gpu: str, sources, before: str = "before", after: str = "after") -> str:
+    lines = [f"{gpu} ({', '.join(sources)}): filtered / plain, graph replays, {before} -> {after}", "",
              "| B | " + " | ".join(label for _c, label in FILTER_CASES) + " |", "|---|" + "---|" * len(FILTER_CASES)]
     for b, row in table.items():
         cells = [f"{row[c][0]:.3f} -> **{row[c][1]:.3f}**" if c in row else "" for c, _l in FILTER_CASES]
@@ -950,7 +1014,8 @@ def filter_ab_markdown(table: dict, gpu: str, sources) -> str:
     return "\n".join(lines) + "\n"
 
 
-def filter_ab_plot(table: dict, gpu: str, path: Path, limit: float = 1.10):
+def filter_ab_plot(table: dict, gpu: str, path: Path, limit: float = 1.10, before: str = "before",
+                   after: str = "after"):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -960,10 +1025,10 @@ def filter_ab_plot(table: dict, gpu: str, path: Path, limit: float = 1.10):
     bs = list(table)
     xs = range(len(bs))
     for (case, label), color in zip(FILTER_CASES, ("tab:blue", "tab:orange")):
-        before = [table[b].get(case, (math.nan, math.nan))[0] for b in bs]
-        after = [table[b].get(case, (math.nan, math.nan))[1] for b in bs]
-        ax.plot(xs, before, "o--", color=color, alpha=0.5, label=f"{label}, before")
-        ax.plot(xs, after, "o-", color=color, label=f"{label}, after")
+        r_before = [table[b].get(case, (math.nan, math.nan))[0] for b in bs]
+        r_after = [table[b].get(case, (math.nan, math.nan))[1] for b in bs]
+        ax.plot(xs, r_before, "o--", color=color, alpha=0.5, label=f"{label}, {before}")
+        ax.plot(xs, r_after, "o-", color=color, label=f"{label}, {after}")
     ax.axhline(limit, color="red", lw=1, ls=":", label=f"issue 11: {limit:.2f}x")
     ax.set_xticks(list(xs), [str(b) for b in bs])
     ax.set_xlabel("batch size B")
@@ -999,6 +1064,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("json", nargs="+")
     p.add_argument("--filter-ab", action="store_true", help="the JSONs are filter_probe.py A/B/A triples")
+    p.add_argument("--filter-settings", default=None, metavar="OFF,ON",
+                   help="each JSON is one filter_probe.py run with these two --pdl settings (e.g. fields64,beside)")
+    p.add_argument("--setting-labels", default=None, metavar="OFF,ON",
+                   help="--filter-settings: the two settings' names in the table and the plot (default: as given)")
     p.add_argument("--plots-dir", default=str(REPO / "docs" / "plots"))
     p.add_argument("--md", default=str(REPO / "docs" / "benchmarks.md"))
     p.add_argument("--no-md", action="store_true", help="print the markdown instead of editing --md")
@@ -1009,6 +1078,8 @@ def main(argv=None):
     md_path = Path(args.md)
     if args.filter_ab:
         return filter_ab_main(args.json, plots_dir, args.no_plots)
+    if args.filter_settings is not None:
+        return filter_settings_main(args.json, args.filter_settings, plots_dir, args.no_plots, args.setting_labels)
     kernel, tp, tp_src, fallback = [], [], [], []
     for f in args.json:
         d = json.loads(Path(f).read_text())

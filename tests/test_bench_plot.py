@@ -35,6 +35,40 @@ def test_filter_ab_skips_batches_a_run_lacks_and_wants_triples(tmp_path, capsys)
     assert "in threes" in capsys.readouterr().err
 
 
+def _settings_run(cells):
+    """A filter_probe-like JSON whose graph replays ran under --pdl settings: cells = {B: {key: µs}}."""
+    return {"env": {"gpu": {"name": "NVIDIA H100 80GB HBM3"}}, "shape": [4096, 151936],
+            "batches": {str(b): {"graph_us": g} for b, g in cells.items()}}
+
+
+def test_filter_settings_ratios_pair_each_repeat_with_its_own_plain_call():
+    run = _settings_run({256: {
+        "plain pdl=off": 100.0, "plain pdl=on": 110.0, "plain pdl=off#2": 200.0, "plain pdl=on#2": 100.0,
+        "k50+p0.9 pdl=off": 130.0, "k50+p0.9 pdl=on": 121.0, "k50+p0.9 pdl=off#2": 280.0, "k50+p0.9 pdl=on#2": 130.0,
+        "min_p0.05 pdl=off": 120.0, "min_p0.05 pdl=on": 132.0},  # min-p: one repeat each
+        512: {"plain pdl=off": 100.0, "k50+p0.9 pdl=off": 120.0}})  # no plain call under "on": left out
+    t = plot.filter_settings(run, "off", "on")
+    assert list(t) == [256]
+    # each ratio over the plain call of the same setting and repeat, then the mean over the repeats
+    assert t[256]["k50+p0.9"] == pytest.approx(((1.3 + 1.4) / 2, (1.1 + 1.3) / 2))
+    assert t[256]["min_p0.05"] == pytest.approx((1.2, 1.2))
+    md = plot.filter_ab_markdown(t, "H100", ["r.json"], before="off", after="on")
+    assert "| 256 | 1.350 -> **1.200** | 1.200 -> **1.200** |" in md and "off -> on" in md
+
+
+def test_filter_settings_refuses_bad_arguments(tmp_path, capsys):
+    f = tmp_path / "run.json"
+    f.write_text(__import__("json").dumps(_settings_run({1: {"plain pdl=a": 1.0, "k50+p0.9 pdl=a": 1.1}})))
+    assert plot.main(["--filter-settings", "a", "--no-plots", str(f)]) == 2
+    assert "two setting names" in capsys.readouterr().err
+    assert plot.main(["--filter-settings", "a,b", "--no-plots", str(f)]) == 2  # no plain call under "b"
+    assert "no batch has the plain call" in capsys.readouterr().err
+    assert plot.main(["--filter-settings", "a,a", "--setting-labels", "x", "--no-plots", str(f)]) == 2
+    assert "two labels" in capsys.readouterr().err
+    assert plot.main(["--filter-settings", "a,a", "--setting-labels", "x,y", "--no-plots", str(f)]) == 0
+    assert "x -> y" in capsys.readouterr().out
+
+
 _tspec = importlib.util.spec_from_file_location(
     "bench_plot_targets", Path(__file__).resolve().parent.parent / "bench" / "plot_targets.py")
 targets = importlib.util.module_from_spec(_tspec)
