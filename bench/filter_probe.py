@@ -159,6 +159,14 @@ def stage1_times(D, V, B, configs, args, device):
     # (None: the default config of that kind of call; configs[0] names the plain one)
     cases = [("plain", False, None), ("extended", True, None)] + [("extended", True, c) for c in configs[1:]]
     cases += [("plain", False, c) for c in configs[1:]]  # the extra configs on the plain call too
+    gparams = RowParams(0.0, rows + 1, rows * 0)  # a scalar temperature 0: the kernels draw no noise at all
+    gfparams = RowParams(0.0, rows + 1, rows * 0, **filt)
+    if args.stage1_greedy:
+        # v122: what stage 1 costs without the noise, plain and extended (the fields of a filtered call), on the
+        # default configs, in A/B/B/A order beside the sampled cases; each name's last time is kept, both printed
+        cases = [("plain", False, None), ("extended", True, None), ("greedy", False, None),
+                 ("ext-greedy", True, None), ("ext-greedy", True, None), ("greedy", False, None),
+                 ("extended", True, None), ("plain", False, None)]
     for label, extended, cfg in cases:
         cfg = cfg or default_config(B, D, device, extended=extended)
         # (raw_sums=False: a filtered call without "raw" logprobs, as fsdist.sample plans it; with raw sums a 128-row
@@ -167,6 +175,8 @@ def stage1_times(D, V, B, configs, args, device):
                            extended=extended, raw_sums=False)
         bufs = BufferPair.alloc(plan.layout, device)
         p = fparams if extended else params
+        if label.endswith("greedy"):
+            p = gfparams if extended else gparams
         t = median_us(lambda: launch_stage1(plan, h, w, p, bufs, vocab_size=V), warmup=args.warmup, reps=args.reps,
                       flush=flush, device=device)
         out[f"{label} {cfg.name}"] = t
@@ -384,6 +394,9 @@ def main():
                          "configs.WS_FIELDS_FULL_TILE on (v118, shipped), fields64 with it off; bnofb / btiny / "
                          "bround1: v120's, the shipped setting with no fallback, one-warp fallback launches, or its "
                          "first round only (upper bounds); default: the configs' as they are)")
+    ap.add_argument("--stage1-greedy", action="store_true",
+                    help="stage1 part: the plain and extended calls with and without noise (a scalar temperature 0), "
+                         "default configs, A/B/B/A (v122)")
     ap.add_argument("--ab", action="store_true", help="also time stage 1 with v13's packed top-k (a subprocess)")
     args = ap.parse_args()
     gpu = common.has_gpu()
