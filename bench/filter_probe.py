@@ -68,7 +68,10 @@ PDL_SETTINGS = {"off": (False, False, False), "stage2": (True, False, False), "f
                 # v120: the shipped setting ("beside") with the fallback left out ("bnofb"), with each of its launches
                 # replaced by a one-warp flag count ("btiny"), or with its first round only ("bround1": what one
                 # launch pair costs a call with nothing to resolve; upper bounds, tokens checked as above)
-                "bnofb": (False, True, True), "btiny": (False, True, True), "bround1": (False, True, True)}
+                "bnofb": (False, True, True), "btiny": (False, True, True), "bround1": (False, True, True),
+                # v123: the shipped setting with configs.SKIP_FILTERED_NOISE off ("noskip": every tile of a filtered
+                # call draws the noise, as before v123) and on ("skip", shipped)
+                "noskip": (False, True, True), "skip": (False, True, True)}
 
 
 def _nothing(*args, **kwargs):
@@ -114,7 +117,9 @@ FALLBACK_PATCHES = {"nofb": [(fs_sampling, "run_fallback", _nothing)],
                     "fields64": [(fs_configs, "WS_FIELDS_FULL_TILE", False)],
                     "bnofb": [(fs_sampling, "run_fallback", _nothing)],
                     "btiny": [(fs_fallback, "launch_materialize", _tiny), (fs_fallback, "launch_resolve", _tiny)],
-                    "bround1": [(fs_sampling, "run_fallback", _first_round)]}
+                    "bround1": [(fs_sampling, "run_fallback", _first_round)],
+                    "noskip": [(fs_configs, "SKIP_FILTERED_NOISE", False)],
+                    "skip": [(fs_configs, "SKIP_FILTERED_NOISE", True)]}
 
 
 @triton.jit
@@ -393,7 +398,8 @@ def main():
                          "(0: padded; box8w / box16w / box32w: on the 128-row tile too); full: v76's with "
                          "configs.WS_FIELDS_FULL_TILE on (v118, shipped), fields64 with it off; bnofb / btiny / "
                          "bround1: v120's, the shipped setting with no fallback, one-warp fallback launches, or its "
-                         "first round only (upper bounds); default: the configs' as they are)")
+                         "first round only (upper bounds); noskip / skip: v123's, the shipped setting with "
+                         "configs.SKIP_FILTERED_NOISE off / on; default: the configs' as they are)")
     ap.add_argument("--stage1-greedy", action="store_true",
                     help="stage1 part: the plain and extended calls with and without noise (a scalar temperature 0), "
                          "default configs, A/B/B/A (v122)")

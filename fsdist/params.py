@@ -59,6 +59,11 @@ class RowParams:
         """Whether some row may have min-p on (a [B] tensor counts as "may")."""
         return isinstance(self.min_p, torch.Tensor) or self.min_p > 0.0
 
+    def may_top_k_or_p(self, vocab_size: int) -> bool:
+        """Whether some row may have top-k or top-p on (per-row tensors count as "may")."""
+        k, p = self.top_k, self.top_p
+        return isinstance(k, torch.Tensor) or 0 < k < vocab_size or isinstance(p, torch.Tensor) or p < 1.0
+
     def filtered(self, vocab_size: int) -> bool:
         """Whether any row may have a filter on (per-row tensors count as "may": their values
         are checked on the device). False means the filter machinery can be skipped."""

@@ -12,6 +12,7 @@ import torch
 
 from . import processing as proc
 from . import rows, validation
+from .ops import configs
 from .ops.configs import TileConfig, pdl_fallback, pdl_select_beside_merge, pdl_stage2, triton_twin
 from .ops.fallback import KeptLogits, run_fallback
 from .ops.layout import BufferPair
@@ -129,7 +130,12 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     # launches while select_filtered runs; each waits for the launch before it at its first instruction, except
     # select_filtered beside the merge, which waits only before its first store (below).
     pdl2, pdl_fb = pdl_stage2(dev), pdl_fallback(dev)
-    launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size, trigger=pdl2)
+    # Rows restricted by top-k / top-p get their token from select_filtered or the fallback, never from their tiles'
+    # noisy winners: a tile of only such (or greedy) rows draws no noise (configs.SKIP_FILTERED_NOISE). Min-p alone
+    # keeps it (select_filtered's proof from the winners reads it).
+    skip_noise = filtered and configs.SKIP_FILTERED_NOISE and params.may_top_k_or_p(vocab_size)
+    launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size, trigger=pdl2,
+                  skip_filtered_noise=skip_noise)
     top_ids = top_lp = fallback = None
     # Filtered and top-N calls: select_filtered does the merge's work too where merge_folds says so (merge=True),
     # one launch less than merge + select.

@@ -240,6 +240,15 @@ EXTENDED_WS_MAX_HIDDEN = 4096
 WS_FIELDS_FULL_TILE = True
 FIELDS_FULL_TILE_MIN_BATCH = 129
 
+# A filtered call's stage 1 draws no noise in a tile none of whose rows has a reader for it: every row greedy or
+# restricted by top-k / top-p, whose token select_filtered draws over its surviving kept logits (with the contract's
+# noise for those ids) or the fallback recomputes (epilogue.rows_draw_noise; launch_fused's skip_filtered_noise).
+# Same tokens, logprobs and top-N either way; only such rows' stage-1 scores change (the logit instead of the
+# perturbed score), which nothing reads but the merge's poison test (NaN either way) and the unfiltered token it
+# writes first, which select_filtered replaces. docs/performance.md v122: without the noise a filtered call's stage 1
+# runs at 0.94-1.04x the plain one's on an H100, 7-15% under its cost with the noise.
+SKIP_FILTERED_NOISE = True
+
 # The warp-specialised 128-row tile's operand ring from WS_FEWER_STAGES_FROM rows on a GPU without fast memory: one
 # stage fewer than the 5 below it, where the ws kernel runs (pick_config's ws_kernel: an sm_90 GPU, bf16 / fp16). The
 # key is "no fast memory" (configs.fast_memory: the H100 SXM / PCIe, the H800; also an sm_90 GPU whose driver gives no

@@ -11,6 +11,10 @@ accumulator, or a chunk of cuBLAS output) and turns it into one candidate per ro
 * ``write_candidates``: the stores, into the local buffer or, through a peer address
   table, into every tensor-parallel peer's buffer.
 
+* ``rows_draw_noise``: which rows' noise anything reads. With ``skip_filtered_noise`` (fsdist.sample's filtered
+  calls) a tile whose rows are all greedy or filtered by top-k / top-p draws none: their score is then the
+  logit (module ``select_filtered``: such a row's token is drawn there, over its surviving kept logits, or by
+  the fallback; stage 1's score only tells the merge whether the row is poisoned, which NaN still does).
 * ``tile_topk`` / ``write_kept``: with filters or top-N logprobs (an *extended* layout),
   the tile's KEEP largest raw logits with their global ids, and the *boundary*: the
   largest logit the tile did not keep. Stage 2 (``select_filtered.py``) proves a row's
@@ -45,6 +49,20 @@ def row_temperature(temp):
     greedy = (temp < GREEDY_BELOW) & ~bad
     off = greedy | bad
     return tl.where(off, 1.0, 1.0 / tl.where(off, 1.0, temp)), tl.where(off, 0.0, temp), greedy, bad
+
+
+@triton.jit
+def rows_draw_noise(noise_scale, top_k, top_p, vocab_size):
+    """Rows whose stage-1 noise a filtered call reads (bool, per row): sampled rows (noise scale > 0) that
+    neither top-k nor top-p restricts. A greedy or poisoned row (scale 0) scores its logit with or without
+    the noise; a row with top-k or top-p on gets its token from select_filtered's draw over its surviving
+    kept logits (with the contract's noise for those ids) or from the fallback, never from its tiles'
+    winners, which only min-p rows' proof reads (select_filtered.winner_draw). The same tests as
+    select_filtered's use_k / use_p; a NaN or out-of-range value keeps the noise (bad filter values
+    return -1 there anyway)."""
+    use_k = (top_k > 0) & (top_k < vocab_size)
+    use_p = top_p < 1.0
+    return (noise_scale > 0.0) & ~(use_k | use_p)
 
 
 @triton.jit

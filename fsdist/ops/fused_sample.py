@@ -32,7 +32,8 @@ from . import configs
 from .configs import (PAD_HALF_TILE_ROWS, PAD_TILE_ROWS, WS_BOX_ROWS, WS_BOX_TILE_ROWS, WS_LAST_BOX_ROWS, TileConfig,
                       fast_memory, fit_num_stages, pdl_after_entry_offsets, pp_greedy_rule, stagger_applies,
                       triton_twin)
-from .epilogue import perturb, raw_sum, row_temperature, tile_stats, tile_topk, write_candidates, write_kept
+from .epilogue import (perturb, raw_sum, row_temperature, rows_draw_noise, tile_stats, tile_topk, write_candidates,
+                       write_kept)
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
 from .pad_rows import pad_rows
@@ -58,6 +59,7 @@ def fused_sample_kernel(
     hdr_off_i, flags, stride_ifield, xfp_ptr, xfp_val,
     bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride,
     eoff_ptr, eoff_stride, head_ptr, head_val_ptr, head_stride,
+    topk_ptr, topk_val, topp_ptr, topp_val,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_V: tl.constexpr,
     SEED_PER_ROW: tl.constexpr, OFFSET_PER_ROW: tl.constexpr, TEMP_PER_ROW: tl.constexpr,
@@ -68,7 +70,8 @@ def fused_sample_kernel(
     EXTENDED: tl.constexpr = False, KEEP: tl.constexpr = 4, XFP_PER_ROW: tl.constexpr = False,
     BITMASK: tl.constexpr = False, SPARSE: tl.constexpr = False, ENTRY_HEAD: tl.constexpr = 4,
     BM_WORDS: tl.constexpr = False, WINNER_LOGIT: tl.constexpr = True, RAW_SUM: tl.constexpr = True,
-    PINNED: tl.constexpr = False, first_wave=0, stagger_ns=0, STAGGER: tl.constexpr = False,
+    PINNED: tl.constexpr = False, SKIP_NOISE: tl.constexpr = False, TOPK_PER_ROW: tl.constexpr = False,
+    TOPP_PER_ROW: tl.constexpr = False, first_wave=0, stagger_ns=0, STAGGER: tl.constexpr = False,
     PDL_WAIT: tl.constexpr = False, TRIGGER: tl.constexpr = False,
 ):
     # Stage 2, the next launch, may be a programmatic dependent (configs.pdl_stage2): it may launch once every
@@ -150,7 +153,13 @@ def fused_sample_kernel(
         logit = process_tile(logit, offs_b, mask_b, gid, valid, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride,
                              e_start, e_count, e_head, e_head_val, tl.arange(0, ENTRY_HEAD), rep, freq, pres, words,
                              BITMASK, SPARSE, ENTRY_HEAD, BM_WORDS, PINNED)
-    if NOISE:
+    draw = NOISE
+    if NOISE and SKIP_NOISE:
+        # A filtered call (epilogue.rows_draw_noise): no noise where no row of the tile has a reader for it.
+        top_k = load_row_param(topk_ptr, topk_val, offs_b, mask_b, tl.int32, TOPK_PER_ROW)
+        top_p = load_row_param(topp_ptr, topp_val, offs_b, mask_b, tl.float32, TOPP_PER_ROW)
+        draw = tl.max((rows_draw_noise(noise_scale, top_k, top_p, vocab_size) & mask_b).to(tl.int32), axis=0) > 0
+    if draw:
         seed = load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
         offset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)
         # Tiles start at multiples of BLOCK_V (and vocab_start at a multiple of 4), so the
@@ -286,14 +295,18 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
                  layout: CandidateLayout, dest: BufferPair, *, vocab_size: int, vocab_start: int = 0,
                  shard: int = 0, logprobs: bool = False, extended: Optional[bool] = None,
                  flags: Optional[int] = None, raw_sums: bool = True, winner_logit: bool = False,
-                 trigger: bool = False) -> None:
+                 trigger: bool = False, skip_filtered_noise: bool = False) -> None:
     """Write the candidates of every (row, vocabulary tile) of ``hidden @ weight.T`` into block
     ``shard`` of ``dest``. weight holds global vocabulary ids [vocab_start, vocab_start + rows);
     ids >= vocab_size are padding and never win. raw_sums=False leaves an extended layout's raw
     (T = 1) sums out (NaN): only "raw" logprobs read them; the winner's logit (field 1) is written
     only with ``logprobs`` or ``winner_logit`` (select_filtered's min-p proof). trigger: the caller's next launch
     is a programmatic dependent that waits for this one's end before any memory access (configs.pdl_stage2); the
-    Triton kernel then lets it launch early (the warp-specialised kernel does not: it ends as usual)."""
+    Triton kernel then lets it launch early (the warp-specialised kernel does not: it ends as usual).
+    skip_filtered_noise: a tile none of whose rows needs the noise (epilogue.rows_draw_noise: greedy rows and rows
+    with top-k or top-p on) draws none and scores each id by its logit; only for calls whose filtered rows get their
+    token from select_filtered or the fallback (fsdist.sample's filtered calls), never where a row's noisy tile
+    winners are read (unfiltered rows and min-p alone keep the noise, as does every tile holding one)."""
     n_vtiles = layout.check_fit(hidden.shape[0], weight.shape[0], cfg.block_v, shard, vocab_start)
     header = writes_header(layout, dest)  # (raises for a checked layout without the step counter: before any launch)
     extended = layout.extended if extended is None else extended
@@ -324,7 +337,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
                         vocab_size=vocab_size, vocab_start=vocab_start, shard=shard, stages=stages,
                         epilogue_warps=8 if cfg.num_warps >= 8 else 4, block_b=ws_rows, logprobs=logprobs,
                         extended=extended, raw_sums=raw_sums, winner_logit=winner_logit, batch=B, flags=flags,
-                        box_rows=box, last_box_rows=last)
+                        box_rows=box, last_box_rows=last, skip_filtered_noise=skip_filtered_noise)
         return
     cfg = triton_twin(cfg, D)  # what the Triton kernel runs of a config meant for the warp-specialised one
     V_rows = weight.shape[0]
@@ -333,6 +346,8 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
     off_p, off_v, off_row = row_param_args(params.offset, dummy)
     temp_p, temp_v, temp_row = row_param_args(params.temperature, dummy)
     xfp_p, xfp_v, xfp_row = row_param_args(params.fingerprint, dummy)
+    topk_p, topk_v, topk_row = row_param_args(params.top_k, dummy)
+    topp_p, topp_v, topp_row = row_param_args(params.top_p, dummy)
     par_p, par_f, par_i, par_on = parity_args(dest.parity, dummy)
     # (with descriptors, a partial last tile may read a padded copy, tile_operand; B stays hidden's rows)
     h_arg, w_arg, tma = tma_operands(hidden, weight, cfg)
@@ -358,7 +373,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         par_p, par_f, par_i,
         layout.fingerprint_slot, call_flags(logprobs, chunked=False) if flags is None else flags,
         layout.stride_ifield, xfp_p, xfp_v,
-        *proc_args, *eoff_args,
+        *proc_args, *eoff_args, topk_p, int(topk_v), topp_p, float(topp_v),
         BLOCK_B=cfg.block_b, BLOCK_V=cfg.block_v, BLOCK_K=cfg.block_k,
         EVEN_K=D % cfg.block_k == 0, EVEN_V=V_rows % cfg.block_v == 0,
         SEED_PER_ROW=seed_row, OFFSET_PER_ROW=off_row, TEMP_PER_ROW=temp_row,
@@ -369,7 +384,7 @@ def launch_fused(hidden: torch.Tensor, weight: torch.Tensor, params: RowParams, 
         FAST_LOG=fast_log_ok(hidden.device),
         DEVICE_PARITY=par_on, TMA=tma, HEADER=header, EXTENDED=extended, KEEP=KEEP,
         XFP_PER_ROW=xfp_row, **proc_flags, ENTRY_HEAD=ENTRY_HEAD, WINNER_LOGIT=logprobs or winner_logit,
-        RAW_SUM=raw_sums,
+        RAW_SUM=raw_sums, SKIP_NOISE=bool(skip_filtered_noise), TOPK_PER_ROW=topk_row, TOPP_PER_ROW=topp_row,
         # the bitmask's words loaded before the main loop where every tile starts on a word
         BM_WORDS=vocab_start % 32 == 0 and cfg.block_v % 32 == 0,
         first_wave=sms if stagger else 0, stagger_ns=1000 * cfg.stagger_us if stagger else 0,

@@ -40,7 +40,7 @@ import torch
 import triton
 
 from ..params import RowParams
-from .epilogue import perturb, raw_sum, row_temperature, scaled_sum
+from .epilogue import perturb, raw_sum, row_temperature, rows_draw_noise, scaled_sum
 from .layout import KEEP, BufferPair, CandidateLayout, store_fan_out
 from .noise import LEGACY_PTX, gumbel_from_bits, vocab_quad_bits
 from .parity import parity_args, parity_offsets
@@ -350,14 +350,18 @@ if HAVE_GLUON:
                        BITMASK: gl.constexpr, SPARSE: gl.constexpr, PINNED: gl.constexpr,
                        LATE_NOISE: gl.constexpr, PROBE: gl.constexpr = 0, WAITS: gl.constexpr = False,
                        inv_t=None, STATS: gl.constexpr = False, EXTENDED: gl.constexpr = False,
-                       WINNER_LOGIT: gl.constexpr = False, RAW_SUM: gl.constexpr = False):
+                       WINNER_LOGIT: gl.constexpr = False, RAW_SUM: gl.constexpr = False, draw=True,
+                       SKIP: gl.constexpr = False):
         """(best score, best column, any NaN / +inf logit) of one HALF-wide column slice of the tile,
         its (processed) logits and columns, and the cycles spent waiting for the half (WAITS; else 0); then with
         STATS (the 128-row tile) the half's logprob / kept-logit fields (_half_stats), taken from the processed
         logits before the noise is drawn (LATE_NOISE: the top-4 search's temporaries and the noise's are not live
-        together), the winner's logit after it; else placeholders."""
+        together), the winner's logit after it; else placeholders. SKIP (a filtered call's
+        skip_filtered_noise): ``draw`` is the tile's verdict (epilogue.rows_draw_noise over its rows), and a tile
+        that draws no noise scores each id by its logit; the bits are then drawn late, under that verdict."""
         # The noise's layout (Philox quads joined into columns); with LATE_NOISE the bits themselves are drawn
         # after the logits are processed, so they and the processors' temporaries are not live together.
+        gl.static_assert(LATE_NOISE or not SKIP, "a tile that may skip the noise draws its bits late")
         zq = gl.zeros([seed.shape[0], HALF // 4], gl.int32, quad_layout)
         lay: gl.constexpr = gl.reshape(gl.join(gl.join(zq, zq), gl.join(zq, zq)), [seed.shape[0], HALF]).type.layout
         if not LATE_NOISE:
@@ -395,16 +399,19 @@ if HAVE_GLUON:
         if STATS:
             m, s, r, v0, v1, v2, v3, c0, c1, c2, c3, bnd = _half_stats(logit, col, inv_t, EXTENDED, RAW_SUM)
         if NOISE:
-            if LATE_NOISE:
-                bits = _half_bits(seed, offset, vocab_start + tile_start + half * HALF, HALF, quad_layout, PROBE,
-                                  FAST_LOG)
-            if PROBE == _PROBE_PHILOX:  # (benchmarks) the bits without the logs: one conversion keeps Philox live
-                g = (bits & 0xFFFF).to(gl.float32) * 1e-6
-            elif PROBE == _PROBE_LEGACY:  # (benchmarks) the same bits from the instructions before v97
-                g = gumbel_from_bits(bits, LEGACY_PTX if FAST_LOG else FAST_LOG)
+            if draw:  # (True, or with SKIP the tile's verdict: a branch taken by the whole tile)
+                if LATE_NOISE:
+                    bits = _half_bits(seed, offset, vocab_start + tile_start + half * HALF, HALF, quad_layout, PROBE,
+                                      FAST_LOG)
+                if PROBE == _PROBE_PHILOX:  # (benchmarks) the bits without the logs: one conversion keeps Philox live
+                    g = (bits & 0xFFFF).to(gl.float32) * 1e-6
+                elif PROBE == _PROBE_LEGACY:  # (benchmarks) the same bits from the instructions before v97
+                    g = gumbel_from_bits(bits, LEGACY_PTX if FAST_LOG else FAST_LOG)
+                else:
+                    g = gumbel_from_bits(bits, FAST_LOG)
+                score = perturb(logit, gl.convert_layout(noise_scale, gl.SliceLayout(1, lay))[:, None], g, FAST_LOG)
             else:
-                g = gumbel_from_bits(bits, FAST_LOG)
-            score = perturb(logit, gl.convert_layout(noise_scale, gl.SliceLayout(1, lay))[:, None], g, FAST_LOG)
+                score = logit
         else:
             score = logit
         best, at = _argmax_lowest(score, col)
@@ -526,7 +533,8 @@ if HAVE_GLUON:
                             temp_val, cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
                             stride_slot, n_btiles, n_tiles, stride_field, stride_ifield, bm_ptr, bm_stride, ent_ptr,
                             val_ptr, ent_stride, ent_width, search_steps, pen_ptr, pen_stride, parity_ptr,
-                            parity_stride_f, parity_stride_i, hdr_off_i, flags, xfp_ptr, xfp_val,
+                            parity_stride_f, parity_stride_i, hdr_off_i, flags, xfp_ptr, xfp_val, topk_ptr,
+                            topk_val, topp_ptr, topp_val,
                             BLOCK_B: gl.constexpr, BLOCK_V: gl.constexpr, EPI_WARPS: gl.constexpr,
                             SEED_PER_ROW: gl.constexpr, OFFSET_PER_ROW: gl.constexpr, TEMP_PER_ROW: gl.constexpr,
                             NOISE: gl.constexpr, FAST_LOG: gl.constexpr, ROW_THREADS: gl.constexpr,
@@ -535,7 +543,8 @@ if HAVE_GLUON:
                             PINNED: gl.constexpr, PEER_TABLE: gl.constexpr, NPEERS: gl.constexpr,
                             DEVICE_PARITY: gl.constexpr, HEADER: gl.constexpr, XFP_PER_ROW: gl.constexpr,
                             ROTATE: gl.constexpr, NOISE_PROBE: gl.constexpr, ACC_BUFS: gl.constexpr,
-                            EPI_CHUNK: gl.constexpr, wait_ptr, WAITS: gl.constexpr):
+                            EPI_CHUNK: gl.constexpr, wait_ptr, WAITS: gl.constexpr, SKIP_NOISE: gl.constexpr,
+                            TOPK_PER_ROW: gl.constexpr, TOPP_PER_ROW: gl.constexpr):
         HALF: gl.constexpr = BLOCK_V // 2
         # The 128-row tile takes each half's logprob / kept-logit fields as the half arrives (_half_stats); the
         # 64-row tile holds both halves' logits and takes them over the whole tile.
@@ -560,6 +569,14 @@ if HAVE_GLUON:
             seed = load_row_param(seed_ptr, seed_val, offs_b, mask_b, gl.int64, SEED_PER_ROW)
             offset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, gl.int64, OFFSET_PER_ROW)
             inv_t, noise_scale, _greedy, bad_temp = row_temperature(temp)
+            draw = True
+            if SKIP_NOISE:
+                # a filtered call (launch_fused's skip_filtered_noise): the tile draws noise only if one of its rows
+                # has a reader for it (epilogue.rows_draw_noise)
+                top_k = load_row_param(topk_ptr, topk_val, offs_b, mask_b, gl.int32, TOPK_PER_ROW)
+                top_p = load_row_param(topp_ptr, topp_val, offs_b, mask_b, gl.float32, TOPP_PER_ROW)
+                need = rows_draw_noise(noise_scale, top_k, top_p, vocab_size) & mask_b
+                draw = gl.max(need.to(gl.int32), axis=0) > 0
             if HEADER:
                 # The call's header (step_check.py), written with the first vocabulary tile of each batch tile,
                 # as fused_sample_kernel writes it (the rows' fingerprints, one step record), before the logits
@@ -606,22 +623,23 @@ if HAVE_GLUON:
                                                                tile_start, V_rows, vocab_size, vocab_start, HALF,
                                                                EPI_CHUNK, NOISE, FAST_LOG, quad_layout, WAITS)
             else:
-                # (LATE_NOISE: bias / penalty entries on 128 rows, or the fields taken per half before the noise)
-                late: gl.constexpr = (SPARSE and BLOCK_B > 64) or PER_HALF
+                # (LATE_NOISE: bias / penalty entries on 128 rows, or the fields taken per half before the noise, or a
+                # tile that may skip the noise: its bits drawn under the tile's verdict)
+                late: gl.constexpr = (SPARSE and BLOCK_B > 64) or PER_HALF or SKIP_NOISE
                 (best0, at0, bad0, l0, col0, wa0, m0, sum0, raw0, wl0, a0, a1, a2, a3, ac0, ac1, ac2, ac3,
                  abnd) = _epilogue_half(acc_smem.index(0), acc_ready.index(0), acc_empty.index(0), p0, 0, seed,
                                         offset, noise_scale, tile_start, V_rows, vocab_size, vocab_start, offs_b,
                                         mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, s0, n0, h0, hv0,
                                         rep, freq, pres, HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
                                         PINNED, late, NOISE_PROBE, WAITS, inv_t, PER_HALF, EXTENDED,
-                                        WINNER_LOGIT, RAW_SUM)
+                                        WINNER_LOGIT, RAW_SUM, draw, SKIP_NOISE)
                 (best1, at1, bad1, l1, col1, wa1, m1, sum1, raw1, wl1, b0, b1, b2, b3, bc0, bc1, bc2, bc3,
                  bbnd) = _epilogue_half(acc_smem.index(J1), acc_ready.index(J1), acc_empty.index(J1), p1, 1, seed,
                                         offset, noise_scale, tile_start, V_rows, vocab_size, vocab_start, offs_b,
                                         mask_b, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, s1, n1, h1, hv1,
                                         rep, freq, pres, HALF, NOISE, FAST_LOG, quad_layout, BITMASK, SPARSE,
                                         PINNED, late, NOISE_PROBE, WAITS, inv_t, PER_HALF, EXTENDED,
-                                        WINNER_LOGIT, RAW_SUM)
+                                        WINNER_LOGIT, RAW_SUM, draw, SKIP_NOISE)
             hc += 2
             w_acc += wa0 + wa1
             dst = buf_offset + pid_v * stride_slot + offs_b
@@ -716,7 +734,9 @@ if HAVE_GLUON:
                                H_BOXES: gl.constexpr = 1, LAST_BOXES: gl.constexpr = 0,
                                ROTATE: gl.constexpr = False, NOISE_PROBE: gl.constexpr = 0,
                                ACC_BUFS: gl.constexpr = 1, EPI_CHUNK: gl.constexpr = 0, wait_ptr=None,
-                               WAITS: gl.constexpr = False):
+                               WAITS: gl.constexpr = False, topk_ptr=None, topk_val=0, topp_ptr=None, topp_val=1.0,
+                               SKIP_NOISE: gl.constexpr = False, TOPK_PER_ROW: gl.constexpr = False,
+                               TOPP_PER_ROW: gl.constexpr = False):
         # BLOCK_B: the batch tile, loaded as one TMA box of the hidden, or (launch_fused_ws's box_rows: a one-tile
         # batch) as H_BOXES smaller boxes. LAST_BOXES (launch_fused_ws's last_box_rows): the batch's last tile, of
         # at most BLOCK_B / 2 rows, loaded as that many boxes of hl_desc's rows and multiplied as half a tile. ROTATE:
@@ -762,10 +782,12 @@ if HAVE_GLUON:
                                    buf_offset, buf_offset_i, stride_slot, n_btiles, n_tiles, stride_field,
                                    stride_ifield, bm_ptr, bm_stride, ent_ptr, val_ptr, ent_stride, ent_width,
                                    search_steps, pen_ptr, pen_stride, parity_ptr, parity_stride_f, parity_stride_i,
-                                   hdr_off_i, flags, xfp_ptr, xfp_val, BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW,
+                                   hdr_off_i, flags, xfp_ptr, xfp_val, topk_ptr, topk_val, topp_ptr, topp_val,
+                                   BLOCK_B, BLOCK_V, EPI_WARPS, SEED_PER_ROW,
                                    OFFSET_PER_ROW, TEMP_PER_ROW, NOISE, FAST_LOG, ROW_THREADS, LOGPROBS, EXTENDED,
                                    WINNER_LOGIT, RAW_SUM, BITMASK, SPARSE, PINNED, PEER_TABLE, NPEERS, DEVICE_PARITY,
-                                   HEADER, XFP_PER_ROW, ROTATE, NOISE_PROBE, ACC_BUFS, EPI_CHUNK, wait_ptr, WAITS)),
+                                   HEADER, XFP_PER_ROW, ROTATE, NOISE_PROBE, ACC_BUFS, EPI_CHUNK, wait_ptr, WAITS,
+                                   SKIP_NOISE, TOPK_PER_ROW, TOPP_PER_ROW)),
         ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
 
 
@@ -860,7 +882,8 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
                     block_b: int = WS_BLOCK_B, logprobs: bool = False, extended: bool = False,
                     raw_sums: bool = True, winner_logit: bool = False, batch: int = None,
                     flags: int = None, box_rows: int = 0, last_box_rows: int = 0, noise_probe: str = "",
-                    acc_buffers: int = 1, epilogue_chunk: int = 0, wait_probe: torch.Tensor = None) -> None:
+                    acc_buffers: int = 1, epilogue_chunk: int = 0, wait_probe: torch.Tensor = None,
+                    skip_filtered_noise: bool = False) -> None:
     """Write every (row, vocabulary tile)'s candidate of ``hidden @ weight.T`` into block ``shard``
     of ``dest``, as launch_fused does with the same TMA tile. The caller checks
     :func:`ws_supported` first. grid_cap: at most this many persistent programs (0: one per SM).
@@ -906,7 +929,8 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     k-step instead of two; each row's products the same), instead of a whole tile on a padded hidden: the same
     candidates for half the tile's MMA work (the epilogue still runs the tile's 128 rows, the unused ones never
     stored; the grid: :func:`persistent_grid`). It also needs the hidden's own rows; 0 (default), or another batch: the
-    last tile whole."""
+    last tile whole.
+    skip_filtered_noise: as launch_fused's (a tile whose rows all get their token elsewhere draws no noise)."""
     if block_b not in (64, 128):
         raise ValueError(f"block_b must be 64 or 128, got {block_b}")
     if acc_buffers not in (1, 2):
@@ -951,6 +975,11 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
     off_p, off_v, off_row = row_param_args(params.offset, dummy)
     temp_p, temp_v, temp_row = row_param_args(params.temperature, dummy)
     xfp_p, xfp_v, xfp_row = row_param_args(params.fingerprint, dummy)
+    topk_p, topk_v, topk_row = row_param_args(params.top_k, dummy)
+    topp_p, topp_v, topp_row = row_param_args(params.top_p, dummy)
+    skip = bool(skip_filtered_noise) and not params.all_greedy
+    if skip and epilogue_chunk:
+        raise ValueError("skip_filtered_noise serves filtered calls, which the chunked epilogue does not run")
     par_p, par_f, par_i, par_on = parity_args(dest.parity, dummy)
     header = writes_header(layout, dest)
     if epilogue_warps not in WS_REGISTERS:
@@ -978,6 +1007,8 @@ def launch_fused_ws(hidden: torch.Tensor, weight: torch.Tensor, params: RowParam
         XFP_PER_ROW=xfp_row, BLOCK_B=block_b, H_BOXES=boxes, LAST_BOXES=last_boxes, ROTATE=rotate,
         NOISE_PROBE=NOISE_PROBES[noise_probe], ACC_BUFS=acc_buffers, EPI_CHUNK=epilogue_chunk,
         wait_ptr=dummy if wait_probe is None else wait_probe, WAITS=wait_probe is not None,
+        topk_ptr=topk_p, topk_val=int(topk_v), topp_ptr=topp_p, topp_val=float(topp_v), SKIP_NOISE=skip,
+        TOPK_PER_ROW=topk_row, TOPP_PER_ROW=topp_row,
         num_warps=4, maxnreg=maxnreg,
     )
 

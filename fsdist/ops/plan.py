@@ -144,10 +144,11 @@ _cached_plan = functools.lru_cache(maxsize=256)(_plan)
 
 def launch_stage1(plan: SamplePlan, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams,
                   dest: BufferPair, *, vocab_size: int, vocab_start: int = 0, shard: int = 0,
-                  flags: Optional[int] = None, trigger: bool = False) -> None:
+                  flags: Optional[int] = None, trigger: bool = False, skip_filtered_noise: bool = False) -> None:
     """Run a plan's stage 1: candidates of ``hidden @ weight.T`` into block ``shard`` of ``dest``.
     flags: the call's flags for a checked layout's header (default: the plan's own). trigger: the next launch is a
-    programmatic dependent that waits for stage 1's end before any memory access (launch_fused)."""
+    programmatic dependent that waits for stage 1's end before any memory access (launch_fused).
+    skip_filtered_noise: launch_fused's (the fused path only; the chunked pass draws every tile's noise)."""
     if hidden.shape[0] == 0:
         return
     if hidden.shape[0] > plan.layout.batch_cap:
@@ -159,4 +160,4 @@ def launch_stage1(plan: SamplePlan, hidden: torch.Tensor, weight: torch.Tensor, 
                        vocab_start=vocab_start, **kw)
     else:
         launch_fused(hidden, weight, params, plan.config, plan.layout, dest, vocab_size=vocab_size,
-                     vocab_start=vocab_start, trigger=trigger, **kw)
+                     vocab_start=vocab_start, trigger=trigger, skip_filtered_noise=skip_filtered_noise, **kw)

@@ -114,13 +114,14 @@ STAGE1 = dict(h_ptr="*bf16", w_ptr="*bf16", cand_f="*i64",
               cand_i="*i64", B="i32", D="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", stride_hb="i32",
               buf_offset="i32", buf_offset_i="i32", stride_field="i32", stride_slot="i32", hdr_off_i="i32", flags="i32",
               stride_ifield="i32", xfp_ptr="*i64", xfp_val="i64", eoff_ptr="*i32", eoff_stride="i32", head_ptr="*i32",
-              head_val_ptr="*fp32", head_stride="i32", first_wave="i32", stagger_ns="i32", **ROW_PARAMS, **PARITY,
-              **PROC)
+              head_val_ptr="*fp32", head_stride="i32", first_wave="i32", stagger_ns="i32", topk_ptr="*i32",
+              topk_val="i32", topp_ptr="*fp32", topp_val="fp32", **ROW_PARAMS, **PARITY, **PROC)
 STAGE1_CONST = dict(**PROC_CONST, BLOCK_B=16, BLOCK_V=128, BLOCK_K=128, EVEN_K=True, EVEN_V=True, SEED_PER_ROW=True,
                     OFFSET_PER_ROW=True, TEMP_PER_ROW=True, NOISE=True, LOGPROBS=True, PEER_TABLE=True, NPEERS=4,
                     DOT_PRECISION="tf32", DOT_UPCAST=False, FAST_LOG=True, DEVICE_PARITY=True, TMA=False, HEADER=True,
                     EXTENDED=True, KEEP=4, XFP_PER_ROW=True, ENTRY_HEAD=4, BM_WORDS=True, WINNER_LOGIT=True,
-                    RAW_SUM=True, STAGGER=False, PDL_WAIT=False, TRIGGER=False)
+                    RAW_SUM=True, STAGGER=False, PDL_WAIT=False, TRIGGER=False, SKIP_NOISE=False, TOPK_PER_ROW=False,
+                    TOPP_PER_ROW=False)
 
 CASES = {
     "group_select": dict(
@@ -379,12 +380,14 @@ WS_TYPES = dict(h_desc="tensordesc<bf16[64, 64],NVMMA>", hl_desc="tensordesc<bf1
                 cand_i="*i32", B="i32", V_rows="i32", vocab_size="i32", vocab_start="i32", buf_offset="i32",
                 buf_offset_i="i32", stride_slot="i32", n_btiles="i32", n_tiles="i32", k_steps="i32",
                 stride_field="i32", stride_ifield="i32", hdr_off_i="i32", flags="i32", xfp_ptr="*i64", xfp_val="i64",
-                wait_ptr="*i64", **ROW_PARAMS, **PARITY, **PROC)
+                wait_ptr="*i64", topk_ptr="*i32", topk_val="i32", topp_ptr="*fp32", topp_val="fp32", **ROW_PARAMS,
+                **PARITY, **PROC)
 WS_CONST = dict(STAGES=5, EPI_WARPS=8, EPI_REGS=160, LOAD_REGS=24, SEED_PER_ROW=True, OFFSET_PER_ROW=True,
                 TEMP_PER_ROW=True, NOISE=True, FAST_LOG=True, ROW_THREADS=8, LOGPROBS=True, EXTENDED=True,
                 WINNER_LOGIT=False, RAW_SUM=False, BITMASK=False, SPARSE=False, PINNED=True, PEER_TABLE=False,
                 NPEERS=1, DEVICE_PARITY=False, HEADER=False, XFP_PER_ROW=False, BLOCK_B=64, H_BOXES=1,
-                LAST_BOXES=0, ROTATE=False, NOISE_PROBE=0, ACC_BUFS=1, EPI_CHUNK=0, WAITS=False)
+                LAST_BOXES=0, ROTATE=False, NOISE_PROBE=0, ACC_BUFS=1, EPI_CHUNK=0, WAITS=False, SKIP_NOISE=False,
+                TOPK_PER_ROW=False, TOPP_PER_ROW=False)
 CASES["stage1_ws_extended"] = dict(module="fsdist.ops.fused_sample_ws", kernel="fused_sample_ws_kernel", gluon=True,
                                    maxnreg=128, types=WS_TYPES, constexprs=WS_CONST, ptx_lacks=["fence.proxy.async"],
                                    ptx_count={"cp.async.bulk.tensor": 2, "expect_tx.shared.b64 _, [%r": 1,
@@ -416,6 +419,16 @@ CASES["stage1_ws_last_boxes"] = dict(CASES["stage1_ws_plain"],
 CASES["stage1_ws_extended_128"] = dict(CASES["stage1_ws_plain"], constexprs=dict(WS_CONST, BLOCK_B=128,
                                                                                  WINNER_LOGIT=True))
 
+# A filtered call's tiles drawing the noise only where a row reads it (configs.SKIP_FILTERED_NOISE, v123): the Triton
+# kernel's extended tile and both ws tiles, per-row top-k / top-p (the 64-row tile then draws its bits late).
+CASES["stage1_fused_skip_noise"] = dict(
+    CASES["stage1_fused_tma"], constexprs=dict(CASES["stage1_fused_tma"]["constexprs"], SKIP_NOISE=True,
+                                               TOPK_PER_ROW=True, TOPP_PER_ROW=True))
+CASES["stage1_ws_extended_skip_noise"] = dict(CASES["stage1_ws_extended"], constexprs=dict(
+    WS_CONST, SKIP_NOISE=True, TOPK_PER_ROW=True, TOPP_PER_ROW=True))
+CASES["stage1_ws_extended_128_skip_noise"] = dict(CASES["stage1_ws_extended_128"], constexprs=dict(
+    CASES["stage1_ws_extended_128"]["constexprs"], SKIP_NOISE=True, TOPK_PER_ROW=True, TOPP_PER_ROW=True))
+
 # The hand-off variants of plain calls (v87 / v90): a buffer per column half, and the chunked epilogue (each half in
 # chunks of 16 columns walked in a loop that ptxas must not unroll: the pragma reaches the PTX), on a short last tile.
 CASES["stage1_ws_chunked"] = dict(CASES["stage1_ws_last_boxes"],
@@ -433,6 +446,7 @@ CASES["stage1_ws_plain"]["ptx_has"] = CASES["stage1_ws_plain"].get("ptx_has", []
 # with one tl.philox word a row, off the per-id path: step_check.py; its mul.hi pairs stay.)
 NOISE_PTX = dict(has=["lg2.approx.ftz.f32", "mul.wide.u32"], lacks=["lg2.approx.f32", "mul.hi.u32"])
 NOISE_CASES = ["stage1_fused_peers_parity", "stage1_fused_tma", "stage1_pass_peers_parity", "select_filtered",
+               "stage1_fused_skip_noise", "stage1_ws_extended_skip_noise", "stage1_ws_extended_128_skip_noise",
                "fallback_resolve", "stage1_ws_extended", "stage1_ws_plain", "stage1_ws_chunked"]
 for _name in NOISE_CASES:
     _lacks = [t for t in NOISE_PTX["lacks"] if t != "mul.hi.u32" or not CASES[_name]["constexprs"].get("HEADER")]

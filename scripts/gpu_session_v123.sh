@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call on one GPU (nvidia-h100-x1) for v123 (docs/performance.md): a filtered call's stage-1 tiles draw
+# no noise where none of their rows reads it (configs.SKIP_FILTERED_NOISE). Parts (PARTS, default "tests probe"),
+# each cut at what is left of $CALL_BUDGET s (default 560):
+#   tests  in parallel groups: tests/ops/test_skip_noise.py (the Triton tile, the ws 64- and 128-row tiles: candidates
+#          with and without the skip, whole calls, scalar filters), the ws kernel's filtered-call tests (ws against
+#          the Triton tile, both skipping), the 10^6-sample filtered chi-squared and the no-sync / graph tests of
+#          test_gpu_serving.py, test_filters.py
+#   probe  bench/filter_probe.py graph replays at D = 4096, A/B/A/B of the switch off ("noskip") and on ("skip"):
+#          plain, top-k 50 + top-p 0.9, min-p 0.05 (which never asks for the skip: a control); batches $B4096
+# TESTS_LIMIT and PROBE_LIMIT (s) cap the parts (240, 200). JSONs in $OUT, logs in $OUT/v123_logs.tgz.
+# Usage: export OUT; bash scripts/gpu_session_v123.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu_session_lib.sh
+pack_on_exit v123
+PARTS="${PARTS:-tests probe}"
+rc=0
+if wants tests; then
+  TESTS_TIMEOUT=$(part_limit "${TESTS_LIMIT:-240}") bash scripts/gpu_tests_parallel.sh \
+    "tests/ops/test_skip_noise.py" \
+    "tests/ops/test_fused_ws_gpu.py -k 'filtered_calls'" \
+    "tests/test_gpu_serving.py -k 'filtered or synchronises or graph'" \
+    "tests/test_filters.py" || rc=1
+fi
+if wants probe; then
+  TAIL=40 run_part probe "$(part_limit "${PROBE_LIMIT:-200}")" v123_probe.log python3 bench/filter_probe.py \
+    --shape 4096x151936 --batches "${B4096:-64,256,1024}" --only graph --caps 0 \
+    --pdl "${V123_PDL:-noskip,skip,noskip,skip}" --graph-cases "plain,k50+p0.9,min_p0.05" || rc=1
+fi
+exit $rc

@@ -1,0 +1,217 @@
+"""configs.SKIP_FILTERED_NOISE: a filtered call's stage-1 tiles draw no noise where none of their rows reads it.
+
+A row restricted by top-k or top-p gets its token from select_filtered's draw over its surviving kept logits (the
+contract's noise drawn there, for those ids) or from the fallback, never from its tiles' noisy winners; a greedy row
+scores its logit with or without the noise (epilogue.rows_draw_noise). So a tile of only such rows may skip the
+noise: every output of the call must stay the same (tokens, logprobs, top-N, fallback flags), the tiles' fields
+other than the winner stay the same bit for bit, and a tile holding a row that reads its winners (unfiltered, min-p
+alone) must still draw. The power test shows that a rule dropping a reader's noise would fail the comparison.
+
+CPU: the Triton kernel on 16-row tiles under the interpreter. GPU: the Triton kernel, and on sm_90 the
+warp-specialised 64- and 128-row tiles.
+"""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import fsdist
+from fsdist.ops import configs, fused_sample
+from fsdist.ops.configs import TileConfig
+from fsdist.ops.epilogue import rows_draw_noise
+from fsdist.ops.fused_sample import launch_fused
+from fsdist.ops.layout import BufferPair, CandidateLayout
+from fsdist.params import RowParams
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+
+if ON_GPU:
+    CONFIGS = [TileConfig(32, 128, 64, 4, 3)] + ([TileConfig(64, 128, 64, 8, 5, tma=True, ws=True),
+                                                  TileConfig(128, 128, 64, 8, 5, tma=True, ws=True)] if HOPPER else [])
+else:
+    CONFIGS = [TileConfig(16, 128, 32, num_stages=1)]
+D, V = (256, 3000) if ON_GPU else (64, 1000)  # V: the last tile ends inside the vocabulary tile
+
+
+def _operands(B, seed):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(B, D, generator=g)
+    w = torch.randn(V, D, generator=g) * (1.5 / D ** 0.5)
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    return h.to(DEVICE, dtype), w.to(DEVICE, dtype)
+
+
+def _rows(block_b, seed):
+    """Three batch tiles of per-row parameters: tile 0 "quiet" (every row greedy or restricted by top-k / top-p: no
+    row reads the noise), tile 1 mixed (unfiltered rows, a min-p-only row among restricted ones), tile 2 with bad
+    filter values (top-p 0, top-k -1, a NaN top-p: the first two return -1, the NaN keeps the noise) and a poisoned
+    temperature. (Three unfiltered rows: a sampled token may be the argmax, which a skipped noise would give too.)"""
+    B = 3 * block_b
+    g = torch.Generator().manual_seed(seed)
+    temp = torch.rand(B, generator=g) * 0.8 + 0.5
+    top_k = torch.zeros(B, dtype=torch.int32)
+    top_p = torch.ones(B)
+    min_p = torch.zeros(B)
+    top_k[0::3] = 30
+    top_p[1::3] = 0.8
+    top_k[2::3] = 200
+    top_p[2::3] = 0.95
+    temp[5] = 0.0  # greedy
+    for r in (4, 9, 12):  # tile 1: unfiltered rows ...
+        top_k[block_b + r] = 0
+        top_p[block_b + r] = 1.0
+    top_k[block_b + 7] = 0  # ... and a min-p-only row (its proof from the winners reads their scores)
+    top_p[block_b + 7] = 1.0
+    min_p[block_b + 7] = 0.05
+    top_p[2 * block_b + 1] = 0.0  # tile 2: bad values
+    top_k[2 * block_b + 3] = -1
+    top_p[2 * block_b + 4] = float("nan")  # (with top-k off: the rule keeps this row's noise, -1 all the same)
+    top_k[2 * block_b + 4] = 0
+    temp[2 * block_b + 6] = float("nan")
+    return dict(temperature=temp.to(DEVICE), seed=torch.arange(B, device=DEVICE) * 7 + 1,
+                offset=torch.full((B,), 3, device=DEVICE), top_k=top_k.to(DEVICE), top_p=top_p.to(DEVICE),
+                min_p=min_p.to(DEVICE))
+
+
+def _ids(cfg):
+    return f"{cfg.block_b}{'-ws' if cfg.ws else ''}"
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+def test_quiet_tiles_score_their_logits_and_every_other_field_stays(cfg):
+    """launch_fused with skip_filtered_noise: tile 0's winners score the raw logits (field 0 = the tile max, field 2),
+    where without the skip they carry the noise; tiles 1 and 2 (a reader of the noise in each) and every field but
+    the winner's score, logit and id are bit for bit the same."""
+    rows = _rows(cfg.block_b, 4)
+    B = rows["seed"].shape[0]
+    h, w = _operands(B, 11)
+    params = RowParams(rows["temperature"], rows["seed"], rows["offset"], top_k=rows["top_k"], top_p=rows["top_p"],
+                       min_p=rows["min_p"])
+    layout = CandidateLayout(CandidateLayout.fields(True, extended=True), triton.cdiv(V, cfg.block_v), B,
+                             n_ifields=5)
+    got = {}
+    for skip in (False, True):
+        dest = BufferPair.alloc(layout, DEVICE)
+        launch_fused(h, w, params, cfg, layout, dest, vocab_size=V, extended=True, raw_sums=False,
+                     winner_logit=True, skip_filtered_noise=skip)
+        got[skip] = (dest.f.view(layout.n_fields, -1, B).nan_to_num(-12345.0),
+                     dest.i.view(layout.n_ifields, -1, B))
+    (f0, i0), (f1, i1) = got[False], got[True]
+    assert torch.equal(f0[2:], f1[2:]) and torch.equal(i0[1:], i1[1:]), "only the winner's fields may change"
+    quiet, rest = slice(0, cfg.block_b), slice(cfg.block_b, B)
+    assert torch.equal(f0[:2, :, rest], f1[:2, :, rest]) and torch.equal(i0[:, :, rest], i1[:, :, rest])
+    assert torch.equal(f1[0, :, quiet], f1[2, :, quiet]), "a quiet tile's winner scores its logit (the tile max)"
+    assert not torch.equal(f0[0, :, quiet], f0[2, :, quiet]), "with the noise the scores differ (not vacuous)"
+
+
+def _spy(monkeypatch):
+    seen = []
+    real = fused_sample.launch_fused
+
+    def spy(*a, **k):
+        seen.append(k.get("skip_filtered_noise", False))
+        return real(*a, **k)
+
+    import fsdist.ops.plan as plan
+    monkeypatch.setattr(plan, "launch_fused", spy)
+    return seen
+
+
+def _call(h, w, rows, cfg, **kw):
+    return fsdist.sample(h, w, **rows, config=cfg, path="fused", **kw)
+
+
+def _same(a, b):
+    assert torch.equal(a.tokens, b.tokens)
+    assert torch.equal(a.fallback, b.fallback)
+    if a.logprobs is not None:
+        assert torch.equal(a.logprobs.nan_to_num(-1.0), b.logprobs.nan_to_num(-1.0))
+    if a.top_ids is not None:
+        assert torch.equal(a.top_ids, b.top_ids)
+        assert torch.equal(a.top_logprobs.nan_to_num(-1.0), b.top_logprobs.nan_to_num(-1.0))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+@pytest.mark.parametrize("extra", [dict(return_logprobs=True, top_logprobs=3), dict()], ids=["top-n", "tokens"])
+def test_sample_gives_the_same_outputs_with_the_skip(cfg, extra, monkeypatch):
+    """fsdist.sample with and without configs.SKIP_FILTERED_NOISE: the same tokens, logprobs, top-N and fallback flags
+    on tiles that skip, tiles that must draw and rows with bad values, a NaN-logit row among them; the calls asked
+    for the skip (and only where the switch is on)."""
+    rows = _rows(cfg.block_b, 5)
+    B = rows["seed"].shape[0]
+    h, w = _operands(B, 12)
+    h[cfg.block_b + 2] = float("nan")  # a row of NaN logits in tile 1: token -1 either way
+    seen = _spy(monkeypatch)
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(configs, "SKIP_FILTERED_NOISE", on)
+        out[on] = _call(h, w, rows, cfg, **extra)
+    assert seen == [False, True]
+    _same(out[False], out[True])
+    t = out[True].tokens.cpu()
+    assert t[cfg.block_b + 2] == -1 and t[2 * cfg.block_b + 1] == -1 and t[2 * cfg.block_b + 3] == -1
+    assert t[2 * cfg.block_b + 6] == -1 and (t[:cfg.block_b] >= 0).all()
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+def test_scalar_filters_skip_every_tile_and_keep_the_tokens(cfg, monkeypatch):
+    """A batch with one scalar top-p for every row (no row reads the noise: every tile skips) and a min-p-only call
+    (which never asks for the skip: its proof from the winners reads the noise); both as without the switch."""
+    B = 2 * cfg.block_b + 5
+    h, w = _operands(B, 13)
+    base = dict(temperature=torch.full((B,), 0.9, device=DEVICE), seed=torch.arange(B, device=DEVICE) + 100,
+                offset=torch.full((B,), 9, device=DEVICE))
+    seen = _spy(monkeypatch)
+    for filt, asks in ((dict(top_p=0.9), True), (dict(top_k=40), True), (dict(min_p=0.05), False)):
+        out = {}
+        for on in (False, True):
+            monkeypatch.setattr(configs, "SKIP_FILTERED_NOISE", on)
+            out[on] = _call(h, w, dict(base, **filt), cfg, return_logprobs=True)
+        assert seen[-2:] == [False, asks], filt
+        _same(out[False], out[True])
+
+
+@triton.jit
+def _nobody_reads(noise_scale, top_k, top_p, vocab_size):
+    return noise_scale != noise_scale  # False for every row with a temperature: drops every reader's noise too
+
+
+@pytest.mark.skipif(ON_GPU, reason="swapping a @triton.jit helper does not recompile a cached GPU kernel")
+def test_a_rule_that_dropped_a_readers_noise_would_be_caught(monkeypatch):
+    """Power: with a rule under which no row reads the noise, the tiles holding an unfiltered or min-p-only row skip
+    it too, and their tokens change: the comparison above can fail."""
+    cfg = CONFIGS[0]
+    rows = _rows(cfg.block_b, 5)
+    B = rows["seed"].shape[0]
+    h, w = _operands(B, 12)
+    monkeypatch.setattr(configs, "SKIP_FILTERED_NOISE", True)
+    ref = _call(h, w, rows, cfg)
+    monkeypatch.setattr(fused_sample, "rows_draw_noise", _nobody_reads)
+    bad = _call(h, w, rows, cfg)
+    changed = (ref.tokens != bad.tokens).nonzero().flatten().tolist()
+    readers = {cfg.block_b + r for r in (4, 7, 9, 12)} | {2 * cfg.block_b + 4}
+    assert changed and set(changed) <= readers, changed
+
+
+def test_the_rule_matches_select_filtereds_tests():
+    """rows_draw_noise on the values at the edges of select_filtered's use_k / use_p: top-k 0 and >= the vocabulary
+    are off, top-p 1.0 is off, NaN keeps the noise, a greedy or poisoned row (scale 0) never reads it."""
+    @triton.jit
+    def kernel(scale_ptr, k_ptr, p_ptr, out_ptr, vocab_size, N: tl.constexpr):
+        i = tl.arange(0, N)
+        from_rule = rows_draw_noise(tl.load(scale_ptr + i), tl.load(k_ptr + i), tl.load(p_ptr + i), vocab_size)
+        tl.store(out_ptr + i, from_rule.to(tl.int32))
+
+    cases = [  # (noise scale, top_k, top_p, reads the noise)
+        (1.0, 0, 1.0, True), (1.0, 50, 1.0, False), (1.0, 100, 1.0, True), (1.0, 99, 1.0, False),
+        (1.0, 0, 0.9, False), (1.0, 0, float("nan"), True), (0.0, 0, 1.0, False), (0.5, -1, 1.0, True),
+        (1.0, 0, 0.0, False), (1e30, 0, 1.0, True), (1.0, 100, 0.999, False), (0.0, 5, 0.5, False),
+        (1.0, 0, 1.5, True), (2.0, 2**30, 1.0, True), (1.0, 1, 1.0, False), (0.3, 0, 1.0, True)]
+    s = torch.tensor([c[0] for c in cases], device=DEVICE)
+    k = torch.tensor([c[1] for c in cases], dtype=torch.int32, device=DEVICE)
+    p = torch.tensor([c[2] for c in cases], device=DEVICE)
+    out = torch.empty(len(cases), dtype=torch.int32, device=DEVICE)
+    kernel[(1,)](s, k, p, out, 100, N=len(cases))
+    assert out.bool().cpu().tolist() == [c[3] for c in cases]
