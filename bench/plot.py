@@ -22,7 +22,7 @@ writes one plot per triple (``filter_ab_<gpu>_<date>.png``: filtered / plain aga
     python bench/plot.py --filter-settings OFF,ON filter_probe.json [more.json ...]
 
 reads filter_probe.py JSONs whose graph replays ran each case under several ``--pdl`` settings in one process (e.g.
-v118's ``fields64,beside,fields64,beside``), and writes one plot per JSON (``filter_settings_<gpu>_d<D>_<date>.png``:
+v118's ``fields64,beside,fields64,beside``), and writes one plot per JSON (``filter_settings_<gpu>_d<D>_<date>T<hhmm>.png``:
 filtered / plain against B under setting OFF and under ON, each the mean over that setting's repeats, every ratio over
 the plain call of the same setting and repeat) and prints its markdown table.
 
@@ -996,7 +996,7 @@ def filter_settings_main(files, settings: str, plots_dir: Path, no_plots: bool, 
         D = data["shape"][0]
         print(filter_ab_markdown(table, f"{gpu}, D = {D}", [os.path.basename(f)], before=shown[0], after=shown[1]))
         if not no_plots:
-            m = re.search(r"_(\d{8})T", os.path.basename(f))
+            m = re.search(r"_(\d{8}T\d{4})\d\dZ", os.path.basename(f))  # (the run's minute: one plot per run)
             plots_dir.mkdir(parents=True, exist_ok=True)
             out = filter_ab_plot(table, f"{gpu}, D = {D}", plots_dir / (
                 f"filter_settings_{gpu_of(data)}_d{D}_{m.group(1) if m else Path(f).stem}.png"),
