@@ -293,6 +293,12 @@ def graph_times(D, V, B, configs, args, device):
     # bias + penalties on 1,000 ids per row (the kernel bench's processors, issue 12's target)
     proc = _bias_penalties(D, V, B, device)
     cases.append(("bias_pen", proc, default_cap, None))
+    # v123's worst case: every 8th row unfiltered (top-k 0, top-p 1), so every tile still draws the noise and pays only
+    # what the skip's code costs (its rows' top-k / top-p loads, the 64-row tile's late bits, the extra spills)
+    mixed = dict(top_k=filt["top_k"].clone(), top_p=filt["top_p"].clone())
+    mixed["top_k"][::8] = 0
+    mixed["top_p"][::8] = 1.0
+    cases.append(("k50+p0.9 mixed", mixed, default_cap, None))
     # select_filtered's warps and min-p draw width in whole calls (--select-warps / --wide-caps): module
     # globals the launcher reads at each call, set while the graph is captured
     knobs = [(nw, wc) for nw in args.select_warps for wc in args.wide_caps if (nw, wc) != (None, None)]

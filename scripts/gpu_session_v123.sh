@@ -7,7 +7,8 @@
 #          the Triton tile, both skipping), the 10^6-sample filtered chi-squared and the no-sync / graph tests of
 #          test_gpu_serving.py, test_filters.py
 #   probe  bench/filter_probe.py graph replays at D = 4096, A/B/A/B of the switch off ("noskip") and on ("skip"):
-#          plain, top-k 50 + top-p 0.9, min-p 0.05 (which never asks for the skip: a control); batches $B4096
+#          plain, top-k 50 + top-p 0.9, min-p 0.05 (which never asks for the skip: a control), and top-k + top-p with
+#          every 8th row unfiltered ("mixed": every tile still draws; what the skip's code costs); batches $B4096
 # TESTS_LIMIT and PROBE_LIMIT (s) cap the parts (240, 200). JSONs in $OUT, logs in $OUT/v123_logs.tgz.
 # Usage: export OUT; bash scripts/gpu_session_v123.sh
 set -uo pipefail
@@ -26,6 +27,6 @@ fi
 if wants probe; then
   TAIL=40 run_part probe "$(part_limit "${PROBE_LIMIT:-200}")" v123_probe.log python3 bench/filter_probe.py \
     --shape 4096x151936 --batches "${B4096:-64,256,1024}" --only graph --caps 0 \
-    --pdl "${V123_PDL:-noskip,skip,noskip,skip}" --graph-cases "plain,k50+p0.9,min_p0.05" || rc=1
+    --pdl "${V123_PDL:-noskip,skip,noskip,skip}" --graph-cases "${V123_CASES:-plain,k50+p0.9,min_p0.05,k50+p0.9 mixed}" || rc=1
 fi
 exit $rc

@@ -243,10 +243,13 @@ FIELDS_FULL_TILE_MIN_BATCH = 129
 # A filtered call's stage 1 draws no noise in a tile none of whose rows has a reader for it: every row greedy or
 # restricted by top-k / top-p, whose token select_filtered draws over its surviving kept logits (with the contract's
 # noise for those ids) or the fallback recomputes (epilogue.rows_draw_noise; launch_fused's skip_filtered_noise).
-# Same tokens, logprobs and top-N either way; only such rows' stage-1 scores change (the logit instead of the
-# perturbed score), which nothing reads but the merge's poison test (NaN either way) and the unfiltered token it
-# writes first, which select_filtered replaces. docs/performance.md v122: without the noise a filtered call's stage 1
-# runs at 0.94-1.04x the plain one's on an H100, 7-15% under its cost with the noise.
+# Same tokens, logprobs, logsumexp and top-N either way; only such tiles' winner fields change (the score is the logit
+# instead of the perturbed one, so the winner's logit and id may change too), which nothing reads but the merge: its
+# poison (NaN) and dead (-inf) tests, which the noise never decides, and the token and logprob it writes first, which
+# select_filtered replaces. docs/performance.md v122: without the noise a filtered call's stage 1 runs at 0.94-1.04x
+# the plain one's on an H100, 7-15% under its cost with the noise; v123: top-k + top-p calls 8.6-14% faster at
+# B = 256 / 1024 when every row is restricted. Tiles that still draw pay the rule's code (their rows' top-k / top-p,
+# the 64-row tile's bits drawn after the logits, more spills on the 128-row tile): not yet timed (v123 "mixed").
 SKIP_FILTERED_NOISE = True
 
 # The warp-specialised 128-row tile's operand ring from WS_FEWER_STAGES_FROM rows on a GPU without fast memory: one

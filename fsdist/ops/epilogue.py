@@ -13,8 +13,9 @@ accumulator, or a chunk of cuBLAS output) and turns it into one candidate per ro
 
 * ``rows_draw_noise``: which rows' noise anything reads. With ``skip_filtered_noise`` (fsdist.sample's filtered
   calls) a tile whose rows are all greedy or filtered by top-k / top-p draws none: their score is then the
-  logit (module ``select_filtered``: such a row's token is drawn there, over its surviving kept logits, or by
-  the fallback; stage 1's score only tells the merge whether the row is poisoned, which NaN still does).
+  logit, and the winner's logit and id follow it (module ``select_filtered``: such a row's token is drawn there,
+  over its surviving kept logits, or by the fallback; the merge's token and logprob for it are replaced, and its
+  poison / dead tests, NaN and -inf scores, come out the same without the noise).
 * ``tile_topk`` / ``write_kept``: with filters or top-N logprobs (an *extended* layout),
   the tile's KEEP largest raw logits with their global ids, and the *boundary*: the
   largest logit the tile did not keep. Stage 2 (``select_filtered.py``) proves a row's

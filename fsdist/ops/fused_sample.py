@@ -47,7 +47,8 @@ from .utils import (cdiv, device_capability, fast_log_ok, load_row_param, pdl_ar
                     sm_count, stagger_start)
 
 
-@triton.jit(do_not_specialize=["first_wave", "stagger_ns"])  # (one compile whatever the SM count and the delay)
+# (one compile whatever the SM count, the delay or a scalar top-k, which Triton would specialise at 1 and 16 * n)
+@triton.jit(do_not_specialize=["first_wave", "stagger_ns", "topk_val"])
 def fused_sample_kernel(
     h_ptr, w_ptr,
     seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,

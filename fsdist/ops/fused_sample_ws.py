@@ -715,7 +715,8 @@ if HAVE_GLUON:
             gl.store(row + 6, sm_clock(hc) - c_start)
             gl.store(row + 7, w_acc)
 
-    @gluon.jit
+    # (one compile whatever a scalar top-k, which Triton would specialise at 1 and 16 * n)
+    @gluon.jit(do_not_specialize=["topk_val"])
     def fused_sample_ws_kernel(h_desc, hl_desc, w_desc, seed_ptr, seed_val, offset_ptr, offset_val, temp_ptr, temp_val,
                                cand_f, cand_i, B, V_rows, vocab_size, vocab_start, buf_offset, buf_offset_i,
                                stride_slot, n_btiles, n_tiles, k_steps, stride_field, stride_ifield,

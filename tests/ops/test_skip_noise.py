@@ -44,10 +44,13 @@ def _operands(B, seed):
 
 
 def _rows(block_b, seed):
-    """Three batch tiles of per-row parameters: tile 0 "quiet" (every row greedy or restricted by top-k / top-p: no
-    row reads the noise), tile 1 mixed (unfiltered rows, a min-p-only row among restricted ones), tile 2 with bad
-    filter values (top-p 0, top-k -1, a NaN top-p: the first two return -1, the NaN keeps the noise) and a poisoned
-    temperature. (Three unfiltered rows: a sampled token may be the argmax, which a skipped noise would give too.)"""
+    """Three batch tiles of per-row parameters. Tile 0 is "quiet": every row greedy, poisoned or restricted by top-k /
+    top-p, so no row reads the noise; among them rows with bad values (top-p 0, top-k -1 beside a top-p, min-p 2: each
+    returns -1), a NaN temperature (-1), top-k + min-p and top-p + min-p rows, a greedy row (and, in whole calls, a row
+    of NaN logits: row 2). Tile 1 must draw: unfiltered rows and a min-p-only row (its proof from the winners reads
+    their scores) among restricted ones. Tile 2 must draw: an unfiltered row, and a NaN top-p with top-k off (the rule
+    keeps its noise; -1 all the same). (Several unfiltered rows: a sampled token may be the argmax, which a skipped
+    noise would give too.)"""
     B = 3 * block_b
     g = torch.Generator().manual_seed(seed)
     temp = torch.rand(B, generator=g) * 0.8 + 0.5
@@ -58,21 +61,30 @@ def _rows(block_b, seed):
     top_p[1::3] = 0.8
     top_k[2::3] = 200
     top_p[2::3] = 0.95
+    top_p[1] = 0.0  # tile 0: bad values, restricted all the same (-1)
+    top_k[3], top_p[3] = -1, 0.9
+    min_p[4] = 2.0
     temp[5] = 0.0  # greedy
+    temp[6] = float("nan")  # poisoned
+    min_p[7] = 0.05  # top-p + min-p
+    min_p[9] = 0.1  # top-k + min-p
     for r in (4, 9, 12):  # tile 1: unfiltered rows ...
         top_k[block_b + r] = 0
         top_p[block_b + r] = 1.0
-    top_k[block_b + 7] = 0  # ... and a min-p-only row (its proof from the winners reads their scores)
+    top_k[block_b + 7] = 0  # ... and a min-p-only row
     top_p[block_b + 7] = 1.0
     min_p[block_b + 7] = 0.05
-    top_p[2 * block_b + 1] = 0.0  # tile 2: bad values
-    top_k[2 * block_b + 3] = -1
-    top_p[2 * block_b + 4] = float("nan")  # (with top-k off: the rule keeps this row's noise, -1 all the same)
-    top_k[2 * block_b + 4] = 0
-    temp[2 * block_b + 6] = float("nan")
+    top_k[2 * block_b + 4] = 0  # tile 2: an unfiltered row ...
+    top_p[2 * block_b + 4] = 1.0
+    top_k[2 * block_b + 1] = 0  # ... and a NaN top-p with top-k off
+    top_p[2 * block_b + 1] = float("nan")
     return dict(temperature=temp.to(DEVICE), seed=torch.arange(B, device=DEVICE) * 7 + 1,
                 offset=torch.full((B,), 3, device=DEVICE), top_k=top_k.to(DEVICE), top_p=top_p.to(DEVICE),
                 min_p=min_p.to(DEVICE))
+
+
+READERS = (("tile 1", (4, 7, 9, 12)), ("tile 2", (1, 4)))  # rows that read the noise, by tile offset
+BAD = (1, 2, 3, 4, 6)  # tile 0's rows that return -1 (2: NaN logits in whole calls)
 
 
 def _ids(cfg):
@@ -102,8 +114,13 @@ def test_quiet_tiles_score_their_logits_and_every_other_field_stays(cfg):
     assert torch.equal(f0[2:], f1[2:]) and torch.equal(i0[1:], i1[1:]), "only the winner's fields may change"
     quiet, rest = slice(0, cfg.block_b), slice(cfg.block_b, B)
     assert torch.equal(f0[:2, :, rest], f1[:2, :, rest]) and torch.equal(i0[:, :, rest], i1[:, :, rest])
-    assert torch.equal(f1[0, :, quiet], f1[2, :, quiet]), "a quiet tile's winner scores its logit (the tile max)"
-    assert not torch.equal(f0[0, :, quiet], f0[2, :, quiet]), "with the noise the scores differ (not vacuous)"
+    live = torch.arange(cfg.block_b) != 6  # (row 6: a NaN temperature, poisoned: score NaN, id -1 either way)
+    q1 = f1[:, :, quiet][:, :, live]
+    assert torch.equal(q1[0], q1[2]), "a quiet tile's winner scores its logit: the tile max"
+    assert torch.equal(q1[1], q1[2]), "... and its logit (field 1) is that max"
+    q0 = f0[:, :, quiet][:, :, live]
+    assert not torch.equal(q0[0], q0[2]), "with the noise the scores differ (not vacuous)"
+    assert (f1[0, :, 6] == -12345.0).all() and (i1[0, :, 6] == -1).all()
 
 
 def _spy(monkeypatch):
@@ -126,23 +143,28 @@ def _call(h, w, rows, cfg, **kw):
 def _same(a, b):
     assert torch.equal(a.tokens, b.tokens)
     assert torch.equal(a.fallback, b.fallback)
-    if a.logprobs is not None:
-        assert torch.equal(a.logprobs.nan_to_num(-1.0), b.logprobs.nan_to_num(-1.0))
+    for x, y in ((a.logprobs, b.logprobs), (a.logsumexp, b.logsumexp)):
+        assert (x is None) == (y is None)
+        if x is not None:
+            assert torch.equal(x.nan_to_num(-1.0), y.nan_to_num(-1.0))
     if a.top_ids is not None:
         assert torch.equal(a.top_ids, b.top_ids)
         assert torch.equal(a.top_logprobs.nan_to_num(-1.0), b.top_logprobs.nan_to_num(-1.0))
 
 
+MODES = [dict(return_logprobs=True, top_logprobs=3, logprobs_mode=m) for m in ("scaled", "raw", "processed")]
+
+
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
-@pytest.mark.parametrize("extra", [dict(return_logprobs=True, top_logprobs=3), dict()], ids=["top-n", "tokens"])
+@pytest.mark.parametrize("extra", MODES + [dict()], ids=["scaled", "raw", "processed", "tokens"])
 def test_sample_gives_the_same_outputs_with_the_skip(cfg, extra, monkeypatch):
-    """fsdist.sample with and without configs.SKIP_FILTERED_NOISE: the same tokens, logprobs, top-N and fallback flags
-    on tiles that skip, tiles that must draw and rows with bad values, a NaN-logit row among them; the calls asked
-    for the skip (and only where the switch is on)."""
+    """fsdist.sample with and without configs.SKIP_FILTERED_NOISE: the same tokens, logprobs, logsumexp, top-N and
+    fallback flags in every logprobs mode, on a tile that skips (with poisoned, bad-value and NaN-logit rows in it)
+    and tiles that must draw; the calls asked for the skip (and only where the switch is on)."""
     rows = _rows(cfg.block_b, 5)
     B = rows["seed"].shape[0]
     h, w = _operands(B, 12)
-    h[cfg.block_b + 2] = float("nan")  # a row of NaN logits in tile 1: token -1 either way
+    h[2] = float("nan")  # a row of NaN logits in the quiet tile: token -1 either way
     seen = _spy(monkeypatch)
     out = {}
     for on in (False, True):
@@ -151,8 +173,35 @@ def test_sample_gives_the_same_outputs_with_the_skip(cfg, extra, monkeypatch):
     assert seen == [False, True]
     _same(out[False], out[True])
     t = out[True].tokens.cpu()
-    assert t[cfg.block_b + 2] == -1 and t[2 * cfg.block_b + 1] == -1 and t[2 * cfg.block_b + 3] == -1
-    assert t[2 * cfg.block_b + 6] == -1 and (t[:cfg.block_b] >= 0).all()
+    bad = torch.zeros(B, dtype=torch.bool)
+    bad[list(BAD) + [2 * cfg.block_b + 1]] = True
+    assert (t[bad] == -1).all() and (t[~bad] >= 0).all(), t
+
+
+@pytest.mark.parametrize("cfg", CONFIGS[-1:], ids=_ids)
+def test_processors_with_filters_give_the_same_outputs(cfg, monkeypatch):
+    """Token bitmask, logit bias and penalties with the filters (the processed logits are what every tile scores, with
+    or without the noise): the same outputs with and without the skip; on a GPU the last config (the ws 128-row tile
+    on sm_90; processors move such calls to its 64-row tile)."""
+    rows = _rows(cfg.block_b, 6)
+    B = rows["seed"].shape[0]
+    h, w = _operands(B, 14)
+    g = torch.Generator().manual_seed(3)
+    words = (V + 31) // 32
+    mask = torch.randint(-2**31, 2**31 - 1, (B, words), generator=g, dtype=torch.int64).to(torch.int32)
+    mask[:, :4] = -1  # (every row keeps some ids)
+    bias = fsdist.SparseLogits(torch.randint(0, V, (B, 6), generator=g), torch.randn(B, 6, generator=g) * 3)
+    pen = fsdist.Penalties(repetition=1.3, frequency=0.4, presence=0.2,
+                           output_ids=torch.randint(0, V, (B, 10), generator=g))
+    kw = dict(token_bitmask=mask.to(DEVICE),
+              logit_bias=fsdist.SparseLogits(bias.ids.to(DEVICE), bias.values.to(DEVICE)),
+              penalties=pen._replace(output_ids=pen.output_ids.to(DEVICE)), return_logprobs=True, top_logprobs=2)
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(configs, "SKIP_FILTERED_NOISE", on)
+        out[on] = _call(h, w, rows, cfg, **kw)
+    _same(out[False], out[True])
+    assert (out[True].tokens >= 0).sum() > B // 2
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
@@ -191,7 +240,7 @@ def test_a_rule_that_dropped_a_readers_noise_would_be_caught(monkeypatch):
     monkeypatch.setattr(fused_sample, "rows_draw_noise", _nobody_reads)
     bad = _call(h, w, rows, cfg)
     changed = (ref.tokens != bad.tokens).nonzero().flatten().tolist()
-    readers = {cfg.block_b + r for r in (4, 7, 9, 12)} | {2 * cfg.block_b + 4}
+    readers = {cfg.block_b * (1 + t) + r for t, (_name, offs) in enumerate(READERS) for r in offs}
     assert changed and set(changed) <= readers, changed
 
 
