@@ -249,7 +249,8 @@ FIELDS_FULL_TILE_MIN_BATCH = 129
 # select_filtered replaces. docs/performance.md v122: without the noise a filtered call's stage 1 runs at 0.94-1.04x
 # the plain one's on an H100, 7-15% under its cost with the noise; v123: top-k + top-p calls 8.6-14% faster at
 # B = 256 / 1024 when every row is restricted. Tiles that still draw pay the rule's code (their rows' top-k / top-p,
-# the 64-row tile's bits drawn after the logits, more spills on the 128-row tile): not yet timed (v123 "mixed").
+# the 64-row tile's bits drawn after the logits, 176 bytes of spills on the 128-row tile against 76 without the skip):
+# not yet timed (filter_probe's "k50+p0.9 mixed").
 SKIP_FILTERED_NOISE = True
 
 # The warp-specialised 128-row tile's operand ring from WS_FEWER_STAGES_FROM rows on a GPU without fast memory: one
