@@ -9,7 +9,9 @@
 #   probe  bench/filter_probe.py graph replays at D = 4096, A/B/A/B of the switch off ("noskip") and on ("skip"):
 #          plain, top-k 50 + top-p 0.9, min-p 0.05 (which never asks for the skip: a control), and top-k + top-p with
 #          every 8th row unfiltered ("mixed": every tile still draws; what the skip's code costs); batches $B4096
-# TESTS_LIMIT and PROBE_LIMIT (s) cap the parts (240, 200). JSONs in $OUT, logs in $OUT/v123_logs.tgz.
+#   probe8192  the same at D = 8192 (v122: the saving there is 7-9% of stage 1); batches $B8192
+# TESTS_LIMIT, PROBE_LIMIT and P8192_LIMIT (s) cap the parts (240, 200, 200). JSONs in $OUT, logs in $OUT/v123_logs.tgz.
+# The first call (2026-12-07) cut the four test groups at 210 s: give them 400 (PARTS=tests TESTS_LIMIT=400).
 # Usage: export OUT; bash scripts/gpu_session_v123.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,5 +30,11 @@ if wants probe; then
   TAIL=40 run_part probe "$(part_limit "${PROBE_LIMIT:-200}")" v123_probe.log python3 bench/filter_probe.py \
     --shape 4096x151936 --batches "${B4096:-64,256,1024}" --only graph --caps 0 \
     --pdl "${V123_PDL:-noskip,skip,noskip,skip}" --graph-cases "${V123_CASES:-plain,k50+p0.9,min_p0.05,k50+p0.9 mixed}" || rc=1
+fi
+if wants probe8192; then
+  TAIL=30 run_part probe8192 "$(part_limit "${P8192_LIMIT:-200}")" v123_probe_8192.log python3 bench/filter_probe.py \
+    --shape 8192x128256 --batches "${B8192:-256,1024}" --only graph --caps 0 \
+    --pdl "${V123_PDL:-noskip,skip,noskip,skip}" --graph-cases "${V123_CASES:-plain,k50+p0.9,min_p0.05,k50+p0.9 mixed}" \
+    || rc=1
 fi
 exit $rc

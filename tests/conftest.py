@@ -3,9 +3,17 @@
 TRITON_INTERPRET must be set before triton is first imported, so this runs
 before any test module imports fsdist.
 """
+import glob
 import os
 
-import torch
+# Without an NVIDIA device (the CPU suites, under Triton's interpreter): one BLAS thread, as scripts/test.sh sets. A
+# multi-threaded numpy matmul (the interpreter's tl.dot) may add in another order, and the recorded golden logprobs
+# (tests/test_golden.py, 1e-6) were taken with one thread. Set before numpy is loaded; a value already set wins; a GPU
+# machine keeps its threads for the tests' CPU references.
+if not glob.glob("/dev/nvidia[0-9]*"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
