@@ -69,10 +69,7 @@ class RowParams:
         are checked on the device). False means the filter machinery can be skipped."""
         if self.all_greedy:
             return False
-        k, p = self.top_k, self.top_p
-        return (isinstance(k, torch.Tensor) or 0 < k < vocab_size
-                or isinstance(p, torch.Tensor) or p < 1.0
-                or self.may_min_p)
+        return self.may_top_k_or_p(vocab_size) or self.may_min_p
 
 
 __all__ = ["GREEDY_TEMPERATURE", "MAX_TEMPERATURE", "LOGPROBS_MODES", "MAX_TOP_LOGPROBS", "RowParams"]

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from ..params import GREEDY_TEMPERATURE, MAX_TEMPERATURE
+from .utils import load_row_param
 
 # The host's bounds, as kernel constants: below GREEDY_BELOW a row is greedy (vLLM's epsilon);
 # above HOTTEST (+inf included) it is poisoned.
@@ -53,17 +54,36 @@ def row_temperature(temp):
 
 
 @triton.jit
+def filter_switches(top_k, top_p, vocab_size):
+    """(use_k, use_p) per row: top-k restricts a row when 0 < k < vocab_size, top-p when p < 1 (NaN: off). The one
+    definition select_filtered, the fallback and rows_draw_noise share: the noise rule is exact only if it agrees
+    with the filters on which rows they restrict."""
+    return (top_k > 0) & (top_k < vocab_size), top_p < 1.0
+
+
+@triton.jit
 def rows_draw_noise(noise_scale, top_k, top_p, vocab_size):
     """Rows whose stage-1 noise a filtered call reads (bool, per row): sampled rows (noise scale > 0) that
     neither top-k nor top-p restricts. A greedy or poisoned row (scale 0) scores its logit with or without
     the noise; a row with top-k or top-p on gets its token from select_filtered's draw over its surviving
     kept logits (with the contract's noise for those ids) or from the fallback, never from its tiles'
     winners, which only min-p rows' proof reads (select_filtered.winner_draw). The same tests as
-    select_filtered's use_k / use_p; a NaN or out-of-range value keeps the noise (bad filter values
-    return -1 there anyway)."""
-    use_k = (top_k > 0) & (top_k < vocab_size)
-    use_p = top_p < 1.0
+    select_filtered's use_k / use_p (filter_switches); a NaN or out-of-range value keeps the noise (bad
+    filter values return -1 there anyway)."""
+    use_k, use_p = filter_switches(top_k, top_p, vocab_size)
     return (noise_scale > 0.0) & ~(use_k | use_p)
+
+
+@triton.jit
+def tile_draws_noise(noise_scale, topk_ptr, topk_val, topp_ptr, topp_val, offs, mask, vocab_size,
+                     TOPK_PER_ROW: tl.constexpr, TOPP_PER_ROW: tl.constexpr):
+    """Whether a tile of rows ``offs`` (``mask``: those < B) draws the noise in a call with skip_filtered_noise: one
+    of its rows reads it (rows_draw_noise over the rows' top-k / top-p, each a scalar or per-row). A scalar, the
+    same for the whole tile: both stage-1 kernels branch on it."""
+    top_k = load_row_param(topk_ptr, topk_val, offs, mask, tl.int32, TOPK_PER_ROW)
+    top_p = load_row_param(topp_ptr, topp_val, offs, mask, tl.float32, TOPP_PER_ROW)
+    need = rows_draw_noise(noise_scale, top_k, top_p, vocab_size) & mask
+    return tl.max(need.to(tl.int32), axis=0) > 0
 
 
 @triton.jit

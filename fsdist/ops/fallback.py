@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ..params import LOGPROBS_MODES, RowParams
-from .epilogue import perturb, row_temperature
+from .epilogue import filter_switches, perturb, row_temperature
 from .layout import F_BOUNDARY, KEEP, BufferPair, CandidateLayout, store_fan_out
 from .noise import gumbel_from_bits, vocab_bits
 from .parity import parity_args, parity_offsets
@@ -188,8 +188,7 @@ def _row_filters(row, mask, temp_ptr, temp_val, topk_ptr, topk_val, topp_ptr, to
     top_k = load_row_param(topk_ptr, topk_val, row, mask, tl.int32, TOPK_PER_ROW)
     top_p = load_row_param(topp_ptr, topp_val, row, mask, tl.float32, TOPP_PER_ROW)
     min_p = load_row_param(minp_ptr, minp_val, row, mask, tl.float32, MINP_PER_ROW)
-    use_k = (top_k > 0) & (top_k < V)
-    use_p = top_p < 1.0
+    use_k, use_p = filter_switches(top_k, top_p, V)
     use_minp = min_p > 0.0
     filtered = ~greedy & (use_k | use_p | use_minp) & mask
     return temp, inv_t, noise_scale, top_k, top_p, min_p, use_k, use_p, use_minp, filtered

@@ -32,7 +32,7 @@ from . import configs
 from .configs import (PAD_HALF_TILE_ROWS, PAD_TILE_ROWS, WS_BOX_ROWS, WS_BOX_TILE_ROWS, WS_LAST_BOX_ROWS, TileConfig,
                       fast_memory, fit_num_stages, pdl_after_entry_offsets, pp_greedy_rule, stagger_applies,
                       triton_twin)
-from .epilogue import (perturb, raw_sum, row_temperature, rows_draw_noise, tile_stats, tile_topk, write_candidates,
+from .epilogue import (perturb, raw_sum, row_temperature, tile_draws_noise, tile_stats, tile_topk, write_candidates,
                        write_kept)
 from .layout import KEEP, BufferPair, CandidateLayout
 from .noise import gumbel_from_bits, vocab_bits_tile
@@ -157,9 +157,8 @@ def fused_sample_kernel(
     draw = NOISE
     if NOISE and SKIP_NOISE:
         # A filtered call (epilogue.rows_draw_noise): no noise where no row of the tile has a reader for it.
-        top_k = load_row_param(topk_ptr, topk_val, offs_b, mask_b, tl.int32, TOPK_PER_ROW)
-        top_p = load_row_param(topp_ptr, topp_val, offs_b, mask_b, tl.float32, TOPP_PER_ROW)
-        draw = tl.max((rows_draw_noise(noise_scale, top_k, top_p, vocab_size) & mask_b).to(tl.int32), axis=0) > 0
+        draw = tile_draws_noise(noise_scale, topk_ptr, topk_val, topp_ptr, topp_val, offs_b, mask_b, vocab_size,
+                                TOPK_PER_ROW, TOPP_PER_ROW)
     if draw:
         seed = load_row_param(seed_ptr, seed_val, offs_b, mask_b, tl.int64, SEED_PER_ROW)
         offset = load_row_param(offset_ptr, offset_val, offs_b, mask_b, tl.int64, OFFSET_PER_ROW)

@@ -40,7 +40,7 @@ import torch
 import triton
 
 from ..params import RowParams
-from .epilogue import perturb, raw_sum, row_temperature, rows_draw_noise, scaled_sum
+from .epilogue import perturb, raw_sum, row_temperature, scaled_sum, tile_draws_noise
 from .layout import KEEP, BufferPair, CandidateLayout, store_fan_out
 from .noise import LEGACY_PTX, gumbel_from_bits, vocab_quad_bits
 from .parity import parity_args, parity_offsets
@@ -573,10 +573,8 @@ if HAVE_GLUON:
             if SKIP_NOISE:
                 # a filtered call (launch_fused's skip_filtered_noise): the tile draws noise only if one of its rows
                 # has a reader for it (epilogue.rows_draw_noise)
-                top_k = load_row_param(topk_ptr, topk_val, offs_b, mask_b, gl.int32, TOPK_PER_ROW)
-                top_p = load_row_param(topp_ptr, topp_val, offs_b, mask_b, gl.float32, TOPP_PER_ROW)
-                need = rows_draw_noise(noise_scale, top_k, top_p, vocab_size) & mask_b
-                draw = gl.max(need.to(gl.int32), axis=0) > 0
+                draw = tile_draws_noise(noise_scale, topk_ptr, topk_val, topp_ptr, topp_val, offs_b, mask_b,
+                                        vocab_size, TOPK_PER_ROW, TOPP_PER_ROW)
             if HEADER:
                 # The call's header (step_check.py), written with the first vocabulary tile of each batch tile,
                 # as fused_sample_kernel writes it (the rows' fingerprints, one step record), before the logits

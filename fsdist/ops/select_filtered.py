@@ -97,7 +97,7 @@ import triton.language as tl
 
 from ..params import LOGPROBS_MODES, RowParams
 from ..runtime import interpreting
-from .epilogue import perturb, row_temperature
+from .epilogue import filter_switches, perturb, row_temperature
 from .layout import KEEP, BufferPair, CandidateLayout, slot_offset
 from .noise import gumbel_from_bits, vocab_bits
 from .merge_candidates import slot_winner, store_merged
@@ -805,8 +805,7 @@ def select_filtered_kernel(
     # Greedy rows ignore their filters, bad values included, as they do when a scalar
     # temperature of 0 skips this kernel altogether (same token either way).
     bad_filter = ((top_k < 0) | ~((top_p > 0.0) & (top_p <= 1.0)) | ~((min_p >= 0.0) & (min_p <= 1.0))) & ~greedy
-    use_k = (top_k > 0) & (top_k < vocab_size)
-    use_p = top_p < 1.0
+    use_k, use_p = filter_switches(top_k, top_p, vocab_size)
     use_minp = min_p > 0.0
     filtered = ~greedy & (use_k | use_p | use_minp) & ~bad_filter & ~dead
     row_bad = dead | bad_filter

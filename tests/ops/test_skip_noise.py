@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 import fsdist
-from fsdist.ops import configs, fused_sample
+from fsdist.ops import configs, epilogue, fused_sample
 from fsdist.ops.configs import TileConfig
 from fsdist.ops.epilogue import rows_draw_noise
 from fsdist.ops.fused_sample import launch_fused
@@ -237,7 +237,7 @@ def test_a_rule_that_dropped_a_readers_noise_would_be_caught(monkeypatch):
     h, w = _operands(B, 12)
     monkeypatch.setattr(configs, "SKIP_FILTERED_NOISE", True)
     ref = _call(h, w, rows, cfg)
-    monkeypatch.setattr(fused_sample, "rows_draw_noise", _nobody_reads)
+    monkeypatch.setattr(epilogue, "rows_draw_noise", _nobody_reads)  # (tile_draws_noise's, both kernels' rule)
     bad = _call(h, w, rows, cfg)
     changed = (ref.tokens != bad.tokens).nonzero().flatten().tolist()
     readers = {cfg.block_b * (1 + t) + r for t, (_name, offs) in enumerate(READERS) for r in offs}
