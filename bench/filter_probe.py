@@ -71,7 +71,10 @@ PDL_SETTINGS = {"off": (False, False, False), "stage2": (True, False, False), "f
                 "bnofb": (False, True, True), "btiny": (False, True, True), "bround1": (False, True, True),
                 # v123: the shipped setting with configs.SKIP_FILTERED_NOISE off ("noskip": every tile of a filtered
                 # call draws the noise, as before v123) and on ("skip", shipped)
-                "noskip": (False, True, True), "skip": (False, True, True)}
+                "noskip": (False, True, True), "skip": (False, True, True),
+                # v125: the skip asked in every sampled call (configs.SKIP_NOISE_EVERY_CALL: plain and min-p-only
+                # calls run the skip's code, their tiles drawing unless all rows are greedy)
+                "skipall": (False, True, True)}
 
 
 def _nothing(*args, **kwargs):
@@ -119,7 +122,8 @@ FALLBACK_PATCHES = {"nofb": [(fs_sampling, "run_fallback", _nothing)],
                     "btiny": [(fs_fallback, "launch_materialize", _tiny), (fs_fallback, "launch_resolve", _tiny)],
                     "bround1": [(fs_sampling, "run_fallback", _first_round)],
                     "noskip": [(fs_configs, "SKIP_FILTERED_NOISE", False)],
-                    "skip": [(fs_configs, "SKIP_FILTERED_NOISE", True)]}
+                    "skip": [(fs_configs, "SKIP_FILTERED_NOISE", True)],
+                    "skipall": [(fs_configs, "SKIP_FILTERED_NOISE", True), (fs_configs, "SKIP_NOISE_EVERY_CALL", True)]}
 
 
 @triton.jit
@@ -358,7 +362,7 @@ def graph_times(D, V, B, configs, args, device):
         tokens[name] = graph.outputs[0].tokens.clone()
         # another stage-1 config, select's warps or draw width, PDL setting: the same candidates, the same tokens as
         # the first run of the base case (its kind of call, default config, first --pdl setting)
-        base = name.split(" ")[0] + pdl_runs[0][1]
+        base = case_name + pdl_runs[0][1]
         if base in tokens and base != name:
             same = torch.equal(tokens[name], tokens[base])
             out[f"{name} same tokens"] = same

@@ -133,7 +133,9 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     # Rows restricted by top-k / top-p get their token from select_filtered or the fallback, never from their tiles'
     # noisy winners: a tile of only such (or greedy) rows draws no noise (configs.SKIP_FILTERED_NOISE). Min-p alone
     # keeps it (select_filtered's proof from the winners reads it).
-    skip_noise = filtered and configs.SKIP_FILTERED_NOISE and params.may_top_k_or_p(vocab_size)
+    # (configs.SKIP_NOISE_EVERY_CALL, a probe: every sampled call asks, its tiles then draw unless all rows greedy)
+    skip_noise = configs.SKIP_FILTERED_NOISE and (
+        (filtered and params.may_top_k_or_p(vocab_size)) or (configs.SKIP_NOISE_EVERY_CALL and not params.all_greedy))
     launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size, trigger=pdl2,
                   skip_filtered_noise=skip_noise)
     top_ids = top_lp = fallback = None

@@ -250,8 +250,14 @@ FIELDS_FULL_TILE_MIN_BATCH = 129
 # the plain one's on an H100, 7-15% under its cost with the noise; v123: top-k + top-p calls 8.6-14% faster at
 # B = 256 / 1024 when every row is restricted. Tiles that still draw pay the rule's code (their rows' top-k / top-p,
 # the 64-row tile's bits drawn after the logits, 176 bytes of spills on the 128-row tile against 76 without the skip):
-# not yet timed (filter_probe's "k50+p0.9 mixed").
+# v124 (H100): such tiles (every 8th row unfiltered: filter_probe's "k50+p0.9 mixed") level at B = 96 (+0.1-0.4%) and
+# 2-5.5% faster at B = 256 / 1024, though every tile draws.
 SKIP_FILTERED_NOISE = True
+
+# v125 (a probe, off): the skip's code asked for in every sampled call, plain and min-p-only calls too, where a tile
+# then draws unless all its rows are greedy (rows_draw_noise: a row no filter restricts reads its noise). Exact by
+# the same rule; whether the code alone pays (v124's mixed batches were faster with it) is what v125 times.
+SKIP_NOISE_EVERY_CALL = False
 
 # The warp-specialised 128-row tile's operand ring from WS_FEWER_STAGES_FROM rows on a GPU without fast memory: one
 # stage fewer than the 5 below it, where the ws kernel runs (pick_config's ws_kernel: an sm_90 GPU, bf16 / fp16). The

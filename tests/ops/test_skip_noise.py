@@ -142,8 +142,7 @@ def _call(h, w, rows, cfg, **kw):
 
 def _same(a, b):
     assert torch.equal(a.tokens, b.tokens)
-    assert torch.equal(a.fallback, b.fallback)
-    for x, y in ((a.logprobs, b.logprobs), (a.logsumexp, b.logsumexp)):
+    for x, y in ((a.fallback, b.fallback), (a.logprobs, b.logprobs), (a.logsumexp, b.logsumexp)):
         assert (x is None) == (y is None)
         if x is not None:
             assert torch.equal(x.nan_to_num(-1.0), y.nan_to_num(-1.0))
@@ -222,6 +221,34 @@ def test_scalar_filters_skip_every_tile_and_keep_the_tokens(cfg, monkeypatch):
         _same(out[False], out[True])
 
 
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+def test_the_every_call_probe_keeps_plain_and_min_p_calls(cfg, monkeypatch):
+    """configs.SKIP_NOISE_EVERY_CALL (v125's probe): plain and min-p-only calls ask for the skip too; their tiles draw
+    unless every row is greedy (tile 0 here: all greedy, so it scores its logits), and every output stays as
+    without it. An all-greedy call never asks (it draws no noise anyway)."""
+    B = 2 * cfg.block_b + 5
+    h, w = _operands(B, 15)
+    temp = torch.full((B,), 0.8)
+    temp[:cfg.block_b] = 0.0  # tile 0: greedy rows only
+    temp[cfg.block_b + 3] = 0.0  # a greedy row in a drawing tile
+    base = dict(temperature=temp.to(DEVICE), seed=torch.arange(B, device=DEVICE) + 7,
+                offset=torch.full((B,), 2, device=DEVICE))
+    seen = _spy(monkeypatch)
+    # (filters, outputs, asks: a [B] temperature of zeros asks, since the host cannot know it is all greedy without a
+    # sync, and then every tile skips; a scalar 0 never asks)
+    for filt, extra, asks in ((dict(), dict(), True), (dict(), dict(return_logprobs=True, top_logprobs=2), True),
+                              (dict(min_p=0.05), dict(return_logprobs=True), True),
+                              (dict(temperature=torch.zeros(B, device=DEVICE)), dict(), True),
+                              (dict(temperature=0.0), dict(), False)):
+        out = {}
+        for on in (False, True):
+            monkeypatch.setattr(configs, "SKIP_NOISE_EVERY_CALL", on)
+            out[on] = _call(h, w, dict(base, **filt), cfg, **extra)
+        assert seen[-2:] == [False, asks], filt
+        _same(out[False], out[True])
+        assert (out[True].tokens >= 0).all()
+
+
 @triton.jit
 def _nobody_reads(noise_scale, top_k, top_p, vocab_size):
     return noise_scale != noise_scale  # False for every row with a temperature: drops every reader's noise too
@@ -236,12 +263,16 @@ def test_a_rule_that_dropped_a_readers_noise_would_be_caught(monkeypatch):
     B = rows["seed"].shape[0]
     h, w = _operands(B, 12)
     monkeypatch.setattr(configs, "SKIP_FILTERED_NOISE", True)
-    ref = _call(h, w, rows, cfg)
+    monkeypatch.setattr(configs, "SKIP_NOISE_EVERY_CALL", True)
+    plain = dict(temperature=torch.full((B,), 0.8), seed=torch.arange(B) + 7, offset=torch.full((B,), 2))
+    ref, ref_plain = _call(h, w, rows, cfg), _call(h, w, plain, cfg)
     monkeypatch.setattr(epilogue, "rows_draw_noise", _nobody_reads)  # (tile_draws_noise's, both kernels' rule)
-    bad = _call(h, w, rows, cfg)
+    bad, bad_plain = _call(h, w, rows, cfg), _call(h, w, plain, cfg)
     changed = (ref.tokens != bad.tokens).nonzero().flatten().tolist()
     readers = {cfg.block_b * (1 + t) + r for t, (_name, offs) in enumerate(READERS) for r in offs}
     assert changed and set(changed) <= readers, changed
+    # (v125's probe: a plain call's rows all read the noise, so such a rule changes many of its tokens)
+    assert (ref_plain.tokens != bad_plain.tokens).sum() > B // 4
 
 
 def test_the_rule_matches_select_filtereds_tests():
