@@ -12,12 +12,11 @@ import torch
 
 from . import processing as proc
 from . import rows, validation
-from .ops import configs
 from .ops.configs import TileConfig, pdl_fallback, pdl_select_beside_merge, pdl_stage2, triton_twin
 from .ops.fallback import KeptLogits, run_fallback
 from .ops.layout import BufferPair
 from .ops.merge_candidates import launch_merge
-from .ops.plan import launch_stage1, plan_sample, raw_sums_needed, winner_logits_needed
+from .ops.plan import asks_noise_skip, launch_stage1, plan_sample, raw_sums_needed, winner_logits_needed
 from .ops.select_filtered import launch_select_filtered, merge_folds
 from .types import Penalties, SampleOutput, SparseLogits
 
@@ -132,10 +131,9 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     pdl2, pdl_fb = pdl_stage2(dev), pdl_fallback(dev)
     # Rows restricted by top-k / top-p get their token from select_filtered or the fallback, never from their tiles'
     # noisy winners: a tile of only such (or greedy) rows draws no noise (configs.SKIP_FILTERED_NOISE). Min-p alone
-    # keeps it (select_filtered's proof from the winners reads it).
-    # (configs.SKIP_NOISE_EVERY_CALL, a probe: every sampled call asks, its tiles then draw unless all rows greedy)
-    skip_noise = configs.SKIP_FILTERED_NOISE and (
-        (filtered and params.may_top_k_or_p(vocab_size)) or (configs.SKIP_NOISE_EVERY_CALL and not params.all_greedy))
+    # keeps it (select_filtered's proof from the winners reads it). Plain calls on the ws 128-row tile ask too (their
+    # tiles all draw, faster with the skip's late bits: configs.SKIP_NOISE_PLAIN_WIDE_TILE).
+    skip_noise = asks_noise_skip(plan, params, filtered=filtered, vocab_size=vocab_size)
     launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size, trigger=pdl2,
                   skip_filtered_noise=skip_noise)
     top_ids = top_lp = fallback = None

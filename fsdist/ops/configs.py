@@ -256,8 +256,16 @@ SKIP_FILTERED_NOISE = True
 
 # v125 (a probe, off): the skip's code asked for in every sampled call, plain and min-p-only calls too, where a tile
 # then draws unless all its rows are greedy (rows_draw_noise: a row no filter restricts reads its noise). Exact by
-# the same rule; whether the code alone pays (v124's mixed batches were faster with it) is what v125 times.
+# the same rule. H100 (docs/performance.md v125): min-p calls level (-5 to +5% a pair, within the runs' spread), plain
+# calls 2.2% slower at B = 96 (the 64-row ws tile) and faster past one tile (below).
 SKIP_NOISE_EVERY_CALL = False
+
+# v125, shipped: plain sampled calls (no filter, no logprobs, no processors) on the warp-specialised 128-row tile ask
+# for the skip's code (plan.asks_noise_skip), where every tile with a sampled row draws: their bits are then drawn
+# after the tile's logits arrive instead of while they are awaited. H100, D = 4096 / 8192, graph replays, B = 256-1024:
+# faster in 17 of 19 pairs (0.2-12%, median 3.9%), +0.7% and one outlier in the others; same tokens in every cell.
+# Not asked on the 64-row tile (2.2% slower at B = 96) nor on the Triton kernel (untimed).
+SKIP_NOISE_PLAIN_WIDE_TILE = True
 
 # The warp-specialised 128-row tile's operand ring from WS_FEWER_STAGES_FROM rows on a GPU without fast memory: one
 # stage fewer than the 5 below it, where the ws kernel runs (pick_config's ws_kernel: an sm_90 GPU, bf16 / fp16). The

@@ -249,6 +249,49 @@ def test_the_every_call_probe_keeps_plain_and_min_p_calls(cfg, monkeypatch):
         assert (out[True].tokens >= 0).all()
 
 
+def test_which_calls_ask_for_the_skip(monkeypatch):
+    """plan.asks_noise_skip, the host's side of the rule: filtered calls with top-k / top-p possibly on ask on any
+    tile; plain calls (no filter, logprobs or processors) ask only on the ws 128-row tile
+    (configs.SKIP_NOISE_PLAIN_WIDE_TILE, v125); min-p-only, all-greedy and chunked calls never; the switches off:
+    nothing asks but the probe's every-call switch, which needs SKIP_FILTERED_NOISE too."""
+    from fsdist.ops.plan import asks_noise_skip, plan_sample
+    from fsdist.processing import LogitProcessing
+
+    ws128, ws64 = TileConfig(128, 128, 64, 8, 5, tma=True, ws=True), TileConfig(64, 128, 64, 8, 5, tma=True, ws=True)
+    tri = TileConfig(16, 128, 32, num_stages=1)
+    Vx = 1000
+
+    def plan(cfg, path="fused", **kw):
+        return plan_sample(batch=300, hidden_size=64, weight_rows=Vx, device=torch.device("cpu"), config=cfg,
+                           path=path, **kw)
+
+    t = torch.full((300,), 0.7)
+    plain, greedy = RowParams(t, 1, 0), RowParams(0.0, 1, 0)
+    topk, minp = RowParams(t, 1, 0, top_k=torch.full((300,), 5)), RowParams(t, 1, 0, min_p=0.1)
+    procd = RowParams(t, 1, 0, processing=LogitProcessing.__new__(LogitProcessing))
+
+    def asks(p, params, filtered=None):
+        return asks_noise_skip(p, params, filtered=params.filtered(Vx) if filtered is None else filtered,
+                               vocab_size=Vx)
+
+    for cfg in (ws128, ws64, tri):
+        assert asks(plan(cfg, extended=True), topk), cfg
+        assert not asks(plan(cfg, extended=True, winner_logits=True), minp), cfg
+        assert asks(plan(cfg), plain) == (cfg is ws128), cfg
+        assert not asks(plan(cfg), greedy)
+    assert not asks(plan(ws128, logprobs=True), plain)
+    assert not asks(plan(ws128, extended=True), plain)  # (top-N logprobs: an extended plain call)
+    assert not asks(plan(ws128), procd)
+    assert not asks(plan(tri, path="chunked", extended=True), topk)
+    monkeypatch.setattr(configs, "SKIP_NOISE_PLAIN_WIDE_TILE", False)
+    assert not asks(plan(ws128), plain) and asks(plan(ws128, extended=True), topk)
+    monkeypatch.setattr(configs, "SKIP_NOISE_EVERY_CALL", True)
+    assert asks(plan(tri), plain) and asks(plan(tri, extended=True, winner_logits=True), minp)
+    assert not asks(plan(tri), greedy)
+    monkeypatch.setattr(configs, "SKIP_FILTERED_NOISE", False)
+    assert not asks(plan(ws128, extended=True), topk) and not asks(plan(tri), plain)
+
+
 @triton.jit
 def _nobody_reads(noise_scale, top_k, top_p, vocab_size):
     return noise_scale != noise_scale  # False for every row with a temperature: drops every reader's noise too
