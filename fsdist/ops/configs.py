@@ -267,6 +267,13 @@ SKIP_NOISE_EVERY_CALL = False
 # Not asked on the 64-row tile (2.2% slower at B = 96) nor on the Triton kernel (untimed).
 SKIP_NOISE_PLAIN_WIDE_TILE = True
 
+# The same rule (plan.asks_noise_skip) on the tensor-parallel head's candidates reduction: each rank's stage 1 over its
+# vocabulary shard, whose restricted rows get their token from select_filtered over every rank's kept logits or from
+# the pooled fallback, never from the tiles' noisy winners. Exact (CPU: tests/tensor_parallel/test_filters_tp.py on
+# gloo, 2 and 4 ranks, every transport); off until its GPU tests (the ws tiles with the peer table and the call
+# header) and a timing have run.
+SKIP_NOISE_TP = False
+
 # The warp-specialised 128-row tile's operand ring from WS_FEWER_STAGES_FROM rows on a GPU without fast memory: one
 # stage fewer than the 5 below it, where the ws kernel runs (pick_config's ws_kernel: an sm_90 GPU, bf16 / fp16). The
 # key is "no fast memory" (configs.fast_memory: the H100 SXM / PCIe, the H800; also an sm_90 GPU whose driver gives no

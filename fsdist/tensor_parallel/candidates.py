@@ -47,7 +47,8 @@ import torch
 from ..ops.fallback import KeptLogits, PoolLayout, launch_materialize, launch_resolve
 from ..ops.layout import CandidateLayout
 from ..ops.merge_candidates import launch_merge
-from ..ops.plan import launch_stage1
+from ..ops import configs
+from ..ops.plan import asks_noise_skip, launch_stage1
 from ..ops.select_filtered import launch_select_filtered
 from ..params import RowParams
 from ..processing import has_entries
@@ -111,8 +112,11 @@ class CandidatesReduction(Reduction):
                          winner_logits=opts.winner_logits, sparse_processors=has_entries(params.processing))
         bufs, part = self.buffers, self.partition
         self.seam.call("before_stage1", step)
+        # (configs.SKIP_NOISE_TP: the single-device rule, each rank deciding from the same arguments)
+        skip = configs.SKIP_NOISE_TP and asks_noise_skip(plan, params, filtered=opts.filtered,
+                                                         vocab_size=part.vocab_size)
         launch_stage1(plan, hidden, weight, params, bufs.dest, vocab_size=part.vocab_size,
-                      vocab_start=part.start, shard=self.rank, flags=opts.flags(plan))
+                      vocab_start=part.start, shard=self.rank, flags=opts.flags(plan), skip_filtered_noise=skip)
         bufs.exchange(plan.layout.stride_shard, plan.layout.stride_shard_i)
         self.seam.call("before_stage2", step)
         tokens, lp, lse = launch_merge(plan.layout, bufs.src, B, params, logprobs=opts.logprobs, raw=opts.raw,

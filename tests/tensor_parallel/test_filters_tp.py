@@ -5,6 +5,8 @@ tokens (proven rows and fallback rows alike: the fallback pools the rows' logits
 shard through the transport), the same logprobs and top-N. Ranks that disagree on a filter
 are caught by the call header's row fingerprint.
 """
+import dataclasses
+
 import pytest
 import torch
 
@@ -123,3 +125,64 @@ def test_min_p_rows_finished_from_the_winners_as_on_one_device(dist_ctx, transpo
     assert_same_on_all_ranks(out)
     n_after, n_before = everyone[0][2], everyone[0][3]
     assert n_before >= B // 2 and n_after < n_before, (n_after, n_before)
+
+
+@mpi
+@grid("transport", [(t,) for t in ALL_TRANSPORTS], lambda transport: transport == PEER_TRANSPORTS[0],
+      "the rule is each rank's own and the same on every transport: beyond 2 ranks one peer-store transport runs it")
+def test_the_noise_skip_keeps_the_heads_outputs(dist_ctx, transport, monkeypatch):
+    """configs.SKIP_NOISE_TP: each rank's stage 1 asks for the skip (plan.asks_noise_skip) and a tile whose rows are
+    all greedy or restricted by top-k / top-p draws no noise. The first batch tile here is such a tile, the second
+    holds unfiltered and min-p-only rows (which read their tiles' winners). Every output (tokens, fallback flags,
+    logprobs, top-N) is the same with and without the skip on every rank, and the tokens are fsdist.sample's on the
+    full weight."""
+    from fsdist.ops import configs
+    from fsdist.ops import plan as fs_plan
+
+    dev = dist_ctx.device
+    n, quiet = 96, 64
+    W, h = problem(V, D, n, torch.float32, seed=53, scale=3.0, device=dev)
+    g = torch.Generator().manual_seed(4)
+    temp = torch.rand(n, generator=g) + 0.4
+    top_k = torch.zeros(n, dtype=torch.int32)
+    top_p = torch.ones(n)
+    min_p = torch.zeros(n)
+    top_k[0:quiet:2] = 20
+    top_p[1:quiet:2] = 0.85
+    min_p[3:quiet:8] = 0.05  # (with a top-p: still restricted)
+    temp[0:quiet:7] = 0.0
+    top_k[quiet::3] = 10  # the second tile: restricted, unfiltered and min-p-only rows
+    min_p[quiet + 1::3] = 0.1
+    kw = dict(temperature=temp.to(dev), top_k=top_k.to(dev), top_p=top_p.to(dev), min_p=min_p.to(dev),
+              seed=torch.arange(n, device=dev) * 7 + 3, offset=5, return_logprobs=True, top_logprobs=2)
+    seen = []
+    real = fs_plan.launch_fused
+
+    def spy(*a, **k):
+        # (32-row tiles: on CPU the head plans one tile over its whole capacity, which would mix the rows)
+        cfg = dataclasses.replace(a[3], block_b=32)
+        seen.append((cfg.block_b, bool(k.get("skip_filtered_noise", False))))
+        return real(*a[:3], cfg, *a[4:], **k)
+
+    monkeypatch.setattr(fs_plan, "launch_fused", spy)
+    head = loaded_head(dist_ctx, W, transport, max_batch_size=n)
+    outs = {}
+    for on in (False, True):
+        monkeypatch.setattr(configs, "SKIP_NOISE_TP", on)
+        outs[on] = head(h, **kw)
+    head.close()
+    monkeypatch.setattr(fs_plan, "launch_fused", real)
+    asked = [s for _b, s in seen]
+    block_b = seen[-1][0]
+    ref = fsdist.sample(h, W, vocab_size=V, **kw)
+    a, b = outs[False], outs[True]
+    same = (torch.equal(a.tokens, b.tokens) and torch.equal(a.fallback, b.fallback)
+            and torch.equal(a.logprobs.nan_to_num(-1.0), b.logprobs.nan_to_num(-1.0))
+            and torch.equal(a.top_ids, b.top_ids)
+            and torch.equal(a.top_logprobs.nan_to_num(-1.0), b.top_logprobs.nan_to_num(-1.0)))
+    everyone = gather_objects((asked, block_b, same, torch.equal(b.tokens, ref.tokens), int((b.tokens >= 0).sum())))
+    assert all(o[0] == [False, True] for o in everyone), everyone
+    assert all(o[1] <= quiet and quiet % o[1] == 0 for o in everyone), ("the first tile(s) must be quiet", everyone)
+    assert all(o[2] and o[3] for o in everyone), everyone
+    assert all(o[4] == n for o in everyone), everyone
+    assert_same_on_all_ranks(b)
