@@ -251,21 +251,24 @@ FIELDS_FULL_TILE_MIN_BATCH = 129
 # B = 256 / 1024 when every row is restricted. Tiles that still draw pay the rule's code (their rows' top-k / top-p,
 # the 64-row tile's bits drawn after the logits, 176 bytes of spills on the 128-row tile against 76 without the skip):
 # v124 (H100): such tiles (every 8th row unfiltered: filter_probe's "k50+p0.9 mixed") level at B = 96 (+0.1-0.4%) and
-# 2-5.5% faster at B = 256 / 1024, though every tile draws.
+# 2-5.5% faster at B = 256 / 1024 at D = 4096 (D = 8192: -4.0 to +2.7% a pair, within that shape's spread), though
+# every tile draws.
 SKIP_FILTERED_NOISE = True
 
 # v125 (a probe, off): the skip's code asked for in every sampled call, plain and min-p-only calls too, where a tile
 # then draws unless all its rows are greedy (rows_draw_noise: a row no filter restricts reads its noise). Exact by
-# the same rule. H100 (docs/performance.md v125): min-p calls level (-5 to +5% a pair, within the runs' spread), plain
-# calls 2.2% slower at B = 96 (the 64-row ws tile) and faster past one tile (below).
+# the same rule. H100 (docs/performance.md v125): min-p calls level (-6.6 to +5.4% a pair, within the runs' spread),
+# plain calls 2.2% slower at B = 96 (one 128-row ws tile) and faster from B = 256 (below).
 SKIP_NOISE_EVERY_CALL = False
 
-# v125, shipped: plain sampled calls (no filter, no logprobs, no processors) on the warp-specialised 128-row tile ask
-# for the skip's code (plan.asks_noise_skip), where every tile with a sampled row draws: their bits are then drawn
-# after the tile's logits arrive instead of while they are awaited. H100, D = 4096 / 8192, graph replays, B = 256-1024:
-# faster in 17 of 19 pairs (0.2-12%, median 3.9%), +0.7% and one outlier in the others; same tokens in every cell.
-# Not asked on the 64-row tile (2.2% slower at B = 96) nor on the Triton kernel (untimed).
+# v125, shipped: plain sampled calls (no filter, no logprobs, no processors) of SKIP_NOISE_PLAIN_MIN_BATCH rows or more
+# on the warp-specialised 128-row tile ask for the skip's code (plan.asks_noise_skip), where every tile with a sampled
+# row draws: their bits are then drawn after the tile's logits arrive instead of while they are awaited. H100,
+# D = 4096 / 8192, graph replays, B = 256-1024: faster in 17 of 19 pairs (0.2-12%, median 3.9%), +0.7% and one outlier
+# in the others; same tokens in every cell. At B = 96 (one 128-row tile) 2.2% slower in both pairs, so smaller
+# batches do not ask (B = 129-255 untimed); nor does the Triton kernel (untimed).
 SKIP_NOISE_PLAIN_WIDE_TILE = True
+SKIP_NOISE_PLAIN_MIN_BATCH = 256
 
 # The same rule (plan.asks_noise_skip) on the tensor-parallel head's candidates reduction: each rank's stage 1 over its
 # vocabulary shard, whose restricted rows get their token from select_filtered over every rank's kept logits or from

@@ -142,19 +142,23 @@ def _plan(batch, hidden_size, weight_rows, device_type, logprobs, config, path, 
 _cached_plan = functools.lru_cache(maxsize=256)(_plan)
 
 
-def asks_noise_skip(plan: SamplePlan, params: RowParams, *, filtered: bool, vocab_size: int) -> bool:
+def asks_noise_skip(plan: SamplePlan, params: RowParams, *, batch: int, filtered: bool, vocab_size: int,
+                    device: torch.device, dtype: torch.dtype) -> bool:
     """Whether a call's stage 1 runs with launch_fused's ``skip_filtered_noise`` (a tile then draws the noise only if
     one of its rows reads it: epilogue.rows_draw_noise). Asked (configs.SKIP_FILTERED_NOISE on, some row sampled, the
     fused path) by filtered calls where top-k or top-p may be on, whose restricted rows never read their tiles' noise
-    (v123); by plain calls (no filter, logprobs or processors) on the ws 128-row tile, whose tiles all draw but run
-    faster with the skip's late bits (configs.SKIP_NOISE_PLAIN_WIDE_TILE, v125); by every call with the probe
+    (v123); by plain calls (no filter, logprobs or processors) of ``batch`` >= configs.SKIP_NOISE_PLAIN_MIN_BATCH
+    rows on the ws 128-row tile, whose tiles all draw but run faster with the skip's late bits
+    (configs.SKIP_NOISE_PLAIN_WIDE_TILE, v125; only where the ws kernel runs for the device and dtype: elsewhere the
+    plan's tile runs as its Triton twin, untimed with it; B = 96 on that tile was slower); by every call with the probe
     configs.SKIP_NOISE_EVERY_CALL. Min-p-only calls do not ask (their proof reads the winners: every tile draws)."""
     if not configs.SKIP_FILTERED_NOISE or params.all_greedy or plan.path != "fused":
         return False
     if (filtered and params.may_top_k_or_p(vocab_size)) or configs.SKIP_NOISE_EVERY_CALL:
         return True
     return (configs.SKIP_NOISE_PLAIN_WIDE_TILE and not filtered and not plan.logprobs and not plan.extended
-            and params.processing is None and plan.config.ws and plan.config.block_b == 128)
+            and params.processing is None and plan.config.ws and plan.config.block_b == 128
+            and batch >= configs.SKIP_NOISE_PLAIN_MIN_BATCH and ws_device(device, dtype))
 
 
 def launch_stage1(plan: SamplePlan, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams,

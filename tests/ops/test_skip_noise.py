@@ -225,7 +225,9 @@ def test_scalar_filters_skip_every_tile_and_keep_the_tokens(cfg, monkeypatch):
 def test_the_every_call_probe_keeps_plain_and_min_p_calls(cfg, monkeypatch):
     """configs.SKIP_NOISE_EVERY_CALL (v125's probe): plain and min-p-only calls ask for the skip too; their tiles draw
     unless every row is greedy (tile 0 here: all greedy, so it scores its logits), and every output stays as
-    without it. An all-greedy call never asks (it draws no noise anyway)."""
+    without it. An all-greedy call never asks (it draws no noise anyway). (The shipped plain-call rule is off here, so
+    that the calls without the probe do not ask either: test_the_plain_call_rule_keeps_the_outputs tests it.)"""
+    monkeypatch.setattr(configs, "SKIP_NOISE_PLAIN_WIDE_TILE", False)
     B = 2 * cfg.block_b + 5
     h, w = _operands(B, 15)
     temp = torch.full((B,), 0.8)
@@ -249,16 +251,50 @@ def test_the_every_call_probe_keeps_plain_and_min_p_calls(cfg, monkeypatch):
         assert (out[True].tokens >= 0).all()
 
 
+WS128 = TileConfig(128, 128, 64, 8, 5, tma=True, ws=True)
+
+
+@pytest.mark.parametrize("B", [configs.SKIP_NOISE_PLAIN_MIN_BATCH + 5, 96])
+def test_the_plain_call_rule_keeps_the_outputs(B, monkeypatch):
+    """The shipped rule (configs.SKIP_NOISE_PLAIN_WIDE_TILE, v125): a plain sampled call of at least
+    SKIP_NOISE_PLAIN_MIN_BATCH rows on the 128-row ws tile asks for the skip; its first tile (greedy rows and rows
+    whose temperature is NaN, negative or too hot: all poisoned or scoring their logit) draws no noise, the others
+    draw (a greedy row among them), the last one is partial; the tokens are the same as with the rule off, eager and
+    with logprobs off only (a logprob call does not ask). At B = 96 (one tile) it does not ask. On sm_90 the ws
+    kernel runs it; elsewhere its Triton twin (the plan's device check stood in for)."""
+    import fsdist.ops.plan as fs_plan
+
+    monkeypatch.setattr(fs_plan, "ws_device", lambda device, dtype=None: True)
+    h, w = _operands(B, 16)
+    temp = torch.full((B,), 0.9)
+    temp[:min(128, B // 2)] = 0.0  # (the first tile, or at B = 96 the tile's first half)
+    temp[[5, 6, 7]] = torch.tensor([float("nan"), -1.0, 1e31])
+    temp[B - 3] = 0.0
+    kw = dict(temperature=temp.to(DEVICE), seed=torch.arange(B, device=DEVICE) * 3 + 1,
+              offset=torch.full((B,), 4, device=DEVICE))
+    seen = _spy(monkeypatch)
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(configs, "SKIP_NOISE_PLAIN_WIDE_TILE", on)
+        out[on] = _call(h, w, kw, WS128)
+    asks = B >= configs.SKIP_NOISE_PLAIN_MIN_BATCH
+    assert seen == [False, asks]
+    _same(out[False], out[True])
+    t = out[True].tokens.cpu()
+    assert (t[[5, 6, 7]] == -1).all() and (t[8:] >= 0).all(), t
+
+
 def test_which_calls_ask_for_the_skip(monkeypatch):
     """plan.asks_noise_skip, the host's side of the rule: filtered calls with top-k / top-p possibly on ask on any
     tile; plain calls (no filter, logprobs or processors) ask only on the ws 128-row tile
     (configs.SKIP_NOISE_PLAIN_WIDE_TILE, v125); min-p-only, all-greedy and chunked calls never; the switches off:
     nothing asks but the probe's every-call switch, which needs SKIP_FILTERED_NOISE too."""
+    from fsdist.ops import plan as fs_plan
     from fsdist.ops.plan import asks_noise_skip, plan_sample
     from fsdist.processing import LogitProcessing
 
-    ws128, ws64 = TileConfig(128, 128, 64, 8, 5, tma=True, ws=True), TileConfig(64, 128, 64, 8, 5, tma=True, ws=True)
-    tri = TileConfig(16, 128, 32, num_stages=1)
+    ws128, ws64 = WS128, TileConfig(64, 128, 64, 8, 5, tma=True, ws=True)
+    tri, tri128 = TileConfig(16, 128, 32, num_stages=1), TileConfig(128, 128, 64, 8, 5, tma=True)
     Vx = 1000
 
     def plan(cfg, path="fused", **kw):
@@ -268,17 +304,27 @@ def test_which_calls_ask_for_the_skip(monkeypatch):
     t = torch.full((300,), 0.7)
     plain, greedy = RowParams(t, 1, 0), RowParams(0.0, 1, 0)
     topk, minp = RowParams(t, 1, 0, top_k=torch.full((300,), 5)), RowParams(t, 1, 0, min_p=0.1)
-    procd = RowParams(t, 1, 0, processing=LogitProcessing.__new__(LogitProcessing))
+    bitmask = LogitProcessing(bitmask=torch.full((300, 32), -1, dtype=torch.int32), entries=None, values=None,
+                              penalties=None, bad_rows=None)
+    procd = RowParams(t, 1, 0, processing=bitmask)
 
-    def asks(p, params, filtered=None):
-        return asks_noise_skip(p, params, filtered=params.filtered(Vx) if filtered is None else filtered,
-                               vocab_size=Vx)
+    def asks(p, params, filtered=None, dtype=torch.bfloat16, batch=300):
+        return asks_noise_skip(p, params, batch=batch, filtered=params.filtered(Vx) if filtered is None else filtered,
+                               vocab_size=Vx, device=torch.device("cpu"), dtype=dtype)
 
-    for cfg in (ws128, ws64, tri):
+    # (a device where the ws kernel runs for bf16 / fp16, as an H100 / H200 is; fp32 runs the Triton twin)
+    monkeypatch.setattr(fs_plan, "ws_device", lambda device, dtype=None: dtype in (torch.bfloat16, torch.float16))
+
+    for cfg in (ws128, ws64, tri, tri128):
         assert asks(plan(cfg, extended=True), topk), cfg
+        assert asks(plan(cfg, extended=True), topk, batch=4), cfg
         assert not asks(plan(cfg, extended=True, winner_logits=True), minp), cfg
         assert asks(plan(cfg), plain) == (cfg is ws128), cfg
         assert not asks(plan(cfg), greedy)
+    lo = configs.SKIP_NOISE_PLAIN_MIN_BATCH
+    assert asks(plan(ws128), plain, batch=lo) and not asks(plan(ws128), plain, batch=lo - 1)
+    assert not asks(plan(ws128), plain, batch=96)  # (v125: one 128-row tile, 2.2% slower with the skip)
+    assert not asks(plan(ws128), plain, dtype=torch.float32)  # (its Triton twin runs: not asked)
     assert not asks(plan(ws128, logprobs=True), plain)
     assert not asks(plan(ws128, extended=True), plain)  # (top-N logprobs: an extended plain call)
     assert not asks(plan(ws128), procd)
