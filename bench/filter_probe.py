@@ -70,7 +70,8 @@ PDL_SETTINGS = {"off": (False, False, False), "stage2": (True, False, False), "f
                 # launch pair costs a call with nothing to resolve; upper bounds, tokens checked as above)
                 "bnofb": (False, True, True), "btiny": (False, True, True), "bround1": (False, True, True),
                 # v123: the shipped setting with configs.SKIP_FILTERED_NOISE off ("noskip": every tile of a filtered
-                # call draws the noise, as before v123) and on ("skip", shipped)
+                # call draws the noise, as before v123; since v125 it also turns off the plain calls' rule,
+                # plan.asks_noise_skip) and on ("skip", shipped)
                 "noskip": (False, True, True), "skip": (False, True, True),
                 # v125: the skip asked in every sampled call (configs.SKIP_NOISE_EVERY_CALL: plain and min-p-only
                 # calls run the skip's code, their tiles drawing unless all rows are greedy)
