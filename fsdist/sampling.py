@@ -131,8 +131,8 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     pdl2, pdl_fb = pdl_stage2(dev), pdl_fallback(dev)
     # Rows restricted by top-k / top-p get their token from select_filtered or the fallback, never from their tiles'
     # noisy winners: a tile of only such (or greedy) rows draws no noise (configs.SKIP_FILTERED_NOISE). Min-p alone
-    # keeps it (select_filtered's proof from the winners reads it). Plain calls on the ws 128-row tile ask too (their
-    # tiles all draw, faster with the skip's late bits: configs.SKIP_NOISE_PLAIN_WIDE_TILE).
+    # keeps it (select_filtered's proof from the winners reads it). Plain calls of 256 rows or more on the ws 128-row
+    # tile ask too (their tiles all draw, faster with the skip's late bits: configs.SKIP_NOISE_PLAIN_WIDE_TILE).
     skip_noise = asks_noise_skip(plan, params, batch=B, filtered=filtered, vocab_size=vocab_size, device=dev,
                                  dtype=hidden.dtype)
     launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size, trigger=pdl2,
