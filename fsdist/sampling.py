@@ -133,8 +133,7 @@ def sample(hidden: torch.Tensor, weight: torch.Tensor, *,
     # noisy winners: a tile of only such (or greedy) rows draws no noise (configs.SKIP_FILTERED_NOISE). Min-p alone
     # keeps it (select_filtered's proof from the winners reads it). Plain calls of 256 rows or more on the ws 128-row
     # tile ask too (their tiles all draw, faster with the skip's late bits: configs.SKIP_NOISE_PLAIN_WIDE_TILE).
-    skip_noise = asks_noise_skip(plan, params, batch=B, filtered=filtered, vocab_size=vocab_size, device=dev,
-                                 dtype=hidden.dtype)
+    skip_noise = asks_noise_skip(plan, params, batch=B, filtered=filtered, vocab_size=vocab_size)
     launch_stage1(plan, hidden, weight, params, buffers, vocab_size=vocab_size, trigger=pdl2,
                   skip_filtered_noise=skip_noise)
     top_ids = top_lp = fallback = None

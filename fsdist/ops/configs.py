@@ -273,7 +273,7 @@ SKIP_NOISE_PLAIN_MIN_BATCH = 256
 # The same rule (plan.asks_noise_skip) on the tensor-parallel head's candidates reduction: each rank's stage 1 over its
 # vocabulary shard, whose restricted rows get their token from select_filtered over every rank's kept logits or from
 # the pooled fallback, never from the tiles' noisy winners. Exact (CPU: tests/tensor_parallel/test_filters_tp.py on
-# gloo, 2 and 4 ranks, every transport); off until its GPU tests (the ws tiles with the peer table and the call
+# gloo, 2 ranks, every transport); off until its GPU tests (the ws tiles with the peer table and the call
 # header) and a timing have run.
 SKIP_NOISE_TP = False
 

@@ -35,6 +35,7 @@ class SamplePlan:
     extended: bool = False  # this call keeps the tiles' largest logits (the layout has room for them)
     raw_sums: bool = True  # ... and their raw (T = 1) sums, which only "raw" logprobs read
     winner_logits: bool = False  # stage 1 writes each tile winner's logit (field 1) even without logprobs
+    ws_kernel: bool = False  # the warp-specialised kernel runs on the device for the dtype (a ws config's tile is its)
 
     @property
     def flags(self) -> int:
@@ -130,7 +131,7 @@ def _plan(batch, hidden_size, weight_rows, device_type, logprobs, config, path, 
     layout = CandidateLayout(n_fields or CandidateLayout.fields(logprobs), cdiv(weight_rows, cfg.block_v),
                              max(batch_cap or batch, 1), n_shards, checked, 1 + KEEP if roomy else 1)
     return SamplePlan(path, cfg, layout, bool(logprobs), bool(extended), bool(raw_sums),
-                      bool(logprobs or winner_logits))
+                      bool(logprobs or winner_logits), bool(ws_kernel))
 
 
 # A serving loop plans the same few shapes over and over (~6 µs of Python a call on a CPU, bench/host_cpu_probe.py,
@@ -142,15 +143,15 @@ def _plan(batch, hidden_size, weight_rows, device_type, logprobs, config, path, 
 _cached_plan = functools.lru_cache(maxsize=256)(_plan)
 
 
-def asks_noise_skip(plan: SamplePlan, params: RowParams, *, batch: int, filtered: bool, vocab_size: int,
-                    device: torch.device, dtype: torch.dtype) -> bool:
+def asks_noise_skip(plan: SamplePlan, params: RowParams, *, batch: int, filtered: bool, vocab_size: int) -> bool:
     """Whether a call's stage 1 runs with launch_fused's ``skip_filtered_noise`` (a tile then draws the noise only if
     one of its rows reads it: epilogue.rows_draw_noise). Asked (configs.SKIP_FILTERED_NOISE on, some row sampled, the
     fused path) by filtered calls where top-k or top-p may be on, whose restricted rows never read their tiles' noise
     (v123); by plain calls (no filter, logprobs or processors) of ``batch`` >= configs.SKIP_NOISE_PLAIN_MIN_BATCH
     rows on the ws 128-row tile, whose tiles all draw but run faster with the skip's late bits
-    (configs.SKIP_NOISE_PLAIN_WIDE_TILE, v125; only where the ws kernel runs for the device and dtype: elsewhere the
-    plan's tile runs as its Triton twin, untimed with it; B = 96 on that tile was slower); by every call with the probe
+    (configs.SKIP_NOISE_PLAIN_WIDE_TILE, v125; only where the ws kernel runs for the device and dtype, plan.ws_kernel:
+    elsewhere the plan's tile runs as its Triton twin, untimed with it; B = 96 on that tile was slower); by every call
+    with the probe
     configs.SKIP_NOISE_EVERY_CALL. Min-p-only calls do not ask (their proof reads the winners: every tile draws)."""
     if not configs.SKIP_FILTERED_NOISE or params.all_greedy or plan.path != "fused":
         return False
@@ -158,7 +159,7 @@ def asks_noise_skip(plan: SamplePlan, params: RowParams, *, batch: int, filtered
         return True
     return (configs.SKIP_NOISE_PLAIN_WIDE_TILE and not filtered and not plan.logprobs and not plan.extended
             and params.processing is None and plan.config.ws and plan.config.block_b == 128
-            and batch >= configs.SKIP_NOISE_PLAIN_MIN_BATCH and ws_device(device, dtype))
+            and batch >= configs.SKIP_NOISE_PLAIN_MIN_BATCH and plan.ws_kernel)
 
 
 def launch_stage1(plan: SamplePlan, hidden: torch.Tensor, weight: torch.Tensor, params: RowParams,

@@ -114,8 +114,7 @@ class CandidatesReduction(Reduction):
         self.seam.call("before_stage1", step)
         # (configs.SKIP_NOISE_TP: the single-device rule, each rank deciding from the same arguments)
         skip = configs.SKIP_NOISE_TP and asks_noise_skip(plan, params, batch=B, filtered=opts.filtered,
-                                                         vocab_size=part.vocab_size, device=hidden.device,
-                                                         dtype=hidden.dtype)
+                                                         vocab_size=part.vocab_size)
         launch_stage1(plan, hidden, weight, params, bufs.dest, vocab_size=part.vocab_size,
                       vocab_start=part.start, shard=self.rank, flags=opts.flags(plan), skip_filtered_noise=skip)
         bufs.exchange(plan.layout.stride_shard, plan.layout.stride_shard_i)

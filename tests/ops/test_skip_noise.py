@@ -297,9 +297,9 @@ def test_which_calls_ask_for_the_skip(monkeypatch):
     tri, tri128 = TileConfig(16, 128, 32, num_stages=1), TileConfig(128, 128, 64, 8, 5, tma=True)
     Vx = 1000
 
-    def plan(cfg, path="fused", **kw):
+    def plan(cfg, path="fused", dtype=torch.bfloat16, **kw):
         return plan_sample(batch=300, hidden_size=64, weight_rows=Vx, device=torch.device("cpu"), config=cfg,
-                           path=path, **kw)
+                           path=path, dtype=dtype, **kw)
 
     t = torch.full((300,), 0.7)
     plain, greedy = RowParams(t, 1, 0), RowParams(0.0, 1, 0)
@@ -308,11 +308,12 @@ def test_which_calls_ask_for_the_skip(monkeypatch):
                               penalties=None, bad_rows=None)
     procd = RowParams(t, 1, 0, processing=bitmask)
 
-    def asks(p, params, filtered=None, dtype=torch.bfloat16, batch=300):
+    def asks(p, params, filtered=None, batch=300):
         return asks_noise_skip(p, params, batch=batch, filtered=params.filtered(Vx) if filtered is None else filtered,
-                               vocab_size=Vx, device=torch.device("cpu"), dtype=dtype)
+                               vocab_size=Vx)
 
-    # (a device where the ws kernel runs for bf16 / fp16, as an H100 / H200 is; fp32 runs the Triton twin)
+    # (a device where the ws kernel runs for bf16 / fp16, as an H100 / H200 is; fp32 runs the Triton twin: the plan
+    # asks at each call, so the stand-in reaches plan.ws_kernel)
     monkeypatch.setattr(fs_plan, "ws_device", lambda device, dtype=None: dtype in (torch.bfloat16, torch.float16))
 
     for cfg in (ws128, ws64, tri, tri128):
@@ -324,7 +325,7 @@ def test_which_calls_ask_for_the_skip(monkeypatch):
     lo = configs.SKIP_NOISE_PLAIN_MIN_BATCH
     assert asks(plan(ws128), plain, batch=lo) and not asks(plan(ws128), plain, batch=lo - 1)
     assert not asks(plan(ws128), plain, batch=96)  # (v125: one 128-row tile, 2.2% slower with the skip)
-    assert not asks(plan(ws128), plain, dtype=torch.float32)  # (its Triton twin runs: not asked)
+    assert not asks(plan(ws128, dtype=torch.float32), plain)  # (its Triton twin runs: not asked)
     assert not asks(plan(ws128, logprobs=True), plain)
     assert not asks(plan(ws128, extended=True), plain)  # (top-N logprobs: an extended plain call)
     assert not asks(plan(ws128), procd)
