@@ -472,14 +472,16 @@ def test_a_wrong_wide_pack_would_be_caught(device, monkeypatch):
     Interpreter only (a compiled kernel keeps the helper it was first compiled with)."""
     if device.type != "cpu":
         pytest.skip("swapping a @triton.jit helper does not recompile a cached GPU kernel")
-    B, V_rows = 3, 512 * BLOCK_V
+    # 128 tiles (CI time: stage 1 over 512 tiles took ~50 s of the interpreter)
+    B, V_rows = 3, 128 * BLOCK_V
     logits, params = _min_p_rows(device, B, V_rows, seed=5)
     # The threshold exactly on the logits of each row's survivors, whatever the machine's log and
-    # exp round to: min_p = 1 puts it at the row's maximum (m + t * log(1) = m), and each row's 300
-    # largest logits are tied there, so every survivor sits on the threshold (> instead of >= drops
-    # them all). 300 survivors lie between SMALL_CAP and WIDE_CAP: the wide pack runs.
-    idx = logits.topk(300, dim=1).indices
-    logits.scatter_(1, idx, logits.max(dim=1, keepdim=True).values.expand(-1, 300).contiguous())
+    # exp round to: min_p = 1 puts it at the row's maximum (m + t * log(1) = m), and 300 logits a
+    # row are tied there, so every survivor sits on the threshold (> instead of >= drops them all).
+    # 300 survivors lie between SMALL_CAP and WIDE_CAP: the wide pack runs. Spread evenly (every 54th
+    # id from a row's own start, <= 3 a tile), so that U's 4 kept logits a tile hold every one of them.
+    idx = (torch.arange(300) * 54)[None, :] + torch.arange(B)[:, None] * 5
+    logits.scatter_(1, idx, (logits.max(dim=1, keepdim=True).values + 0.5).expand(-1, 300).contiguous())
     params = RowParams(params.temperature, params.seed, params.offset, min_p=torch.ones(B, device=device))
     layout, buffers = _stage1(device, logits, params)
     kw = dict(vocab_size=V_rows, top_n=0, mode="processed")
