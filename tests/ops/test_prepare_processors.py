@@ -175,8 +175,9 @@ def test_32_bit_keys_only_where_they_fit():
 
 def test_32_bit_keys_past_the_sign_bit(device):
     """V = 151936 and 3,500 ids a row (4,096 slots): most keys are above 2**31, where a signed key would
-    sort them first. The in-kernel sort on those keys must equal torch's stable sort."""
-    B, V, K, L = 2, 151936, 2000, 1000
+    sort them first. The in-kernel sort on those keys must equal torch's stable sort. (One row: each row sorts
+    alone; CI time.)"""
+    B, V, K, L = 1, 151936, 2000, 1000
     g = torch.Generator().manual_seed(11)
     ids = torch.randint(V // 2, V, (B, K), generator=g)  # keys of ids >= V / 2 have the top bit set
     ids[:, :40] = torch.randint(0, 50, (B, 40), generator=g)  # and some below, with repeats
@@ -190,7 +191,7 @@ def test_32_bit_keys_past_the_sign_bit(device):
     kw = dict(bias_ids=d(ids), bias_values=d(vals), output_ids=d(out), prompt_ids=d(prompt), repetition=1.2,
               penalties=True)
     want = launch_prepare(B, V, device, sort="torch", **kw)
-    assert int((want[0][want[0] != SENTINEL].long() * 4096 >= 2**31).sum()) > 1000
+    assert int((want[0][want[0] != SENTINEL].long() * 4096 >= 2**31).sum()) > 500  # (842 here)
     got = launch_prepare(B, V, device, sort="bitonic", key32=True, **kw)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
