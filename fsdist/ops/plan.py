@@ -148,7 +148,7 @@ def asks_noise_skip(plan: SamplePlan, params: RowParams, *, batch: int, filtered
     one of its rows reads it: epilogue.rows_draw_noise). Asked (configs.SKIP_FILTERED_NOISE on, some row sampled, the
     fused path) by filtered calls where top-k or top-p may be on, whose restricted rows never read their tiles' noise
     (v123); by plain calls (no filter, logprobs or processors) of ``batch`` >= configs.SKIP_NOISE_PLAIN_MIN_BATCH
-    rows on the ws 128-row tile, whose tiles all draw but run faster with the skip's late bits
+    rows on the ws 128-row tile, whose tiles all draw, with the skip's late bits (faster in v125, level in v126)
     (configs.SKIP_NOISE_PLAIN_WIDE_TILE, v125; only where the ws kernel runs for the device and dtype, plan.ws_kernel:
     elsewhere the plan's tile runs as its Triton twin, untimed with it; B = 96 on that tile was slower); by every call
     with the probe
