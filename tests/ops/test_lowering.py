@@ -261,9 +261,12 @@ CASES = {
                    status_ptr="*i32", **PARITY),
         constexprs=dict(NW=4)),
 }
-# select_filtered's k-th largest and top-p over the packed lanes by pairwise counts and sums (sorted_top_p=False).
-CASES["select_filtered_pairwise"] = dict(
-    CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], SORTED=False))
+# select_filtered's k-th largest and top-p over the packed lanes by pairwise counts and sums (sorted_top_p=False),
+# with the min-p draw's wide lanes off (wide_cap=0: its branch must not compile with 0 lanes). Two knobs off their
+# defaults in one case (each compile of this kernel is ~20-30 s of a CI core); each alone is a launcher option.
+CASES["select_filtered_pairwise_wide_off"] = dict(
+    CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], SORTED=False, WIDE_CAP=0,
+                                              SCRATCH_LANES=128))
 # select_filtered's other branch alone: the search over all kept logits (no packing, no instrumentation).
 CASES["select_filtered_full_search"] = dict(
     CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], PACK=False, CAP=1, SEARCHED=False))
@@ -289,10 +292,8 @@ CASES["entry_offsets_trigger"] = dict(
 CASES["stage1_fused_pdl"] = dict(
     CASES["stage1_fused_tma"], constexprs=dict(CASES["stage1_fused_tma"]["constexprs"], PDL_WAIT=True),
     ptx_has=["griddepcontrol.wait"])
-# ... with the min-p draw's wide lanes off (wide_cap=0: its branch must not compile with 0 lanes)
-CASES["select_filtered_wide_off"] = dict(
-    CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], WIDE_CAP=0, SCRATCH_LANES=128))
-# ... and the min-p proof from the tiles' winners ("scaled" logprobs: "processed" turns it off), instrumented.
+# select_filtered with the min-p proof from the tiles' winners ("scaled" logprobs: "processed" turns it off),
+# instrumented.
 CASES["select_filtered_winners"] = dict(
     CASES["select_filtered"], constexprs=dict(CASES["select_filtered"]["constexprs"], MODE=0, MINP_PER_ROW=True,
                                               WINNERS=True, WON=True))
