@@ -10,6 +10,8 @@ Conventions (see docs/benchmarks.md):
   (microseconds) per call; :func:`median_us` is the usual summary.
 * :class:`CapturedGraph` / :func:`time_graph`: calls captured once in a CUDA graph and
   replayed; one sample per replay, divided by the calls in the graph.
+* :func:`time_interleaved` / :func:`paired_ratio`: several methods timed in turns, round by round, and two of them
+  compared within each round (an A/B whose difference is smaller than the machine's drift between blocks).
 * :class:`Stamp`: one point on the stream, for timing a stretch of calls (the
   tensor-parallel lock-step loop) or the pieces of a step.
 * Input rotation: callers pass several argument sets (e.g. different hidden-state
@@ -22,7 +24,7 @@ Needs nothing but torch.
 """
 import statistics
 import time
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -174,5 +176,45 @@ def time_graph(graph: CapturedGraph, *, warmup: int, reps: int, flush: Optional[
     return [t / graph.calls for t in per_replay]
 
 
-__all__ = ["CapturedGraph", "L2Flusher", "Stamp", "default_device", "median_us", "synchronize", "time_calls",
-           "time_graph"]
+def time_interleaved(timers: Dict[str, Callable[[], float]], *, rounds: int,
+                     progress: Optional[Callable[[int, int], None]] = None) -> Dict[str, List[float]]:
+    """One sample per method per round, the methods taking turns: {name: [``rounds`` samples]}.
+
+    timers: {name: a callable that times one short block of that method and returns its figure, e.g.
+    ``lambda: statistics.median(time_graph(g, warmup=1, reps=5, flush=flush))``}. Timing each method as one long
+    block lets the machine's drift between blocks (clocks, temperature: 2-5% on the lent H100s, v126) pass for a
+    difference between methods; taking turns puts every method under the same drift, and the order reverses each
+    round (A B C, C B A, ...) so that no method always runs first or right after another. Compare two methods with
+    :func:`paired_ratio`, round by round. progress(round, rounds): called after each round.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if not timers:
+        raise ValueError("timers must name at least one method")
+    names = list(timers)
+    out = {name: [] for name in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            out[name].append(float(timers[name]()))
+        if progress is not None:
+            progress(r + 1, rounds)
+    return out
+
+
+def paired_ratio(on: Sequence[float], off: Sequence[float]) -> dict:
+    """``on`` over ``off`` round by round (samples of :func:`time_interleaved`, the same rounds): the median ratio,
+    its 10th and 90th percentiles, the rounds where ``on`` was faster, and the rounds compared. A ratio of medians
+    would let a round-to-round drift in; the ratio within a round does not."""
+    if len(on) != len(off) or not on:
+        raise ValueError(f"paired_ratio wants two equally long, non-empty sample lists, got {len(on)} and {len(off)}")
+    ratios = sorted(a / b for a, b in zip(on, off))
+    n = len(ratios)
+
+    def pct(q):  # nearest rank
+        return ratios[min(n - 1, max(0, int(round(q * (n - 1)))))]
+    return dict(median=statistics.median(ratios), p10=pct(0.1), p90=pct(0.9),
+                faster=sum(r < 1.0 for r in ratios), rounds=n)
+
+
+__all__ = ["CapturedGraph", "L2Flusher", "Stamp", "default_device", "median_us", "paired_ratio", "synchronize",
+           "time_calls", "time_graph", "time_interleaved"]

@@ -52,3 +52,57 @@ def test_events_time_device_work():
     flush = timing.L2Flusher(dev)
     samples = timing.time_calls(lambda: x @ x, warmup=2, reps=5, flush=flush, device=dev)
     assert len(samples) == 5 and all(s > 0 for s in samples)
+
+
+def test_interleaved_methods_take_turns_and_reverse_each_round():
+    calls, seen = [], []
+    timers = {name: (lambda name=name: calls.append(name) or 1.0) for name in "ABC"}
+    out = timing.time_interleaved(timers, rounds=3, progress=lambda r, n: seen.append((r, n)))
+    assert calls == list("ABCCBAABC")
+    assert out == {name: [1.0, 1.0, 1.0] for name in "ABC"}
+    assert seen == [(1, 3), (2, 3), (3, 3)]
+
+
+class _DriftingMachine:
+    """A machine that slows down 0.5% with every block it times (a warming GPU): a method's figure is its true cost
+    times the machine's slowdown at that moment."""
+
+    def __init__(self):
+        self.blocks = 0
+
+    def timer(self, cost):
+        def run():
+            self.blocks += 1
+            return cost * (1.0 + 0.005 * self.blocks)
+        return run
+
+
+def test_interleaving_cancels_a_drift_that_blocks_would_report():
+    # Two identical methods: timed as two blocks (all A, then all B) the drift passes for a 10% difference;
+    # interleaved and compared round by round, they come out level.
+    m = _DriftingMachine()
+    a_block = [m.timer(100.0)() for _ in range(20)]
+    b_block = [m.timer(100.0)() for _ in range(20)]
+    assert timing.paired_ratio(b_block, a_block)["median"] > 1.09  # the problem (and this test's power)
+    m = _DriftingMachine()
+    out = timing.time_interleaved({"A": m.timer(100.0), "B": m.timer(100.0)}, rounds=20)
+    r = timing.paired_ratio(out["B"], out["A"])
+    assert abs(r["median"] - 1.0) < 0.003, r
+    # A true 3% difference under the same drift is found, in every round.
+    m = _DriftingMachine()
+    out = timing.time_interleaved({"A": m.timer(100.0), "B": m.timer(103.0)}, rounds=20)
+    r = timing.paired_ratio(out["B"], out["A"])
+    assert abs(r["median"] - 1.03) < 0.004 and r["faster"] == 0 and r["rounds"] == 20, r
+
+
+def test_paired_ratio_summary():
+    r = timing.paired_ratio([90.0, 100.0, 110.0, 120.0, 95.0], [100.0] * 5)
+    assert r == dict(median=1.0, p10=0.9, p90=1.2, faster=2, rounds=5)
+    with pytest.raises(ValueError, match="equally long"):
+        timing.paired_ratio([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="equally long"):
+        timing.paired_ratio([], [])
+    with pytest.raises(ValueError, match="rounds"):
+        timing.time_interleaved({"A": lambda: 1.0}, rounds=0)
+    with pytest.raises(ValueError, match="at least one"):
+        timing.time_interleaved({}, rounds=2)
