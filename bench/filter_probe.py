@@ -16,6 +16,8 @@ each ``--caps`` search cap (v14: the packed search over each row's kept logits a
 boundary against the search over all of them), each ``--select-warps`` warp count and each
 ``--wide-caps`` lane count of the min-p-only draw (v31; 0: off). ``--pdl off,on,off`` times every whole-call case
 with and without the programmatic dependent launches of stage 2 and the fallback (v74), interleaved.
+``--interleave 40`` captures every whole-call graph first and times them in turns, 40 rounds, each against its case
+under the first ``--pdl`` setting round by round (v127: the lent H100s drift 2-5% between blocks, v126).
 On a machine without a GPU it runs one tiny shape under the interpreter (smoke test).
 """
 import argparse
@@ -43,7 +45,7 @@ from fsdist.ops.plan import launch_stage1, plan_sample
 from fsdist.ops.select_filtered import launch_select_filtered
 from fsdist.ops.utils import flagged_count, pdl_args, pdl_prologue
 from fsdist.params import RowParams
-from fsdist.timing import CapturedGraph, L2Flusher, median_us, time_graph
+from fsdist.timing import CapturedGraph, L2Flusher, median_us, paired_ratio, time_graph, time_interleaved
 
 # --pdl's settings: (configs.PDL_STAGE2, configs.PDL_FALLBACK, configs.PDL_SELECT_BESIDE_MERGE); "fallback" is v74's
 # shipped setting, "beside" v76's (shipped)
@@ -328,7 +330,7 @@ def graph_times(D, V, B, configs, args, device):
             times_named[name] = times_named.get(name, 0) + 1
             k = times_named[name]
             cases.append(by_name[name] if k == 1 else (f"{name} #{k}",) + by_name[name][1:])
-    tokens = {}
+    tokens, graphs = {}, {}
     default_warps, default_wide = sf.SELECT_WARPS, sf.WIDE_CAP
     # --pdl: each case once per setting, in the order given (e.g. off,on,off: an A/B/A in one process)
     pdl_runs, seen = [], {}
@@ -358,9 +360,13 @@ def graph_times(D, V, B, configs, args, device):
             fs_configs.PDL_STAGE2, fs_configs.PDL_FALLBACK, fs_configs.PDL_SELECT_BESIDE_MERGE = default_pdl
             for mod, attr, f in patched:
                 setattr(mod, attr, f)
-        t = statistics.median(time_graph(graph, warmup=3, reps=max(5, args.reps // 5), flush=flush))
-        out[name] = t
         tokens[name] = graph.outputs[0].tokens.clone()
+        if args.interleave:  # timed below, every graph in turns (a CUDA graph keeps the launches it captured)
+            graphs[name] = graph
+            t = float("nan")
+        else:
+            t = statistics.median(time_graph(graph, warmup=3, reps=max(5, args.reps // 5), flush=flush))
+            out[name] = t
         # another stage-1 config, select's warps or draw width, PDL setting: the same candidates, the same tokens as
         # the first run of the base case (its kind of call, default config, first --pdl setting)
         base = case_name + pdl_runs[0][1]
@@ -370,9 +376,46 @@ def graph_times(D, V, B, configs, args, device):
             if not same:
                 common.log(f"  B={B} graph {name}: TOKENS DIFFER from {base}'s")
         fb = graph.outputs[0].fallback
-        common.log(f"  B={B} graph {name:34s} {t:9.1f} us per call"
+        common.log(f"  B={B} graph {name:34s} " + (f"{t:9.1f} us per call" if not args.interleave else "captured")
                    + (f", fallback rows {int(fb.sum())}/{B}" if fb is not None else ""))
+    if graphs:
+        out.update(_interleaved(graphs, pdl_runs, B, args, flush))
     return out
+
+
+def _interleaved(graphs, pdl_runs, B, args, flush, time_one=None):
+    """--interleave: the captured graphs timed in turns, ``args.interleave`` rounds of ``args.interleave_reps``
+    replays each (fsdist.timing.time_interleaved), so that the machine's drift between blocks (v126: 2-5% on an H100)
+    falls on every setting alike. Returns each graph's median over the rounds and, under "_interleaved", the rounds'
+    samples and each graph against its case under the first --pdl run, round by round (fsdist.timing.paired_ratio).
+    time_one(graph): one round's figure of a graph (default: the median of its replays; tests pass their own)."""
+    if time_one is None:
+        def time_one(g):
+            return statistics.median(time_graph(g, warmup=1, reps=args.interleave_reps, flush=flush))
+    samples = time_interleaved(
+        {name: (lambda g=g: time_one(g)) for name, g in graphs.items()},
+        rounds=args.interleave,
+        progress=lambda r, n: common.log(f"  B={B} interleaved round {r}/{n}") if r % 10 == 0 or r == n else None)
+    first = pdl_runs[0][1]
+    out, paired = {}, {}
+    for name, xs in samples.items():
+        out[name] = statistics.median(xs)
+        case = name[:len(name) - len(_tag_of(name, pdl_runs))]
+        base = case + first
+        if base != name and base in samples:
+            paired[name] = dict(against=base, **paired_ratio(xs, samples[base]))
+    for name, r in paired.items():
+        common.log(f"  B={B} graph {name:34s} {out[name]:9.1f} us, {100 * (r['median'] - 1):+.1f}% against "
+                   f"{r['against']} (rounds p10 {100 * (r['p10'] - 1):+.1f}%, p90 {100 * (r['p90'] - 1):+.1f}%, "
+                   f"faster in {r['faster']}/{r['rounds']})")
+    out["_interleaved"] = dict(rounds=args.interleave, reps=args.interleave_reps, samples=samples, paired=paired)
+    return out
+
+
+def _tag_of(name, pdl_runs):
+    """The --pdl tag a graph's name ends with ("" without --pdl), the longest that fits ("x#2" before "x")."""
+    tags = sorted((tag for _setting, tag in pdl_runs), key=len, reverse=True)
+    return next((tag for tag in tags if tag and name.endswith(tag)), "")
 
 
 def main():
@@ -411,6 +454,13 @@ def main():
                          "bround1: v120's, the shipped setting with no fallback, one-warp fallback launches, or its "
                          "first round only (upper bounds); noskip / skip: v123's, the shipped setting with "
                          "configs.SKIP_FILTERED_NOISE off / on; default: the configs' as they are)")
+    ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                    help="graph part: capture every case and setting first, then time them in turns, ROUNDS rounds "
+                         "of --interleave-reps replays each, the order reversed each round; reports each against its "
+                         "case under the first --pdl setting round by round (median, p10, p90, rounds faster). For "
+                         "differences smaller than the machine's drift between blocks (v126). Default 0: one block "
+                         "a graph, as before")
+    ap.add_argument("--interleave-reps", type=int, default=5, help="--interleave: replays a graph a round (median)")
     ap.add_argument("--stage1-greedy", action="store_true",
                     help="stage1 part: the plain and extended calls with and without noise (a scalar temperature 0), "
                          "default configs, A/B/B/A (v122)")
@@ -427,6 +477,9 @@ def main():
     args.caps = common.parse_int_list(args.caps) if args.caps else [0, SEARCH_CAP]
     args.select_warps = common.parse_int_list(args.select_warps) if args.select_warps else [None]
     args.wide_caps = common.parse_int_list(args.wide_caps) if args.wide_caps else [None]
+    if args.interleave < 0 or args.interleave_reps < 1:
+        raise SystemExit(f"--interleave must be >= 0 and --interleave-reps >= 1, got {args.interleave} and "
+                         f"{args.interleave_reps}")
     args.pdl = args.pdl.split(",") if args.pdl else None
     if args.pdl and set(args.pdl) - set(PDL_SETTINGS):
         raise SystemExit(f"--pdl: unknown {sorted(set(args.pdl) - set(PDL_SETTINGS))}; choose from {list(PDL_SETTINGS)}")
@@ -482,8 +535,12 @@ def main():
         for k, v in r.items():
             if k == "kernels_us":
                 v = {n: sum(x.values()) for n, x in v.items()}
-            print(f"B={B} {k}: " + ", ".join(f"{n}={x:.1f}" if isinstance(x, float) else f"{n}={x}"
-                                            for n, x in v.items()))
+            shown = [f"{n}={x:.1f}" if isinstance(x, float) else f"{n}={x}" for n, x in v.items()
+                     if not n.startswith("_")]
+            print(f"B={B} {k}: " + ", ".join(shown))
+            for n, r in v.get("_interleaved", {}).get("paired", {}).items():
+                print(f"B={B} {n} / {r['against']}: median {r['median']:.4f} (p10 {r['p10']:.4f}, p90 {r['p90']:.4f}; "
+                      f"faster in {r['faster']}/{r['rounds']} rounds)")
 
 
 if __name__ == "__main__":
