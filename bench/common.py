@@ -40,8 +40,8 @@ from typing import Dict, List, Optional, Sequence  # noqa: E402
 
 import torch  # noqa: E402
 
-from fsdist.timing import (CapturedGraph, L2Flusher, Stamp, default_device, synchronize,  # noqa: E402,F401
-                           time_calls, time_graph)
+from fsdist.timing import (CapturedGraph, L2Flusher, Stamp, default_device, paired_ratio,  # noqa: E402,F401
+                           synchronize, time_calls, time_graph, time_interleaved)
 
 RESULTS_DIR = REPO / "bench" / "results"
 SCHEMA = "fsdist-bench/1"

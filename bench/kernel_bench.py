@@ -887,6 +887,60 @@ def check_tokens(ctx: ShapeCtx, m: Method, out, checks: Checks, h: Optional[torc
         check_processed(ctx, m, h, t, checks)
 
 
+def graph_rows_from_rounds(cell: dict, samples: Dict[str, List[float]], rounds: int, against: str = "cublas"):
+    """--graph-rounds: one "graph" row per method from its round medians (time_interleaved's samples), and for each
+    other method its ratio to ``against`` round by round (fsdist.timing.paired_ratio) under "paired"."""
+    rows = []
+    for name, xs in samples.items():
+        s = C.summarize(xs)
+        row = dict(cell, method=name, mode="graph", median_us=s.get("median_us"), min_us=s.get("min_us"),
+                   p10_us=s.get("p10_us"), p90_us=s.get("p90_us"), n=s.get("n", 0), error=None,
+                   graph_rounds=rounds, round_medians_us=list(xs))
+        if name != against and against in samples and len(samples[against]) == len(xs) and xs:
+            row["paired"] = dict(against=against, **C.paired_ratio(xs, samples[against]))
+        rows.append(row)
+    return rows
+
+
+def interleaved_graph_rows(ctx: ShapeCtx, fns: dict, names: List[str], hs, checks: "Checks", args, reps: int,
+                           flush, bump, budget) -> List[dict]:
+    """--graph-rounds R: every graph method of the cell captured first (and checked, as the one-block path does),
+    then timed in turns, R rounds of ``max(2, reps // graph_calls // 4)`` replays a graph (reps: the cell's timed
+    calls a run; fsdist.timing.
+    time_interleaved): the machine's drift between blocks (2-5% on the lent H100s, v126) falls on every method alike,
+    and fsdist's ratio to cuBLAS is taken round by round. A method whose capture fails gets an error row."""
+    D, V, B = ctx.D, ctx.V, hs[0].shape[0]
+    cell = {"D": D, "V": V, "B": B, "dtype": C.dtype_name(ctx.dtype), "graph_calls": args.graph_calls}
+    graphs, rows = {}, []
+    for name in names:
+        if budget.exceeded():
+            break
+        try:
+            g = C.CapturedGraph(fns[name], [(h,) for h in hs], calls=args.graph_calls)
+            if METHODS[name].kind == "fsdist":
+                check_graph(ctx, g, METHODS[name], hs, checks)
+            graphs[name] = g
+        except Exception as e:  # noqa: BLE001
+            rows.append(dict(cell, method=name, mode="graph", median_us=None,
+                             error=f"{type(e).__name__}: {str(e)[:300]}"))
+            C.log(f"  {name} B={B}: graph failed: {rows[-1]['error']}")
+            _quiet_sync(ctx.device)
+    if not graphs:
+        return rows
+    replays = max(2, reps // args.graph_calls // 4)
+    samples = C.time_interleaved(
+        {name: (lambda g=g: statistics.median(C.time_graph(g, warmup=1, reps=replays, flush=flush,
+                                                           before_replay=bump)))
+         for name, g in graphs.items()}, rounds=args.graph_rounds)
+    del graphs
+    for row in graph_rows_from_rounds(cell, samples, args.graph_rounds):
+        p = row.get("paired")
+        C.log(f"  D={D} V={V} B={B:<4} {row['method'] + ' [graph]':<22} {C.fmt_us(row['median_us']):>9} us"
+              + (f", {p['median']:.3f}x cuBLAS round by round (p10 {p['p10']:.3f}, p90 {p['p90']:.3f})" if p else ""))
+        rows.append(row)
+    return rows
+
+
 def check_graph(ctx: ShapeCtx, graph: C.CapturedGraph, m: Method, hs, checks: Checks):
     """The replayed graph gives eager fsdist's tokens and picks up the offset tensor's updates."""
     scalar = m.name in SCALAR_METHODS
@@ -1194,6 +1248,11 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, help="interleaved runs per cell (GPU 3, CPU 1)")
     p.add_argument("--rotate", type=int, default=4, help="hidden-state buffers rotated over")
     p.add_argument("--graph-calls", type=int, default=4, help="calls captured per CUDA graph")
+    p.add_argument("--graph-rounds", type=int, default=0, metavar="R",
+                   help="graph replays: capture every graph method of a cell first, then time them in turns, R "
+                        "rounds (the order reversed each round), and keep each method's ratio to cuBLAS round by "
+                        "round ('paired' in its row); for differences smaller than the machine's drift between "
+                        "blocks (v126). Default 0: one block a method, as before")
     p.add_argument("--no-flush", action="store_true", help="do not flush L2 before each timed call")
     p.add_argument("--compile-mode", choices=["dynamic", "static"], default="dynamic",
                    help="dynamic: batch dim marked dynamic (2 compiles per shape: B=1 and B>=2); "
@@ -1480,7 +1539,14 @@ def main(argv=None) -> int:
                     C.log(f"  D={D} V={V} B={B:<4} {name:<24} {C.fmt_us(row['median_us']):>9} us"
                           f" (first call {compile_s.get(name, 0):.2f}s){spread}{fb}")
 
-            for name in graph_methods:
+            if args.graph_rounds:
+                for row in interleaved_graph_rows(ctx, fns, [n for n in graph_methods if n in fns and n not in errors],
+                                                  hs, checks, args, reps, flush, bump, budget):
+                    record(row)
+                graph_methods_left = []
+            else:
+                graph_methods_left = graph_methods
+            for name in graph_methods_left:
                 if name not in fns or name in errors or budget.exceeded():
                     continue
                 m = METHODS[name]

@@ -30,18 +30,31 @@ def medians(data: dict) -> Dict[Tuple[int, int, str, str], float]:
     return out
 
 
+def paired(data: dict) -> Dict[Tuple[int, int], dict]:
+    """{(D, B): fsdist's graph ratio to cuBLAS round by round} where kernel_bench ran with --graph-rounds (the
+    fsdist graph row's "paired": median, p10, p90, faster, rounds)."""
+    return {(r["D"], r["B"]): r["paired"] for r in data.get("results", [])
+            if r.get("method") == "fsdist" and r.get("mode") == "graph" and r.get("error") is None
+            and (r.get("paired") or {}).get("against") == "cublas"}
+
+
 def rows(data: dict) -> List[dict]:
     """One row per (shape, B) with cuBLAS, fsdist and compiled Gumbel-max's graph replay and the ratios (NaN where a
-    method is missing), in shape then B order."""
+    method is missing), in shape then B order; fs_cublas_paired / _p10 / _p90: fsdist / cuBLAS round by round
+    (--graph-rounds runs; NaN otherwise)."""
     m = medians(data)
+    pr = paired(data)
     nan = float("nan")
     out = []
     for D, V in sorted({(r["D"], r["V"]) for r in data.get("results", [])}):
         for B in sorted({k[1] for k in m if k[0] == D}):
             cub, fs, gb = (m.get((D, B, name, "graph"), nan) for name in ("cublas", "fsdist", "gumbel_compiled"))
             cub_e, fs_e = (m.get((D, B, name, "events"), nan) for name in ("cublas", "fsdist"))
+            p = pr.get((D, B), {})
             out.append(dict(D=D, V=V, B=B, cublas=cub, fsdist=fs, gumbel=gb, fs_cublas=fs / cub,
-                            fs_cublas_eager=fs_e / cub_e, baseline_fs=gb / fs))
+                            fs_cublas_eager=fs_e / cub_e, baseline_fs=gb / fs,
+                            fs_cublas_paired=p.get("median", nan), fs_cublas_p10=p.get("p10", nan),
+                            fs_cublas_p90=p.get("p90", nan)))
     return out
 
 
@@ -50,9 +63,16 @@ def table(data: dict) -> str:
     lines = [f"{gpu}, graph replays (µs); fsdist / cuBLAS also eager; target {TARGET_CUBLAS}x / {TARGET_BASELINE}x",
              "", "| D | B | cuBLAS | fsdist | compiled Gumbel-max | fsdist / cuBLAS | eager | baseline / fsdist |",
              "|---|---|---|---|---|---|---|---|"]
-    for r in rows(data):
+    rs = rows(data)
+    with_rounds = any(math.isfinite(r["fs_cublas_paired"]) for r in rs)
+    if with_rounds:  # (kernel_bench --graph-rounds: fsdist / cuBLAS within each round too)
+        lines[-2] += " round by round (p10-p90) |"
+        lines[-1] += "---|"
+    for r in rs:
         lines.append(f"| {r['D']} | {r['B']} | {r['cublas']:.1f} | {r['fsdist']:.1f} | {r['gumbel']:.1f} | "
-                     f"{r['fs_cublas']:.3f} | {r['fs_cublas_eager']:.3f} | {r['baseline_fs']:.2f} |")
+                     f"{r['fs_cublas']:.3f} | {r['fs_cublas_eager']:.3f} | {r['baseline_fs']:.2f} |"
+                     + (f" {r['fs_cublas_paired']:.3f} ({r['fs_cublas_p10']:.3f}-{r['fs_cublas_p90']:.3f}) |"
+                        if with_rounds else ""))
     return "\n".join(lines)
 
 
@@ -75,6 +95,12 @@ def plot(data: dict, out_path: str) -> None:
         top, bottom = axes[0][j], axes[1][j]
         top.plot(bs, [r["fs_cublas"] for r in sub], "o-", color="tab:blue", label="graph replays")
         top.plot(bs, [r["fs_cublas_eager"] for r in sub], "s--", color="tab:blue", alpha=0.5, label="eager")
+        rounds = [r for r in sub if math.isfinite(r["fs_cublas_paired"])]
+        if rounds:  # kernel_bench --graph-rounds: the ratio within each round, its p10-p90 as the bar
+            top.errorbar([r["B"] for r in rounds], [r["fs_cublas_paired"] for r in rounds],
+                         yerr=[[r["fs_cublas_paired"] - r["fs_cublas_p10"] for r in rounds],
+                               [r["fs_cublas_p90"] - r["fs_cublas_paired"] for r in rounds]],
+                         fmt="D", color="tab:purple", ms=4, capsize=3, label="round by round (p10-p90)")
         top.axhline(TARGET_CUBLAS, color="tab:red", lw=1, ls=":", label=f"target {TARGET_CUBLAS}x")
         top.axhline(1.0, color="gray", lw=0.8)
         top.set_title(f"D={D}, V={V}")

@@ -49,3 +49,28 @@ def test_main_writes_one_png_per_json_named_after_it(tmp_path, capsys):
     empty = tmp_path / "kernel_bench_h100_x.json"
     empty.write_text(json.dumps({"results": []}))
     assert p14.main([str(empty), "--plots-dir", str(tmp_path / "plots")]) == 1
+
+
+def test_round_by_round_ratios_join_the_table():
+    """kernel_bench --graph-rounds: fsdist's graph row carries its ratio to cuBLAS round by round; the table gains a
+    column for it (p10-p90 beside), and a JSON without it keeps the old columns."""
+    data = _data()
+    for r in data["results"]:
+        if r["method"] == "fsdist" and r["mode"] == "graph" and r["B"] == 256:
+            r["paired"] = {"against": "cublas", "median": 1.12, "p10": 1.10, "p90": 1.16, "faster": 0, "rounds": 20}
+    rs = {r["B"]: r for r in p14.rows(data)}
+    assert rs[256]["fs_cublas_paired"] == 1.12 and rs[256]["fs_cublas_p90"] == 1.16
+    assert math.isnan(rs[1]["fs_cublas_paired"])
+    md = p14.table(data)
+    assert "round by round (p10-p90)" in md and "| 1.120 (1.100-1.160) |" in md
+    assert "round by round" not in p14.table(_data())
+
+
+def test_plot_draws_the_round_by_round_bars(tmp_path):
+    pytest.importorskip("matplotlib")
+    data = _data()
+    for r in data["results"]:
+        if r["method"] == "fsdist" and r["mode"] == "graph":
+            r["paired"] = {"against": "cublas", "median": 1.0, "p10": 0.98, "p90": 1.03, "faster": 3, "rounds": 6}
+    p14.plot(data, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 10_000
