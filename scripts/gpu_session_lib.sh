@@ -141,7 +141,8 @@ part_limit() {
 # large_batches_bench: issue 14's large batches (bench/kernel_bench.py, both shapes, B = 96-1024, cuBLAS / fsdist /
 # compiled Gumbel-max, eager and graph replays), cut at what is left of the call's budget (at most 200 s); console
 # in $OUT/kernel_bench_large_console.log (v84, v85). LARGE_BATCHES, LARGE_REPS, LARGE_REPEATS, LARGE_LIMIT (s) and
-# LARGE_LOG change the batches, calls a run, runs a cell, the cap and the console's name (v108: every B of the issue).
+# LARGE_LOG change the batches, calls a run, runs a cell, the cap and the console's name (v108: every B of the issue);
+# LARGE_ROUNDS > 0 times the graph methods in turns, that many rounds, fsdist / cuBLAS round by round (v127).
 large_batches_bench() {
   local m=cublas,fsdist,gumbel_compiled lim
   lim=$(part_limit "${LARGE_LIMIT:-200}")
@@ -150,5 +151,5 @@ large_batches_bench() {
     env BENCH_TIMEOUT="$((lim > 25 ? lim - 15 : 10))" \
     bash bench/run_gpu.sh kernel --methods "$m" --graph-methods "$m" --shapes 4096x151936,8192x128256 \
     --batches "${LARGE_BATCHES:-96,192,384,512,768,1024}" --reps "${LARGE_REPS:-20}" --repeats "${LARGE_REPEATS:-1}" \
-    --warmup 5
+    --warmup 5 --graph-rounds "${LARGE_ROUNDS:-0}"
 }
