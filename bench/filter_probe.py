@@ -360,6 +360,9 @@ def graph_times(D, V, B, configs, args, device):
             fs_configs.PDL_STAGE2, fs_configs.PDL_FALLBACK, fs_configs.PDL_SELECT_BESIDE_MERGE = default_pdl
             for mod, attr, f in patched:
                 setattr(mod, attr, f)
+        # (capture runs nothing: one replay first, so that the outputs read below, tokens and fallback flags, exist)
+        graph.replay()
+        torch.cuda.synchronize()
         tokens[name] = graph.outputs[0].tokens.clone()
         if args.interleave:  # timed below, every graph in turns (a CUDA graph keeps the launches it captured)
             graphs[name] = graph
@@ -457,7 +460,8 @@ def main():
     ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                     help="graph part: capture every case and setting first, then time them in turns, ROUNDS rounds "
                          "of --interleave-reps replays each, the order reversed each round; reports each against its "
-                         "case under the first --pdl setting round by round (median, p10, p90, rounds faster). For "
+                         "case under the first --pdl setting round by round (median, p10, p90, rounds faster; "
+                         "without --pdl nothing is paired, only each graph's median over the rounds). For "
                          "differences smaller than the machine's drift between blocks (v126). Default 0: one block "
                          "a graph, as before")
     ap.add_argument("--interleave-reps", type=int, default=5, help="--interleave: replays a graph a round (median)")
@@ -538,9 +542,9 @@ def main():
             shown = [f"{n}={x:.1f}" if isinstance(x, float) else f"{n}={x}" for n, x in v.items()
                      if not n.startswith("_")]
             print(f"B={B} {k}: " + ", ".join(shown))
-            for n, r in v.get("_interleaved", {}).get("paired", {}).items():
-                print(f"B={B} {n} / {r['against']}: median {r['median']:.4f} (p10 {r['p10']:.4f}, p90 {r['p90']:.4f}; "
-                      f"faster in {r['faster']}/{r['rounds']} rounds)")
+            for n, pr in v.get("_interleaved", {}).get("paired", {}).items():
+                print(f"B={B} {n} / {pr['against']}: median {pr['median']:.4f} (p10 {pr['p10']:.4f}, "
+                      f"p90 {pr['p90']:.4f}; faster in {pr['faster']}/{pr['rounds']} rounds)")
 
 
 if __name__ == "__main__":

@@ -906,9 +906,9 @@ def interleaved_graph_rows(ctx: ShapeCtx, fns: dict, names: List[str], hs, check
                            flush, bump, budget) -> List[dict]:
     """--graph-rounds R: every graph method of the cell captured first (and checked, as the one-block path does),
     then timed in turns, R rounds of ``max(2, reps // graph_calls // 4)`` replays a graph (reps: the cell's timed
-    calls a run; fsdist.timing.
-    time_interleaved): the machine's drift between blocks (2-5% on the lent H100s, v126) falls on every method alike,
-    and fsdist's ratio to cuBLAS is taken round by round. A method whose capture fails gets an error row."""
+    calls a run; fsdist.timing.time_interleaved): the machine's drift between blocks (2-5% on the lent H100s, v126)
+    falls on every method alike, and fsdist's ratio to cuBLAS is taken round by round. A method whose capture fails
+    gets an error row; a failure while timing gives every captured method one."""
     D, V, B = ctx.D, ctx.V, hs[0].shape[0]
     cell = {"D": D, "V": V, "B": B, "dtype": C.dtype_name(ctx.dtype), "graph_calls": args.graph_calls}
     graphs, rows = {}, []
@@ -928,10 +928,16 @@ def interleaved_graph_rows(ctx: ShapeCtx, fns: dict, names: List[str], hs, check
     if not graphs:
         return rows
     replays = max(2, reps // args.graph_calls // 4)
-    samples = C.time_interleaved(
-        {name: (lambda g=g: statistics.median(C.time_graph(g, warmup=1, reps=replays, flush=flush,
-                                                           before_replay=bump)))
-         for name, g in graphs.items()}, rounds=args.graph_rounds)
+    try:
+        samples = C.time_interleaved(
+            {name: (lambda g=g: statistics.median(C.time_graph(g, warmup=1, reps=replays, flush=flush,
+                                                               before_replay=bump)))
+             for name, g in graphs.items()}, rounds=args.graph_rounds)
+    except Exception as e:  # noqa: BLE001  (as the one-block path: an error row a method, the run goes on)
+        err = f"{type(e).__name__}: {str(e)[:300]}"
+        C.log(f"  B={B}: interleaved graph timing failed: {err}")
+        _quiet_sync(ctx.device)
+        return rows + [dict(cell, method=name, mode="graph", median_us=None, error=err) for name in graphs]
     del graphs
     for row in graph_rows_from_rounds(cell, samples, args.graph_rounds):
         p = row.get("paired")
@@ -1315,6 +1321,8 @@ def main(argv=None) -> int:
     filters = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
     if not 0 <= args.bitmask_density <= 1:
         raise SystemExit("--bitmask-density must be in [0, 1]")
+    if args.graph_rounds < 0:
+        raise SystemExit(f"--graph-rounds must be >= 0, got {args.graph_rounds}")
     if args.quick and on_gpu:
         args.shapes = args.shapes or "4096x151936"
         args.batches = args.batches or "1,16,64,256"
@@ -1368,7 +1376,8 @@ def main(argv=None) -> int:
                       "row_temperatures": C.describe_row_temperatures(args.temperature, args.temperature_spread,
                                                                       args.greedy_rows),
                       "warmup": warmup, "reps": reps, "repeats": repeats,
-                      "rotate": args.rotate, "graph_calls": args.graph_calls, "flush_l2": not args.no_flush,
+                      "rotate": args.rotate, "graph_calls": args.graph_calls, "graph_rounds": args.graph_rounds,
+                      "flush_l2": not args.no_flush,
                       "compile_mode": args.compile_mode, "device": str(device)},
                 json_path=str(writer.path) if writer.enabled else None,
                 method_notes={n: METHODS[n].note for n in methods if METHODS[n].note})

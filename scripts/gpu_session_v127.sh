@@ -34,6 +34,6 @@ for shape in 4096x151936 8192x128256; do
   fi
 done
 if wants large; then
-  LARGE_ROUNDS=20 LARGE_BATCHES="${LARGE_BATCHES:-96,256,512,1024}" large_batches_bench || rc=1
+  LARGE_ROUNDS="${LARGE_ROUNDS:-20}" LARGE_BATCHES="${LARGE_BATCHES:-96,256,512,1024}" large_batches_bench || rc=1
 fi
 exit $rc
