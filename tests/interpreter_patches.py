@@ -14,14 +14,16 @@ same patched modules either way. It installs only where the interpreter has the 
 (checked on the source of the two call sites), so another Triton version runs unchanged.
 
 Triton's own helpers (``tl.max``, ``tl.zeros``, ``tl.sum``, ``tl.argmax``, philox: triton.language.standard and
-.random) see ``tl.core``, which a launch of an fsdist kernel (whose globals hold ``tl`` only) does not patch, so each of
-their calls went through Triton's patch again: 20,824 of them in one processors chi-squared test, 44 s of its 162 s
+.random) see ``tl.core`` (standard's see ``tl`` too once the interpreter's rewrite has copied its globals in), which a
+launch of an fsdist kernel (whose globals hold ``tl`` only) does not patch, so each of their calls went through
+Triton's patch again: 20,824 of them in one processors chi-squared test, 44 s of its 162 s
 under cProfile (2026-12-07). But a helper's patch is never restored: once Triton's path has patched a module for a
 helper, its module-level builtins stay wrapped (the wrappers are not builtins, so a later patch finds nothing left
 to wrap) and its other attributes stay set to the same stateless replacements. What a launch patches and restores
 (the ``tl`` module, the tensor and dtype classes, ``reduce`` / ``associative_scan``) it patches again at its next
 start. So inside a running launch a helper whose modules the launch or an earlier helper patch already covered skips
-the patch too (``_patched_for_good``).
+the patch too (``_patched_for_good``: only modules that helper patch found raw, i.e. no running launch covered; a
+module a launch covers is unwrapped again by that launch's restore).
 """
 import inspect
 import os
@@ -71,7 +73,9 @@ def install() -> bool:
             return None  # (the helper call site discards what _patch_lang returns)
         scope = patch_lang(fn)
         if _active:  # (a helper's patch, never restored; outside a launch nothing is skipped, so nothing recorded)
-            _patched_for_good.update(langs)
+            # only the modules no running launch had patched: the helper's patch found those raw and wrapped them for
+            # good; a module a running launch covers it found wrapped already, and that launch's restore unwraps it
+            _patched_for_good.update(langs.difference(*(a for a in _active if a is not None)))
         return scope
 
     interp.GridExecutor.__call__ = launch
