@@ -40,8 +40,8 @@ from typing import Dict, List, Optional, Sequence  # noqa: E402
 
 import torch  # noqa: E402
 
-from fsdist.timing import (CapturedGraph, L2Flusher, Stamp, default_device, paired_ratio,  # noqa: E402,F401
-                           synchronize, time_calls, time_graph, time_interleaved)
+from fsdist.timing import (CapturedGraph, L2Flusher, Stamp, default_device, nearest_rank,  # noqa: E402,F401
+                           paired_ratio, synchronize, time_calls, time_graph, time_interleaved)
 
 RESULTS_DIR = REPO / "bench" / "results"
 SCHEMA = "fsdist-bench/1"
@@ -237,12 +237,8 @@ def summarize(samples_us: Sequence[float]) -> Dict[str, float]:
     xs = sorted(float(x) for x in samples_us if x is not None and math.isfinite(x))
     if not xs:
         return {"n": 0}
-
-    def q(p):
-        return xs[min(len(xs) - 1, max(0, int(round(p * (len(xs) - 1)))))]
-
     return {"n": len(xs), "median_us": statistics.median(xs), "min_us": xs[0], "max_us": xs[-1],
-            "mean_us": statistics.fmean(xs), "p10_us": q(0.1), "p90_us": q(0.9)}
+            "mean_us": statistics.fmean(xs), "p10_us": nearest_rank(xs, 0.1), "p90_us": nearest_rank(xs, 0.9)}
 
 
 def time_methods(methods: Dict, arg_sets: Sequence[tuple], *, warmup: int, reps: int, flush, device,

@@ -208,13 +208,16 @@ def paired_ratio(on: Sequence[float], off: Sequence[float]) -> dict:
     if len(on) != len(off) or not on:
         raise ValueError(f"paired_ratio wants two equally long, non-empty sample lists, got {len(on)} and {len(off)}")
     ratios = sorted(a / b for a, b in zip(on, off))
-    n = len(ratios)
-
-    def pct(q):  # nearest rank
-        return ratios[min(n - 1, max(0, int(round(q * (n - 1)))))]
-    return dict(median=statistics.median(ratios), p10=pct(0.1), p90=pct(0.9),
-                faster=sum(r < 1.0 for r in ratios), rounds=n)
+    return dict(median=statistics.median(ratios), p10=nearest_rank(ratios, 0.1), p90=nearest_rank(ratios, 0.9),
+                faster=sum(r < 1.0 for r in ratios), rounds=len(ratios))
 
 
-__all__ = ["CapturedGraph", "L2Flusher", "Stamp", "default_device", "median_us", "paired_ratio", "synchronize",
-           "time_calls", "time_graph", "time_interleaved"]
+def nearest_rank(sorted_xs: Sequence[float], q: float) -> float:
+    """The q-quantile (0 <= q <= 1) of a sorted, non-empty sequence by nearest rank: no interpolation, so it is one
+    of the samples (the convention of every percentile the benchmarks report)."""
+    n = len(sorted_xs)
+    return sorted_xs[min(n - 1, max(0, int(round(q * (n - 1)))))]
+
+
+__all__ = ["CapturedGraph", "L2Flusher", "Stamp", "default_device", "median_us", "nearest_rank", "paired_ratio",
+           "synchronize", "time_calls", "time_graph", "time_interleaved"]

@@ -106,3 +106,9 @@ def test_paired_ratio_summary():
         timing.time_interleaved({"A": lambda: 1.0}, rounds=0)
     with pytest.raises(ValueError, match="at least one"):
         timing.time_interleaved({}, rounds=2)
+
+
+def test_nearest_rank_is_a_sample():
+    xs = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [timing.nearest_rank(xs, q) for q in (0.0, 0.1, 0.5, 0.9, 1.0)] == [1.0, 1.0, 3.0, 5.0, 5.0]
+    assert timing.nearest_rank([7.0], 0.9) == 7.0
