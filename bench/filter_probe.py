@@ -366,7 +366,6 @@ def graph_times(D, V, B, configs, args, device):
         tokens[name] = graph.outputs[0].tokens.clone()
         if args.interleave:  # timed below, every graph in turns (a CUDA graph keeps the launches it captured)
             graphs[name] = graph
-            t = float("nan")
         else:
             t = statistics.median(time_graph(graph, warmup=3, reps=max(5, args.reps // 5), flush=flush))
             out[name] = t

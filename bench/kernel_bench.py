@@ -1552,10 +1552,7 @@ def main(argv=None) -> int:
                 for row in interleaved_graph_rows(ctx, fns, [n for n in graph_methods if n in fns and n not in errors],
                                                   hs, checks, args, reps, flush, bump, budget):
                     record(row)
-                graph_methods_left = []
-            else:
-                graph_methods_left = graph_methods
-            for name in graph_methods_left:
+            for name in ([] if args.graph_rounds else graph_methods):  # (one block a method)
                 if name not in fns or name in errors or budget.exceeded():
                     continue
                 m = METHODS[name]
