@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from interpreter_patches import install as install_interpreter_shortcut  # noqa: E402
+from sharding import parse_shard, shard_bounds  # noqa: E402
 
 install_interpreter_shortcut()  # Triton's interpreter without its redundant re-patching (interpreter_patches.py)
 
@@ -66,8 +67,23 @@ def longest_first(items):
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run only the I-th of N contiguous blocks of the collected tests (tests/sharding.py; "
+                          "scripts/gpu_regression.sh)")
+
+
 def pytest_collection_modifyitems(config, items):
     longest_first(items)
+    shard = config.getoption("--shard")
+    if shard is not None:
+        try:
+            index, count = parse_shard(shard)
+        except ValueError as error:
+            raise pytest.UsageError(str(error)) from None
+        start, stop = shard_bounds(len(items), index, count)
+        config.hook.pytest_deselected(items=items[:start] + items[stop:])
+        items[:] = items[start:stop]
     gpu_skip = None if ON_GPU else pytest.mark.skip(reason="needs a CUDA GPU")
     world = None
     for item in items:
