@@ -69,21 +69,37 @@ def longest_first(items):
 
 def pytest_addoption(parser):
     parser.addoption("--shard", default=None, metavar="I/N",
-                     help="run only the I-th of N contiguous blocks of the collected tests (tests/sharding.py; "
+                     help="run only the I-th of N contiguous blocks of the selected tests (tests/sharding.py; "
                           "scripts/gpu_regression.sh)")
 
 
-def pytest_collection_modifyitems(config, items):
-    longest_first(items)
-    shard = config.getoption("--shard")
+class ShardPlugin:
+    """--shard I/N's selection, as a plugin of its own (one module cannot hold two pytest_collection_modifyitems)."""
+
+    def __init__(self, index: int, count: int):
+        self.index, self.count = index, count
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        # trylast: after every other selection (-k, -m, --deselect), so that the blocks split what would run.
+        start, stop = shard_bounds(len(items), self.index, self.count)
+        config.hook.pytest_deselected(items=items[:start] + items[stop:])
+        items[:] = items[start:stop]
+
+
+def pytest_configure(config):
+    # Checked here, on the xdist controller too, so that a bad value is a usage error, not a worker's crash.
+    shard = config.getoption("--shard", default=None)
     if shard is not None:
         try:
             index, count = parse_shard(shard)
         except ValueError as error:
             raise pytest.UsageError(str(error)) from None
-        start, stop = shard_bounds(len(items), index, count)
-        config.hook.pytest_deselected(items=items[:start] + items[stop:])
-        items[:] = items[start:stop]
+        config.pluginmanager.register(ShardPlugin(index, count), "fsdist-shard")
+
+
+def pytest_collection_modifyitems(config, items):
+    longest_first(items)
     gpu_skip = None if ON_GPU else pytest.mark.skip(reason="needs a CUDA GPU")
     world = None
     for item in items:

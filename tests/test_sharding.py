@@ -26,3 +26,29 @@ def test_parse(text, expected):
 def test_parse_rejects(text):
     with pytest.raises(ValueError, match="--shard"):
         parse_shard(text)
+
+
+def _collected(*args):
+    """The node ids `pytest --collect-only -q` selects from this file with the given arguments (a subprocess: the
+    option acts at collection)."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          os.path.join(here, "test_sharding.py"), *args], capture_output=True, text=True,
+                         cwd=os.path.dirname(here), timeout=120)
+    return out.returncode, [line for line in out.stdout.splitlines() if "::" in line], out.stdout + out.stderr
+
+
+def test_the_option_splits_what_k_selected():
+    """Blocks are cut after -k (the plugin's hook runs last): the two halves of "-k parse" are its 8 tests, 4 each;
+    cut before -k, one half would hold none of them."""
+    halves = [_collected("-k", "parse", "--shard", f"{i}/2")[1] for i in range(2)]
+    assert [len(half) for half in halves] == [4, 4]
+    assert len(set(halves[0] + halves[1])) == 8 and all("parse" in node for node in halves[0] + halves[1])
+
+
+def test_a_bad_value_is_a_usage_error():
+    rc, _, text = _collected("--shard", "2/2")
+    assert rc == 4 and "--shard I/N needs" in text

@@ -269,7 +269,8 @@ SKIP_NOISE_EVERY_CALL = False
 # batches do not ask; nor does the Triton kernel (untimed). v126 (H100, more pairs, both orders) did not reproduce
 # the gain past B = 256: faster at 256 (4 of 4 pairs), level at 192, either way at 1024 (-3.8 to +3.4%), level to
 # slower at 512 (0 to +6.5%); median -0.5% over every pair past one tile. v127 (H100, timed in turns, 40 rounds a
-# cell): 1.5-3.5% faster at B = 256, level at 192 / 512 / 1024. Kept (exact, faster at 256, level past it).
+# cell): 1.5-3.5% faster at B = 256, level at 192 / 512, level to 4.6% faster at 1024 (two runs). Kept (exact, faster
+# at 256, not slower past it).
 SKIP_NOISE_PLAIN_WIDE_TILE = True
 SKIP_NOISE_PLAIN_MIN_BATCH = 256
 
