@@ -4,7 +4,8 @@
 # Usage: bash scripts/gpu_tests_parallel.sh "<pytest args of group 1>" "<group 2>" ...
 #   e.g. bash scripts/gpu_tests_parallel.sh "tests/test_filters.py -k 'top_n or bad_'" tests/test_processors.py
 # Each group's log: $OUT/gpu_tests_group<i>.log; a hang fails its group after $TESTS_TIMEOUT s (default 450),
-# and faulthandler dumps every thread of a test running past 150 s. Prints each group's summary line last.
+# and faulthandler dumps every thread of a test running past 150 s. Prints each group's summary line (or, for a group
+# cut by its timeout, its last test and its counts so far), then the totals of the groups that finished.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_session_lib.sh
@@ -25,6 +26,22 @@ for j in "${!pids[@]}"; do
   log="$OUT/gpu_tests_group$((j + 1)).log"
   # (ERROR: too, for pytest's own usage errors, e.g. a -k expression it cannot parse)
   echo "group $((j + 1)) rc=$r: $(grep -E '^(FAILED|ERROR)[ :]' "$log" | head -5)"
-  grep -v '^[[:space:]]*$' "$log" | tail -1
+  if grep -q -E '^=+ .* in [0-9.]+s' "$log"; then
+    grep -v '^[[:space:]]*$' "$log" | tail -1
+  else
+    # cut by the timeout (rc 124 / 137) or killed: what ran before
+    echo "  no summary line; last test line: $(grep -E '::.*(PASSED|FAILED|ERROR|SKIPPED)' "$log" | tail -1 | cut -c1-160)"
+    echo "  passed / failed before it stopped: $(grep -c ' PASSED' "$log") / $(grep -c ' FAILED' "$log")"
+  fi
 done
+# Totals over the groups' summary lines ("==== 3 failed, 140 passed, 2 skipped, 5 deselected in 300.12s ===="),
+# "deselected" left out (with --shard each group deselects the others' tests).
+for j in "${!pids[@]}"; do cat "$OUT/gpu_tests_group$((j + 1)).log"; done | grep -E '^=+ .* in [0-9.]+s' | python3 -c '
+import re, sys
+tot = {}
+for line in sys.stdin:
+    for n, what in re.findall(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)\b", line):
+        what = "errors" if what.startswith("error") else what
+        tot[what] = tot.get(what, 0) + int(n)
+print("totals over the groups that finished:", ", ".join(f"{v} {k}" for k, v in sorted(tot.items())) or "none")'
 exit $rc

@@ -70,7 +70,7 @@ def longest_first(items):
 def pytest_addoption(parser):
     parser.addoption("--shard", default=None, metavar="I/N",
                      help="run only the I-th of N contiguous blocks of the selected tests (tests/sharding.py; "
-                          "scripts/gpu_regression.sh)")
+                          "JOBS=N SPLIT=tests bash scripts/gpu_check.sh)")
 
 
 class ShardPlugin:

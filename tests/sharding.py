@@ -1,9 +1,9 @@
 """``pytest --shard I/N``: run only the I-th of N contiguous blocks of the collected tests.
 
-For GPU regression runs (scripts/gpu_regression.sh), which split the whole suite over parallel pytest processes on
-one GPU: their time goes to Triton's compiles on the host, one kernel at a time a process. Blocks are contiguous in
-collection order so that a file's tests, which compile the same kernels, mostly stay in one process; the N blocks
-cover every test exactly once.
+For GPU runs (`JOBS=N SPLIT=tests bash scripts/gpu_check.sh`), which split the whole suite over parallel pytest
+processes on one GPU: their time goes to Triton's compiles on the host, one kernel at a time a process. Blocks are
+contiguous in collection order so that a file's tests, which compile the same kernels, mostly stay in one process;
+the N blocks cover every test exactly once.
 """
 
 
