@@ -20,23 +20,25 @@ for group in "$@"; do
   pids+=($!)
 done
 rc=0
+summaries=""  # each finished group's summary line ("==== 3 failed, 140 passed, 5 deselected in 300.12s ====")
 for j in "${!pids[@]}"; do
   wait "${pids[$j]}"; r=$?
   [[ $r -ne 0 ]] && rc=$r
   log="$OUT/gpu_tests_group$((j + 1)).log"
   # (ERROR: too, for pytest's own usage errors, e.g. a -k expression it cannot parse)
   echo "group $((j + 1)) rc=$r: $(grep -E '^(FAILED|ERROR)[ :]' "$log" | head -5)"
-  if grep -q -E '^=+ .* in [0-9.]+s' "$log"; then
-    grep -v '^[[:space:]]*$' "$log" | tail -1
+  summary=$(grep -E '^=+ .* in [0-9.]+s' "$log" | tail -1)
+  if [[ -n "$summary" ]]; then
+    echo "$summary"
+    summaries+="$summary"$'\n'
   else
     # cut by the timeout (rc 124 / 137) or killed: what ran before
     echo "  no summary line; last test line: $(grep -E '::.*(PASSED|FAILED|ERROR|SKIPPED)' "$log" | tail -1 | cut -c1-160)"
     echo "  passed / failed before it stopped: $(grep -c ' PASSED' "$log") / $(grep -c ' FAILED' "$log")"
   fi
 done
-# Totals over the groups' summary lines ("==== 3 failed, 140 passed, 2 skipped, 5 deselected in 300.12s ===="),
-# "deselected" left out (with --shard each group deselects the others' tests).
-for j in "${!pids[@]}"; do cat "$OUT/gpu_tests_group$((j + 1)).log"; done | grep -E '^=+ .* in [0-9.]+s' | python3 -c '
+# Totals over those summary lines, "deselected" left out (with --shard each group deselects the others' tests).
+printf '%s' "$summaries" | python3 -c '
 import re, sys
 tot = {}
 for line in sys.stdin:
