@@ -35,7 +35,23 @@ def test_rows_take_graph_ratios_eager_beside_and_leave_failures_nan():
     assert rs[1]["baseline_fs"] == pytest.approx(250 / 230)
     assert math.isnan(rs[2]["fs_cublas"]) and math.isnan(rs[2]["baseline_fs"])
     md = p14.table(_data())
-    assert "| 64 | 256 | 200.0 | 230.0 | 250.0 | 1.150 | 1.190 | 1.09 |" in md
+    assert "| 64 | 256 | 200.0 | 230.0 | 250.0 | 1.150 | 1.190 | 1.09 | 1.042 (1.2x) |" in md
+
+
+def test_both_targets_become_one_bound_on_fsdist_over_cublas():
+    """The 1.2x over the baseline, as a bound on fsdist / cuBLAS, is baseline / cuBLAS / 1.2: tighter than 1.05 only
+    where the baseline's pass costs less than 26% of the matmul; the table marks the cells that meet the bound and
+    lists them."""
+    assert p14.needed(100.0, 130.0) == dict(need=1.05, binding="1.05x")  # 130 / 100 / 1.2 = 1.083: 1.05 binds
+    cheap = p14.needed(200.0, 250.0)  # the pass is 25% of the matmul: fsdist must be <= 1.042x cuBLAS
+    assert cheap["binding"] == "1.2x" and cheap["need"] == pytest.approx(250 / 200 / 1.2)
+    assert p14.needed(100.0, 126.0)["binding"] == "1.05x" and p14.needed(100.0, 125.9)["binding"] == "1.2x"
+    assert p14.needed(100.0, float("nan"))["binding"] == "?"
+    rs = p14.rows(_data())
+    assert [r["binding"] for r in rs] == ["1.05x", "1.2x", "?"]
+    md = p14.table(_data())
+    assert "| 1.050 (1.05x, met) |" in md  # B = 1: 0.94 <= 1.05
+    assert "both targets met (graph replays) at D = 64: B = 1; missed at D = 64: B = 256" in md  # B = 512: no bound
 
 
 def test_main_writes_one_png_per_json_named_after_it(tmp_path, capsys):
