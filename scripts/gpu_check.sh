@@ -12,7 +12,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
 log="${OUT:+$OUT/gpu_check.log}"
-python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(), torch.__version__)"
+# (without a GPU the suite would run its CPU tests without the interpreter and fail: stop here, say where to go)
+python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(), torch.__version__)" \
+  || { echo "gpu_check.sh: no CUDA device here; on a CPU-only machine run scripts/test.sh" >&2; exit 2; }
 jobs="${JOBS:-1}"
 if [[ "$jobs" -gt 1 ]]; then
   groups=()
