@@ -5,8 +5,8 @@ methods, eager and graph replays; ``[B]`` temperatures, the serving case) and, p
 per shape: on top fsdist / cuBLAS (graph replays solid, eager dashed) with issue 14's 1.05x target and, per B, the
 bound both targets set together (the 1.2x over the baseline, turned into a bound on fsdist / cuBLAS, is the tighter
 where the baseline's pass over the logits is cheap), below compiled Gumbel-max / fsdist (graph replays) with its 1.2x
-target. The B axis is logarithmic (1-1024). Prints a markdown table
-per file (graph replays, µs, the three ratios and the bound both targets set) and the cells that meet it. No GPU needed.
+target. The B axis is logarithmic (1-1024). Prints a markdown table per file (graph replays, µs, the three ratios and
+the bound both targets set) and the cells that meet it, miss it, or lack a time to judge. No GPU needed.
 
     python3 bench/plot_issue14.py bench/results/kernel_bench_h100_20261206T161615Z_v108.json [more.json ...] \\
         [--plots-dir docs/plots]
@@ -92,9 +92,12 @@ def table(data: dict) -> str:
                      f"{r['need']:.3f} ({r['binding']}{', met' if r['fs_cublas'] <= r['need'] else ''}) |"
                      + (f" {r['fs_cublas_paired']:.3f} ({r['fs_cublas_p10']:.3f}-{r['fs_cublas_p90']:.3f}) |"
                         if with_rounds else ""))
-    met = [(r["D"], r["B"]) for r in rs if r["fs_cublas"] <= r["need"]]
-    missed = [(r["D"], r["B"]) for r in rs if not r["fs_cublas"] <= r["need"] and math.isfinite(r["need"])]
-    lines += ["", f"both targets met (graph replays) at {_cells(met)}; missed at {_cells(missed)}"]
+    timed = [r for r in rs if math.isfinite(r["fs_cublas"]) and math.isfinite(r["need"])]
+    met = [(r["D"], r["B"]) for r in timed if r["fs_cublas"] <= r["need"]]
+    missed = [(r["D"], r["B"]) for r in timed if r["fs_cublas"] > r["need"]]
+    untimed = [(r["D"], r["B"]) for r in rs if r not in timed]  # a method failed or was not run: neither met nor missed
+    lines += ["", f"both targets met (graph replays) at {_cells(met)}; missed at {_cells(missed)}"
+              + (f"; not judged (a method's time missing) at {_cells(untimed)}" if untimed else "")]
     return "\n".join(lines)
 
 

@@ -51,7 +51,23 @@ def test_both_targets_become_one_bound_on_fsdist_over_cublas():
     assert [r["binding"] for r in rs] == ["1.05x", "1.2x", "?"]
     md = p14.table(_data())
     assert "| 1.050 (1.05x, met) |" in md  # B = 1: 0.94 <= 1.05
-    assert "both targets met (graph replays) at D = 64: B = 1; missed at D = 64: B = 256" in md  # B = 512: no bound
+    assert md.splitlines()[-1] == ("both targets met (graph replays) at D = 64: B = 1; missed at D = 64: B = 256; "
+                                   "not judged (a method's time missing) at D = 64: B = 512")
+
+
+def test_a_cell_at_the_bound_meets_it_and_a_failed_fsdist_is_not_judged():
+    """fsdist / cuBLAS exactly at the bound meets it; a cell whose fsdist failed while cuBLAS and the baseline ran is
+    neither met nor missed (it has a bound but no time to hold against it)."""
+    data = _data()
+    data["results"] = [r for r in data["results"] if r["B"] != 512]
+    data["results"] += [_result(64, 4, "cublas", "graph", 100.0), _result(64, 4, "fsdist", "graph", 105.0),
+                        _result(64, 4, "gumbel_compiled", "graph", 200.0),  # bound 1.05 exactly: met
+                        _result(64, 8, "cublas", "graph", 100.0), _result(64, 8, "gumbel_compiled", "graph", 200.0),
+                        _result(64, 8, "fsdist", "graph", 1.0, error="boom")]
+    md = p14.table(data)
+    assert "| 1.050 (1.05x, met) |" in md.split("| 64 | 4 |")[1].splitlines()[0]
+    assert md.splitlines()[-1] == ("both targets met (graph replays) at D = 64: B = 1, 4; missed at D = 64: B = 256; "
+                                   "not judged (a method's time missing) at D = 64: B = 8")
 
 
 def test_main_writes_one_png_per_json_named_after_it(tmp_path, capsys):
