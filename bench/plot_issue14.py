@@ -56,9 +56,9 @@ def needed(cublas: float, baseline: float) -> dict:
 
 def rows(data: dict) -> List[dict]:
     """One row per (shape, B) with cuBLAS, fsdist and compiled Gumbel-max's graph replay and the ratios (NaN where a
-    method is missing), in shape then B order; need / binding: what both targets ask of fsdist / cuBLAS (`needed`);
-    fs_cublas_paired / _p10 / _p90: fsdist / cuBLAS round by round
-    (--graph-rounds runs; NaN otherwise)."""
+    method is missing), in shape then B order; need / binding: what both targets ask of fsdist / cuBLAS (`needed`),
+    met: whether fsdist holds it (None where a time is missing); fs_cublas_paired / _p10 / _p90: fsdist / cuBLAS
+    round by round (--graph-rounds runs; NaN otherwise)."""
     m = medians(data)
     pr = paired(data)
     nan = float("nan")
@@ -68,8 +68,11 @@ def rows(data: dict) -> List[dict]:
             cub, fs, gb = (m.get((D, B, name, "graph"), nan) for name in ("cublas", "fsdist", "gumbel_compiled"))
             cub_e, fs_e = (m.get((D, B, name, "events"), nan) for name in ("cublas", "fsdist"))
             p = pr.get((D, B), {})
+            bound = needed(cub, gb)
+            # met: both targets held (True), missed (False), or not judged (None: a method's time missing)
+            met = (fs / cub <= bound["need"]) if math.isfinite(fs / cub) and math.isfinite(bound["need"]) else None
             out.append(dict(D=D, V=V, B=B, cublas=cub, fsdist=fs, gumbel=gb, fs_cublas=fs / cub,
-                            fs_cublas_eager=fs_e / cub_e, baseline_fs=gb / fs, **needed(cub, gb),
+                            fs_cublas_eager=fs_e / cub_e, baseline_fs=gb / fs, **bound, met=met,
                             fs_cublas_paired=p.get("median", nan), fs_cublas_p10=p.get("p10", nan),
                             fs_cublas_p90=p.get("p90", nan)))
     return out
@@ -89,13 +92,10 @@ def table(data: dict) -> str:
     for r in rs:
         lines.append(f"| {r['D']} | {r['B']} | {r['cublas']:.1f} | {r['fsdist']:.1f} | {r['gumbel']:.1f} | "
                      f"{r['fs_cublas']:.3f} | {r['fs_cublas_eager']:.3f} | {r['baseline_fs']:.2f} | "
-                     f"{r['need']:.3f} ({r['binding']}{', met' if r['fs_cublas'] <= r['need'] else ''}) |"
+                     f"{r['need']:.3f} ({r['binding']}{', met' if r['met'] else ''}) |"
                      + (f" {r['fs_cublas_paired']:.3f} ({r['fs_cublas_p10']:.3f}-{r['fs_cublas_p90']:.3f}) |"
                         if with_rounds else ""))
-    timed = [r for r in rs if math.isfinite(r["fs_cublas"]) and math.isfinite(r["need"])]
-    met = [(r["D"], r["B"]) for r in timed if r["fs_cublas"] <= r["need"]]
-    missed = [(r["D"], r["B"]) for r in timed if r["fs_cublas"] > r["need"]]
-    untimed = [(r["D"], r["B"]) for r in rs if r not in timed]  # a method failed or was not run: neither met nor missed
+    met, missed, untimed = ([(r["D"], r["B"]) for r in rs if r["met"] is verdict] for verdict in (True, False, None))
     lines += ["", f"both targets met (graph replays) at {_cells(met)}; missed at {_cells(missed)}"
               + (f"; not judged (a method's time missing) at {_cells(untimed)}" if untimed else "")]
     return "\n".join(lines)
