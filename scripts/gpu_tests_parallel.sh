@@ -5,11 +5,15 @@
 #   e.g. bash scripts/gpu_tests_parallel.sh "tests/test_filters.py -k 'top_n or bad_'" tests/test_processors.py
 # Each group's log: $OUT/gpu_tests_group<i>.log; a hang fails its group after $TESTS_TIMEOUT s (default 450),
 # and faulthandler dumps every thread of a test running past 150 s. Prints each group's summary line (or, for a group
-# cut by its timeout, its last test and its counts so far), then the totals of the groups that finished.
+# cut by its timeout, its last test, its counts so far and the tests that failed), then the totals of the groups that
+# finished. Each failure's traceback is written to its log as the test fails (FSDIST_INSTANT_FAILURES, tests/conftest.py),
+# not only at the end, which a group cut by its timeout never reaches. More than 6 groups: the logs are packed into
+# $OUT/gpu_tests_logs.tgz (the device tool brings back at most 8 files a call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_session_lib.sh
 [[ $# -gt 0 ]] || { echo "usage: bash scripts/gpu_tests_parallel.sh \"<pytest args of group 1>\" [\"<group 2>\" ...]"; exit 2; }
+export FSDIST_INSTANT_FAILURES=1
 i=0
 pids=()
 for group in "$@"; do
@@ -34,7 +38,8 @@ for j in "${!pids[@]}"; do
   else
     # cut by the timeout (rc 124 / 137) or killed: what ran before
     echo "  no summary line; last test line: $(grep -E '::.*(PASSED|FAILED|ERROR|SKIPPED)' "$log" | tail -1 | cut -c1-160)"
-    echo "  passed / failed before it stopped: $(grep -c ' PASSED' "$log") / $(grep -c ' FAILED' "$log")"
+    echo "  passed / failed before it stopped: $(grep -cE '::.* PASSED' "$log") / $(grep -cE '::.* FAILED' "$log")"
+    grep -E '::.* FAILED' "$log" | head -15 | sed 's/^/  failed: /' | cut -c1-170
   fi
 done
 # Totals over those summary lines, "deselected" left out (with --shard each group deselects the others' tests).
@@ -46,4 +51,8 @@ for line in sys.stdin:
         what = "errors" if what.startswith("error") else what
         tot[what] = tot.get(what, 0) + int(n)
 print("totals over the groups that finished:", ", ".join(f"{v} {k}" for k, v in sorted(tot.items())) or "none")'
+if [[ $# -gt 6 ]]; then
+  (cd "$OUT" && tar czf gpu_tests_logs.tgz gpu_tests_group*.log && rm -f gpu_tests_group*.log) \
+    && echo "group logs: $OUT/gpu_tests_logs.tgz"
+fi
 exit $rc

@@ -87,6 +87,24 @@ class ShardPlugin:
         items[:] = items[start:stop]
 
 
+class InstantFailures:
+    """FSDIST_INSTANT_FAILURES=1 (scripts/gpu_tests_parallel.sh sets it): each failure's traceback is written to
+    the terminal as the test fails, not only in pytest's summary at the end, which a run cut by its timeout never
+    reaches (tests/test_instant_failures.py)."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def pytest_runtest_logreport(self, report):
+        if not report.failed:
+            return
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("")
+            reporter.write_sep("-", f"FAILED now: {report.nodeid} ({report.when})")
+            reporter.write_line(report.longreprtext[-6000:])
+
+
 def pytest_configure(config):
     # Checked here, on the xdist controller too, so that a bad value is a usage error, not a worker's crash.
     shard = config.getoption("--shard", default=None)
@@ -96,6 +114,8 @@ def pytest_configure(config):
         except ValueError as error:
             raise pytest.UsageError(str(error)) from None
         config.pluginmanager.register(ShardPlugin(index, count), "fsdist-shard")
+    if os.environ.get("FSDIST_INSTANT_FAILURES", "0") == "1":
+        config.pluginmanager.register(InstantFailures(config), "fsdist-instant-failures")
 
 
 def pytest_collection_modifyitems(config, items):
