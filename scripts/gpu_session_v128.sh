@@ -5,7 +5,9 @@
 #               batches round by round) within $V127_BUDGET s (default 430), then the skip rules' GPU tests
 #               (PARTS=tests scripts/gpu_session_v126.sh) in what is left of $CALL_BUDGET s (default 560)
 #   otherwise   the whole single-GPU suite split over $JOBS (default 12) test blocks (JOBS=N SPLIT=tests
-#               scripts/gpu_check.sh), each cut at what is left of $CALL_BUDGET s (at most 420)
+#               scripts/gpu_check.sh), each cut at what is left of $CALL_BUDGET s (at most 420); it ran once (fifty-
+#               second session, one H100): five blocks did not finish in one call, so scripts/gpu_session_v129.sh
+#               runs what it left
 # FORCE=v128 or FORCE=regression picks the part whatever the GPU.
 # Usage: export OUT; bash scripts/gpu_session_v128.sh
 set -uo pipefail
