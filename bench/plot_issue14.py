@@ -5,8 +5,9 @@ methods, eager and graph replays; ``[B]`` temperatures, the serving case) and, p
 per shape: on top fsdist / cuBLAS (graph replays solid, eager dashed) with issue 14's 1.05x target and, per B, the
 bound both targets set together (the 1.2x over the baseline, turned into a bound on fsdist / cuBLAS, is the tighter
 where the baseline's pass over the logits is cheap), below compiled Gumbel-max / fsdist (graph replays) with its 1.2x
-target. The B axis is logarithmic (1-1024). Prints a markdown table per file (graph replays, µs, the three ratios and
-the bound both targets set) and the cells that meet it, miss it, or lack a time to judge. No GPU needed.
+target. The B axis is logarithmic (1-1024). Prints a markdown table per file (graph replays, µs, the three ratios, the
+bound both targets set, and where the run measured its read bandwidth fsdist's time and the bound's over the time
+to read the weight once) and the cells that meet the bound, miss it, or lack a time to judge. No GPU needed.
 
     python3 bench/plot_issue14.py bench/results/kernel_bench_h100_20261206T161615Z_v108.json [more.json ...] \\
         [--plots-dir docs/plots]
@@ -21,6 +22,7 @@ from typing import Dict, List, Tuple
 
 TARGET_CUBLAS = 1.05  # issue 14: fsdist <= 1.05 x cuBLAS's matmul alone at every B
 TARGET_BASELINE = 1.2  # issue 14: >= 1.2 x faster than the best materialized baseline
+WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # bytes per weight element by kernel_bench's dtype name
 
 
 def medians(data: dict) -> Dict[Tuple[int, int, str, str], float]:
@@ -54,11 +56,23 @@ def needed(cublas: float, baseline: float) -> dict:
                 binding=f"{TARGET_BASELINE}x" if by_baseline < TARGET_CUBLAS else f"{TARGET_CUBLAS}x")
 
 
+def read_floor_us(data: dict, D: int, V: int) -> float:
+    """µs to read the [V, D] weight once at the run's own measured read bandwidth (kernel_bench's ceilings: x.sum()
+    over 1 GiB), NaN where the JSON has none. Not a hard floor (a TMA-fed kernel can stream a little faster than
+    torch's sum: fsdist reaches 0.96-0.98x of it at D = 8192 B = 1 on the H200), but the yardstick for a call that is
+    bound by reading the weight."""
+    bps = ((data.get("ceilings") or {}).get("read") or {}).get("bytes_per_s")
+    dtypes = {r.get("dtype") for r in data.get("results", []) if r.get("D") == D}
+    size = WEIGHT_BYTES.get(next(iter(dtypes)) if len(dtypes) == 1 else "bf16", 2)
+    return D * V * size / bps * 1e6 if bps else float("nan")
+
+
 def rows(data: dict) -> List[dict]:
     """One row per (shape, B) with cuBLAS, fsdist and compiled Gumbel-max's graph replay and the ratios (NaN where a
     method is missing), in shape then B order; need / binding: what both targets ask of fsdist / cuBLAS (`needed`),
-    met: whether fsdist holds it (None where a time is missing); fs_cublas_paired / _p10 / _p90: fsdist / cuBLAS
-    round by round (--graph-rounds runs; NaN otherwise)."""
+    met: whether fsdist holds it (None where a time is missing); fs_floor / need_floor: fsdist's time and the bound's,
+    over the time to read the weight once at the run's read bandwidth (`read_floor_us`; NaN without it);
+    fs_cublas_paired / _p10 / _p90: fsdist / cuBLAS round by round (--graph-rounds runs; NaN otherwise)."""
     m = medians(data)
     pr = paired(data)
     nan = float("nan")
@@ -71,8 +85,10 @@ def rows(data: dict) -> List[dict]:
             bound = needed(cub, gb)
             # met: both targets held (True), missed (False), or not judged (None: a method's time missing)
             met = (fs / cub <= bound["need"]) if math.isfinite(fs / cub) and math.isfinite(bound["need"]) else None
+            floor = read_floor_us(data, D, V)
             out.append(dict(D=D, V=V, B=B, cublas=cub, fsdist=fs, gumbel=gb, fs_cublas=fs / cub,
                             fs_cublas_eager=fs_e / cub_e, baseline_fs=gb / fs, **bound, met=met,
+                            fs_floor=fs / floor, need_floor=bound["need"] * cub / floor,
                             fs_cublas_paired=p.get("median", nan), fs_cublas_p10=p.get("p10", nan),
                             fs_cublas_p90=p.get("p90", nan)))
     return out
@@ -85,6 +101,10 @@ def table(data: dict) -> str:
              "| both targets need fsdist / cuBLAS <= (binding) |",
              "|---|---|---|---|---|---|---|---|---|"]
     rs = rows(data)
+    with_floor = any(math.isfinite(r["fs_floor"]) for r in rs)
+    if with_floor:  # (the run measured its read bandwidth: times as multiples of reading the weight once)
+        lines[-2] += " fsdist (bound) / weight read once |"
+        lines[-1] += "---|"
     with_rounds = any(math.isfinite(r["fs_cublas_paired"]) for r in rs)
     if with_rounds:  # (kernel_bench --graph-rounds: fsdist / cuBLAS within each round too)
         lines[-2] += " round by round (p10-p90) |"
@@ -93,6 +113,7 @@ def table(data: dict) -> str:
         lines.append(f"| {r['D']} | {r['B']} | {r['cublas']:.1f} | {r['fsdist']:.1f} | {r['gumbel']:.1f} | "
                      f"{r['fs_cublas']:.3f} | {r['fs_cublas_eager']:.3f} | {r['baseline_fs']:.2f} | "
                      f"{r['need']:.3f} ({r['binding']}{', met' if r['met'] else ''}) |"
+                     + (f" {r['fs_floor']:.3f} ({r['need_floor']:.3f}) |" if with_floor else "")
                      + (f" {r['fs_cublas_paired']:.3f} ({r['fs_cublas_p10']:.3f}-{r['fs_cublas_p90']:.3f}) |"
                         if with_rounds else ""))
     met, missed, untimed = ([(r["D"], r["B"]) for r in rs if r["met"] is verdict] for verdict in (True, False, None))

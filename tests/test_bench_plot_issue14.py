@@ -106,3 +106,24 @@ def test_plot_draws_the_round_by_round_bars(tmp_path):
             r["paired"] = {"against": "cublas", "median": 1.0, "p10": 0.98, "p90": 1.03, "faster": 3, "rounds": 6}
     p14.plot(data, str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_times_over_the_weight_read_once_where_the_run_measured_its_bandwidth():
+    """With kernel_bench's ceilings the table adds fsdist's time and the bound's over the time to read the [V, D] bf16
+    weight once at the measured read bandwidth; without them there is no such column."""
+    data = _data()
+    for r in data["results"]:
+        r["dtype"] = "bf16"
+    V, D = 1000 + 64, 64  # (_result's V)
+    data["ceilings"] = {"read": {"bytes_per_s": V * D * 2 / 100e-6}}  # the weight read once in 100 µs
+    assert p14.read_floor_us(data, D, V) == pytest.approx(100.0)
+    rs = p14.rows(data)
+    assert rs[0]["fs_floor"] == pytest.approx(0.94) and rs[0]["need_floor"] == pytest.approx(1.05)
+    assert rs[1]["need_floor"] == pytest.approx(250 / 1.2 / 100)
+    md = p14.table(data)
+    assert "fsdist (bound) / weight read once |" in md
+    assert "| 1.050 (1.05x, met) | 0.940 (1.050) |" in md
+    for r in data["results"]:
+        r["dtype"] = "fp32"  # 4 bytes a weight: twice the floor
+    assert p14.read_floor_us(data, D, V) == pytest.approx(200.0)
+    assert "weight read once" not in p14.table(_data())
