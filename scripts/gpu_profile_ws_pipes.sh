@@ -4,9 +4,10 @@
 # 7 Philox rounds, to see which SM pipe the noise epilogue loads while the wgmmas slow: every
 # sm__pipe_*_cycles_active and sm__inst_executed_pipe_* metric (as % of peak), the issue-slot use and the duration.
 # Raw CSV in $OUT/${NAME}_ncu_pipes.csv, ncu's console in $OUT/${NAME}_ncu_raw.log (NAME default v98); prints a table
-# of the metrics that differ. METRICS: other metrics instead (ncu --metrics syntax; v99: the memory side).
+# of the metrics that differ. METRICS: other metrics instead (ncu --metrics syntax; v99: the memory side). KERNELS:
+# the kernels profiled (ncu --kernel-name; default the ws kernel alone; v130 adds cuBLAS's with its "cublas" case).
 # Usage: OUT=... [SHAPE=4096x151936] [BATCHES=1024] [CASES=greedy,noise,legacy,rounds7] [METRICS=...] [NAME=v98]
-#        bash scripts/gpu_profile_ws_pipes.sh
+#        [KERNELS=regex:...] bash scripts/gpu_profile_ws_pipes.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -18,7 +19,7 @@ PIPES="regex:^sm__pipe_.*_cycles_active\.avg\.pct_of_peak_sustained_active$,rege
 pct_of_peak_sustained_active$,sm__inst_issued.avg.pct_of_peak_sustained_active,\
 smsp__issue_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second"
 timeout -k 10 "${PROFILE_TIMEOUT:-300}" ncu --clock-control none --nvtx --nvtx-include "regex:profiled:.*/" \
-  --kernel-name "regex:fused_sample_ws" --csv --page raw \
+  --kernel-name "${KERNELS:-regex:fused_sample_ws}" --csv --page raw \
   --metrics "${METRICS:-$PIPES}" \
   python3 bench/ws_profile.py --shape "${SHAPE:-4096x151936}" --batches "${BATCHES:-1024}" \
   --cases "${CASES:-greedy,noise,legacy,rounds7}" > "$OUT/${NAME:-v98}_ncu_raw.log" 2>&1
