@@ -6,7 +6,7 @@
 #                                   cases; carry=[".whl"]) into /tmp/site and puts it on PYTHONPATH; none: nothing
 #   pack_on_exit NAME               for calls that bring back few files: logs go to $OUT/NAME_work (OUT is moved
 #                                   there), and on exit the JSONs are copied to the caller's $OUT and the logs
-#                                   (and CSVs, e.g. ncu's) packed into $OUT/NAME_logs.tgz
+#                                   (and CSVs, e.g. ncu's, and packed test logs) packed into $OUT/NAME_logs.tgz
 #   run_part NAME SECONDS LOG CMD.. CMD under a hard timeout, output to $OUT/LOG; prints NAME's exit status,
 #                                   the elapsed time and the log's last $TAIL lines (default 15)
 #   ncu_select NAME                 Nsight Compute on select_filtered_kernel (v51 / v52), reports named NAME_*
@@ -47,7 +47,7 @@ pack_on_exit() {
 
 _pack() {
   cp "$OUT"/*.json "$PACK_FINAL"/ 2>/dev/null
-  tar czf "$PACK_FINAL/${PACK_NAME}_logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log *.csv 2>/dev/null) 2>/dev/null
+  tar czf "$PACK_FINAL/${PACK_NAME}_logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log *.csv *.tgz 2>/dev/null) 2>/dev/null
   rm -rf "$OUT"
 }
 

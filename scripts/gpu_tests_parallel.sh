@@ -4,11 +4,12 @@
 # Usage: bash scripts/gpu_tests_parallel.sh "<pytest args of group 1>" "<group 2>" ...
 #   e.g. bash scripts/gpu_tests_parallel.sh "tests/test_filters.py -k 'top_n or bad_'" tests/test_processors.py
 # Each group's log: $OUT/gpu_tests_group<i>.log; a hang fails its group after $TESTS_TIMEOUT s (default 450),
-# and faulthandler dumps every thread of a test running past 150 s. Prints each group's summary line (or, for a group
-# cut by its timeout, its last test, its counts so far and the tests that failed), then the totals of the groups that
-# finished. Each failure's traceback is written to its log as the test fails (FSDIST_INSTANT_FAILURES, tests/conftest.py),
-# not only at the end, which a group cut by its timeout never reaches. More than 6 groups: the logs are packed into
-# $OUT/gpu_tests_logs.tgz (the device tool brings back at most 8 files a call).
+# and faulthandler dumps every thread of a test running past 150 s. Prints each group's summary line (or, for a
+# group cut by its timeout, its last test, its counts so far and the tests that failed or errored), then the totals
+# of the groups that finished. Each failure's traceback is written to its log as the test fails
+# (FSDIST_INSTANT_FAILURES, tests/conftest.py), not only at the end, which a group cut by its timeout never reaches.
+# More than 6 groups: the logs are packed into $OUT/gpu_tests_logs.tgz (gpu_tests_logs_2.tgz, ... if taken; the
+# device tool brings back at most 8 files a call); GPU_TESTS_PACK=0 leaves them loose (a caller that packs them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_session_lib.sh
@@ -36,10 +37,15 @@ for j in "${!pids[@]}"; do
     echo "$summary"
     summaries+="$summary"$'\n'
   else
-    # cut by the timeout (rc 124 / 137) or killed: what ran before
-    echo "  no summary line; last test line: $(grep -E '::.*(PASSED|FAILED|ERROR|SKIPPED)' "$log" | tail -1 | cut -c1-160)"
-    echo "  passed / failed before it stopped: $(grep -cE '::.* PASSED' "$log") / $(grep -cE '::.* FAILED' "$log")"
-    grep -E '::.* FAILED' "$log" | head -15 | sed 's/^/  failed: /' | cut -c1-170
+    # cut by the timeout (rc 124 / 137) or killed: what ran before, from pytest -v's own result lines (anchored:
+    # the tracebacks written in between may quote such words)
+    result='^tests/.*::.* (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) +\[ *[0-9]+%\]$'
+    bad='^tests/.*::.* (FAILED|ERROR) +\[ *[0-9]+%\]$'
+    echo "  no summary line; last test line: $(grep -E "$result" "$log" | tail -1 | cut -c1-160)"
+    nbad=$(grep -cE "$bad" "$log")
+    echo "  passed / failed or errored before it stopped: $(grep -cE '^tests/.*::.* PASSED +\[' "$log") / $nbad"
+    grep -E "$bad" "$log" | head -15 | sed 's/^/  failed: /' | cut -c1-170
+    (( nbad > 15 )) && echo "  ... and $((nbad - 15)) more"
   fi
 done
 # Totals over those summary lines, "deselected" left out (with --shard each group deselects the others' tests).
@@ -51,8 +57,9 @@ for line in sys.stdin:
         what = "errors" if what.startswith("error") else what
         tot[what] = tot.get(what, 0) + int(n)
 print("totals over the groups that finished:", ", ".join(f"{v} {k}" for k, v in sorted(tot.items())) or "none")'
-if [[ $# -gt 6 ]]; then
-  (cd "$OUT" && tar czf gpu_tests_logs.tgz gpu_tests_group*.log && rm -f gpu_tests_group*.log) \
-    && echo "group logs: $OUT/gpu_tests_logs.tgz"
+if [[ $# -gt 6 && "${GPU_TESTS_PACK:-1}" != 0 ]]; then
+  pack=gpu_tests_logs.tgz n=1
+  while [[ -e "$OUT/$pack" ]]; do n=$((n + 1)); pack="gpu_tests_logs_$n.tgz"; done
+  (cd "$OUT" && tar czf "$pack" gpu_tests_group*.log && rm -f gpu_tests_group*.log) && echo "group logs: $OUT/$pack"
 fi
 exit $rc

@@ -95,14 +95,23 @@ class InstantFailures:
     def __init__(self, config):
         self.config = config
 
+    TAIL = 6000  # characters of each traceback kept (its end: the assertion or the error)
+
+    @pytest.hookimpl(trylast=True)  # after pytest's own "FAILED [ nn%]" line, which the scripts' greps read
     def pytest_runtest_logreport(self, report):
         if not report.failed:
             return
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line("")
-            reporter.write_sep("-", f"FAILED now: {report.nodeid} ({report.when})")
-            reporter.write_line(report.longreprtext[-6000:])
+        if reporter is None:
+            return
+        text = report.longreprtext
+        cut = f"[... {len(text) - self.TAIL} characters cut ...]\n" if len(text) > self.TAIL else ""
+        # (a failure in a fixture's setup or teardown is an ERROR in pytest's words)
+        word = "FAILED" if report.when == "call" else "ERROR"
+        reporter.write_line("")
+        reporter.write_sep("-", f"{word} now: {report.nodeid} ({report.when})")
+        reporter.write_line(cut + text[-self.TAIL:])
+        reporter.flush()  # a log file is block-buffered: the traceback must be in it before a hang that follows
 
 
 def pytest_configure(config):
