@@ -92,10 +92,10 @@ class InstantFailures:
     the terminal as the test fails, not only in pytest's summary at the end, which a run cut by its timeout never
     reaches (tests/test_instant_failures.py)."""
 
+    TAIL = 6000  # characters of each traceback kept (its end: the assertion or the error)
+
     def __init__(self, config):
         self.config = config
-
-    TAIL = 6000  # characters of each traceback kept (its end: the assertion or the error)
 
     @pytest.hookimpl(trylast=True)  # after pytest's own "FAILED [ nn%]" line, which the scripts' greps read
     def pytest_runtest_logreport(self, report):
