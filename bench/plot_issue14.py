@@ -78,6 +78,7 @@ def rows(data: dict) -> List[dict]:
     nan = float("nan")
     out = []
     for D, V in sorted({(r["D"], r["V"]) for r in data.get("results", [])}):
+        floor = read_floor_us(data, D, V)  # (one per shape)
         for B in sorted({k[1] for k in m if k[0] == D}):
             cub, fs, gb = (m.get((D, B, name, "graph"), nan) for name in ("cublas", "fsdist", "gumbel_compiled"))
             cub_e, fs_e = (m.get((D, B, name, "events"), nan) for name in ("cublas", "fsdist"))
@@ -85,7 +86,6 @@ def rows(data: dict) -> List[dict]:
             bound = needed(cub, gb)
             # met: both targets held (True), missed (False), or not judged (None: a method's time missing)
             met = (fs / cub <= bound["need"]) if math.isfinite(fs / cub) and math.isfinite(bound["need"]) else None
-            floor = read_floor_us(data, D, V)
             out.append(dict(D=D, V=V, B=B, cublas=cub, fsdist=fs, gumbel=gb, fs_cublas=fs / cub,
                             fs_cublas_eager=fs_e / cub_e, baseline_fs=gb / fs, **bound, met=met,
                             fs_floor=fs / floor, need_floor=bound["need"] * cub / floor,
