@@ -24,6 +24,9 @@ for group in "$@"; do
     -rfE --durations=5 -o faulthandler_timeout=150 $group" > "$OUT/gpu_tests_group$i.log" 2>&1 &
   pids+=($!)
 done
+# pytest -v's own result lines (anchored: the tracebacks written in between may quote such words), for cut groups
+line_of() { echo "^tests/.*::.* ($1) +\[ *[0-9]+%\]\$"; }
+result=$(line_of 'PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS') passed=$(line_of PASSED) bad=$(line_of 'FAILED|ERROR')
 rc=0
 summaries=""  # each finished group's summary line ("==== 3 failed, 140 passed, 5 deselected in 300.12s ====")
 for j in "${!pids[@]}"; do
@@ -37,13 +40,10 @@ for j in "${!pids[@]}"; do
     echo "$summary"
     summaries+="$summary"$'\n'
   else
-    # cut by the timeout (rc 124 / 137) or killed: what ran before, from pytest -v's own result lines (anchored:
-    # the tracebacks written in between may quote such words)
-    result='^tests/.*::.* (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) +\[ *[0-9]+%\]$'
-    bad='^tests/.*::.* (FAILED|ERROR) +\[ *[0-9]+%\]$'
+    # cut by the timeout (rc 124 / 137) or killed: what ran before
     echo "  no summary line; last test line: $(grep -E "$result" "$log" | tail -1 | cut -c1-160)"
     nbad=$(grep -cE "$bad" "$log")
-    echo "  passed / failed or errored before it stopped: $(grep -cE '^tests/.*::.* PASSED +\[' "$log") / $nbad"
+    echo "  passed / failed or errored before it stopped: $(grep -cE "$passed" "$log") / $nbad"
     grep -E "$bad" "$log" | head -15 | sed 's/^/  failed: /' | cut -c1-170
     (( nbad > 15 )) && echo "  ... and $((nbad - 15)) more"
   fi
