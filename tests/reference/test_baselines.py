@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from fsdist.reference import (FILTERED_SAMPLERS, MATERIALIZED_SAMPLERS, compiled_sampler, filtered_distribution,
-                              gumbel_argmax_from_logits, matmul_gumbel_argmax, matmul_min_p, matmul_multinomial,
-                              matmul_top_k_top_p, matmul_top_k_top_p_eager_scan,
+                              gumbel_argmax_from_logits, materialize_logits, matmul_gumbel_argmax, matmul_min_p,
+                              matmul_multinomial, matmul_top_k_top_p, matmul_top_k_top_p_eager_scan,
                               min_p_from_logits, multinomial_from_logits, sample_from_logits,
                               scale_logits, top_k_top_p_filter, top_k_top_p_from_logits)
 from statcheck import P_MIN, assert_samples_match, chi2_gof
@@ -106,6 +106,24 @@ def test_sample_from_logits_hands_scaled_logits_to_draw():
     sample_from_logits(logits, temps, draw)
     assert seen["scaled"].dtype == torch.float32
     assert torch.allclose(seen["scaled"][2], logits[2].float() / 2.0)
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float64])
+def test_materialize_logits_converts_the_weight_in_blocks(monkeypatch, weight_dtype):
+    """A block of 7 vocabulary rows at a time (the last one ragged: 30 = 4 x 7 + 2) gives the whole product; the
+    products of bf16 values and their 16-term sums are exact in float64, so any order of the sums gives the same
+    bits. A weight already in float64 takes one product."""
+    from fsdist.reference import baselines
+
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(5, 16, generator=g).to(torch.bfloat16)
+    w = torch.randn(30, 16, generator=g).to(weight_dtype)
+    monkeypatch.setattr(baselines, "MATERIALIZE_BLOCK_BYTES", 7 * 16 * 8)
+    want = h.double() @ w.double().T
+    assert torch.equal(materialize_logits(h, w), want)
+    masked = materialize_logits(h, w, vocab_size=26)
+    assert torch.equal(masked[:, :26], want[:, :26]) and bool((masked[:, 26:] == float("-inf")).all())
+    assert materialize_logits(h, w, dtype=torch.float32).dtype == torch.float32
 
 
 @pytest.mark.parametrize("name", sorted(MATERIALIZED_SAMPLERS))
