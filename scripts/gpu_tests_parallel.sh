@@ -10,11 +10,22 @@
 # (FSDIST_INSTANT_FAILURES, tests/conftest.py), not only at the end, which a group cut by its timeout never reaches.
 # More than 6 groups: the logs are packed into $OUT/gpu_tests_logs.tgz (gpu_tests_logs_2.tgz, ... if taken; the
 # device tool brings back at most 8 files a call); GPU_TESTS_PACK=0 leaves them loose (a caller that packs them).
+# The GPU's used memory is sampled every 2 s while the groups run (nvidia-smi) and its peak printed after them; the
+# samples, $OUT/gpu_tests_memory.csv, go into the pack, or stay for a caller that packs, else are removed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_session_lib.sh
 [[ $# -gt 0 ]] || { echo "usage: bash scripts/gpu_tests_parallel.sh \"<pytest args of group 1>\" [\"<group 2>\" ...]"; exit 2; }
 export FSDIST_INSTANT_FAILURES=1
+# The GPU's used memory (every process's, as nvidia-smi sees it) every 2 s while the groups run: N processes share one
+# GPU, and a test that fails only beside the others may have run out of memory (v129). Summarised after the groups;
+# the samples come back in the pack (> 6 groups), else only the summary.
+mem_csv="$OUT/gpu_tests_memory.csv" mem_pid=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=timestamp,index,memory.used,memory.total --format=csv,noheader,nounits -l 2 \
+    > "$mem_csv" 2>/dev/null &
+  mem_pid=$!
+fi
 i=0
 pids=()
 for group in "$@"; do
@@ -48,6 +59,13 @@ for j in "${!pids[@]}"; do
     (( nbad > 15 )) && echo "  ... and $((nbad - 15)) more"
   fi
 done
+if [[ -n "$mem_pid" ]]; then
+  kill "$mem_pid" 2>/dev/null; wait "$mem_pid" 2>/dev/null
+  # the fullest sample of any GPU: "timestamp, index, used MiB, total MiB"
+  awk -F', *' 'NF >= 4 && $3 ~ /^[0-9]+$/ { n++; if ($3 + 0 >= peak) { peak = $3 + 0; total = $4; at = $1; gpu = $2 } }
+    END { if (n) printf "GPU memory used, peak of %d samples: %d of %d MiB (GPU %s, %s)\n", n, peak, total, gpu, at
+          else print "GPU memory used: no samples from nvidia-smi" }' "$mem_csv"
+fi
 # Totals over those summary lines, "deselected" left out (with --shard each group deselects the others' tests).
 printf '%s' "$summaries" | python3 -c '
 import re, sys
@@ -60,6 +78,9 @@ print("totals over the groups that finished:", ", ".join(f"{v} {k}" for k, v in 
 if [[ $# -gt 6 && "${GPU_TESTS_PACK:-1}" != 0 ]]; then
   pack=gpu_tests_logs.tgz n=1
   while [[ -e "$OUT/$pack" ]]; do n=$((n + 1)); pack="gpu_tests_logs_$n.tgz"; done
-  (cd "$OUT" && tar czf "$pack" gpu_tests_group*.log && rm -f gpu_tests_group*.log) && echo "group logs: $OUT/$pack"
+  (cd "$OUT" && tar czf "$pack" gpu_tests_group*.log $(ls gpu_tests_memory.csv 2>/dev/null) \
+    && rm -f gpu_tests_group*.log gpu_tests_memory.csv) && echo "group logs: $OUT/$pack"
 fi
+# (packed above, or summarised: one file fewer for the device tool's 8; a caller that packs keeps it)
+[[ "${GPU_TESTS_PACK:-1}" != 0 ]] && rm -f "$mem_csv"
 exit $rc
