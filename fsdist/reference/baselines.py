@@ -335,24 +335,43 @@ def reference_sample(hidden: torch.Tensor, weight: torch.Tensor, *,
                         torch.logsumexp(scaled, dim=-1).float())
 
 
+# the most bytes of one [B, block] float64 tensor in reference_gumbel: its noise, logits and scores are made a block of
+# vocabulary ids at a time, since the noise's Philox rounds hold several int64 tensors of the block's size at once
+REFERENCE_BLOCK_BYTES = 64 * 2**20
+
+
 def reference_gumbel(hidden: torch.Tensor, weight: torch.Tensor, *,
                      temperature: Temperature = 1.0, seed=0, offset=0,
                      vocab_size: Optional[int] = None):
     """argmax(logits / T + fsdist's noise) in float64; returns (tokens, margin).
 
     margin is the gap between the best and second-best perturbed score: rows with a
-    margin far above fp32 rounding must match the fused kernel exactly.
+    margin far above fp32 rounding must match the fused kernel exactly. Computed a block
+    of vocabulary ids at a time (``REFERENCE_BLOCK_BYTES``), as one pass over the whole
+    vocabulary would give it: on equal scores the lowest id wins, as ``argmax`` has it.
     """
-    logits = materialize_logits(hidden, weight, vocab_size)
-    B, V = logits.shape
-    scaled, greedy = scale_logits(logits, temperature)
-    ids = torch.arange(V, device=logits.device)[None, :]
-    seeds = _as_rows(seed, B, torch.int64, logits.device)[:, None]
-    offsets = _as_rows(offset, B, torch.int64, logits.device)[:, None]
-    noise = vocab_gumbel(seeds, offsets, ids)
-    score = torch.where(greedy[:, None], scaled, scaled + noise)
-    top2 = score.topk(2, dim=-1).values if V > 1 else torch.cat([score, score - float("inf")], -1)
-    return score.argmax(dim=-1), top2[:, 0] - top2[:, 1]
+    B, V = hidden.shape[0], weight.shape[0]
+    device = hidden.device
+    seeds = _as_rows(seed, B, torch.int64, device)[:, None]
+    offsets = _as_rows(offset, B, torch.int64, device)[:, None]
+    neg_inf = torch.full((B,), float("-inf"), dtype=torch.float64, device=device)
+    best, second = neg_inf, neg_inf
+    tokens = torch.zeros(B, dtype=torch.int64, device=device)
+    step = max(1, REFERENCE_BLOCK_BYTES // (8 * max(1, B)))
+    for start in range(0, V, step):
+        stop = min(V, start + step)
+        logits = materialize_logits(hidden, weight[start:stop])
+        if vocab_size is not None and vocab_size < stop:
+            logits[:, max(0, vocab_size - start):] = float("-inf")
+        scaled, greedy = scale_logits(logits, temperature)
+        ids = torch.arange(start, stop, device=device)[None, :]
+        score = torch.where(greedy[:, None], scaled, scaled + vocab_gumbel(seeds, offsets, ids))
+        block_best, where = score.max(dim=-1)
+        # strictly greater: an earlier block's id keeps a tie (NaN never replaces a number: not a case fsdist defines)
+        tokens = torch.where(block_best > best, where + start, tokens) if start else where
+        top = torch.cat([best[:, None], second[:, None], score.topk(min(2, stop - start), dim=-1).values], -1)
+        best, second = top.topk(2, dim=-1).values.unbind(-1)
+    return tokens, best - second
 
 
 __all__ = ["FILTERED_SAMPLERS", "GREEDY_TEMPERATURE", "MATERIALIZED_SAMPLERS", "compiled_sampler",

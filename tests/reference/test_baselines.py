@@ -126,6 +126,35 @@ def test_materialize_logits_converts_the_weight_in_blocks(monkeypatch, weight_dt
     assert materialize_logits(h, w, dtype=torch.float32).dtype == torch.float32
 
 
+def test_reference_gumbel_in_blocks_is_the_one_pass_argmax(monkeypatch):
+    """Blocks of 7 vocabulary ids (30 = 4 x 7 + 2, the mask from id 26 inside the fourth block) give the one-pass
+    argmax and margin bit for bit (exact float64 logits, as above); row 2's best logit is on a masked id. Row 1 is
+    greedy and its best logit is on ids 3 and 17, equal rows of the weight in different blocks: the lower id wins, as
+    argmax has it."""
+    from fsdist.reference import baselines
+    from fsdist.reference.noise import vocab_gumbel
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(30, 16, generator=g)
+    w[3] *= 3
+    w[17] = w[3]
+    w[28] *= 3
+    w = w.to(torch.bfloat16)
+    h = torch.randn(5, 16, generator=g).to(torch.bfloat16)
+    h[1], h[2] = w[3], w[28]  # row 2's best logit is on a masked id
+    temps = torch.tensor([0.7, 0.0, 1.3, 1.0, 0.0])
+    seeds, offsets = torch.arange(5) + 40, torch.arange(5) * 3
+    scaled, greedy = scale_logits(materialize_logits(h, w, 26), temps)
+    score = torch.where(greedy[:, None], scaled, scaled + vocab_gumbel(seeds[:, None], offsets[:, None],
+                                                                       torch.arange(30)[None, :]))
+    top2 = score.topk(2, dim=-1).values
+    monkeypatch.setattr(baselines, "REFERENCE_BLOCK_BYTES", 8 * 5 * 7)
+    tokens, margin = baselines.reference_gumbel(h, w, temperature=temps, seed=seeds, offset=offsets, vocab_size=26)
+    assert tokens[1] == 3 and score.argmax(-1)[1] == 3 and margin[1] == 0
+    assert (h[2].double() @ w.double().T).argmax() == 28 and tokens[2] < 26
+    assert torch.equal(tokens, score.argmax(-1)) and torch.equal(margin, top2[:, 0] - top2[:, 1])
+
+
 @pytest.mark.parametrize("name", sorted(MATERIALIZED_SAMPLERS))
 def test_matmul_samplers(name):
     g = torch.Generator().manual_seed(12)
