@@ -25,6 +25,9 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=timestamp,index,memory.used,memory.total --format=csv,noheader,nounits -l 2 \
     > "$mem_csv" 2>/dev/null &
   mem_pid=$!
+  # (stopped on any exit, a caller's timeout killing this script too: no sampler left writing into $OUT)
+  trap 'kill "$mem_pid" 2>/dev/null' EXIT
+  trap 'exit 143' TERM
 fi
 i=0
 pids=()

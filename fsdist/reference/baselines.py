@@ -366,9 +366,9 @@ def reference_gumbel(hidden: torch.Tensor, weight: torch.Tensor, *,
         scaled, greedy = scale_logits(logits, temperature)
         ids = torch.arange(start, stop, device=device)[None, :]
         score = torch.where(greedy[:, None], scaled, scaled + vocab_gumbel(seeds, offsets, ids))
-        block_best, where = score.max(dim=-1)
+        block_best, block_id = score.max(dim=-1)
         # strictly greater: an earlier block's id keeps a tie (NaN never replaces a number: not a case fsdist defines)
-        tokens = torch.where(block_best > best, where + start, tokens) if start else where
+        tokens = torch.where(block_best > best, block_id + start, tokens) if start else block_id
         top = torch.cat([best[:, None], second[:, None], score.topk(min(2, stop - start), dim=-1).values], -1)
         best, second = top.topk(2, dim=-1).values.unbind(-1)
     return tokens, best - second
