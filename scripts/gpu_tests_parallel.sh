@@ -22,12 +22,13 @@ export FSDIST_INSTANT_FAILURES=1
 # the samples come back in the pack (> 6 groups), else only the summary.
 mem_csv="$OUT/gpu_tests_memory.csv" mem_pid=""
 if command -v nvidia-smi >/dev/null 2>&1; then
+  # (stopped on any exit, a caller's timeout killing this script too: no sampler left writing into $OUT; the traps
+  # first, so that no TERM finds the sampler started and the traps not yet set)
+  trap '[[ -n "$mem_pid" ]] && kill "$mem_pid" 2>/dev/null' EXIT
+  trap 'exit 143' TERM
   nvidia-smi --query-gpu=timestamp,index,memory.used,memory.total --format=csv,noheader,nounits -l 2 \
     > "$mem_csv" 2>/dev/null &
   mem_pid=$!
-  # (stopped on any exit, a caller's timeout killing this script too: no sampler left writing into $OUT)
-  trap 'kill "$mem_pid" 2>/dev/null' EXIT
-  trap 'exit 143' TERM
 fi
 i=0
 pids=()
@@ -64,9 +65,10 @@ for j in "${!pids[@]}"; do
 done
 if [[ -n "$mem_pid" ]]; then
   kill "$mem_pid" 2>/dev/null; wait "$mem_pid" 2>/dev/null
+  mem_pid=""  # reaped: the EXIT trap has nothing left to kill (its pid may be another process's by then)
   # the fullest sample of any GPU: "timestamp, index, used MiB, total MiB"
   awk -F', *' 'NF >= 4 && $3 ~ /^[0-9]+$/ { n++; if ($3 + 0 >= peak) { peak = $3 + 0; total = $4; at = $1; gpu = $2 } }
-    END { if (n) printf "GPU memory used, peak of %d samples: %d of %d MiB (GPU %s, %s)\n", n, peak, total, gpu, at
+    END { if (n) printf "GPU memory used, peak of %d samples (a GPU a line, every 2 s: a lower bound): %d of %d MiB (GPU %s, %s)\n", n, peak, total, gpu, at
           else print "GPU memory used: no samples from nvidia-smi" }' "$mem_csv"
 fi
 # Totals over those summary lines, "deselected" left out (with --shard each group deselects the others' tests).

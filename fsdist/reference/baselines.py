@@ -347,9 +347,10 @@ def reference_gumbel(hidden: torch.Tensor, weight: torch.Tensor, *,
 
     margin is the gap between the best and second-best perturbed score: rows with a
     margin far above fp32 rounding must match the fused kernel exactly. Computed a block
-    of vocabulary ids at a time (``REFERENCE_BLOCK_BYTES``), as one pass over the whole
-    vocabulary would give it: on equal scores the lowest id wins, as ``argmax`` has it.
-    """
+    of vocabulary ids at a time (``REFERENCE_BLOCK_BYTES``) with one pass's argmax rule (on
+    equal scores the lowest id wins); the margin equals one pass's up to float64 rounding of
+    the logits (BLAS may sum a block's dot products in another order), exactly when they are
+    exact (e.g. bf16 inputs, small D)."""
     B, V = hidden.shape[0], weight.shape[0]
     device = hidden.device
     seeds = _as_rows(seed, B, torch.int64, device)[:, None]

@@ -112,7 +112,7 @@ def test_sample_from_logits_hands_scaled_logits_to_draw():
 def test_materialize_logits_converts_the_weight_in_blocks(monkeypatch, weight_dtype):
     """A block of 7 vocabulary rows at a time (the last one ragged: 30 = 4 x 7 + 2) gives the whole product; the
     products of bf16 values and their 16-term sums are exact in float64, so any order of the sums gives the same
-    bits. A weight already in float64 takes one product."""
+    bits."""
     from fsdist.reference import baselines
 
     g = torch.Generator().manual_seed(3)
