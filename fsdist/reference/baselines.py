@@ -358,12 +358,12 @@ def reference_gumbel(hidden: torch.Tensor, weight: torch.Tensor, *,
     neg_inf = torch.full((B,), float("-inf"), dtype=torch.float64, device=device)
     best, second = neg_inf, neg_inf
     tokens = torch.zeros(B, dtype=torch.int64, device=device)
+    h = hidden.to(torch.float64)  # (once, not once a block)
     step = max(1, REFERENCE_BLOCK_BYTES // (8 * max(1, B)))
     for start in range(0, V, step):
         stop = min(V, start + step)
-        logits = materialize_logits(hidden, weight[start:stop])
-        if vocab_size is not None and vocab_size < stop:
-            logits[:, max(0, vocab_size - start):] = float("-inf")
+        # the block's ids from vocab_size on at -inf: materialize_logits' mask, counted from the block's first id
+        logits = materialize_logits(h, weight[start:stop], None if vocab_size is None else max(0, vocab_size - start))
         scaled, greedy = scale_logits(logits, temperature)
         ids = torch.arange(start, stop, device=device)[None, :]
         score = torch.where(greedy[:, None], scaled, scaled + vocab_gumbel(seeds, offsets, ids))
